@@ -1,0 +1,274 @@
+"""Meaning clusters of sampled steps: greedy clustering with any equivalence judge (pure algorithm).
+
+Semantic probability (SemanticSpec, papers.md §1): sample N continuations of a context, cluster them by
+meaning, label each sample of cluster C_k with |C_k| / N.
+
+Clustering is the greedy scheme of the semantic-uncertainty code: each sample not yet assigned opens a
+cluster whose representative is its first member; a later sample joins the first cluster whose
+representative the judge calls equivalent. We run it in *rounds* so the judge sees batches: a round
+compares the current representative with every still-unassigned sample in one judge call, the first
+sample left over opens the next cluster. This gives exactly the clusters of the one-at-a-time greedy
+loop and the same number of comparisons, with K judge calls for K clusters instead of O(N^2).
+`cluster_many` runs the rounds of many contexts in lockstep, so one judge call holds the pairs of all
+contexts (what the data pipeline uses).
+
+Exact duplicates after `normalise_step` share a cluster without any judge call.
+
+The judge is anything with ``judge(items: Sequence[PairQuery]) -> list[bool]`` (see data_gen.judges).
+In every query ``a`` is the cluster representative (or reference) and ``b`` the sample being placed.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class PairQuery:
+    """Does step `b` mean the same as step `a`, both continuing `context`?"""
+
+    context: str
+    a: str
+    b: str
+
+
+class Judge(Protocol):
+    def judge(self, items: Sequence[PairQuery]) -> list[bool]: ...
+
+
+_WHITESPACE = re.compile(r"\s+")
+
+
+def normalise_step(text: str) -> str:
+    """Lowercase, collapse runs of whitespace to one space, strip. Equal results = same step."""
+    return _WHITESPACE.sub(" ", text.lower()).strip()
+
+
+@dataclass
+class ClusterStats:
+    """Cost of clustering: `judge_pairs` the judge evaluated, `all_pairs` = sum of N(N-1)/2 over contexts
+    (what comparing every pair would cost). Add stats with `+` to total several contexts."""
+
+    num_samples: int = 0
+    num_clusters: int = 0
+    judge_pairs: int = 0
+    duplicates: int = 0  # samples placed by exact (normalised) match, no judge call
+    all_pairs: int = 0
+
+    def __add__(self, other: "ClusterStats") -> "ClusterStats":
+        return ClusterStats(self.num_samples + other.num_samples, self.num_clusters + other.num_clusters,
+                            self.judge_pairs + other.judge_pairs, self.duplicates + other.duplicates,
+                            self.all_pairs + other.all_pairs)
+
+
+@dataclass
+class Clustering:
+    """Cluster ids (0..K-1 in order of first appearance) of one context's samples, and the cost."""
+
+    cluster_ids: list[int]
+    stats: ClusterStats = field(default_factory=ClusterStats)
+
+
+def _dedupe(samples: Sequence[str]) -> tuple[list[int], list[int]]:
+    """(first index of each distinct normalised text, index into that list for every sample)."""
+    first_of: dict[str, int] = {}
+    firsts: list[int] = []
+    unique_of_sample: list[int] = []
+    for i, text in enumerate(samples):
+        key = normalise_step(text)
+        if key not in first_of:
+            first_of[key] = len(firsts)
+            firsts.append(i)
+        unique_of_sample.append(first_of[key])
+    return firsts, unique_of_sample
+
+
+class _ContextState:
+    """Greedy rounds of one context over its distinct samples."""
+
+    def __init__(self, context: str, samples: Sequence[str]):
+        self.context = context
+        self.samples = list(samples)
+        self.firsts, self.unique_of_sample = _dedupe(self.samples)
+        self.unique_cluster: list[int | None] = [None] * len(self.firsts)
+        self.unassigned = list(range(len(self.firsts)))  # indices into firsts, in sample order
+        self.num_clusters = 0
+        self.judge_pairs = 0
+
+    def open_cluster(self) -> list[PairQuery]:
+        """Open a cluster for the first unassigned sample; queries for all others still unassigned."""
+        rep = self.unassigned.pop(0)
+        self.unique_cluster[rep] = self.num_clusters
+        self.num_clusters += 1
+        rep_text = self.samples[self.firsts[rep]]
+        return [PairQuery(self.context, rep_text, self.samples[self.firsts[u]]) for u in self.unassigned]
+
+    def absorb(self, decisions: Sequence[bool]) -> None:
+        """Samples the judge called equivalent to the newest representative join its cluster."""
+        if len(decisions) != len(self.unassigned):
+            raise RuntimeError(f"judge returned {len(decisions)} decisions for {len(self.unassigned)} pairs")
+        self.judge_pairs += len(decisions)
+        cluster = self.num_clusters - 1
+        left = []
+        for u, same in zip(self.unassigned, decisions):
+            if same:
+                self.unique_cluster[u] = cluster
+            else:
+                left.append(u)
+        self.unassigned = left
+
+    def result(self) -> Clustering:
+        ids = [self.unique_cluster[u] for u in self.unique_of_sample]
+        stats = ClusterStats(num_samples=len(self.samples), num_clusters=self.num_clusters,
+                             judge_pairs=self.judge_pairs, duplicates=len(self.samples) - len(self.firsts),
+                             all_pairs=len(self.samples) * (len(self.samples) - 1) // 2)
+        return Clustering(ids, stats)  # type: ignore[arg-type]  # every id is set once rounds end
+
+
+def _judge_in_chunks(judge: Judge, queries: list[PairQuery], max_pairs_per_call: int | None) -> list[bool]:
+    if not queries:
+        return []
+    step = max_pairs_per_call or len(queries)
+    decisions: list[bool] = []
+    for start in range(0, len(queries), step):
+        chunk = queries[start:start + step]
+        got = list(judge.judge(chunk))
+        if len(got) != len(chunk):
+            raise RuntimeError(f"{type(judge).__name__}.judge returned {len(got)} decisions for {len(chunk)} pairs")
+        decisions.extend(bool(d) for d in got)
+    return decisions
+
+
+def cluster_many(contexts: Sequence[str], samples_per_context: Sequence[Sequence[str]], judge: Judge,
+                 max_pairs_per_call: int | None = None) -> list[Clustering]:
+    """Cluster the samples of many contexts; each round's pairs of all contexts go in one judge call.
+
+    max_pairs_per_call: split a round into several judge calls of at most this many pairs (bounds the
+    work lost if a run dies mid-call when the judge persists its decisions); None = one call per round.
+    """
+    if len(contexts) != len(samples_per_context):
+        raise ValueError(f"{len(contexts)} contexts but {len(samples_per_context)} sample lists")
+    if max_pairs_per_call is not None and max_pairs_per_call < 1:
+        raise ValueError(f"max_pairs_per_call must be >= 1 or None, got {max_pairs_per_call}")
+    states = [_ContextState(c, s) for c, s in zip(contexts, samples_per_context)]
+    while True:
+        active = [s for s in states if s.unassigned]
+        if not active:
+            break
+        per_state = [s.open_cluster() for s in active]
+        decisions = _judge_in_chunks(judge, [q for qs in per_state for q in qs], max_pairs_per_call)
+        offset = 0
+        for state, queries in zip(active, per_state):
+            state.absorb(decisions[offset:offset + len(queries)])
+            offset += len(queries)
+    return [s.result() for s in states]
+
+
+def cluster_samples(context: str, samples: Sequence[str], judge: Judge) -> list[int]:
+    """Cluster ids (0..K-1, in order of first appearance) of one context's samples."""
+    return cluster_many([context], [samples], judge)[0].cluster_ids
+
+
+def semantic_probabilities(cluster_ids: Sequence[int]) -> list[float]:
+    """|C_k| / N for every sample (the SemanticSpec label)."""
+    sizes = Counter(cluster_ids)
+    n = len(cluster_ids)
+    return [sizes[k] / n for k in cluster_ids]
+
+
+def semantic_entropy(cluster_ids: Sequence[int]) -> float:
+    """Entropy (natural log) of the empirical cluster distribution |C_k| / N."""
+    if not cluster_ids:
+        raise ValueError("semantic_entropy of an empty sample list is undefined")
+    n = len(cluster_ids)
+    return -sum((c / n) * math.log(c / n) for c in Counter(cluster_ids).values())
+
+
+def _representatives(reference_samples: Sequence[str], reference_ids: Sequence[int]) -> list[tuple[int, str]]:
+    """(cluster id, first member) for every reference cluster, ordered by id."""
+    if len(reference_samples) != len(reference_ids):
+        raise ValueError(f"{len(reference_samples)} reference samples but {len(reference_ids)} ids")
+    first: dict[int, str] = {}
+    for text, cid in zip(reference_samples, reference_ids):
+        first.setdefault(int(cid), text)
+    return sorted(first.items())
+
+
+class _AssignState:
+    """Rounds of `assign_many` for one context: round r compares every unmatched query with cluster r."""
+
+    def __init__(self, context: str, queries: Sequence[str], reference_samples: Sequence[str],
+                 reference_ids: Sequence[int]):
+        self.context = context
+        self.queries = list(queries)
+        self.reps = _representatives(reference_samples, reference_ids)
+        exact = {}
+        for text, cid in zip(reference_samples, reference_ids):
+            exact.setdefault(normalise_step(text), int(cid))
+        self.firsts, self.unique_of_query = _dedupe(self.queries)
+        # A query textually equal to any reference sample takes that sample's cluster without a call.
+        self.unique_cluster: list[int | None] = [exact.get(normalise_step(self.queries[f])) for f in self.firsts]
+        self.unmatched = [u for u, c in enumerate(self.unique_cluster) if c is None]
+        self.next_rep = 0
+        self.judge_pairs = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.unmatched) and self.next_rep < len(self.reps)
+
+    def round_queries(self) -> list[PairQuery]:
+        _, rep_text = self.reps[self.next_rep]
+        return [PairQuery(self.context, rep_text, self.queries[self.firsts[u]]) for u in self.unmatched]
+
+    def absorb(self, decisions: Sequence[bool]) -> None:
+        cid, _ = self.reps[self.next_rep]
+        self.judge_pairs += len(decisions)
+        left = []
+        for u, same in zip(self.unmatched, decisions):
+            if same:
+                self.unique_cluster[u] = cid
+            else:
+                left.append(u)
+        self.unmatched = left
+        self.next_rep += 1
+
+    def result(self) -> list[int | None]:
+        return [self.unique_cluster[u] for u in self.unique_of_query]
+
+
+def assign_many(contexts: Sequence[str], queries_per_context: Sequence[Sequence[str]],
+                reference_samples_per_context: Sequence[Sequence[str]],
+                reference_ids_per_context: Sequence[Sequence[int]], judge: Judge,
+                max_pairs_per_call: int | None = None) -> list[list[int | None]]:
+    """`assign_to_clusters` for many contexts, rounds in lockstep (one judge call per round)."""
+    n = len(contexts)
+    if not (len(queries_per_context) == len(reference_samples_per_context) == len(reference_ids_per_context) == n):
+        raise ValueError("assign_many needs one query list, reference list and id list per context")
+    states = [_AssignState(*args) for args in zip(contexts, queries_per_context, reference_samples_per_context,
+                                                   reference_ids_per_context)]
+    while True:
+        active = [s for s in states if s.active]
+        if not active:
+            break
+        per_state = [s.round_queries() for s in active]
+        decisions = _judge_in_chunks(judge, [q for qs in per_state for q in qs], max_pairs_per_call)
+        offset = 0
+        for state, queries in zip(active, per_state):
+            state.absorb(decisions[offset:offset + len(queries)])
+            offset += len(queries)
+    return [s.result() for s in states]
+
+
+def assign_to_clusters(context: str, queries: Sequence[str], reference_samples: Sequence[str],
+                       reference_ids: Sequence[int], judge: Judge) -> list[int | None]:
+    """For each query (e.g. a draft sample), the reference (target) cluster it means the same as, or None.
+
+    Queries are compared with each reference cluster's first member in id order; the first match wins.
+    A query equal (after normalisation) to any reference sample takes its cluster with no judge call.
+    The draft sample's probability under the target's meaning distribution is then |C_k| / N_ref
+    (0 for None).
+    """
+    return assign_many([context], [queries], [reference_samples], [reference_ids], judge)[0]

@@ -1,0 +1,248 @@
+"""Greedy clustering with deterministic fake judges: known answers, edge cases, batching and cost."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from data_gen.cluster import (
+    ClusterStats,
+    PairQuery,
+    assign_many,
+    assign_to_clusters,
+    cluster_many,
+    cluster_samples,
+    normalise_step,
+    semantic_entropy,
+    semantic_probabilities,
+)
+
+
+class FirstWordJudge:
+    """Equivalent iff the first words match (case-insensitive). Records every call."""
+
+    def __init__(self):
+        self.calls: list[list[PairQuery]] = []
+
+    @property
+    def model_calls(self) -> int:
+        return sum(len(c) for c in self.calls)
+
+    def judge(self, items):
+        items = list(items)
+        self.calls.append(items)
+        return [q.a.split()[0].lower() == q.b.split()[0].lower() for q in items]
+
+
+class NearNumberJudge:
+    """Equivalent iff the integers differ by at most 1: NOT transitive, so greedy order matters."""
+
+    def __init__(self):
+        self.pairs = 0
+
+    def judge(self, items):
+        self.pairs += len(items)
+        return [abs(int(q.a) - int(q.b)) <= 1 for q in items]
+
+
+def sequential_greedy(samples, same) -> tuple[list[int], int]:
+    """The textbook one-sample-at-a-time greedy loop, for comparison: (ids, comparisons)."""
+    reps: list[str] = []
+    ids, comparisons = [], 0
+    for s in samples:
+        for k, r in enumerate(reps):
+            comparisons += 1
+            if same(r, s):
+                ids.append(k)
+                break
+        else:
+            reps.append(s)
+            ids.append(len(reps) - 1)
+    return ids, comparisons
+
+
+def test_normalise_step():
+    assert normalise_step("  The  Answer\n\nis 72. ") == "the answer is 72."
+    assert normalise_step("\t") == ""
+
+
+def test_known_clusters_in_order_of_first_appearance():
+    judge = FirstWordJudge()
+    samples = ["b one", "a two", "b three", "c four", "a five"]
+    assert cluster_samples("ctx", samples, judge) == [0, 1, 0, 2, 1]
+    # Round 1: rep "b one" vs the 4 others; round 2: "a two" vs 2 left; round 3: "c four" alone.
+    assert [len(c) for c in judge.calls] == [4, 2]
+    assert all(q.context == "ctx" for c in judge.calls for q in c)
+    assert judge.calls[0][0] == PairQuery("ctx", "b one", "a two")  # a = representative, b = candidate
+
+
+def test_all_equal_needs_one_round():
+    judge = FirstWordJudge()
+    samples = [f"same {i}" for i in range(6)]
+    assert cluster_samples("c", samples, judge) == [0] * 6
+    assert judge.model_calls == 5 and len(judge.calls) == 1
+
+
+def test_all_different():
+    judge = FirstWordJudge()
+    samples = [f"w{i} x" for i in range(5)]
+    assert cluster_samples("c", samples, judge) == [0, 1, 2, 3, 4]
+    assert judge.model_calls == 4 + 3 + 2 + 1  # every pair once: the worst case equals all pairs
+
+
+def test_exact_duplicates_cost_no_model_call():
+    judge = FirstWordJudge()
+    samples = ["The answer is 72.", "the  answer is 72.  ", "THE ANSWER IS 72."]
+    result = cluster_many(["c"], [samples], judge)[0]
+    assert result.cluster_ids == [0, 0, 0]
+    assert judge.model_calls == 0 and judge.calls == []
+    assert result.stats.duplicates == 2 and result.stats.judge_pairs == 0
+
+
+def test_duplicates_join_the_cluster_of_their_first_copy():
+    judge = FirstWordJudge()
+    samples = ["x a", "y b", "X  A", "y b", "z c"]
+    assert cluster_samples("c", samples, judge) == [0, 1, 0, 1, 2]
+    # Only the 3 distinct texts reach the judge: 2 + 1 pairs.
+    assert judge.model_calls == 3
+
+
+def test_one_sample_and_empty():
+    judge = FirstWordJudge()
+    assert cluster_samples("c", ["only one"], judge) == [0]
+    assert cluster_samples("c", [], judge) == []
+    assert judge.calls == []
+    empty = cluster_many(["c"], [[]], judge)[0]
+    assert empty.stats == ClusterStats(0, 0, 0, 0, 0)
+
+
+def test_rounds_equal_sequential_greedy_for_a_non_transitive_judge():
+    rng = random.Random(0)
+    for _ in range(30):
+        samples = [str(rng.randint(0, 8)) for _ in range(rng.randint(1, 15))]
+        judge = NearNumberJudge()
+        got = cluster_many(["c"], [samples], judge)[0]
+        # Sequential greedy over distinct texts (duplicates are free in ours).
+        distinct = list(dict.fromkeys(samples))
+        ids, comparisons = sequential_greedy(distinct, lambda a, b: abs(int(a) - int(b)) <= 1)
+        by_text = dict(zip(distinct, ids))
+        assert got.cluster_ids == [by_text[s] for s in samples]
+        assert judge.pairs == got.stats.judge_pairs == comparisons
+
+
+def test_cluster_many_equals_per_context_clustering_and_batches_rounds():
+    rng = random.Random(1)
+    words = ["alpha", "beta", "gamma", "delta"]
+    contexts = [f"ctx{i}" for i in range(5)]
+    sample_lists = [[f"{rng.choice(words[:k + 1])} {j}" for j in range(rng.randint(0, 10))]
+                    for k, _ in enumerate(contexts)]
+    batched_judge = FirstWordJudge()
+    batched = cluster_many(contexts, sample_lists, batched_judge)
+    singles = []
+    single_calls = 0
+    for ctx, samples in zip(contexts, sample_lists):
+        j = FirstWordJudge()
+        singles.append(cluster_samples(ctx, samples, j))
+        single_calls += len(j.calls)
+    assert [r.cluster_ids for r in batched] == singles
+    # Lockstep rounds: calls = the largest number of rounds of any context, not their sum.
+    assert len(batched_judge.calls) <= max(len(set(s)) for s in singles if s)
+    assert len(batched_judge.calls) < single_calls
+    # Each query carries its own context.
+    for call in batched_judge.calls:
+        for q in call:
+            i = contexts.index(q.context)
+            assert q.a in sample_lists[i] and q.b in sample_lists[i]
+
+
+def test_max_pairs_per_call_splits_rounds_without_changing_results():
+    samples = [f"{w} {i}" for i, w in enumerate("a b a c b a d a".split())]
+    whole, split = FirstWordJudge(), FirstWordJudge()
+    r1 = cluster_many(["c", "d"], [samples, samples[::-1]], whole)
+    r2 = cluster_many(["c", "d"], [samples, samples[::-1]], split, max_pairs_per_call=3)
+    assert [r.cluster_ids for r in r1] == [r.cluster_ids for r in r2]
+    assert max(len(c) for c in split.calls) <= 3
+    with pytest.raises(ValueError, match="max_pairs_per_call"):
+        cluster_many(["c"], [samples], whole, max_pairs_per_call=0)
+
+
+def test_far_fewer_judge_pairs_than_all_pairs_when_few_clusters():
+    judge = FirstWordJudge()
+    samples = [f"{['x', 'y', 'z'][i % 3]} variant {i}" for i in range(20)]
+    result = cluster_many(["c"], [samples], judge)[0]
+    stats = result.stats
+    assert stats.num_clusters == 3 and stats.num_samples == 20
+    assert stats.all_pairs == 190
+    # rep x vs the 19 others, rep y vs the 12 left after it, rep z vs its 5 fellows
+    assert stats.judge_pairs == 19 + 12 + 5 == judge.model_calls
+    assert stats.judge_pairs < stats.all_pairs / 5
+    total = sum((r.stats for r in cluster_many(["a", "b"], [samples, samples[:4]], FirstWordJudge())),
+                ClusterStats())
+    assert total.num_samples == 24 and total.all_pairs == 190 + 6
+
+
+def test_mismatched_inputs_and_bad_judges_raise():
+    with pytest.raises(ValueError, match="contexts"):
+        cluster_many(["a", "b"], [["x"]], FirstWordJudge())
+
+    class ShortJudge:
+        def judge(self, items):
+            return [True]
+
+    with pytest.raises(RuntimeError, match="decisions"):
+        cluster_samples("c", ["a 1", "b 2", "c 3"], ShortJudge())
+
+
+def test_semantic_probabilities_sum_to_one_per_context():
+    ids = [0, 1, 0, 2, 0, 1]
+    probs = semantic_probabilities(ids)
+    assert probs == pytest.approx([3 / 6, 2 / 6, 3 / 6, 1 / 6, 3 / 6, 2 / 6])
+    # Summed once per cluster (each sample carries its cluster's mass): sum_k |C_k|/N = 1.
+    per_cluster = {k: p for k, p in zip(ids, probs)}
+    assert sum(per_cluster.values()) == pytest.approx(1.0)
+    assert semantic_probabilities([]) == []
+
+
+def test_semantic_entropy():
+    for k in (1, 2, 5):
+        assert semantic_entropy(list(range(k)) * 3) == pytest.approx(math.log(k))
+    assert semantic_entropy([0, 0, 0]) == 0.0
+    assert semantic_entropy([0, 0, 0, 1]) == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+    with pytest.raises(ValueError, match="empty"):
+        semantic_entropy([])
+
+
+def test_assign_to_clusters():
+    refs = ["a one", "b two", "a three", "c four"]
+    ref_ids = cluster_samples("c", refs, FirstWordJudge())
+    assert ref_ids == [0, 1, 0, 2]
+    judge = FirstWordJudge()
+    queries = ["c new", "A THREE", "d none", "b other", "c new", "a  three"]
+    got = assign_to_clusters("c", queries, refs, ref_ids, judge)
+    assert got == [2, 0, None, 1, 2, 0]
+    # "A THREE" matched a reference sample textually: no call. Distinct unmatched queries: c new, d none,
+    # b other -> vs "a one" (3 pairs), vs "b two" (3; b other matches), vs "c four" (2; c new matches).
+    assert judge.model_calls == 3 + 3 + 2
+    assert all(q.a in ("a one", "b two", "c four") for c in judge.calls for q in c)
+
+
+def test_assign_stops_when_all_matched_and_handles_empty():
+    judge = FirstWordJudge()
+    assert assign_to_clusters("c", ["a x", "a y"], ["a 1", "b 2"], [0, 1], judge) == [0, 0]
+    assert len(judge.calls) == 1  # both matched cluster 0; cluster 1 is never asked
+    assert assign_to_clusters("c", ["a x"], [], [], judge) == [None]
+    assert assign_to_clusters("c", [], ["a 1"], [0], judge) == []
+    with pytest.raises(ValueError, match="reference"):
+        assign_to_clusters("c", ["a"], ["a 1", "b 2"], [0], judge)
+
+
+def test_assign_many_equals_per_context():
+    refs = [["a 1", "b 2", "a 3"], ["x 1", "y 2"]]
+    ids = [cluster_samples("c", r, FirstWordJudge()) for r in refs]
+    queries = [["b q", "z q", "a q"], ["y q", "x 1"]]
+    judge = FirstWordJudge()
+    many = assign_many(["c0", "c1"], queries, refs, ids, judge)
+    singles = [assign_to_clusters(c, q, r, i, FirstWordJudge()) for c, q, r, i in zip(["c0", "c1"], queries, refs, ids)]
+    assert many == singles == [[1, None, 0], [1, 0]]
+    assert len(judge.calls) == 2  # two rounds shared by both contexts
