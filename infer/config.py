@@ -1,0 +1,380 @@
+"""Typed experiment configs: one YAML file per experiment, `key=value` overrides on the command line.
+
+Every field has help text (``field_help``) and is type-checked when loaded: an unknown key or a value
+of the wrong type is a ``ConfigError`` that names the key and the file. Sections are plain data;
+each package reads the section it owns (``data`` → data_gen, ``probe``/``verifiers`` → train,
+``runtime``/``bench`` → infer). The config lives in `infer` because every package but `probes`
+may import `infer`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence, get_args, get_origin
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema."""
+
+
+def opt(default: Any, help: str, **kw) -> Any:
+    """A dataclass field with help text (shown by `--help-config`)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+def section(cls: type, help: str) -> Any:
+    return field(default_factory=cls, metadata={"help": help})
+
+
+# ----------------------------------------------------------------------------- sections
+@dataclass
+class ModelsConfig:
+    target: str = opt("offline:smollm2-135m-instruct",
+                      "target model (large, p): hub id, local folder, .gguf file, offline:<name> or random:<size>")
+    draft: str = opt("offline:smollm2-135m-instruct",
+                     "draft model (small, q); may use a different tokenizer than the target")
+    device: str = opt("auto", "auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ...")
+    dtype: str = opt("auto", "auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    cache_dir: str | None = opt(None, "where converted GGUF models are cached (default $SPECPROBE_CACHE or ~/.cache/specprobe)")
+    use_chat_template: bool = opt(True, "wrap questions in each model's own chat template")
+    system_prompt: str | None = opt(None, "optional system message for both models")
+    max_batch_rows: int = opt(32, "most sequences decoded or scored in one batch")
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_batch_rows")
+
+    def resolved_device(self) -> str | None:
+        return None if self.device == "auto" else self.device
+
+
+@dataclass
+class SourceConfig:
+    kind: Literal["reasoning_gym", "s1k", "gsm8k", "champ", "jsonl"] = opt(
+        "reasoning_gym", "trace source: reasoning_gym (offline default), s1k, gsm8k, champ, jsonl")
+    path: str | None = opt(None, "local file (jsonl/parquet) for s1k, gsm8k and jsonl sources")
+    name: str | None = opt(None, "datasets hub name, e.g. simplescaling/s1K-1.1 (needs hub access or a cache)")
+    split: str = opt("train", "dataset split")
+    task: str = opt("gsm_symbolic", "reasoning-gym task name")
+    size: int = opt(24, "number of generated reasoning-gym problems")
+    limit: int | None = opt(None, "read at most this many traces")
+    seed: int = opt(0, "seed for generated sources")
+    step_mode: Literal["delimiter", "sentence"] = opt("delimiter", "split reasoning on the delimiter or on sentence punctuation")
+    delimiter: str = opt("\n\n", "step delimiter")
+    trajectory: Literal["deepseek", "gemini"] = opt("deepseek", "which s1K-1.1 trajectory to read")
+    domains: list[str] | None = opt(None, "keep only these domains (e.g. [math])")
+
+    def __post_init__(self) -> None:
+        _positive(self, "size")
+        if not self.delimiter:
+            raise ConfigError("source.delimiter must not be empty")
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = opt(0.6, "sampling temperature (0 = greedy); LR uses 0.6")
+    top_p: float = opt(0.95, "nucleus sampling mass")
+    max_step_tokens: int = opt(100, "token cap of one step; a step cut here has stop reason 'length'")
+    seed: int = opt(0, "sampling seed")
+    draft_temperature: float | None = opt(
+        None, "draft's temperature when it differs from the target's (the tiny config uses one LM for both "
+              "roles, sampled hotter as the draft, since only one LM ships offline)")
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_step_tokens")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ConfigError("sampling: temperature must be >= 0 and top_p in (0, 1]")
+
+
+@dataclass
+class DataConfig:
+    contexts_per_trace: int = opt(2, "contexts (question + first j steps) taken from each trace")
+    context_positions: Literal["spread", "first", "all"] = opt(
+        "spread", "which j: spread evenly over the chain, the first ones, or all")
+    num_samples: int = opt(20, "N one-step continuations per context and model (SemanticSpec: 20)")
+    models: list[str] = opt(["target", "draft"], "which models to sample from")
+    judge: Literal["nli", "embedding"] = opt("nli", "equivalence judge: nli (DeBERTa MNLI) or embedding (offline approximation)")
+    nli_model: str = opt("microsoft/deberta-large-mnli", "sequence-classification NLI model for the nli judge")
+    nli_strict: bool = opt(True, "strict: both directions entailment; else no contradiction and not neutral both ways")
+    nli_batch_size: int = opt(16, "pairs per NLI batch")
+    nli_max_length: int = opt(512, "token limit of premise + hypothesis; the context is trimmed from the left")
+    embedding_model: str = opt("offline:minilm", "sentence embedder of the embedding judge")
+    embedding_threshold: float = opt(0.8, "cosine threshold of the embedding judge (numbers must also match)")
+    layers: str = opt("all", "hidden-state rows to store: all, last, range:a-b or a comma list (0 = embeddings)")
+    store_last_token: bool = opt(True, "also store the last token's hidden states")
+    contexts_per_shard: int = opt(8, "contexts written per shard file (the unit of resumption)")
+    max_context_steps: int | None = opt(None, "keep at most this many trace steps in a context")
+
+    def __post_init__(self) -> None:
+        for name in ("contexts_per_trace", "num_samples", "nli_batch_size", "contexts_per_shard"):
+            _positive(self, name)
+        bad = [m for m in self.models if m not in ("target", "draft")]
+        if bad or not self.models:
+            raise ConfigError(f"data.models must be a non-empty subset of [target, draft], got {self.models}")
+
+
+@dataclass
+class ProbeConfig:
+    features: str = opt("all", "layers the probe reads: all, last, range:a-b or a comma list")
+    combine: Literal["concat", "mean", "weighted"] = opt("concat", "how layers are combined")
+    pooling: Literal["mean", "last"] = opt("mean", "mean over the step's tokens or the last token")
+    hidden_dim: int = opt(256, "MLP width")
+    dropout: float = opt(0.1, "dropout between MLP layers")
+    loss: Literal["bce", "mse"] = opt("bce", "BCE on the soft label or MSE on the probability")
+    lr: float = opt(1e-3, "AdamW learning rate (SemanticSpec: 1e-3)")
+    betas: list[float] = opt([0.9, 0.95], "AdamW betas (SemanticSpec: 0.9, 0.95)")
+    weight_decay: float = opt(0.01, "AdamW weight decay")
+    epochs: int = opt(60, "maximum epochs")
+    batch_size: int = opt(256, "batch size")
+    patience: int = opt(8, "early stopping patience in epochs on the validation loss")
+    val_fraction: float = opt(0.2, "share of questions held out for validation")
+    test_fraction: float = opt(0.0, "share of questions held out for a final test")
+    target_with_draft: bool = opt(True, "train the target probe also on draft steps teacher-forced through the target")
+    seed: int = opt(0, "training seed")
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_dim", "epochs", "batch_size", "patience"):
+            _positive(self, name)
+        if len(self.betas) != 2:
+            raise ConfigError("probe.betas needs two numbers")
+        if not 0 < self.val_fraction < 1 or not 0 <= self.test_fraction < 1:
+            raise ConfigError("probe.val_fraction must be in (0, 1), probe.test_fraction in [0, 1)")
+
+
+@dataclass
+class VerifiersConfig:
+    train: list[str] = opt(["probes", "embedding", "judge"], "what probe-train trains: probes, embedding, judge")
+    embedding_model: str = opt("sentence-transformers/all-mpnet-base-v2", "embedder of the threshold verifier")
+    target_precision: float = opt(0.95, "the threshold is the highest-recall one at this precision")
+    judge_base: str = opt("Qwen/Qwen2.5-1.5B-Instruct", "base causal LM of the judge-LoRA verifier")
+    judge_lora_r: int = opt(16, "LoRA rank")
+    judge_lora_alpha: int = opt(32, "LoRA alpha")
+    judge_lora_dropout: float = opt(0.05, "LoRA dropout")
+    judge_steps: int = opt(300, "judge optimisation steps")
+    judge_lr: float = opt(2e-4, "judge learning rate")
+    judge_batch_size: int = opt(8, "judge batch size")
+    judge_max_pairs: int = opt(4000, "most balanced training pairs for the judge")
+
+    def __post_init__(self) -> None:
+        bad = [t for t in self.train if t not in ("probes", "embedding", "judge")]
+        if bad:
+            raise ConfigError(f"verifiers.train: unknown entries {bad}; use probes, embedding, judge")
+        if not 0 < self.target_precision <= 1:
+            raise ConfigError("verifiers.target_precision must be in (0, 1]")
+
+
+@dataclass
+class EvalConfig:
+    n_boot: int = opt(1000, "bootstrap resamples for confidence intervals")
+    n_bins: int = opt(10, "calibration bins")
+    umap_max_points: int = opt(3000, "most points in the UMAP view")
+    layer_sweep: bool = opt(True, "train one small probe per layer and plot error against depth")
+
+
+@dataclass
+class RuntimeConfig:
+    method: Literal["target", "draft", "semanticspec", "lr_sync", "lr_async"] = opt(
+        "lr_sync", "decoding method")
+    gamma: int = opt(3, "draft steps per cycle (lookahead depth)")
+    width: int = opt(1, "draft branches per position (multi-branch LR)")
+    verifier: str = opt("probe", "probe | embedding | judge | llm_judge | exact | accept_all | reject_all | bernoulli")
+    checkpoint: str | None = opt(None, "checkpoint folder with trained verifiers (default: <output_dir>/checkpoint)")
+    bernoulli_alpha: float = opt(0.6, "acceptance probability of the bernoulli verifier")
+    llm_judge_model: str | None = opt(None, "instruct model for the prompted llm_judge verifier")
+    max_new_tokens: int = opt(512, "token limit of one generation")
+    max_steps: int = opt(40, "step limit of one generation")
+    token_spec: Literal["none", "ngram", "assistant"] = opt("none", "token-level speculation inside a step")
+    ngram_size: int = opt(3, "prompt-lookup n-gram size")
+    num_speculative_tokens: int = opt(8, "tokens proposed per token-level speculation round")
+    seed: int = opt(0, "seed of sampling and acceptance draws")
+
+    def __post_init__(self) -> None:
+        if self.gamma < 1:
+            raise ConfigError(f"runtime.gamma must be >= 1, got {self.gamma}")
+        for name in ("width", "max_new_tokens", "max_steps", "ngram_size", "num_speculative_tokens"):
+            _positive(self, name)
+        if not 0 <= self.bernoulli_alpha <= 1:
+            raise ConfigError("runtime.bernoulli_alpha must be in [0, 1]")
+
+
+@dataclass
+class BenchConfig:
+    source: SourceConfig = section(SourceConfig, "problems to decode (same fields as `source`)")
+    num_problems: int = opt(4, "problems per method")
+    methods: list[str] = opt(["target", "draft", "semanticspec", "lr_sync", "lr_async", "lr_sync+ngram"],
+                             "methods run in one benchmark, each over the same problems")
+    system_speed: bool = opt(False, "random-weight models and a Bernoulli verifier: measure the runtime itself")
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = opt(False, "log metrics and figures to Weights & Biases")
+    project: str = opt("specprobe", "wandb project")
+    mode: Literal["offline", "online"] = opt("offline", "offline needs no account; sync later with `wandb sync`")
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = opt("tiny", "run name; checkpoints go to <output_dir>/checkpoint")
+    output_dir: str = opt("runs/tiny", "where this run writes its data, checkpoint and reports")
+    models: ModelsConfig = section(ModelsConfig, "draft and target models")
+    source: SourceConfig = section(SourceConfig, "reasoning traces")
+    sampling: SamplingConfig = section(SamplingConfig, "step sampling")
+    data: DataConfig = section(DataConfig, "training-data generation")
+    probe: ProbeConfig = section(ProbeConfig, "semantic-probability probes")
+    verifiers: VerifiersConfig = section(VerifiersConfig, "pair verifiers")
+    eval: EvalConfig = section(EvalConfig, "probe-eval report")
+    runtime: RuntimeConfig = section(RuntimeConfig, "decoding runtime")
+    bench: BenchConfig = section(BenchConfig, "probe-bench")
+    wandb: WandbConfig = section(WandbConfig, "experiment tracking")
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.output_dir) / "data"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.output_dir) / "checkpoint"
+
+
+def _positive(obj: Any, name: str) -> None:
+    value = getattr(obj, name)
+    if value is not None and value < 1:
+        raise ConfigError(f"{type(obj).__name__}.{name} must be >= 1, got {value}")
+
+
+# ----------------------------------------------------------------------------- loading
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
+    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, arg, key, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value in {where}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(args)} (in {where})")
+        return value
+    if origin in (list, tuple, Sequence):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r} (in {where})")
+        inner = args[0] if args else Any
+        return [_coerce(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping (in {where})")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a section (mapping), got {value!r} (in {where})")
+        return build(tp, value, where, prefix=key + ".")
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool) or tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} (in {where})")
+    if not isinstance(value, tp):
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} (in {where})")
+    return value
+
+
+def build(cls: type, values: dict, where: str = "<dict>", prefix: str = "") -> Any:
+    """Instantiate dataclass `cls` from a (nested) dict, checking every key and type."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        raise ConfigError(f"unknown key {prefix}{unknown[0]} in {where}; "
+                          f"valid keys of {prefix.rstrip('.') or 'the top level'}: {sorted(names)}")
+    kwargs = {k: _coerce(v, hints[k], prefix + k, where) for k, v in values.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        raise ConfigError(f"{err} (in {where})") from None
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b=value` → (["a", "b"], value); the value is read as YAML (numbers, bools, lists)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key=value (e.g. data.num_samples=8)")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:  # not YAML (e.g. a path with a colon): keep the text
+        value = raw
+    return key.strip().split("."), value
+
+
+def _set_path(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {'.'.join(path)}: {part} is not a section")
+    node[path[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), cls: type = ExperimentConfig):
+    """Load a YAML config (or the defaults when path is None) and apply `key=value` overrides."""
+    tree: dict = {}
+    where = "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        where = str(path)
+    for text in overrides:
+        keys, value = parse_override(text)
+        _set_path(tree, keys, value)
+    if overrides:
+        where += f" + overrides {list(overrides)}"
+    return build(cls, tree, where)
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
+
+
+def field_help(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(key, help, default) for every field, nested sections flattened with dots."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows.extend(field_help(tp, prefix + f.name + "."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rows.append((prefix + f.name, f.metadata.get("help", ""), default))
+    return rows
+
+
+def format_help(cls: type = ExperimentConfig) -> str:
+    return "\n".join(f"  {k:34s} {h}  [default: {d!r}]" for k, h, d in field_help(cls))
