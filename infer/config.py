@@ -9,6 +9,7 @@ may import `infer`.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -110,13 +111,25 @@ class DataConfig:
     store_last_token: bool = opt(True, "also store the last token's hidden states")
     contexts_per_shard: int = opt(8, "contexts written per shard file (the unit of resumption)")
     max_context_steps: int | None = opt(None, "keep at most this many trace steps in a context")
+    max_contexts: int | None = opt(None, "use only the first this-many contexts of the plan (quick runs); "
+                                         "changes the dataset, so a folder made without it is not reused")
+    judge_pairs_per_call: int | None = opt(
+        1024, "most step pairs per equivalence-judge call; decisions are saved after each call, so this "
+              "bounds the judge work a killed run loses (null = one call per clustering round)")
 
     def __post_init__(self) -> None:
-        for name in ("contexts_per_trace", "num_samples", "nli_batch_size", "contexts_per_shard"):
+        for name in ("contexts_per_trace", "num_samples", "nli_batch_size", "contexts_per_shard",
+                     "max_contexts", "judge_pairs_per_call"):
             _positive(self, name)
+        if self.max_context_steps is not None and self.max_context_steps < 0:
+            raise ConfigError(f"data.max_context_steps must be >= 0, got {self.max_context_steps}")
         bad = [m for m in self.models if m not in ("target", "draft")]
-        if bad or not self.models:
-            raise ConfigError(f"data.models must be a non-empty subset of [target, draft], got {self.models}")
+        if bad or not self.models or len(set(self.models)) != len(self.models):
+            raise ConfigError(f"data.models must be a non-empty subset of [target, draft] without repeats, "
+                              f"got {self.models}")
+        if not _LAYER_OPTION.match(self.layers.strip().lower().replace(" ", "")):
+            raise ConfigError(f"data.layers: {self.layers!r} is not 'all', 'last', 'range:a-b' or a comma "
+                              "list of layer indices like '0,4,8' (0 = embeddings)")
 
 
 @dataclass
@@ -241,6 +254,9 @@ class ExperimentConfig:
     @property
     def checkpoint_dir(self) -> Path:
         return Path(self.output_dir) / "checkpoint"
+
+
+_LAYER_OPTION = re.compile(r"^(all|last|range:\d+-\d+|\d+(,\d+)*)$")
 
 
 def _positive(obj: Any, name: str) -> None:
