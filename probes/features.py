@@ -1,0 +1,170 @@
+"""What a probe reads: which model's hidden states, which layers, and how they are combined.
+
+Hidden-state tensors follow the Hugging Face ``output_hidden_states`` layout: one row per layer plus
+row 0 for the embeddings, so a model with ``num_layers`` transformer layers gives
+``[B, num_layers + 1, hidden_size]`` after pooling over a step's tokens.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+
+CombineMode = Literal["concat", "mean", "weighted"]
+PoolingMode = Literal["mean", "last"]
+COMBINE_MODES: tuple[str, ...] = ("concat", "mean", "weighted")
+POOLING_MODES: tuple[str, ...] = ("mean", "last")
+
+_RANGE_RE = re.compile(r"^range:(\d+)-(\d+)$")
+
+
+def layers_from_option(option: str, num_layers: int) -> list[int]:
+    """Turn a layer option into hidden-state row indices (0 = embeddings, num_layers = last layer).
+
+    - ``"all"``: every row, 0..num_layers (what SemanticSpec calls "all layers").
+    - ``"last"``: the final layer only (their cheaper "last-hidden" ablation).
+    - ``"range:a-b"``: rows a..b inclusive.
+    - ``"a,b,c"``: an explicit list (a single ``"7"`` works too).
+    The result is sorted and duplicate-free.
+    """
+    if not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+    if not isinstance(option, str) or not option.strip():
+        raise ValueError(f"layer option must be a non-empty string, got {option!r}")
+    text = option.strip().lower()
+    if text == "all":
+        return list(range(num_layers + 1))
+    if text == "last":
+        return [num_layers]
+    match = _RANGE_RE.match(text.replace(" ", ""))
+    if match:
+        lo, hi = int(match.group(1)), int(match.group(2))
+        if lo > hi:
+            raise ValueError(f"layer range {option!r} is empty: start {lo} > end {hi}")
+        rows = list(range(lo, hi + 1))
+    elif text.startswith("range:"):
+        raise ValueError(f"layer range {option!r} must look like 'range:a-b' with non-negative ints a <= b")
+    else:
+        try:
+            rows = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise ValueError(
+                f"unknown layer option {option!r}: use 'all', 'last', 'range:a-b' or a comma list like '4,8,12'"
+            ) from None
+        if not rows:
+            raise ValueError(f"layer option {option!r} lists no layers")
+    _check_rows(rows, num_layers, source=f"layer option {option!r}")
+    return sorted(set(rows))
+
+
+def _check_rows(rows: list[int], num_layers: int, source: str) -> None:
+    bad = [r for r in rows if not 0 <= r <= num_layers]
+    if bad:
+        raise ValueError(
+            f"{source}: rows {bad} are out of range; valid rows are 0..{num_layers} "
+            f"(0 = embeddings, {num_layers} = last of the model's {num_layers} layers)"
+        )
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Loose identity of model names: a local folder and its hub id share the last path component."""
+    a_norm, b_norm = a.strip().rstrip("/").lower(), b.strip().rstrip("/").lower()
+    return a_norm == b_norm or a_norm.rsplit("/", 1)[-1] == b_norm.rsplit("/", 1)[-1]
+
+
+@dataclass
+class FeatureSpec:
+    """The contract between a probe and the engine that feeds it hidden states."""
+
+    model_id: str = field(metadata={"help": "model whose hidden states the probe was trained on"})
+    num_layers: int = field(metadata={"help": "transformer layers of that model (tensors have num_layers+1 rows)"})
+    hidden_size: int = field(metadata={"help": "hidden size of that model"})
+    layers: list[int] = field(metadata={"help": "hidden-state rows the probe reads, sorted (0 = embeddings)"})
+    combine: CombineMode = field(default="concat", metadata={
+        "help": "how the selected layers are combined: concat | mean | weighted (learned softmax weights)"})
+    pooling: PoolingMode = field(default="mean", metadata={
+        "help": "how a step's tokens were pooled into one vector: mean | last"})
+    revision: str | None = field(default=None, metadata={"help": "model revision (commit/tag), if known"})
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_id, str) or not self.model_id.strip():
+            raise ValueError(f"FeatureSpec.model_id must be a non-empty string, got {self.model_id!r}")
+        if not isinstance(self.num_layers, int) or self.num_layers < 1:
+            raise ValueError(f"FeatureSpec.num_layers must be a positive int, got {self.num_layers!r}")
+        if not isinstance(self.hidden_size, int) or self.hidden_size < 1:
+            raise ValueError(f"FeatureSpec.hidden_size must be a positive int, got {self.hidden_size!r}")
+        if isinstance(self.layers, str):  # convenience: FeatureSpec(..., layers="all")
+            self.layers = layers_from_option(self.layers, self.num_layers)
+        self.layers = [int(r) for r in self.layers]
+        if not self.layers:
+            raise ValueError("FeatureSpec.layers is empty: a probe must read at least one layer")
+        if len(set(self.layers)) != len(self.layers) or self.layers != sorted(self.layers):
+            raise ValueError(f"FeatureSpec.layers must be sorted and without duplicates, got {self.layers}")
+        _check_rows(self.layers, self.num_layers, source="FeatureSpec.layers")
+        if self.combine not in COMBINE_MODES:
+            raise ValueError(f"FeatureSpec.combine must be one of {COMBINE_MODES}, got {self.combine!r}")
+        if self.pooling not in POOLING_MODES:
+            raise ValueError(f"FeatureSpec.pooling must be one of {POOLING_MODES}, got {self.pooling!r}")
+        if self.revision is not None and not isinstance(self.revision, str):
+            raise ValueError(f"FeatureSpec.revision must be a string or None, got {self.revision!r}")
+
+    @property
+    def num_selected(self) -> int:
+        return len(self.layers)
+
+    @property
+    def input_dim(self) -> int:
+        """Width of the combined feature vector fed to the MLP."""
+        return self.hidden_size * (self.num_selected if self.combine == "concat" else 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "FeatureSpec":
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"FeatureSpec.from_dict: unknown keys {unknown}; known keys are {sorted(known)}")
+        return cls(**data)
+
+    def check_compatible(self, num_layers: int, hidden_size: int, model_id: str | None = None,
+                         *, allow_model_mismatch: bool = False) -> None:
+        """Raise ValueError if an engine's model cannot feed this probe.
+
+        Shapes must match exactly. A different model name with matching shapes is refused too (same
+        shapes do not mean the same representation) unless `allow_model_mismatch` is set, e.g. for a
+        local copy saved under another name.
+        """
+        trained = (f"the probe was trained on {self.model_id!r}"
+                   f"{'@' + self.revision if self.revision else ''} with {self.num_layers} layers / "
+                   f"hidden size {self.hidden_size}")
+        engine = f"the engine's model {model_id!r}" if model_id else "the engine's model"
+        if num_layers != self.num_layers or hidden_size != self.hidden_size:
+            raise ValueError(
+                f"{trained}, but {engine} has {num_layers} layers / hidden size {hidden_size}. "
+                f"Load {self.model_id!r} in the engine, or retrain the probe on features from the engine's model."
+            )
+        if model_id is not None and not allow_model_mismatch and not _same_model(model_id, self.model_id):
+            raise ValueError(
+                f"{trained}, but {engine} is a different model (shapes match, representations need not). "
+                f"Load {self.model_id!r}, retrain the probe on this model, or pass allow_model_mismatch=True "
+                "if it is the same weights under another name."
+            )
+
+    def select(self, features: torch.Tensor) -> torch.Tensor:
+        """[B, num_layers+1, H] pooled hidden states -> [B, len(layers), H] rows this probe reads."""
+        if not isinstance(features, torch.Tensor):
+            raise TypeError(f"select expects a torch.Tensor, got {type(features).__name__}")
+        expected = (self.num_layers + 1, self.hidden_size)
+        if features.ndim != 3 or tuple(features.shape[1:]) != expected:
+            raise ValueError(
+                f"select expects hidden states of shape [B, {expected[0]}, {expected[1]}] "
+                f"(num_layers+1 rows for {self.model_id!r}), got {list(features.shape)}"
+            )
+        if self.num_selected == self.num_layers + 1:
+            return features  # every row, in order: nothing to gather
+        index = torch.tensor(self.layers, device=features.device)
+        return features.index_select(1, index)

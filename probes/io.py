@@ -1,0 +1,127 @@
+"""Save/load helpers: tensors go to safetensors, configuration goes to JSON. Never pickle.
+
+A saved model is two files in one folder: ``{name}.safetensors`` (tensors only) and ``{name}.json``
+(everything needed to rebuild the module, plus a format tag and version). Both are written to a
+temporary file first and renamed, so a crash mid-save never leaves a half-written file behind.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from safetensors.torch import load_file, save_file
+
+PathLike = str | os.PathLike
+
+
+def _atomic_target(path: Path) -> tuple[int, str]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+
+
+def write_json(path: PathLike, obj: Any) -> Path:
+    """Write `obj` as indented JSON, atomically. Non-finite floats are refused (they are not JSON)."""
+    path = Path(path)
+    text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    fd, tmp = _atomic_target(path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_json(path: PathLike) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"JSON file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def save_tensors(path: PathLike, tensors: Mapping[str, torch.Tensor],
+                 metadata: Mapping[str, str] | None = None) -> Path:
+    """Write named tensors to a safetensors file, atomically.
+
+    Tensors are moved to CPU and made contiguous copies: safetensors refuses views that share
+    storage, which state dicts can contain (tied weights, slices).
+    """
+    path = Path(path)
+    for key, value in tensors.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"save_tensors: entry {key!r} is {type(value).__name__}, not a torch.Tensor")
+    plain = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    fd, tmp = _atomic_target(path)
+    os.close(fd)
+    try:
+        save_file(plain, tmp, metadata=dict(metadata) if metadata else None)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_tensors(path: PathLike) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"safetensors file not found: {path}")
+    return load_file(str(path), device="cpu")
+
+
+def model_paths(directory: PathLike, name: str) -> tuple[Path, Path]:
+    """(`{name}.safetensors`, `{name}.json`) inside `directory`."""
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"model name must be a plain file stem (no slashes, not hidden), got {name!r}")
+    directory = Path(directory)
+    return directory / f"{name}.safetensors", directory / f"{name}.json"
+
+
+def save_model_files(directory: PathLike, name: str, tensors: Mapping[str, torch.Tensor],
+                     config: Mapping[str, Any], *, format_name: str, format_version: int) -> tuple[Path, Path]:
+    """Write the tensor file and the JSON config (with `format` and `format_version` keys added).
+
+    The JSON is written last, so its presence means the pair is complete.
+    """
+    weights_path, json_path = model_paths(directory, name)
+    save_tensors(weights_path, tensors, metadata={"format": format_name, "format_version": str(format_version)})
+    payload = {"format": format_name, "format_version": format_version, **config}
+    write_json(json_path, payload)
+    return weights_path, json_path
+
+
+def load_model_files(directory: PathLike, name: str, *, format_name: str,
+                     supported_versions: tuple[int, ...]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Read back what `save_model_files` wrote, checking the format tag and version."""
+    weights_path, json_path = model_paths(directory, name)
+    if not json_path.is_file() or not weights_path.is_file():
+        present = sorted(p.name for p in Path(directory).glob("*")) if Path(directory).is_dir() else []
+        raise FileNotFoundError(
+            f"expected {weights_path.name} and {json_path.name} in {directory}; found {present or 'nothing'}"
+        )
+    config = read_json(json_path)
+    if config.get("format") != format_name:
+        raise ValueError(f"{json_path} holds format {config.get('format')!r}, expected {format_name!r}")
+    version = config.get("format_version")
+    if version not in supported_versions:
+        raise ValueError(
+            f"{json_path} has format_version {version!r}; this specprobe reads {list(supported_versions)}. "
+            "Upgrade specprobe or re-save the model with this version."
+        )
+    return load_tensors(weights_path), config
+
+
+def json_float(x: float) -> float | None:
+    """A float that JSON can hold: NaN/inf become None."""
+    x = float(x)
+    return x if math.isfinite(x) else None

@@ -1,0 +1,327 @@
+"""SemanticSpec's probe: a 3-layer MLP from pooled hidden states to the semantic probability of a step.
+
+The paper fixes the optimiser (AdamW, lr 1e-3, betas (0.9, 0.95)) and "3-layer feed-forward regressor";
+widths, loss, squashing, layer combination and early stopping are our choices, all in `ProbeConfig` and
+`FeatureSpec`. Inputs are standardised per (layer, dim) with statistics from the training set, because
+hidden-state scales differ by orders of magnitude across layers and a few "massive activation" dims.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .features import FeatureSpec
+from .io import load_model_files, save_model_files
+
+FORMAT_NAME = "specprobe.semantic_probe"
+FORMAT_VERSION = 1
+PROB_EPS = 1e-6  # predictions are clamped to [eps, 1 - eps] so p/q ratios stay finite
+
+
+@dataclass
+class ProbeConfig:
+    """Architecture and training hyper-parameters of a SemanticProbe."""
+
+    hidden_dim: int = field(default=256, metadata={"help": "width of both hidden layers of the MLP"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout after each hidden layer, in [0, 1)"})
+    loss: Literal["bce", "mse"] = field(default="bce", metadata={
+        "help": "bce: BCE-with-logits on the soft label; mse: squared error of sigmoid(logit) vs the label"})
+    lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate (SemanticSpec: 1e-3)"})
+    betas: tuple[float, float] = field(default=(0.9, 0.95), metadata={
+        "help": "AdamW betas (SemanticSpec: (0.9, 0.95))"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    epochs: int = field(default=50, metadata={"help": "maximum number of passes over the training set"})
+    batch_size: int = field(default=256, metadata={"help": "training mini-batch size"})
+    patience: int = field(default=5, metadata={
+        "help": "stop after this many epochs without a lower validation loss; best weights are restored"})
+    seed: int = field(default=0, metadata={"help": "seed for initialisation, shuffling and dropout"})
+    std_floor: float = field(default=1e-3, metadata={
+        "help": "lower bound on per-feature std in standardisation (constant features must not explode)"})
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(float(b) for b in self.betas)  # JSON gives a list back
+        _require(isinstance(self.hidden_dim, int) and self.hidden_dim >= 1, "hidden_dim", "a positive int",
+                 self.hidden_dim)
+        _require(0.0 <= self.dropout < 1.0, "dropout", "in [0, 1)", self.dropout)
+        _require(self.loss in ("bce", "mse"), "loss", "'bce' or 'mse'", self.loss)
+        _require(math.isfinite(self.lr) and self.lr > 0, "lr", "a positive finite float", self.lr)
+        _require(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "betas",
+                 "two floats in [0, 1)", self.betas)
+        _require(self.weight_decay >= 0, "weight_decay", ">= 0", self.weight_decay)
+        _require(isinstance(self.epochs, int) and self.epochs >= 1, "epochs", "a positive int", self.epochs)
+        _require(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size", "a positive int",
+                 self.batch_size)
+        _require(isinstance(self.patience, int) and self.patience >= 1, "patience", "a positive int",
+                 self.patience)
+        _require(isinstance(self.seed, int), "seed", "an int", self.seed)
+        _require(self.std_floor > 0, "std_floor", "> 0", self.std_floor)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["betas"] = list(self.betas)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ProbeConfig":
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"ProbeConfig.from_dict: unknown keys {unknown}; known keys are {sorted(known)}")
+        return cls(**data)
+
+
+def _require(ok: bool, name: str, what: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"ProbeConfig.{name} must be {what}, got {value!r}")
+
+
+class SemanticProbe(nn.Module):
+    """Selected hidden states [B, len(layers), H] -> one logit per row.
+
+    Pipeline: standardise per (layer, dim) -> combine layers (concat | mean | learned softmax weights)
+    -> Linear-GELU-Dropout-Linear-GELU-Dropout-Linear.
+    """
+
+    def __init__(self, spec: FeatureSpec, cfg: ProbeConfig | None = None) -> None:
+        super().__init__()
+        self.spec = spec
+        self.cfg = cfg or ProbeConfig()
+        self.extra: dict[str, Any] = {}  # free-form metadata saved in the JSON (e.g. training provenance)
+        n_sel, hidden = spec.num_selected, spec.hidden_size
+        self.register_buffer("feature_mean", torch.zeros(n_sel, hidden))
+        self.register_buffer("feature_std", torch.ones(n_sel, hidden))
+        if spec.combine == "weighted":
+            self.layer_logits = nn.Parameter(torch.zeros(n_sel))  # uniform weights at start
+        width = self.cfg.hidden_dim
+        self.mlp = nn.Sequential(
+            nn.Linear(spec.input_dim, width), nn.GELU(), nn.Dropout(self.cfg.dropout),
+            nn.Linear(width, width), nn.GELU(), nn.Dropout(self.cfg.dropout),
+            nn.Linear(width, 1),
+        )
+
+    # ---- features -------------------------------------------------------------------------------
+    def prepare(self, features: torch.Tensor) -> torch.Tensor:
+        """Accept full hidden states [B, num_layers+1, H] or already-selected [B, len(layers), H]."""
+        if not isinstance(features, torch.Tensor):
+            raise TypeError(f"features must be a torch.Tensor, got {type(features).__name__}")
+        spec = self.spec
+        if features.ndim == 3 and features.shape[1] == spec.num_layers + 1 and features.shape[2] == spec.hidden_size:
+            return spec.select(features)
+        self._check_selected(features)
+        return features
+
+    def _check_selected(self, features: torch.Tensor) -> None:
+        spec = self.spec
+        expected = (spec.num_selected, spec.hidden_size)
+        if features.ndim != 3 or tuple(features.shape[1:]) != expected:
+            raise ValueError(
+                f"probe expects features [B, {expected[0]}, {expected[1]}] (layers {spec.layers} of "
+                f"{spec.model_id!r}) or full hidden states [B, {spec.num_layers + 1}, {spec.hidden_size}], "
+                f"got {list(features.shape)}"
+            )
+
+    @torch.no_grad()
+    def fit_standardizer(self, selected: torch.Tensor) -> None:
+        """Set per-(layer, dim) mean/std from training features [N, len(layers), H]."""
+        self._check_selected(selected)
+        x = selected.to(self.feature_mean.dtype)
+        self.feature_mean.copy_(x.mean(dim=0))
+        std = x.std(dim=0, unbiased=False) if x.shape[0] > 1 else torch.zeros_like(self.feature_std)
+        self.feature_std.copy_(std.clamp_min(self.cfg.std_floor))
+
+    def layer_weights(self) -> torch.Tensor:
+        """Per-layer weights used to combine layers (softmax for 'weighted', uniform for 'mean')."""
+        n_sel = self.spec.num_selected
+        if self.spec.combine == "weighted":
+            return torch.softmax(self.layer_logits, dim=0)
+        return torch.full((n_sel,), 1.0 / n_sel, device=self.feature_mean.device)
+
+    def combine(self, selected: torch.Tensor) -> torch.Tensor:
+        x = (selected.to(self.feature_mean.dtype) - self.feature_mean) / self.feature_std
+        if self.spec.combine == "concat":
+            return x.flatten(1)
+        if self.spec.combine == "mean":
+            return x.mean(dim=1)
+        return torch.einsum("blh,l->bh", x, torch.softmax(self.layer_logits, dim=0))
+
+    # ---- inference ------------------------------------------------------------------------------
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        self._check_selected(features)
+        return self.mlp(self.combine(features)).squeeze(-1)
+
+    @torch.no_grad()
+    def predict_proba(self, features: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
+        """Probabilities in [PROB_EPS, 1 - PROB_EPS] (never exactly 0 or 1), on CPU, float32."""
+        was_training = self.training
+        self.eval()
+        try:
+            x = self.prepare(features)
+            device = self.feature_mean.device
+            out = [torch.sigmoid(self(chunk.to(device)).double()) for chunk in x.split(batch_size)]
+            probs = torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
+        finally:
+            self.train(was_training)
+        return probs.clamp(PROB_EPS, 1 - PROB_EPS).float().cpu()
+
+    # ---- persistence ----------------------------------------------------------------------------
+    def save(self, directory, name: str, extra: dict[str, Any] | None = None):
+        """Write `{name}.safetensors` (weights + standardisation buffers) and `{name}.json`."""
+        meta = {**self.extra, **(extra or {})}
+        config = {"feature_spec": self.spec.to_dict(), "probe_config": self.cfg.to_dict(), "extra": meta}
+        return save_model_files(directory, name, self.state_dict(), config,
+                                format_name=FORMAT_NAME, format_version=FORMAT_VERSION)
+
+    @classmethod
+    def load(cls, directory, name: str, map_location: str | torch.device = "cpu") -> "SemanticProbe":
+        tensors, config = load_model_files(directory, name, format_name=FORMAT_NAME,
+                                           supported_versions=(FORMAT_VERSION,))
+        probe = cls(FeatureSpec.from_dict(config["feature_spec"]), ProbeConfig.from_dict(config["probe_config"]))
+        try:
+            missing, unexpected = probe.load_state_dict(tensors, strict=False)
+        except RuntimeError as err:  # shape mismatch between the JSON config and the weights
+            raise ValueError(f"{name}.safetensors does not match its JSON config in {directory}: {err}") from None
+        if missing or unexpected:
+            raise ValueError(f"{name}.safetensors does not match its JSON config: "
+                             f"missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        probe.extra = config.get("extra", {})
+        return probe.to(map_location).eval()
+
+
+# ---- training ---------------------------------------------------------------------------------------
+@dataclass
+class FitHistory:
+    """Per-epoch losses and where early stopping landed."""
+
+    train_loss: list[float] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    best_epoch: int = -1  # 0-based index into val_loss
+    best_val_loss: float = math.inf
+    stopped_early: bool = False
+
+    @property
+    def epochs_run(self) -> int:
+        return len(self.train_loss)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "epochs_run": self.epochs_run}
+
+
+def validate_training_data(x: torch.Tensor, y: torch.Tensor, spec: FeatureSpec, split: str) -> None:
+    """Checks that must pass before any training step; messages say what is wrong and how much."""
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise TypeError(f"{split} features and labels must be torch tensors")
+    if x.shape[0] == 0:
+        raise ValueError(f"empty {split} set: no rows to train/validate on")
+    full = (spec.num_layers + 1, spec.hidden_size)
+    selected = (spec.num_selected, spec.hidden_size)
+    if x.ndim != 3 or tuple(x.shape[1:]) not in (full, selected):
+        raise ValueError(
+            f"{split} features have shape {list(x.shape)}; the spec ({spec.model_id!r}, layers {spec.layers}) "
+            f"needs [N, {full[0]}, {full[1]}] hidden states or [N, {selected[0]}, {selected[1]}] selected rows"
+        )
+    if y.ndim != 1 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"{split} labels must be a vector of length {x.shape[0]} (one per row), "
+                         f"got shape {list(y.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{split} features must be floating point, got {x.dtype}")
+    bad_rows = int((~torch.isfinite(x)).flatten(1).any(dim=1).sum())
+    if bad_rows:
+        raise ValueError(f"{split} features contain NaN/inf in {bad_rows} of {x.shape[0]} rows; "
+                         "drop or fix those rows before training")
+    y = y.double()
+    if not torch.isfinite(y).all():
+        raise ValueError(f"{split} labels contain {int((~torch.isfinite(y)).sum())} NaN/inf values")
+    outside = int(((y < 0) | (y > 1)).sum())
+    if outside:
+        raise ValueError(f"{split} labels must lie in [0, 1] (probabilities); {outside} values are outside, "
+                         f"range seen [{float(y.min()):.4g}, {float(y.max()):.4g}]")
+
+
+def _loss(logits: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "bce":  # BCE against a soft target is minimised at sigmoid(logit) = label
+        return F.binary_cross_entropy_with_logits(logits, y)
+    return F.mse_loss(torch.sigmoid(logits), y)
+
+
+@torch.no_grad()
+def _eval_loss(probe: SemanticProbe, x: torch.Tensor, y: torch.Tensor, kind: str, batch_size: int) -> float:
+    probe.eval()
+    total = 0.0
+    for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
+        total += _loss(probe(xb), yb, kind).item() * xb.shape[0]
+    return total / x.shape[0]
+
+
+def fit_probe(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor, val_y: torch.Tensor,
+              spec: FeatureSpec, cfg: ProbeConfig | None = None,
+              log_fn: Callable[[dict[str, Any]], None] | None = None,
+              device: str | torch.device = "cpu") -> tuple[SemanticProbe, FitHistory]:
+    """Train a SemanticProbe; returns it (best validation weights, eval mode) and the loss history.
+
+    Features may be full hidden states [N, num_layers+1, H] or the spec's selected rows. Labels are
+    soft semantic probabilities in [0, 1]. Deterministic for a given seed (on the same device and
+    thread count); the global torch RNG state is left untouched.
+    """
+    cfg = cfg or ProbeConfig()
+    validate_training_data(train_x, train_y, spec, "training")
+    validate_training_data(val_x, val_y, spec, "validation")
+    if float(train_y.max()) == float(train_y.min()):
+        raise ValueError(
+            f"single-class training set: all {train_y.shape[0]} labels equal {float(train_y[0]):.4g}, so there "
+            "is nothing to learn; check the labelling step or the split"
+        )
+    device = torch.device(device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(cfg.seed)
+        probe = SemanticProbe(spec, cfg)
+        train_sel = probe.prepare(train_x).float().to(device)
+        val_sel = probe.prepare(val_x).float().to(device)
+        ytr, yva = train_y.float().to(device), val_y.float().to(device)
+        probe.fit_standardizer(train_sel.cpu())
+        probe.to(device)
+        history = _train_loop(probe, train_sel, ytr, val_sel, yva, cfg, log_fn)
+    return probe.eval(), history
+
+
+def _train_loop(probe: SemanticProbe, x: torch.Tensor, y: torch.Tensor, vx: torch.Tensor, vy: torch.Tensor,
+                cfg: ProbeConfig, log_fn: Callable[[dict[str, Any]], None] | None) -> FitHistory:
+    opt = torch.optim.AdamW(probe.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    shuffler = torch.Generator().manual_seed(cfg.seed)
+    history = FitHistory()
+    best_state = copy.deepcopy(probe.state_dict())
+    stale = 0
+    n = x.shape[0]
+    for epoch in range(cfg.epochs):
+        probe.train()
+        order = torch.randperm(n, generator=shuffler).to(x.device)
+        running = 0.0
+        for start in range(0, n, cfg.batch_size):
+            idx = order[start:start + cfg.batch_size]
+            loss = _loss(probe(x[idx]), y[idx], cfg.loss)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            running += loss.item() * idx.shape[0]
+        train_loss = running / n
+        val_loss = _eval_loss(probe, vx, vy, cfg.loss, max(cfg.batch_size, 1024))
+        history.train_loss.append(train_loss)
+        history.val_loss.append(val_loss)
+        improved = val_loss < history.best_val_loss - 1e-9
+        if improved:
+            history.best_val_loss, history.best_epoch, stale = val_loss, epoch, 0
+            best_state = copy.deepcopy(probe.state_dict())
+        else:
+            stale += 1
+        if log_fn is not None:
+            log_fn({"epoch": epoch, "train_loss": train_loss, "val_loss": val_loss, "best_epoch": history.best_epoch})
+        if stale >= cfg.patience:
+            history.stopped_early = True
+            break
+    probe.load_state_dict(best_state)
+    return history
