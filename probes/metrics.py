@@ -1,0 +1,260 @@
+"""Probe-quality metrics in plain numpy: calibration, ranking and error against (soft) labels.
+
+Labels may be soft (a semantic probability |C_k|/N) or hard 0/1. Calibration metrics compare mean
+prediction with mean label per bin, which is the usual ECE when labels are 0/1 and a regression-style
+calibration error when they are soft. Ranking metrics (AUROC, AUPRC) need a binary target, taken as
+``label >= threshold``.
+
+Binning convention (uniform and quantile): bins are left-closed ``[e_i, e_{i+1})`` and the last bin
+is closed ``[e_{n-1}, e_n]``. This equals torchmetrics' ``BinaryCalibrationError`` for predictions
+below 1.0; torchmetrics puts a prediction of exactly 1.0 into an extra bin of its own, we put it into
+the last bin. sklearn's ``calibration_curve`` uses right-closed bins; the two only differ for
+predictions lying exactly on an interior edge.
+
+Degenerate inputs (one class for AUROC, constant input for Spearman) give NaN, not an exception.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Sequence
+
+import numpy as np
+from scipy import stats
+
+BinStrategy = Literal["uniform", "quantile"]
+
+
+def _as_pair(pred: Any, label: Any) -> tuple[np.ndarray, np.ndarray]:
+    p = np.asarray(pred, dtype=np.float64).reshape(-1)
+    y = np.asarray(label, dtype=np.float64).reshape(-1)
+    if p.shape != y.shape:
+        raise ValueError(f"pred and label must have the same length, got {p.shape[0]} and {y.shape[0]}")
+    if p.size == 0:
+        raise ValueError("pred and label are empty")
+    if not (np.isfinite(p).all() and np.isfinite(y).all()):
+        raise ValueError("pred and label must be finite (found NaN/inf)")
+    return p, y
+
+
+def _check_probabilities(p: np.ndarray, name: str) -> None:
+    if p.min() < 0 or p.max() > 1:
+        raise ValueError(f"{name} must lie in [0, 1], range seen [{p.min():.4g}, {p.max():.4g}]")
+
+
+# ---- calibration --------------------------------------------------------------------------------
+def bin_edges(pred: Any, n_bins: int = 15, strategy: BinStrategy = "uniform") -> np.ndarray:
+    """n_bins+1 edges over [0, 1]: equal width, or equal mass (prediction quantiles; ties may merge bins)."""
+    if not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
+        raise ValueError(f"n_bins must be a positive int, got {n_bins!r}")
+    if strategy == "uniform":
+        return np.linspace(0.0, 1.0, n_bins + 1)
+    if strategy == "quantile":
+        p = np.asarray(pred, dtype=np.float64).reshape(-1)
+        edges = np.quantile(p, np.linspace(0.0, 1.0, n_bins + 1))
+        edges[0], edges[-1] = min(edges[0], 0.0), max(edges[-1], 1.0)  # cover [0, 1] like uniform
+        return edges
+    raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
+
+
+def _bin_ids(p: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    # side="right" on interior edges -> left-closed bins; values equal to the top edge land in the last bin
+    return np.searchsorted(edges[1:-1], p, side="right")
+
+
+@dataclass
+class ReliabilityBins:
+    """Per-bin statistics for a reliability diagram (empty bins have count 0 and NaN means)."""
+
+    edges: np.ndarray
+    mean_pred: np.ndarray
+    mean_label: np.ndarray
+    count: np.ndarray
+
+    @property
+    def weight(self) -> np.ndarray:
+        return self.count / self.count.sum()
+
+    def to_dict(self) -> dict[str, list]:
+        def clean(a: np.ndarray) -> list:
+            return [None if not math.isfinite(float(v)) else float(v) for v in a]
+        return {"edges": clean(self.edges), "mean_pred": clean(self.mean_pred),
+                "mean_label": clean(self.mean_label), "count": [int(c) for c in self.count]}
+
+
+def reliability_bins(pred: Any, label: Any, n_bins: int = 15, strategy: BinStrategy = "uniform") -> ReliabilityBins:
+    p, y = _as_pair(pred, label)
+    _check_probabilities(p, "pred")
+    edges = bin_edges(p, n_bins, strategy)
+    ids = _bin_ids(p, edges)
+    n_out = len(edges) - 1
+    count = np.bincount(ids, minlength=n_out).astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_pred = np.bincount(ids, weights=p, minlength=n_out) / count
+        mean_label = np.bincount(ids, weights=y, minlength=n_out) / count
+    return ReliabilityBins(edges=edges, mean_pred=mean_pred, mean_label=mean_label, count=count)
+
+
+def _calibration_gaps(pred: Any, label: Any, n_bins: int, strategy: BinStrategy) -> tuple[np.ndarray, np.ndarray]:
+    bins = reliability_bins(pred, label, n_bins, strategy)
+    filled = bins.count > 0
+    gaps = np.abs(bins.mean_pred[filled] - bins.mean_label[filled])
+    return gaps, bins.count[filled] / bins.count.sum()
+
+
+def ece(pred: Any, label: Any, n_bins: int = 15, strategy: BinStrategy = "uniform") -> float:
+    """Expected calibration error: sum over bins of mass * |mean(pred) - mean(label)|."""
+    gaps, mass = _calibration_gaps(pred, label, n_bins, strategy)
+    return float(np.sum(gaps * mass))
+
+
+def mce(pred: Any, label: Any, n_bins: int = 15, strategy: BinStrategy = "uniform") -> float:
+    """Maximum calibration error over non-empty bins."""
+    gaps, _ = _calibration_gaps(pred, label, n_bins, strategy)
+    return float(gaps.max())
+
+
+# ---- errors and ranking -------------------------------------------------------------------------
+def brier(pred: Any, label: Any) -> float:
+    """Mean squared error of the probability (sklearn's brier_score_loss for 0/1 labels)."""
+    p, y = _as_pair(pred, label)
+    return float(np.mean((p - y) ** 2))
+
+
+def mae(pred: Any, label: Any) -> float:
+    p, y = _as_pair(pred, label)
+    return float(np.mean(np.abs(p - y)))
+
+
+def spearman(pred: Any, label: Any) -> float:
+    """Spearman rank correlation; NaN when either side is constant or there are < 2 rows."""
+    p, y = _as_pair(pred, label)
+    if p.size < 2 or np.ptp(p) == 0 or np.ptp(y) == 0:
+        return math.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(stats.spearmanr(p, y).statistic)
+
+
+def _binary(label: np.ndarray, threshold: float) -> np.ndarray:
+    return label >= threshold
+
+
+def auroc(pred: Any, label: Any, threshold: float = 0.5) -> float:
+    """Area under the ROC curve for the target ``label >= threshold``; NaN when only one class is present.
+
+    Computed as the Mann-Whitney statistic with mid-ranks for ties (what sklearn's trapezoidal ROC gives).
+    """
+    p, y = _as_pair(pred, label)
+    pos = _binary(y, threshold)
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        return math.nan
+    ranks = stats.rankdata(p)  # average ranks for ties
+    u = ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0
+    return float(u / (n_pos * n_neg))
+
+
+def auprc(pred: Any, label: Any, threshold: float = 0.5) -> float:
+    """Average precision (sklearn's step-wise sum of precision * recall increments); NaN without positives."""
+    p, y = _as_pair(pred, label)
+    pos = _binary(y, threshold)
+    n_pos = int(pos.sum())
+    if n_pos == 0:
+        return math.nan
+    order = np.argsort(-p, kind="mergesort")
+    p_sorted, pos_sorted = p[order], pos[order]
+    # one operating point per distinct score: the last row of each run of ties
+    ends = np.r_[np.nonzero(np.diff(p_sorted))[0], p_sorted.size - 1]
+    tp = np.cumsum(pos_sorted)[ends]
+    accepted = ends + 1
+    precision = tp / accepted
+    recall = tp / n_pos
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+# ---- uncertainty --------------------------------------------------------------------------------
+@dataclass
+class BootstrapCI:
+    estimate: float
+    low: float
+    high: float
+    alpha: float
+    n_boot: int
+    n_valid: int  # replicates with a finite value (e.g. AUROC is NaN on a single-class resample)
+
+    def to_dict(self) -> dict[str, Any]:
+        def clean(v: float) -> float | None:
+            return v if math.isfinite(v) else None
+        return {"estimate": clean(self.estimate), "low": clean(self.low), "high": clean(self.high),
+                "alpha": self.alpha, "n_boot": self.n_boot, "n_valid": self.n_valid}
+
+
+def bootstrap_ci(metric_fn: Callable[..., float], *arrays: Any, n_boot: int = 1000, alpha: float = 0.10,
+                 seed: int = 0, groups: Sequence[Any] | None = None) -> BootstrapCI:
+    """Percentile bootstrap interval (1 - alpha) of ``metric_fn(*arrays)``.
+
+    Rows are resampled with replacement; with `groups`, whole groups are resampled (rows of one
+    question are correlated, so row resampling would understate the uncertainty).
+    """
+    if not arrays:
+        raise ValueError("bootstrap_ci needs at least one array")
+    arrs = [np.asarray(a) for a in arrays]
+    n = arrs[0].shape[0]
+    if any(a.shape[0] != n for a in arrs):
+        raise ValueError(f"all arrays must have the same length, got {[a.shape[0] for a in arrs]}")
+    if n == 0:
+        raise ValueError("bootstrap_ci: arrays are empty")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    rng = np.random.default_rng(seed)
+    if groups is None:
+        draw = lambda: rng.integers(0, n, size=n)  # noqa: E731
+    else:
+        g = np.asarray(groups)
+        if g.shape[0] != n:
+            raise ValueError(f"groups has length {g.shape[0]}, arrays have {n}")
+        _, inverse = np.unique(g, return_inverse=True)
+        members = [np.nonzero(inverse == k)[0] for k in range(inverse.max() + 1)]
+        draw = lambda: np.concatenate([members[k] for k in rng.integers(0, len(members), size=len(members))])  # noqa: E731
+    estimate = float(metric_fn(*arrs))
+    values = np.empty(n_boot)
+    for b in range(n_boot):
+        idx = draw()
+        values[b] = metric_fn(*(a[idx] for a in arrs))
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return BootstrapCI(estimate, math.nan, math.nan, alpha, n_boot, 0)
+    low, high = np.quantile(finite, [alpha / 2, 1 - alpha / 2])
+    return BootstrapCI(estimate, float(low), float(high), alpha, n_boot, int(finite.size))
+
+
+# ---- report -------------------------------------------------------------------------------------
+def probe_report(pred: Any, label: Any, threshold: float = 0.5, n_bins: int = 15) -> dict[str, Any]:
+    """Every metric above in one JSON-friendly dict (NaN -> None).
+
+    `threshold` binarises the labels for AUROC/AUPRC and the positive rate.
+    """
+    p, y = _as_pair(pred, label)
+    _check_probabilities(p, "pred")
+    report: dict[str, Any] = {
+        "n": int(p.size),
+        "mean_pred": float(p.mean()),
+        "mean_label": float(y.mean()),
+        "positive_rate": float(_binary(y, threshold).mean()),
+        "threshold": float(threshold),
+        "n_bins": int(n_bins),
+        "ece_uniform": ece(p, y, n_bins, "uniform"),
+        "ece_quantile": ece(p, y, n_bins, "quantile"),
+        "mce_uniform": mce(p, y, n_bins, "uniform"),
+        "brier": brier(p, y),
+        "mae": mae(p, y),
+        "spearman": spearman(p, y),
+        "auroc": auroc(p, y, threshold),
+        "auprc": auprc(p, y, threshold),
+        "reliability_uniform": reliability_bins(p, y, n_bins, "uniform").to_dict(),
+    }
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in report.items()}

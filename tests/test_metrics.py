@@ -1,0 +1,170 @@
+"""probes.metrics against sklearn / torchmetrics on random data, plus hand-computed cases."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from sklearn.calibration import calibration_curve
+from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
+from torchmetrics.classification import BinaryCalibrationError
+
+from probes.metrics import (
+    auprc,
+    auroc,
+    bootstrap_ci,
+    brier,
+    ece,
+    mae,
+    mce,
+    probe_report,
+    reliability_bins,
+    spearman,
+)
+
+
+def random_binary(seed: int, n: int = 800):
+    rng = np.random.default_rng(seed)
+    pred = rng.random(n)
+    label = (rng.random(n) < pred ** 1.5).astype(np.float64)  # miscalibrated on purpose
+    return pred, label
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ranking_and_brier_match_sklearn(seed):
+    pred, label = random_binary(seed)
+    assert auroc(pred, label) == pytest.approx(roc_auc_score(label, pred), abs=1e-6)
+    assert auprc(pred, label) == pytest.approx(average_precision_score(label, pred), abs=1e-6)
+    assert brier(pred, label) == pytest.approx(brier_score_loss(label, pred), abs=1e-6)
+
+
+def test_ranking_with_ties_matches_sklearn():
+    pred, label = random_binary(7)
+    pred = np.round(pred, 1)  # heavy ties
+    assert auroc(pred, label) == pytest.approx(roc_auc_score(label, pred), abs=1e-6)
+    assert auprc(pred, label) == pytest.approx(average_precision_score(label, pred), abs=1e-6)
+
+
+def test_soft_labels_binarised_at_threshold():
+    rng = np.random.default_rng(3)
+    pred, soft = rng.random(500), rng.random(500)
+    assert auroc(pred, soft, threshold=0.3) == pytest.approx(roc_auc_score(soft >= 0.3, pred), abs=1e-6)
+    assert auprc(pred, soft) == pytest.approx(average_precision_score(soft >= 0.5, pred), abs=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_ece_and_mce_match_torchmetrics(seed, dtype):
+    pred, label = random_binary(seed)
+    pred = torch.tensor(pred, dtype=dtype).numpy().astype(np.float64)  # the same values on both sides
+    for norm, ours in (("l1", ece), ("max", mce)):
+        metric = BinaryCalibrationError(n_bins=15, norm=norm)
+        theirs = metric(torch.tensor(pred, dtype=dtype), torch.tensor(label).long()).item()
+        assert ours(pred, label, n_bins=15) == pytest.approx(theirs, abs=1e-6)
+
+
+def test_bins_are_left_closed_like_torchmetrics():
+    # 0.2 and 0.4 sit exactly on edges of 5 uniform bins: they open bins 1 and 2
+    pred = np.array([0.1, 0.2, 0.2, 0.4, 0.9])
+    label = np.array([0, 1, 1, 0, 1.0])
+    bins = reliability_bins(pred, label, n_bins=5)
+    assert bins.count.tolist() == [1, 2, 1, 0, 1]
+    theirs = BinaryCalibrationError(n_bins=5, norm="l1")(torch.tensor(pred), torch.tensor(label).long()).item()
+    assert ece(pred, label, n_bins=5) == pytest.approx(theirs, abs=1e-6)
+    # a prediction of exactly 1.0 joins the last bin (torchmetrics gives it an extra bin of its own)
+    assert reliability_bins([0.95, 1.0], [1, 1], n_bins=5).count.tolist() == [0, 0, 0, 0, 2]
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "quantile"])
+def test_reliability_bins_match_sklearn_calibration_curve(strategy):
+    pred, label = random_binary(11, n=1000)  # continuous predictions: no value sits on an edge
+    prob_true, prob_pred = calibration_curve(label, pred, n_bins=10, strategy=strategy)
+    bins = reliability_bins(pred, label, n_bins=10, strategy=strategy)
+    filled = bins.count > 0
+    assert filled.sum() == len(prob_true)
+    np.testing.assert_allclose(bins.mean_label[filled], prob_true, atol=1e-9)
+    np.testing.assert_allclose(bins.mean_pred[filled], prob_pred, atol=1e-9)
+    assert bins.count.sum() == 1000
+    if strategy == "quantile":  # equal mass
+        assert bins.count.min() >= 99 and bins.count.max() <= 101
+
+
+def test_ece_soft_label_regression_form_by_hand():
+    # two uniform bins (n_bins=2): [0, .5) holds preds .1,.3 labels .2,.6; [.5, 1] holds .8 with label .5
+    pred, label = np.array([0.1, 0.3, 0.8]), np.array([0.2, 0.6, 0.5])
+    expected = (2 / 3) * abs(0.2 - 0.4) + (1 / 3) * abs(0.8 - 0.5)
+    assert ece(pred, label, n_bins=2) == pytest.approx(expected)
+    assert mce(pred, label, n_bins=2) == pytest.approx(0.3)
+
+
+def test_perfect_calibration_gives_zero_ece():
+    rng = np.random.default_rng(0)
+    pred = rng.random(2000)
+    assert ece(pred, pred) == pytest.approx(0.0, abs=1e-12)  # soft labels equal to the prediction
+    levels = np.repeat([0.1, 0.5, 0.8], 10)  # binary: 1/10, 5/10, 8/10 positives per level
+    label = np.concatenate([np.r_[np.ones(k), np.zeros(10 - k)] for k in (1, 5, 8)])
+    assert ece(levels, label) == pytest.approx(0.0, abs=1e-12)
+    assert ece(levels, label, strategy="quantile", n_bins=3) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_constant_predictor_auroc_half_and_degenerate_nan():
+    label = np.array([0, 1, 0, 1, 1.0])
+    assert auroc(np.full(5, 0.7), label) == pytest.approx(0.5)
+    assert auprc(np.full(5, 0.7), label) == pytest.approx(0.6)  # = positive rate
+    assert math.isnan(auroc([0.2, 0.9, 0.4], [1, 1, 1]))
+    assert math.isnan(auprc([0.2, 0.9, 0.4], [0, 0, 0]))
+    assert math.isnan(spearman([0.5, 0.5, 0.5], [0.1, 0.2, 0.3]))
+
+
+def test_mae_spearman_brier_by_hand():
+    pred, label = np.array([0.1, 0.4, 0.7]), np.array([0.2, 0.2, 1.0])
+    assert mae(pred, label) == pytest.approx((0.1 + 0.2 + 0.3) / 3)
+    assert brier(pred, label) == pytest.approx((0.01 + 0.04 + 0.09) / 3)
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 25]) == pytest.approx(0.8)
+
+
+def test_input_errors():
+    with pytest.raises(ValueError, match="same length"):
+        mae([0.1, 0.2], [0.1])
+    with pytest.raises(ValueError, match="empty"):
+        brier([], [])
+    with pytest.raises(ValueError, match="finite"):
+        auroc([0.1, float("nan")], [0, 1])
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        ece([1.5, 0.2], [1, 0])
+
+
+def test_bootstrap_ci_rows_and_groups():
+    pred, label = random_binary(5, n=400)
+    ci = bootstrap_ci(auroc, pred, label, n_boot=200, seed=1)
+    assert ci.low <= ci.estimate <= ci.high and ci.n_valid == 200
+    assert ci.estimate == pytest.approx(roc_auc_score(label, pred))
+    assert bootstrap_ci(auroc, pred, label, n_boot=200, seed=1) == ci  # seeded
+    # groups of 40 identical rows: resampling rows pretends there are 400 independent points,
+    # resampling groups sees only 10, so its interval must be much wider
+    g = np.repeat(np.arange(10), 40)
+    gp, gl = np.repeat(pred[:10], 40), np.repeat(label[:10], 40)
+    by_rows = bootstrap_ci(mae, gp, gl, n_boot=300, seed=0)
+    by_groups = bootstrap_ci(mae, gp, gl, n_boot=300, seed=0, groups=g)
+    assert (by_groups.high - by_groups.low) > 3 * (by_rows.high - by_rows.low)
+
+
+def test_bootstrap_ci_skips_degenerate_resamples():
+    pred, label = np.array([0.1, 0.9, 0.2, 0.3]), np.array([0, 1, 0, 0.0])  # one positive
+    ci = bootstrap_ci(auroc, pred, label, n_boot=200, seed=0)
+    assert 0 < ci.n_valid < 200  # resamples missing the positive give NaN and are dropped
+    assert json.dumps(ci.to_dict())
+
+
+def test_probe_report_has_everything_and_is_json():
+    pred, label = random_binary(2)
+    report = probe_report(pred, label)
+    for key in ("ece_uniform", "ece_quantile", "mce_uniform", "brier", "mae", "spearman", "auroc", "auprc",
+                "reliability_uniform", "n", "positive_rate"):
+        assert key in report
+    assert report["auroc"] == pytest.approx(roc_auc_score(label, pred))
+    json.dumps(report, allow_nan=False)
+    one_class = probe_report([0.2, 0.4], [1, 1])
+    assert one_class["auroc"] is None and one_class["spearman"] is None
