@@ -1,0 +1,55 @@
+"""Probe and verifier models, their save/load, acceptance rules, metrics and speedup formulas.
+
+Pure torch / numpy / scipy / scikit-learn: nothing here imports language-model code.
+"""
+from .acceptance import (
+    accept_all,
+    bernoulli,
+    choose_branch,
+    first_failure,
+    first_passing_branch,
+    make_rng,
+    reject_all,
+    semantic_accept,
+    semantic_accept_prob,
+    semantic_accept_run,
+    sync_cycle_output,
+)
+from .features import FeatureSpec, layers_from_option
+from .metrics import (
+    BootstrapCI,
+    ReliabilityBins,
+    auprc,
+    auroc,
+    bootstrap_ci,
+    brier,
+    ece,
+    mae,
+    mce,
+    probe_report,
+    reliability_bins,
+    spearman,
+)
+from .mlp import FitHistory, ProbeConfig, SemanticProbe, fit_probe
+from .speedup import (
+    async_speedup,
+    best_allocation,
+    combined_speedup,
+    step_speedup,
+    sync_speedup,
+    token_sd_speedup,
+)
+from .splits import group_split
+from .threshold import OperatingPoint, ThresholdFit, fit_threshold
+
+__all__ = [
+    "FeatureSpec", "layers_from_option",
+    "SemanticProbe", "ProbeConfig", "FitHistory", "fit_probe",
+    "ThresholdFit", "OperatingPoint", "fit_threshold",
+    "ece", "mce", "brier", "mae", "spearman", "auroc", "auprc", "reliability_bins", "ReliabilityBins",
+    "bootstrap_ci", "BootstrapCI", "probe_report",
+    "semantic_accept_prob", "semantic_accept", "semantic_accept_run", "make_rng", "bernoulli",
+    "first_failure", "first_passing_branch", "choose_branch", "sync_cycle_output", "accept_all", "reject_all",
+    "token_sd_speedup", "sync_speedup", "async_speedup", "step_speedup", "combined_speedup", "best_allocation",
+    "group_split",
+]
