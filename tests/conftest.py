@@ -1,0 +1,25 @@
+"""Shared fixtures. Tests never reach a hub: HF_HUB_OFFLINE is set before anything imports transformers."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+import pytest  # noqa: E402
+
+SMOL = "offline:smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def smol_engine():
+    """The real offline SmolLM2-135M-Instruct behind the step engine (loaded once per session)."""
+    from infer.engines.hf import HFStepEngine
+
+    return HFStepEngine(SMOL, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def gsm_question():
+    return ("A baker makes 12 muffins per tray and bakes 4 trays. She sells 30 muffins. "
+            "How many muffins are left? Think step by step.")
