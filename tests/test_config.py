@@ -1,0 +1,79 @@
+"""Typed configs: YAML + overrides, validation that names the key and the file."""
+from pathlib import Path
+
+import pytest
+
+from infer.config import ConfigError, ExperimentConfig, dump_yaml, field_help, load_config
+
+CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.models.target and cfg.models.draft
+    assert load_config(path, ["output_dir=/tmp/elsewhere"]).output_dir == "/tmp/elsewhere"
+
+
+def test_full_size_configs_name_the_real_pairs():
+    targets = {load_config(p).models.target for p in CONFIGS}
+    assert {"deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B",
+            "Qwen/Qwen3-32B"} <= targets
+    for p in CONFIGS:
+        cfg = load_config(p)
+        if cfg.name != "tiny":
+            assert cfg.data.judge == "nli" and cfg.data.nli_model == "microsoft/deberta-large-mnli"
+
+
+def test_tiny_config_is_offline():
+    cfg = load_config(CONFIGS[0].with_name("tiny.yaml"))
+    assert cfg.models.target.startswith("offline:") and cfg.data.judge == "embedding"
+    assert cfg.source.kind == "reasoning_gym"
+
+
+def test_overrides_are_typed():
+    cfg = load_config(None, ["data.num_samples=8", "probe.betas=[0.9, 0.99]", "sampling.temperature=1",
+                             "source.domains=[math]", "models.cache_dir=/tmp/c"])
+    assert cfg.data.num_samples == 8 and cfg.probe.betas == [0.9, 0.99]
+    assert isinstance(cfg.sampling.temperature, float) and cfg.source.domains == ["math"]
+
+
+def test_unknown_key_names_key_and_file(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("data:\n  num_sample: 4\n")
+    with pytest.raises(ConfigError, match=r"data\.num_sample.*exp\.yaml"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("data.num_samples=abc", r"data\.num_samples: expected int"),
+    ("probe.loss=l1", r"probe\.loss: 'l1' is not one of"),
+    ("runtime.gamma=0", r"gamma must be >= 1"),
+    ("models=3", r"models: expected a section"),
+    ("nokey", r"key=value"),
+    ("data.models=[target, oracle]", r"data\.models"),
+])
+def test_bad_values_are_errors(override, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(None, [override])
+
+
+def test_bool_is_not_an_int(tmp_path):
+    path = tmp_path / "b.yaml"
+    path.write_text("data:\n  num_samples: true\n")
+    with pytest.raises(ConfigError, match="expected int"):
+        load_config(path)
+
+
+def test_every_field_is_documented():
+    rows = field_help(ExperimentConfig)
+    assert len(rows) > 60
+    undocumented = [key for key, help_text, _ in rows if not help_text.strip()]
+    assert undocumented == []
+
+
+def test_dump_round_trips(tmp_path):
+    cfg = load_config(None, ["data.num_samples=5"])
+    path = tmp_path / "dump.yaml"
+    path.write_text(dump_yaml(cfg))
+    assert load_config(path) == cfg
