@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
-from scipy import stats
 
 BinStrategy = Literal["uniform", "quantile"]
 
@@ -132,6 +131,8 @@ def spearman(pred: Any, label: Any) -> float:
     p, y = _as_pair(pred, label)
     if p.size < 2 or np.ptp(p) == 0 or np.ptp(y) == 0:
         return math.nan
+    from scipy import stats  # lazy: scipy.stats costs ~1 s to import and the runtime never needs it
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return float(stats.spearmanr(p, y).statistic)
@@ -151,6 +152,8 @@ def auroc(pred: Any, label: Any, threshold: float = 0.5) -> float:
     n_pos, n_neg = int(pos.sum()), int((~pos).sum())
     if n_pos == 0 or n_neg == 0:
         return math.nan
+    from scipy import stats  # lazy, see spearman
+
     ranks = stats.rankdata(p)  # average ranks for ties
     u = ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0
     return float(u / (n_pos * n_neg))
