@@ -14,11 +14,13 @@ get it.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -193,18 +195,33 @@ def resolve_model_folder(name: str, cache_dir: str | Path | None = None) -> tupl
 
 
 def _hub_error(name: str, revision: str | None, err: Exception) -> ModelUnavailableError:
-    offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
+    offline = not hub_reachable()
     rev = f" (revision {revision})" if revision else ""
     return ModelUnavailableError(
         f"model {name!r}{rev} is not in the local cache and could not be downloaded"
-        f"{' (HF_HUB_OFFLINE=1)' if offline else ''}.\n"
-        "Get it on a machine with hub access:  huggingface-cli download " + name + "\n"
+        f"{' (no hub reachable from here)' if offline else ''}.\n"
+        "Get it on a machine with hub access:  hf download " + name + "  (huggingface_hub CLI)\n"
         "then copy the folder here and pass its path instead of the hub id, or set HF_HOME to a cache "
         f"that holds it. For an offline run use the tiny config (configs/tiny.yaml).\nCause: {type(err).__name__}: "
         f"{str(err).splitlines()[0] if str(err) else ''}")
 
 
+@functools.lru_cache(maxsize=1)
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """One quick TCP check, so that an unreachable hub costs seconds rather than minutes of retries."""
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def _from_pretrained(cls, name: str, revision: str | None, **kw):
+    if not os.path.isdir(name) and not hub_reachable():
+        kw["local_files_only"] = True  # use the local cache only; skip the retry loop
     try:
         return cls.from_pretrained(name, revision=revision, **kw)
     except (OSError, ValueError) as err:  # transformers raises OSError for missing/offline files

@@ -28,7 +28,7 @@ def test_uncached_hub_model_gives_an_actionable_error(monkeypatch):
     with pytest.raises(ModelUnavailableError) as info:
         load_model("microsoft/deberta-large-mnli", kind="seq_cls", device="cpu")
     text = str(info.value)
-    assert "microsoft/deberta-large-mnli" in text and "huggingface-cli download" in text
+    assert "microsoft/deberta-large-mnli" in text and "hf download" in text
 
 
 def test_unknown_offline_name_lists_the_known_ones():
