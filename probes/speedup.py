@@ -14,7 +14,8 @@ Reading notes on the paper:
   the proof, the f_async definition of B.1.2 and Lemma 2; we follow ⌈1/c⌉. The two agree whenever 1/c is
   an integer (e.g. c = 0.1 gives 10 either way).
 - Check values (α = 0.63, c = 0.1, k = 6): f_sync = 1.689, S₂ = 2.258 (S₂ applies: 6 < ⌈1/0.1⌉ = 10),
-  S₁ = 2.309 (the digest's 2.310 is 2.30947 rounded up).
+  S₁ = 2.30947, i.e. 2.309 to 3 decimals (the digest's 2.310 rounds twice). These check values are the
+  digest's own; the paper text does not print them, but they follow from its formulas.
 """
 from __future__ import annotations
 

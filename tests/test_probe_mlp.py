@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from probes.features import FeatureSpec, layers_from_option
 from probes.mlp import PROB_EPS, ProbeConfig, SemanticProbe, fit_probe
@@ -217,7 +218,9 @@ def test_save_load_identical_predictions_no_pickle(tmp_path, data):
     paths = probe.save(tmp_path, "draft_probe", extra={"note": "unit test"})
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["draft_probe.json", "draft_probe.safetensors"]
-    assert all(not (tmp_path / f).read_bytes().startswith(b"\x80") for f in files)  # no pickle protocol header
+    with safe_open(str(tmp_path / "draft_probe.safetensors"), framework="pt") as f:  # plain safetensors
+        assert {"feature_mean", "feature_std", "layer_logits"} <= set(f.keys())
+    assert not (tmp_path / "draft_probe.safetensors").read_bytes().startswith(b"PK")  # not torch.save's zip
     meta = json.loads(paths[1].read_text())
     assert meta["format_version"] == 1 and meta["feature_spec"]["layers"] == [1, 3]
     loaded = SemanticProbe.load(tmp_path, "draft_probe")
@@ -269,3 +272,22 @@ def test_forward_shape_check():
     assert probe(torch.randn(3, 2, HIDDEN)).shape == (3,)
     with pytest.raises(ValueError, match=r"\[B, 2, 16\]"):
         probe(torch.randn(3, 3, HIDDEN))
+
+
+def test_probes_package_imports_no_project_or_lm_code():
+    """probes/ must stay pure torch/numpy/scipy/sklearn: a static scan of every import statement."""
+    import ast
+    from pathlib import Path
+
+    import probes
+
+    forbidden = {"data_gen", "train", "infer", "transformers", "vllm", "peft", "datasets", "accelerate"}
+    for path in Path(probes.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                roots = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                roots = {(node.module or "").split(".")[0]}
+            else:
+                continue
+            assert not roots & forbidden, f"{path.name} imports {roots & forbidden}"
