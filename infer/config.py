@@ -134,8 +134,10 @@ class DataConfig:
 
 @dataclass
 class ProbeConfig:
-    features: str = opt("all", "layers the probe reads: all, last, range:a-b or a comma list")
-    combine: Literal["concat", "mean", "weighted"] = opt("concat", "how layers are combined")
+    features: str = opt("all", "hidden-state rows the probe reads: all, last, range:a-b or a comma list "
+                               "(0 = embeddings); must be rows the data stored (data.layers)")
+    combine: Literal["concat", "mean", "weighted"] = opt(
+        "concat", "how the layers are combined: concat, mean, or weighted (learned softmax weights)")
     pooling: Literal["mean", "last"] = opt("mean", "mean over the step's tokens or the last token")
     hidden_dim: int = opt(256, "MLP width")
     dropout: float = opt(0.1, "dropout between MLP layers")
@@ -150,14 +152,34 @@ class ProbeConfig:
     test_fraction: float = opt(0.0, "share of questions held out for a final test")
     target_with_draft: bool = opt(True, "train the target probe also on draft steps teacher-forced through the target")
     seed: int = opt(0, "training seed")
+    logprob_baseline: Literal["logistic", "isotonic"] = opt(
+        "logistic", "how the log-prob baseline maps a step's mean token log-probability to a probability: "
+                    "1-D logistic regression on the soft labels, or isotonic regression (fitted on train)")
+    num_threads: int | None = opt(
+        1, "torch CPU threads while training and scoring probes (small MLPs are fastest on one thread on a "
+           "busy machine); null = leave torch's setting")
+    device: str = opt("cpu", "device of probe training: cpu, cuda, ... or auto (models.device)")
 
     def __post_init__(self) -> None:
-        for name in ("hidden_dim", "epochs", "batch_size", "patience"):
+        for name in ("hidden_dim", "epochs", "batch_size", "patience", "num_threads"):
             _positive(self, name)
-        if len(self.betas) != 2:
-            raise ConfigError("probe.betas needs two numbers")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"probe.betas needs two numbers in [0, 1), got {self.betas}")
         if not 0 < self.val_fraction < 1 or not 0 <= self.test_fraction < 1:
             raise ConfigError("probe.val_fraction must be in (0, 1), probe.test_fraction in [0, 1)")
+        if self.val_fraction + self.test_fraction >= 1:
+            raise ConfigError(f"probe.val_fraction + probe.test_fraction must leave training questions, got "
+                              f"{self.val_fraction} + {self.test_fraction}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"probe.dropout must be in [0, 1), got {self.dropout}")
+        if not self.lr > 0 or self.weight_decay < 0:
+            raise ConfigError(f"probe.lr must be > 0 and probe.weight_decay >= 0, got {self.lr}, {self.weight_decay}")
+        if not _LAYER_OPTION.match(self.features.strip().lower().replace(" ", "")):
+            raise ConfigError(f"probe.features: {self.features!r} is not 'all', 'last', 'range:a-b' or a comma "
+                              "list of layer indices like '0,4,8' (0 = embeddings)")
+
+
+_VERIFIERS = ("probes", "embedding", "judge")
 
 
 @dataclass
@@ -165,21 +187,43 @@ class VerifiersConfig:
     train: list[str] = opt(["probes", "embedding", "judge"], "what probe-train trains: probes, embedding, judge")
     embedding_model: str = opt("sentence-transformers/all-mpnet-base-v2", "embedder of the threshold verifier")
     target_precision: float = opt(0.95, "the threshold is the highest-recall one at this precision")
+    embedding_fixed_thresholds: list[float] = opt(
+        [0.85, 0.95], "fixed cosine thresholds scored as baselines (Lookahead Reasoning used 0.85 and 0.95)")
     judge_base: str = opt("Qwen/Qwen2.5-1.5B-Instruct", "base causal LM of the judge-LoRA verifier")
     judge_lora_r: int = opt(16, "LoRA rank")
     judge_lora_alpha: int = opt(32, "LoRA alpha")
     judge_lora_dropout: float = opt(0.05, "LoRA dropout")
+    judge_target_modules: list[str] = opt(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], "module names LoRA adapts (PEFT target_modules)")
     judge_steps: int = opt(300, "judge optimisation steps")
     judge_lr: float = opt(2e-4, "judge learning rate")
     judge_batch_size: int = opt(8, "judge batch size")
     judge_max_pairs: int = opt(4000, "most balanced training pairs for the judge")
+    judge_eval_pairs: int = opt(400, "most validation pairs the judge (and its untrained base) is scored on")
+    judge_max_context_chars: int = opt(
+        1500, "the judge prompt keeps at most this many trailing characters of the context")
+    judge_dtype: str = opt("auto", "dtype of the judge's base model: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16")
+    seed: int = opt(0, "seed of pair balancing, orientation and LoRA initialisation")
 
     def __post_init__(self) -> None:
-        bad = [t for t in self.train if t not in ("probes", "embedding", "judge")]
-        if bad:
-            raise ConfigError(f"verifiers.train: unknown entries {bad}; use probes, embedding, judge")
+        bad = [t for t in self.train if t not in _VERIFIERS]
+        if bad or len(set(self.train)) != len(self.train):
+            raise ConfigError(f"verifiers.train: unknown or repeated entries in {self.train}; "
+                              f"use a subset of {list(_VERIFIERS)}")
         if not 0 < self.target_precision <= 1:
             raise ConfigError("verifiers.target_precision must be in (0, 1]")
+        if any(not -1 <= t <= 1 for t in self.embedding_fixed_thresholds):
+            raise ConfigError(f"verifiers.embedding_fixed_thresholds are cosines in [-1, 1], "
+                              f"got {self.embedding_fixed_thresholds}")
+        for name in ("judge_lora_r", "judge_lora_alpha", "judge_steps", "judge_batch_size", "judge_max_pairs",
+                     "judge_eval_pairs", "judge_max_context_chars"):
+            _positive(self, name)
+        if not 0 <= self.judge_lora_dropout < 1:
+            raise ConfigError(f"verifiers.judge_lora_dropout must be in [0, 1), got {self.judge_lora_dropout}")
+        if not self.judge_lr > 0:
+            raise ConfigError(f"verifiers.judge_lr must be > 0, got {self.judge_lr}")
+        if not self.judge_target_modules:
+            raise ConfigError("verifiers.judge_target_modules must name at least one module")
 
 
 @dataclass
@@ -230,6 +274,10 @@ class WandbConfig:
     enabled: bool = opt(False, "log metrics and figures to Weights & Biases")
     project: str = opt("specprobe", "wandb project")
     mode: Literal["offline", "online"] = opt("offline", "offline needs no account; sync later with `wandb sync`")
+    entity: str | None = opt(None, "wandb entity (team or user); null = the account's default")
+    run_name: str | None = opt(None, "wandb run name; null = the experiment name")
+    tags: list[str] = opt([], "wandb run tags")
+    dir: str | None = opt(None, "where wandb writes its files; null = <output_dir>/wandb")
 
 
 @dataclass
