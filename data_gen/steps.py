@@ -65,10 +65,10 @@ def _normalise_delimited(text: str, delimiter: str) -> str:
     while True:
         text = _basic_normalise(text)
         pieces = text.split(delimiter)
-        kept = [p for p in pieces if p.strip()]
-        if len(kept) == len(pieces):
+        joined = delimiter.join(p for p in pieces if p.strip())
+        if joined == text:
             return text
-        text = delimiter.join(kept)
+        text = joined
 
 
 def _token_before(paragraph: str, end: int) -> str:
