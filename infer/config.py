@@ -228,10 +228,40 @@ class VerifiersConfig:
 
 @dataclass
 class EvalConfig:
-    n_boot: int = opt(1000, "bootstrap resamples for confidence intervals")
-    n_bins: int = opt(10, "calibration bins")
-    umap_max_points: int = opt(3000, "most points in the UMAP view")
+    n_boot: int = opt(1000, "bootstrap resamples (of whole questions) for every confidence interval")
+    alpha: float = opt(0.10, "1 - confidence level of the intervals (0.10 = 90% intervals)")
+    n_bins: int = opt(10, "calibration bins (equal-width and equal-mass ECE, MCE, reliability diagram)")
+    seed: int = opt(0, "seed of the bootstrap, subsampling, the layer sweep and UMAP")
+    split: Literal["auto", "val", "test", "val+test"] = opt(
+        "auto", "held-out questions on the training data: auto = test when the run held out a test split, else "
+                "val (on another data folder every question not used in training is held out)")
+    umap: bool = opt(True, "draw the UMAP view of pooled hidden states (umap-learn; ~30 s of JIT on first use)")
+    umap_max_points: int = opt(3000, "most points per model in the UMAP view (subsampled)")
+    umap_neighbors: int = opt(15, "UMAP n_neighbors (capped at points - 1 for tiny data)")
+    umap_layer: int | str = opt("last", "hidden-state row shown in the UMAP view: 'last' stored row or its index")
     layer_sweep: bool = opt(True, "train one small probe per layer and plot error against depth")
+    sweep_hidden_dim: int = opt(32, "MLP width of the per-layer sweep probes")
+    sweep_epochs: int = opt(15, "most epochs of each per-layer sweep probe")
+    sweep_max_layers: int = opt(32, "most layers swept (evenly spread over the stored rows, both ends kept)")
+    verifiers: list[str] = opt(["embedding", "judge"], "pair verifiers evaluated: embedding, judge")
+    max_pairs: int = opt(2000, "most held-out step pairs the pair verifiers score (subsampled)")
+    num_threads: int | None = opt(1, "torch CPU threads for the sweep probes (null = leave torch's setting)")
+
+    def __post_init__(self) -> None:
+        for name in ("n_boot", "n_bins", "umap_neighbors", "sweep_hidden_dim", "sweep_epochs", "sweep_max_layers",
+                     "max_pairs", "num_threads"):
+            _positive(self, name)
+        if not 0 < self.alpha < 1:
+            raise ConfigError(f"eval.alpha must be in (0, 1), got {self.alpha}")
+        if self.umap_max_points < 3 or self.umap_neighbors < 2:
+            raise ConfigError(f"eval.umap_max_points must be >= 3 and eval.umap_neighbors >= 2, got "
+                              f"{self.umap_max_points} and {self.umap_neighbors}")
+        layer = str(self.umap_layer).strip().lower()
+        if layer != "last" and not (layer.isdigit()):
+            raise ConfigError(f"eval.umap_layer must be 'last' or a hidden-state row index, got {self.umap_layer!r}")
+        bad = [v for v in self.verifiers if v not in ("embedding", "judge")]
+        if bad or len(set(self.verifiers)) != len(self.verifiers):
+            raise ConfigError(f"eval.verifiers: unknown or repeated entries in {self.verifiers}; use embedding, judge")
 
 
 @dataclass
