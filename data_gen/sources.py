@@ -1,0 +1,634 @@
+"""Trace sources: read reasoning traces from s1K, GSM8K, reasoning-gym, CHAMP or generic jsonl.
+
+Every reader yields validated ``Trace`` records. A bad record (missing or empty field, no steps, a step
+over ``max_step_chars``) or a bad line (not UTF-8, invalid JSON, not an object) is skipped with a
+``SourceWarning`` that names the file and line (or data set and row), the record id and the field;
+reading then goes on with the next record. ``load_traces`` is the single entry point; it also filters
+by domain, renames duplicate ids and applies ``limit``.
+
+Steps: s1K trajectories and generic text fields are split with ``data_gen.steps.split_steps``
+(``step_mode``/``delimiter``); GSM8K-style rationales (GSM8K, reasoning-gym) are split one line per
+step; CHAMP and generic ``steps`` lists keep their own steps (each normalised, blank ones dropped).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import errno
+import functools
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from data_gen.steps import MODES, normalise_text, split_steps
+
+__all__ = [
+    "KINDS",
+    "DEFAULT_HUB_NAMES",
+    "Trace",
+    "InvalidRecord",
+    "SourceWarning",
+    "extract_boxed",
+    "iter_s1k",
+    "iter_gsm8k",
+    "iter_reasoning_gym",
+    "iter_champ",
+    "iter_jsonl",
+    "iter_traces",
+    "load_traces",
+]
+
+KINDS = ("s1k", "gsm8k", "reasoning_gym", "champ", "jsonl")
+DEFAULT_HUB_NAMES = {"s1k": "simplescaling/s1K-1.1", "gsm8k": "openai/gsm8k"}
+_DEFAULT_HUB_CONFIGS = {"openai/gsm8k": "main", "gsm8k": "main"}
+TRAJECTORIES = ("deepseek", "gemini")
+JSONL_FIELDS = {"id": "id", "question": "question", "steps": "steps", "text": "text",
+                "answer": "answer", "domain": "domain"}
+_CALCULATOR = re.compile(r"<<[^<>]*>>")
+_BOXED = "\\boxed"
+
+
+class SourceWarning(UserWarning):
+    """A line or record was skipped or changed while reading traces."""
+
+
+class InvalidRecord(ValueError):
+    """A record cannot become a Trace; ``field`` names the offending source field."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"field {field_name!r}: {message}")
+        self.field = field_name
+
+
+@dataclass
+class Trace:
+    """One reasoning trace: a question, its reasoning steps and the final answer."""
+
+    id: str
+    domain: str
+    question: str
+    steps: list[str]
+    answer: str
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("id", "domain", "question", "answer"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidRecord(name, f"expected a string, got {type(getattr(self, name)).__name__}")
+        if not self.id:
+            raise InvalidRecord("id", "empty id")
+        if not self.question.strip():
+            raise InvalidRecord("question", "empty question")
+        if not isinstance(self.steps, list) or not self.steps:
+            raise InvalidRecord("steps", "a trace needs at least one step")
+        for i, step in enumerate(self.steps):
+            if not isinstance(step, str) or not step.strip():
+                raise InvalidRecord(f"steps[{i}]", "step is empty or not a string")
+
+    def to_dict(self) -> dict:
+        """Plain-dict form (JSON-serialisable when ``meta`` is)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Trace":
+        """Inverse of ``to_dict``."""
+        return cls(id=d["id"], domain=d["domain"], question=d["question"], steps=list(d["steps"]),
+                   answer=d["answer"], meta=dict(d.get("meta") or {}))
+
+
+@dataclass(frozen=True)
+class _Raw:
+    """A raw source record with its position (for default ids) and location (for messages)."""
+
+    index: int
+    where: str
+    record: dict
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def _warn(message: str) -> None:
+    """Emit a SourceWarning attributed to the caller of the reader."""
+    warnings.warn(message, SourceWarning, stacklevel=3)
+
+
+def _get(record: dict, key: str) -> Any:
+    """Value of ``key`` in ``record``; a dotted key walks nested dicts. Missing gives None."""
+    if key in record:
+        return record[key]
+    value: Any = record
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _require_str(record: dict, key: str) -> str:
+    """A non-blank string field, or InvalidRecord naming the field."""
+    value = _get(record, key)
+    if value is None:
+        raise InvalidRecord(key, "missing")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise InvalidRecord(key, f"expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidRecord(key, "empty")
+    return value
+
+
+def _optional_str(record: dict, keys: Iterable[str], default: str) -> str:
+    """First non-blank string among ``keys``, else ``default``."""
+    for key in keys:
+        value = _get(record, key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return default
+
+
+def _split_or_fail(text: str, key: str, mode: str, delimiter: str) -> list[str]:
+    """Split ``text`` into steps; an empty result is an InvalidRecord for ``key``."""
+    steps = split_steps(text, mode=mode, delimiter=delimiter)
+    if not steps:
+        raise InvalidRecord(key, "empty trace (no steps)")
+    return steps
+
+
+def _clean_step_list(value: Any, key: str) -> list[str]:
+    """Normalise a list of given steps, dropping blank ones; non-strings or no steps fail."""
+    if not isinstance(value, (list, tuple)):
+        raise InvalidRecord(key, f"expected a list of steps, got {type(value).__name__}")
+    for i, step in enumerate(value):
+        if not isinstance(step, str):
+            raise InvalidRecord(f"{key}[{i}]", f"expected a string, got {type(step).__name__}")
+    steps = [normalise_text(s) for s in value if s.strip()]
+    if not steps:
+        raise InvalidRecord(key, "empty trace (no steps)")
+    return steps
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` in ``text`` (braces balanced), or None."""
+    start = text.rfind(_BOXED + "{")
+    if start < 0:
+        return None
+    i = start + len(_BOXED) + 1
+    depth, content_start = 1, i
+    while i < len(text):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[content_start:i].strip()
+        i += 1
+    return None
+
+
+def _check_path(path: str | os.PathLike) -> Path:
+    """The path as a Path; FileNotFoundError naming it when it does not exist."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(errno.ENOENT, "trace file not found", str(p))
+    return p
+
+
+def _source_stem(path: str | os.PathLike | None, name: str | None) -> str:
+    """Short source name used in default ids: file stem or last part of a hub name."""
+    if path is not None:
+        stem = Path(path).name
+        for suffix in (".jsonl", ".ndjson", ".json", ".parquet"):
+            if stem.endswith(suffix):
+                return stem[: -len(suffix)]
+        return stem
+    return str(name).rstrip("/").split("/")[-1]
+
+
+# ---------------------------------------------------------------- raw record sources
+
+
+def _iter_jsonl(path: Path) -> Iterator[_Raw]:
+    """Records of a jsonl file; bad lines are skipped with a warning naming the line."""
+    with open(path, "rb") as f:
+        for lineno, raw_line in enumerate(f, start=1):
+            try:
+                line = raw_line.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                _warn(f"{path}:{lineno}: line is not valid UTF-8 ({e.reason} at byte {e.start}); line skipped")
+                continue
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                _warn(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}); line skipped")
+                continue
+            if not isinstance(record, dict):
+                _warn(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}; line skipped")
+                continue
+            yield _Raw(lineno - 1, f"{path}:{lineno}", record)
+
+
+def _iter_json_array(path: Path) -> Iterator[_Raw]:
+    """Records of a .json file holding one array of objects (a .json in jsonl form also works)."""
+    data = path.read_bytes()
+    if not data.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"["):
+        yield from _iter_jsonl(path)
+        return
+    try:
+        items = json.loads(data.decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: invalid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    for i, record in enumerate(items):
+        if not isinstance(record, dict):
+            _warn(f"{path}[{i}]: expected a JSON object, got {type(record).__name__}; item skipped")
+            continue
+        yield _Raw(i, f"{path}[{i}]", record)
+
+
+def _iter_parquet(path: Path) -> Iterator[_Raw]:
+    """Records of a parquet file, read in batches."""
+    import pyarrow.parquet as pq
+
+    index = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+        for record in batch.to_pylist():
+            yield _Raw(index, f"{path} row {index}", record)
+            index += 1
+
+
+def _iter_file(path: str | os.PathLike) -> Iterator[_Raw]:
+    """Records of a local .jsonl/.ndjson/.json/.parquet file (existence checked eagerly)."""
+    p = _check_path(path)
+    readers = {".jsonl": _iter_jsonl, ".ndjson": _iter_jsonl, ".json": _iter_json_array,
+               ".parquet": _iter_parquet}
+    reader = readers.get(p.suffix.lower())
+    if reader is None:
+        raise ValueError(f"{p}: unsupported file type {p.suffix!r}; expected one of {sorted(readers)}")
+    return reader(p)
+
+
+def _offline_flags() -> list[str]:
+    """Names of the hub-offline environment variables that are switched on."""
+    on = ("1", "true", "yes", "on")
+    return [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if os.environ.get(v, "").lower() in on]
+
+
+def _hub_error(name: str, config: str | None, split: str, error: Exception) -> RuntimeError:
+    """A short RuntimeError explaining that a hub data set could not be loaded, and what to do."""
+    flags = _offline_flags()
+    why = f"{', '.join(flags)} is set" if flags else "set HF_HUB_OFFLINE=1 to fail fast without retries"
+    config_text = f"config {config!r}, " if config else ""
+    config_arg = f", {config!r}" if config else ""
+    return RuntimeError(
+        f"could not load the hub dataset {name!r} ({config_text}split {split!r}): "
+        f"{type(error).__name__}: {str(error)[:300]}\n"
+        f"This machine may have no hub access ({why}) and no cached copy. On a connected machine run\n"
+        f"  python -c \"import datasets; datasets.load_dataset({name!r}{config_arg}, split={split!r})"
+        f".to_json('{_source_stem(None, name)}.jsonl')\"\n"
+        f"(or .to_parquet(...)), copy the file here and pass path='<file>' instead of name=."
+    )
+
+
+def _iter_hub(name: str, config: str | None, split: str) -> Iterator[_Raw]:
+    """Rows of a hub data set via ``datasets.load_dataset`` (loaded eagerly, errors made readable)."""
+    try:
+        import datasets
+    except ImportError as e:
+        raise RuntimeError(f"loading {name!r} from the hub needs the 'datasets' package: {e}") from None
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as e:  # connection, offline-mode, missing-cache and not-found errors all land here
+        raise _hub_error(name, config, split, e) from None
+    return (_Raw(i, f"{name}[{split}] row {i}", dict(row)) for i, row in enumerate(ds))
+
+
+def _records(path: str | os.PathLike | None, name: str | None, config: str | None, split: str) -> Iterator[_Raw]:
+    """Raw records from a local file (preferred when given) or a hub data set."""
+    if path is not None:
+        return _iter_file(path)
+    if name is None:
+        raise ValueError("give path= (a local .jsonl/.json/.parquet file) or name= (a hub dataset)")
+    return _iter_hub(name, config if config is not None else _DEFAULT_HUB_CONFIGS.get(name), split)
+
+
+# ---------------------------------------------------------------- record -> Trace
+
+
+def _read(raws: Iterable[_Raw], make_id: Callable[[_Raw], str], build: Callable[[_Raw, str], Trace],
+          max_step_chars: int | None) -> Iterator[Trace]:
+    """Convert raw records to Traces, skipping bad ones with a warning naming location, id and field."""
+    for raw in raws:
+        rid = make_id(raw)
+        try:
+            trace = build(raw, rid)
+            _check_step_lengths(trace, max_step_chars)
+        except InvalidRecord as e:
+            _warn(f"{raw.where}: record {rid!r}: {e}; record skipped")
+            continue
+        trace.meta.setdefault("source", raw.where)
+        yield trace
+
+
+def _check_step_lengths(trace: Trace, max_step_chars: int | None) -> None:
+    """InvalidRecord when a step is longer than ``max_step_chars`` characters."""
+    if max_step_chars is None:
+        return
+    for i, step in enumerate(trace.steps):
+        if len(step) > max_step_chars:
+            key = trace.meta.get("steps_field", "steps")
+            raise InvalidRecord(key, f"step {i} has {len(step)} characters, over max_step_chars={max_step_chars}")
+
+
+def _id_maker(stem: str, id_field: str | None = "id") -> Callable[[_Raw], str]:
+    """Record id from ``id_field`` when present, else ``{stem}-{index}``."""
+    def make_id(raw: _Raw) -> str:
+        value = _get(raw.record, id_field) if id_field else None
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
+            return str(value).strip()
+        return f"{stem}-{raw.index}"
+    return make_id
+
+
+def _parse_gsm_rationale(text: str, key: str, strip_calculator: bool) -> tuple[list[str], str]:
+    """Steps (one per line before ``####``) and the final answer of a GSM8K-style rationale."""
+    body, marker, final = text.rpartition("####")
+    if not marker:
+        raise InvalidRecord(key, "no '#### <answer>' line")
+    if strip_calculator:
+        body = _CALCULATOR.sub("", body)
+    steps = split_steps(body, delimiter="\n")
+    if not steps:
+        raise InvalidRecord(key, "empty trace (no rationale lines before '####')")
+    final = final.strip()
+    if not final:
+        raise InvalidRecord(key, "no answer after '####'")
+    return steps, final
+
+
+def _s1k_trajectory(record: dict, trajectory: str, joiner: str) -> tuple[str, str]:
+    """(column, text) of the chosen thinking trajectory of an s1K or s1K-1.1 record."""
+    column = f"{trajectory}_thinking_trajectory"
+    if any(k.endswith("_thinking_trajectory") for k in record):  # s1K-1.1 schema
+        return column, _require_str(record, column)
+    if "thinking_trajectories" not in record:
+        raise InvalidRecord(column, "missing (and no s1K 'thinking_trajectories' column either)")
+    value = record["thinking_trajectories"]
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise InvalidRecord("thinking_trajectories", "expected a list of strings")
+    return "thinking_trajectories", joiner.join(value)
+
+
+def _s1k_builder(step_mode: str, delimiter: str, trajectory: str) -> Callable[[_Raw, str], Trace]:
+    """Builder of Traces from s1K / s1K-1.1 records."""
+    joiner = delimiter if step_mode == "delimiter" else "\n\n"
+
+    def build(raw: _Raw, rid: str) -> Trace:
+        rec = raw.record
+        question = _require_str(rec, "question")
+        column, text = _s1k_trajectory(rec, trajectory, joiner)
+        steps = _split_or_fail(text, column, step_mode, delimiter)
+        solution = _require_str(rec, "solution")
+        attempt_key = "attempt" if column == "thinking_trajectories" else f"{trajectory}_attempt"
+        meta = {"steps_field": column, "attempt": _get(rec, attempt_key),
+                "source_type": _get(rec, "source_type"), "solution": solution}
+        return Trace(rid, _optional_str(rec, ("cot_type", "domain"), "unknown"), question.strip(), steps,
+                     extract_boxed(solution) or solution.strip(), meta)
+    return build
+
+
+def _gsm8k_builder(strip_calculator: bool) -> Callable[[_Raw, str], Trace]:
+    """Builder of Traces from GSM8K records (``question``, ``answer`` with ``#### n``)."""
+    def build(raw: _Raw, rid: str) -> Trace:
+        question = _require_str(raw.record, "question")
+        steps, final = _parse_gsm_rationale(_require_str(raw.record, "answer"), "answer", strip_calculator)
+        return Trace(rid, "math", question.strip(), steps, final, {"steps_field": "answer"})
+    return build
+
+
+def _reasoning_gym_builder(task: str, seed: int, strip_calculator: bool) -> Callable[[_Raw, str], Trace]:
+    """Builder of Traces from reasoning-gym items with ``metadata.answer_cot``."""
+    def build(raw: _Raw, rid: str) -> Trace:
+        rec = raw.record
+        question = _require_str(rec, "question")
+        steps, final = _parse_gsm_rationale(_require_str(rec, "metadata.answer_cot"), "metadata.answer_cot",
+                                            strip_calculator)
+        meta = {"steps_field": "metadata.answer_cot", "task": task, "seed": seed, "index": raw.index,
+                "cot_answer": final, "source_index": _get(rec, "metadata.source_index")}
+        return Trace(rid, "math", question.strip(), steps, _require_str(rec, "answer").strip(), meta)
+    return build
+
+
+def _champ_builder() -> Callable[[_Raw, str], Trace]:
+    """Builder of Traces from CHAMP problems (converted to dicts)."""
+    def build(raw: _Raw, rid: str) -> Trace:
+        rec = raw.record
+        steps = _clean_step_list(_get(rec, "solution.steps"), "solution.steps")
+        meta = {"steps_field": "solution.steps", "category": rec.get("category"),
+                "identifier": rec.get("identifier")}
+        return Trace(rid, "math", _require_str(rec, "text").strip(), steps,
+                     _require_str(rec, "answer").strip(), meta)
+    return build
+
+
+def _jsonl_builder(fields: dict, step_mode: str, delimiter: str) -> Callable[[_Raw, str], Trace]:
+    """Builder of Traces from generic records with configurable field names."""
+    def build(raw: _Raw, rid: str) -> Trace:
+        rec = raw.record
+        question = _require_str(rec, fields["question"])
+        steps_key, text_key = fields.get("steps"), fields.get("text")
+        if steps_key and _get(rec, steps_key) is not None:
+            value = _get(rec, steps_key)
+            steps = (_split_or_fail(value, steps_key, step_mode, delimiter) if isinstance(value, str)
+                     else _clean_step_list(value, steps_key))
+            used = steps_key
+        elif text_key and _get(rec, text_key) is not None:
+            steps, used = _split_or_fail(_require_str(rec, text_key), text_key, step_mode, delimiter), text_key
+        else:
+            named = " or ".join(repr(k) for k in (steps_key, text_key) if k)
+            raise InvalidRecord(steps_key or text_key or "steps", f"missing (looked for {named})")
+        answer = _require_str(rec, fields["answer"]).strip() if fields.get("answer") else ""
+        domain = _optional_str(rec, [fields["domain"]] if fields.get("domain") else [], "unknown")
+        return Trace(rid, domain, question.strip(), steps, answer, {"steps_field": used})
+    return build
+
+
+# ---------------------------------------------------------------- public readers
+
+
+def _check_split_args(step_mode: str, delimiter: str) -> None:
+    """Validate step-splitting options early (before any file is read)."""
+    if step_mode not in MODES:
+        raise ValueError(f"unknown step_mode {step_mode!r}; expected one of {MODES}")
+    if not isinstance(delimiter, str) or not delimiter:
+        raise ValueError(f"delimiter must be a non-empty string, got {delimiter!r}")
+
+
+def iter_s1k(path: str | os.PathLike | None = None, name: str | None = None, split: str = "train", *,
+             config: str | None = None, step_mode: str = "delimiter", delimiter: str = "\n\n",
+             trajectory: str = "deepseek", max_step_chars: int | None = None) -> Iterator[Trace]:
+    """Traces from s1K (``thinking_trajectories``) or s1K-1.1 (``{trajectory}_thinking_trajectory``)."""
+    _check_split_args(step_mode, delimiter)
+    if trajectory not in TRAJECTORIES:
+        raise ValueError(f"unknown trajectory {trajectory!r}; expected one of {TRAJECTORIES}")
+    if path is None and name is None:
+        name = DEFAULT_HUB_NAMES["s1k"]
+    raws = _records(path, name, config, split)
+    return _read(raws, _id_maker(_source_stem(path, name)), _s1k_builder(step_mode, delimiter, trajectory),
+                 max_step_chars)
+
+
+def iter_gsm8k(path: str | os.PathLike | None = None, name: str | None = None, split: str = "train", *,
+               config: str | None = None, strip_calculator: bool = True,
+               max_step_chars: int | None = None) -> Iterator[Trace]:
+    """Traces from GSM8K-format records: one step per rationale line, answer after ``####``."""
+    if path is None and name is None:
+        name = DEFAULT_HUB_NAMES["gsm8k"]
+    raws = _records(path, name, config, split)
+    return _read(raws, _id_maker(_source_stem(path, name)), _gsm8k_builder(strip_calculator), max_step_chars)
+
+
+def iter_reasoning_gym(name: str = "gsm_symbolic", size: int = 100, seed: int = 0, *,
+                       strip_calculator: bool = True, max_step_chars: int | None = None) -> Iterator[Trace]:
+    """Traces generated offline by reasoning-gym (tasks whose items carry ``metadata.answer_cot``)."""
+    import reasoning_gym
+
+    dataset = reasoning_gym.create_dataset(name, size=size, seed=seed)
+    raws = (_Raw(i, f"reasoning_gym {name} (seed={seed}) item {i}", item) for i, item in enumerate(dataset))
+    return _read(raws, lambda raw: f"{name}-{seed}-{raw.index}", _reasoning_gym_builder(name, seed, strip_calculator),
+                 max_step_chars)
+
+
+@functools.lru_cache(maxsize=4)
+def _champ_records(source: str) -> tuple[dict, ...]:
+    """The fields of CHAMP problems that traces use, in the data set's order (cached: the file is 70 MB)."""
+    try:
+        import champ_dataset
+    except ImportError as e:
+        raise RuntimeError(f"CHAMP needs the champ-dataset package (pip install champ-dataset natsort): {e}") from None
+    records = []
+    for key, problem in champ_dataset.load(source).problems.items():
+        steps = None if problem.solution is None or problem.solution.steps is None else \
+            [s.text for s in problem.solution.steps]
+        records.append({"identifier": problem.identifier or key, "text": problem.text, "answer": problem.answer,
+                        "category": problem.category, "solution": {"steps": steps}})
+    return tuple(records)
+
+
+def _champ_raws(source: str) -> Iterator[_Raw]:
+    """CHAMP problems as raw records (copies, so the cache stays untouched)."""
+    for i, record in enumerate(_champ_records(source)):
+        yield _Raw(i, f"champ {source} problem {record['identifier']}", copy.deepcopy(record))
+
+
+def iter_champ(path: str | os.PathLike | None = None, name: str = "v0", *,
+               max_step_chars: int | None = None) -> Iterator[Trace]:
+    """Traces from CHAMP (the ``champ_dataset`` package, version ``name``, or a CHAMP .json ``path``)."""
+    source = str(_check_path(path)) if path is not None else name
+    raws = _champ_raws(source)
+    return _read(raws, lambda raw: f"champ-{raw.record['identifier']}", _champ_builder(), max_step_chars)
+
+
+def iter_jsonl(path: str | os.PathLike | None = None, name: str | None = None, split: str = "train", *,
+               config: str | None = None, fields: dict | None = None, step_mode: str = "delimiter",
+               delimiter: str = "\n\n", max_step_chars: int | None = None) -> Iterator[Trace]:
+    """Traces from generic records; ``fields`` maps id/question/steps/text/answer/domain to field names."""
+    _check_split_args(step_mode, delimiter)
+    unknown = set(fields or {}) - set(JSONL_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown keys in fields: {sorted(unknown)}; allowed: {sorted(JSONL_FIELDS)}")
+    mapping = {**JSONL_FIELDS, **(fields or {})}
+    if not mapping.get("question"):
+        raise ValueError("fields['question'] must name a field")
+    raws = _records(path, name, config, split)
+    return _read(raws, _id_maker(_source_stem(path, name), mapping.get("id")),
+                 _jsonl_builder(mapping, step_mode, delimiter), max_step_chars)
+
+
+def _dedupe_ids(traces: Iterable[Trace]) -> Iterator[Trace]:
+    """Rename repeated ids to ``{id}-dup{k}`` with a warning."""
+    seen: set[str] = set()
+    for trace in traces:
+        if trace.id in seen:
+            k = 1
+            while f"{trace.id}-dup{k}" in seen:
+                k += 1
+            new_id = f"{trace.id}-dup{k}"
+            _warn(f"{trace.meta.get('source', '?')}: duplicate record id {trace.id!r}; renamed to {new_id!r}")
+            trace = dataclasses.replace(trace, id=new_id, meta={**trace.meta, "original_id": trace.id})
+        seen.add(trace.id)
+        yield trace
+
+
+def iter_traces(kind: str, *, path: str | os.PathLike | None = None, name: str | None = None,
+                split: str = "train", limit: int | None = None, seed: int = 0, size: int | None = None,
+                step_mode: str = "delimiter", delimiter: str = "\n\n", trajectory: str = "deepseek",
+                fields: dict | None = None, domains: list[str] | None = None,
+                max_step_chars: int | None = None, config: str | None = None,
+                strip_calculator: bool = True) -> Iterator[Trace]:
+    """Generator form of ``load_traces`` (same arguments)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown trace source kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if kind == "s1k":
+        traces = iter_s1k(path, name, split, config=config, step_mode=step_mode, delimiter=delimiter,
+                          trajectory=trajectory, max_step_chars=max_step_chars)
+    elif kind == "gsm8k":
+        traces = iter_gsm8k(path, name, split, config=config, strip_calculator=strip_calculator,
+                            max_step_chars=max_step_chars)
+    elif kind == "reasoning_gym":
+        n = size if size is not None else (limit if limit else 100)
+        traces = iter_reasoning_gym(name or "gsm_symbolic", n, seed, strip_calculator=strip_calculator,
+                                    max_step_chars=max_step_chars)
+    elif kind == "champ":
+        traces = iter_champ(path, name or "v0", max_step_chars=max_step_chars)
+    else:
+        if path is None and name is None:
+            raise ValueError("kind 'jsonl' needs path= (a local file) or name= (a hub dataset)")
+        traces = iter_jsonl(path, name, split, config=config, fields=fields, step_mode=step_mode,
+                            delimiter=delimiter, max_step_chars=max_step_chars)
+    return _limit(_dedupe_ids(_filter_domains(traces, domains)), limit)
+
+
+def _filter_domains(traces: Iterable[Trace], domains: list[str] | None) -> Iterator[Trace]:
+    """Traces whose domain is in ``domains`` (case-insensitive); all when ``domains`` is None."""
+    wanted = None if domains is None else {d.lower() for d in domains}
+    return (t for t in traces if wanted is None or t.domain.lower() in wanted)
+
+
+def _limit(traces: Iterator[Trace], limit: int | None) -> Iterator[Trace]:
+    """At most ``limit`` traces, without reading further than needed."""
+    if limit == 0:
+        return
+    for count, trace in enumerate(traces, start=1):
+        yield trace
+        if limit is not None and count >= limit:
+            return
+
+
+def load_traces(kind: str, *, path: str | os.PathLike | None = None, name: str | None = None,
+                split: str = "train", limit: int | None = None, seed: int = 0, size: int | None = None,
+                step_mode: str = "delimiter", delimiter: str = "\n\n", trajectory: str = "deepseek",
+                fields: dict | None = None, domains: list[str] | None = None,
+                max_step_chars: int | None = None, config: str | None = None,
+                strip_calculator: bool = True) -> list[Trace]:
+    """Load traces of one source kind (see KINDS) as a list.
+
+    ``path`` reads a local .jsonl/.json/.parquet file; otherwise ``name`` is a hub data set (s1k, gsm8k,
+    jsonl), a reasoning-gym task (default ``gsm_symbolic``, ``size`` items, default ``limit`` or 100,
+    generated with ``seed``) or a CHAMP version (default ``v0``). ``domains`` keeps matching domains only,
+    ``limit`` caps the number returned, ``max_step_chars`` skips traces with a longer step.
+    """
+    return list(iter_traces(kind, path=path, name=name, split=split, limit=limit, seed=seed, size=size,
+                            step_mode=step_mode, delimiter=delimiter, trajectory=trajectory, fields=fields,
+                            domains=domains, max_step_chars=max_step_chars, config=config,
+                            strip_calculator=strip_calculator))

@@ -1,0 +1,291 @@
+"""Tests for data_gen.sources: every reader on small fixtures (or the real offline packages) and bad input."""
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+from data_gen.sources import (KINDS, InvalidRecord, SourceWarning, Trace, extract_boxed, iter_traces,
+                              load_traces)
+
+DATA = Path(__file__).parent / "data"
+
+
+def _core(trace: Trace) -> tuple:
+    """The source-independent part of a trace (everything but meta)."""
+    return trace.id, trace.domain, trace.question, trace.steps, trace.answer
+
+
+def _to_parquet(jsonl: Path, target: Path) -> Path:
+    """Write the records of a jsonl fixture to a parquet file with pyarrow."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in jsonl.read_text(encoding="utf-8").splitlines() if line.strip()]
+    pq.write_table(pa.Table.from_pylist(rows), target)
+    return target
+
+
+def _write_lines(path: Path, lines: list) -> Path:
+    """Write raw lines (dicts become JSON, bytes stay as they are) to a jsonl file."""
+    with open(path, "wb") as f:
+        for line in lines:
+            data = line if isinstance(line, bytes) else (json.dumps(line) if isinstance(line, dict) else line).encode()
+            f.write(data + b"\n")
+    return path
+
+
+def _messages(record) -> list[str]:
+    """Messages of the SourceWarnings caught in ``record``."""
+    return [str(w.message) for w in record if issubclass(w.category, SourceWarning)]
+
+
+# ------------------------------------------------------------------ Trace and helpers
+
+
+def test_trace_validates_question_and_steps():
+    with pytest.raises(InvalidRecord, match="question"):
+        Trace("t", "math", "  ", ["a step"], "1")
+    with pytest.raises(InvalidRecord, match="steps"):
+        Trace("t", "math", "Q?", [], "1")
+    with pytest.raises(InvalidRecord, match=r"steps\[1\]"):
+        Trace("t", "math", "Q?", ["ok", " "], "1")
+    trace = Trace("t", "math", "Q?", ["a", "b"], "1", {"k": 1})
+    assert Trace.from_dict(trace.to_dict()) == trace
+
+
+def test_extract_boxed_takes_last_and_balances_braces():
+    assert extract_boxed(r"first \boxed{1}, then \boxed{\frac{3}{4}} done") == r"\frac{3}{4}"
+    assert extract_boxed("no box here") is None
+    assert extract_boxed(r"broken \boxed{1") is None
+
+
+# ------------------------------------------------------------------ s1K
+
+
+def test_s1k_v1_jsonl():
+    traces = load_traces("s1k", path=str(DATA / "s1k.jsonl"))
+    assert [t.id for t in traces] == ["s1k-0", "s1k-1", "s1k-2"]
+    first, second, third = traces
+    # The list of trajectories is joined, then split; blank-line runs collapse.
+    assert first.steps == ["Let me add the numbers.", "First, 1+2 = 3.", "Then 3+3 = 6.", "So the answer is 6."]
+    assert (first.answer, first.domain, first.question) == ("6", "math", "What is $1+2+3$?")
+    assert first.meta["attempt"].startswith("1+2+3 = 6")
+    assert first.meta["steps_field"] == "thinking_trajectories"
+    # CRLF and trailing spaces are normalised away.
+    assert second.steps == ["Standard pressure is 1 atm.", "At 1 atm, water boils at 100 C.", "That is the answer."]
+    assert second.domain == "science"
+    assert second.answer == "Water boils at 100 degrees Celsius at sea level."  # no \boxed: whole solution
+    assert third.answer == r"\frac{3}{4}"
+
+
+def test_s1k_v11_trajectory_choice():
+    deepseek = load_traces("s1k", path=str(DATA / "s1k-1.1.jsonl"))
+    gemini = load_traces("s1k", path=str(DATA / "s1k-1.1.jsonl"), trajectory="gemini")
+    assert deepseek[0].steps == ["Okay, so I need 2^10.", "2^5 = 32.", "Then 32^2 = 1024.", "So the answer is 1024."]
+    assert gemini[0].steps == ["Powers of two: 2, 4, 8, 16, 32.", "Continue: 64, 128, 256, 512, 1024."]
+    assert deepseek[0].answer == gemini[0].answer == "1024"
+    assert deepseek[0].meta["attempt"] == "**Answer:** $\\boxed{1024}$"
+    assert gemini[1].meta["attempt"] == "Yes."
+    assert deepseek[1].meta["steps_field"] == "deepseek_thinking_trajectory"
+    with pytest.raises(ValueError, match="trajectory"):
+        load_traces("s1k", path=str(DATA / "s1k-1.1.jsonl"), trajectory="claude")
+
+
+@pytest.mark.parametrize("fixture", ["s1k.jsonl", "s1k-1.1.jsonl"])
+def test_s1k_parquet_matches_jsonl(tmp_path, fixture):
+    parquet = _to_parquet(DATA / fixture, tmp_path / fixture.replace(".jsonl", ".parquet"))
+    from_jsonl = load_traces("s1k", path=str(DATA / fixture))
+    from_parquet = load_traces("s1k", path=str(parquet))
+    assert [_core(t) for t in from_parquet] == [_core(t) for t in from_jsonl]
+    assert from_parquet[0].meta["source"] == f"{parquet} row 0"
+
+
+def test_s1k_sentence_mode_domains_and_limit():
+    traces = load_traces("s1k", path=str(DATA / "s1k-1.1.jsonl"), step_mode="sentence")
+    assert traces[1].steps == ["Hmm, check divisors of 7.", "2 does not divide 7.", "3 does not divide 7.",
+                               "So 7 is prime."]
+    science = load_traces("s1k", path=str(DATA / "s1k.jsonl"), domains=["science"])
+    assert [t.id for t in science] == ["s1k-1"]
+    assert [t.id for t in load_traces("s1k", path=str(DATA / "s1k.jsonl"), limit=2)] == ["s1k-0", "s1k-1"]
+    assert load_traces("s1k", path=str(DATA / "s1k.jsonl"), limit=0) == []
+
+
+def test_s1k_bad_records_warn_and_reading_continues(tmp_path):
+    good = json.loads((DATA / "s1k-1.1.jsonl").read_text().splitlines()[0])
+    no_trajectory = {k: v for k, v in good.items() if k != "deepseek_thinking_trajectory"}
+    no_trajectory["gemini_thinking_trajectory"] = "only gemini"
+    empty = {**good, "deepseek_thinking_trajectory": " \n\n \r\n"}
+    no_question = {k: v for k, v in good.items() if k != "question"}
+    path = _write_lines(tmp_path / "s1k_bad.jsonl", [no_trajectory, empty, no_question, good])
+    with pytest.warns(SourceWarning) as record:
+        traces = load_traces("s1k", path=str(path))
+    assert [t.id for t in traces] == ["s1k_bad-3"]
+    assert traces[0].steps[-1] == "So the answer is 1024."
+    msgs = _messages(record)
+    assert len(msgs) == 3
+    assert f"{path}:1" in msgs[0] and "'s1k_bad-0'" in msgs[0] and "'deepseek_thinking_trajectory'" in msgs[0]
+    assert f"{path}:2" in msgs[1] and "empty" in msgs[1] and "'deepseek_thinking_trajectory'" in msgs[1]
+    assert f"{path}:3" in msgs[2] and "'question'" in msgs[2] and "missing" in msgs[2]
+
+
+# ------------------------------------------------------------------ GSM8K
+
+
+def test_gsm8k_jsonl_lines_annotations_and_answer():
+    traces = load_traces("gsm8k", path=str(DATA / "gsm8k.jsonl"))
+    assert [t.id for t in traces] == ["gsm8k-0", "gsm8k-1", "gsm8k-2"]
+    assert traces[0].steps == ["Natalia sold 48/2 = 24 clips in May.",
+                               "Natalia sold 48+24 = 72 clips altogether in April and May."]
+    assert [t.answer for t in traces] == ["72", "10", "5"]
+    assert len(traces[2].steps) == 3  # the blank line inside the rationale is not a step
+    assert all(t.domain == "math" and "####" not in "".join(t.steps) for t in traces)
+    raw = load_traces("gsm8k", path=str(DATA / "gsm8k.jsonl"), strip_calculator=False)
+    assert raw[0].steps[0] == "Natalia sold 48/2 = <<48/2=24>>24 clips in May."
+
+
+def test_gsm8k_bad_lines_warn_with_file_line_and_field(tmp_path):
+    good = json.loads((DATA / "gsm8k.jsonl").read_text().splitlines()[0])
+    lines = [
+        good,                                                   # line 1
+        {"question": "Where is the answer?"},                   # line 2: missing field
+        {"question": "Empty?", "answer": "\n \n#### 5"},        # line 3: empty trace
+        b'{"question": "caf\xe9 \xff", "answer": "x\\n#### 1"}',  # line 4: not UTF-8
+        '{"question": "broken", "answer": ',                    # line 5: invalid JSON
+        "",                                                     # line 6: blank, silently skipped
+        {"question": "No marker", "answer": "Just text."},      # line 7: no ####
+        good,                                                   # line 8
+    ]
+    path = _write_lines(tmp_path / "gsm_bad.jsonl", lines)
+    with pytest.warns(SourceWarning) as record:
+        traces = load_traces("gsm8k", path=str(path))
+    # The good record after the bad ones is still read; its id keeps its line position.
+    assert [t.id for t in traces] == ["gsm_bad-0", "gsm_bad-7"]
+    assert traces[1].steps == traces[0].steps
+    msgs = _messages(record)
+    assert len(msgs) == 5
+    assert f"{path}:2" in msgs[0] and "'gsm_bad-1'" in msgs[0] and "field 'answer': missing" in msgs[0]
+    assert f"{path}:3" in msgs[1] and "field 'answer'" in msgs[1] and "empty trace" in msgs[1]
+    assert f"{path}:4" in msgs[2] and "UTF-8" in msgs[2]
+    assert f"{path}:5" in msgs[3] and "invalid JSON" in msgs[3]
+    assert f"{path}:7" in msgs[4] and "####" in msgs[4]
+
+
+def test_max_step_chars_skips_long_steps_with_warning():
+    with pytest.warns(SourceWarning) as record:
+        traces = load_traces("gsm8k", path=str(DATA / "gsm8k.jsonl"), max_step_chars=50)
+    # Longest steps: record 0 has 58 characters, record 1 has 46, record 2 has 53.
+    assert [t.id for t in traces] == ["gsm8k-1"]
+    msgs = _messages(record)
+    assert len(msgs) == 2
+    assert "gsm8k.jsonl:1" in msgs[0] and "'gsm8k-0'" in msgs[0] and "field 'answer'" in msgs[0]
+    assert "step 1 has 58 characters" in msgs[0] and "max_step_chars=50" in msgs[0]
+    assert "gsm8k.jsonl:3" in msgs[1] and "'gsm8k-2'" in msgs[1]
+
+
+# ------------------------------------------------------------------ reasoning-gym and CHAMP (real packages)
+
+
+def test_reasoning_gym_gsm_symbolic_real():
+    traces = load_traces("reasoning_gym", size=3, seed=0)
+    assert [t.id for t in traces] == ["gsm_symbolic-0-0", "gsm_symbolic-0-1", "gsm_symbolic-0-2"]
+    for t in traces:
+        assert t.domain == "math" and t.steps and t.question.strip()
+        assert all("####" not in s and "\n" not in s for s in t.steps)
+        assert t.answer == t.meta["cot_answer"]
+    again = load_traces("reasoning_gym", size=3, seed=0)
+    assert [_core(t) for t in again] == [_core(t) for t in traces]
+    other = load_traces("reasoning_gym", size=3, seed=1)
+    assert [t.id for t in other][0] == "gsm_symbolic-1-0"
+    assert [t.question for t in other] != [t.question for t in traces]
+
+
+def test_champ_real():
+    traces = load_traces("champ", limit=3)
+    assert [t.id for t in traces] == ["champ-P_Combinatorics_1", "champ-P_Combinatorics_2", "champ-P_Combinatorics_3"]
+    first = traces[0]
+    assert first.question.startswith("Let a string consist of digit 1, 2, 3.")
+    assert (first.answer, first.domain, first.meta["category"]) == ("239", "math", "Combinatorics")
+    assert len(first.steps) == 6
+    assert first.steps[0] == "Let x_n, y_n, z_n be the number of length-n strings that end with digit 1, 2, 3 respectively."
+    assert first.steps[-1] == "Thus, in total, there are x_6+y_6+z_6=70+99+70=239 such strings."
+    assert all("@@" not in s for t in traces for s in t.steps)  # CHAMP's concept markup is removed
+
+
+# ------------------------------------------------------------------ generic jsonl
+
+
+FIELDS = {"id": "uid", "question": "problem", "steps": "reasoning", "text": "cot", "answer": "final",
+          "domain": "topic"}
+
+
+def test_generic_jsonl_with_field_mapping():
+    traces = load_traces("jsonl", path=str(DATA / "generic.jsonl"), fields=FIELDS, step_mode="sentence")
+    assert [t.id for t in traces] == ["g-1", "g-2"]
+    assert traces[0].steps == ["Two plus two.", "That makes 4."]  # blank list item dropped
+    assert traces[1].steps == ["Primary colours are red, yellow and blue.", "Red is one."]  # text field split
+    assert [(t.answer, t.domain) for t in traces] == [("4", "math"), ("red", "art")]
+    with pytest.raises(ValueError, match="unknown keys in fields"):
+        load_traces("jsonl", path=str(DATA / "generic.jsonl"), fields={"prompt": "problem"})
+
+
+def test_generic_json_array_duplicates_and_missing_steps(tmp_path):
+    records = [{"id": "a", "question": "Q1", "steps": ["s1"], "answer": "1"},
+               {"id": "a", "question": "Q2", "steps": ["s2"], "answer": "2"},
+               {"id": "b", "question": "Q3", "answer": "3"},
+               {"id": "c", "question": "Q4", "text": "one\n\ntwo", "answer": "4"}]
+    path = tmp_path / "arr.json"
+    path.write_text(json.dumps(records), encoding="utf-8")
+    with pytest.warns(SourceWarning) as record:
+        traces = load_traces("jsonl", path=str(path))
+    assert [t.id for t in traces] == ["a", "a-dup1", "c"]
+    assert traces[1].meta["original_id"] == "a" and traces[2].steps == ["one", "two"]
+    msgs = _messages(record)
+    assert any(f"{path}[2]" in m and "'b'" in m and "'steps'" in m and "missing" in m for m in msgs)
+    assert any("duplicate record id 'a'" in m and "'a-dup1'" in m for m in msgs)
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_missing_file_names_the_path(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    for kind in ("s1k", "gsm8k", "jsonl", "champ"):
+        with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+            load_traces(kind, path=str(missing))
+
+
+def test_unknown_kind_lists_the_kinds():
+    with pytest.raises(ValueError) as info:
+        load_traces("mmlu")
+    assert all(kind in str(info.value) for kind in KINDS)
+
+
+def test_unsupported_extension(tmp_path):
+    path = tmp_path / "traces.csv"
+    shutil.copy(DATA / "gsm8k.jsonl", path)
+    with pytest.raises(ValueError, match=r"unsupported file type '\.csv'"):
+        load_traces("gsm8k", path=str(path))
+
+
+def test_iter_traces_is_lazy_and_stops_at_limit(tmp_path):
+    path = _write_lines(tmp_path / "g.jsonl", [json.loads(l) for l in (DATA / "gsm8k.jsonl").read_text().splitlines()]
+                        + ["{bad json"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SourceWarning)  # the bad last line is never reached
+        assert [t.id for t in iter_traces("gsm8k", path=str(path), limit=3)] == ["g-0", "g-1", "g-2"]
+
+
+def test_hub_dataset_without_network_gives_clear_error():
+    import huggingface_hub.constants
+
+    if not huggingface_hub.constants.HF_HUB_OFFLINE:
+        pytest.skip("hub offline mode is not active in this process (set by tests/conftest.py)")
+    with pytest.raises(RuntimeError) as info:
+        load_traces("s1k", name="specprobe-test/no-such-dataset")
+    message = str(info.value)
+    assert "'specprobe-test/no-such-dataset'" in message and "split 'train'" in message
+    assert "path=" in message and "load_dataset" in message
+    assert info.value.__cause__ is None and info.value.__suppress_context__
