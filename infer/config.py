@@ -70,6 +70,8 @@ class SourceConfig:
     delimiter: str = opt("\n\n", "step delimiter")
     trajectory: Literal["deepseek", "gemini"] = opt("deepseek", "which s1K-1.1 trajectory to read")
     domains: list[str] | None = opt(None, "keep only these domains (e.g. [math])")
+    fields: dict | None = opt(None, "jsonl source: field names, e.g. {question: prompt, steps: reasoning, answer: label}")
+    max_step_chars: int | None = opt(None, "skip (with a warning) traces that have a step longer than this")
 
     def __post_init__(self) -> None:
         _positive(self, "size")
