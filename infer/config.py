@@ -247,11 +247,13 @@ class EvalConfig:
     sweep_max_layers: int = opt(32, "most layers swept (evenly spread over the stored rows, both ends kept)")
     verifiers: list[str] = opt(["embedding", "judge"], "pair verifiers evaluated: embedding, judge")
     max_pairs: int = opt(2000, "most held-out step pairs the pair verifiers score (subsampled)")
+    judge_max_pairs: int = opt(400, "most of those pairs the judge-LoRA scores (one LM forward per pair; "
+                                    "agreement with it is measured on these)")
     num_threads: int | None = opt(1, "torch CPU threads for the sweep probes (null = leave torch's setting)")
 
     def __post_init__(self) -> None:
         for name in ("n_boot", "n_bins", "umap_neighbors", "sweep_hidden_dim", "sweep_epochs", "sweep_max_layers",
-                     "max_pairs", "num_threads"):
+                     "max_pairs", "judge_max_pairs", "num_threads"):
             _positive(self, name)
         if not 0 < self.alpha < 1:
             raise ConfigError(f"eval.alpha must be in (0, 1), got {self.alpha}")
