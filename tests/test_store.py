@@ -1,0 +1,243 @@
+"""The data folder layer (no models): atomic shards, manifest as the judge of completeness, the reader's
+row alignment, the writer lock, fingerprints and merging parts."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, TENSORS, render_card
+from data_gen.store import (JUDGE_CACHE, DataFolderError, DataMismatchError, FolderLock, ShardData,
+                            check_same_data, clean_temporaries, fingerprint, fingerprint_diff, merge_parts,
+                            open_dataset, part_dir, read_manifest, shard_path, write_manifest, write_shard)
+from infer.config import ExperimentConfig, to_dict
+
+L, H = 3, 5
+
+
+def _sample(shard: int, ctx: int, model: str, k: int, row: int, draft_row: int) -> dict:
+    cid = f"q{shard}-{ctx}@0"
+    return dict(sample_id=f"{cid}/{model}/{k}", context_id=cid, question_id=f"q{shard}-{ctx}", domain="math",
+                context_j=0, model=model, sample_index=k, text=f"step {k} of {model}", num_tokens=3,
+                stop_reason="delimiter", logprob=-1.5, mean_logprob=-0.5, target_logprob=-1.4, target_num_tokens=3,
+                cluster_id=0, cluster_size=2, semantic_prob=1.0, num_samples=2, num_empty=0, num_clusters=1,
+                semantic_entropy=0.0, target_cluster_id=0 if model == "target" else -1,
+                prob_under_target=1.0 if model == "target" else 0.0,
+                own_feature_row=row if model == "target" else draft_row, target_feature_row=row)
+
+
+def _context(shard: int, ctx: int) -> dict:
+    return dict(context_id=f"q{shard}-{ctx}@0", question_id=f"q{shard}-{ctx}", domain="math", j=0, question="Q?",
+                steps=[], answer="1", context_text="Q?\n\n", num_samples=2, target_seed=1, target_num_clusters=1,
+                target_semantic_entropy=0.0, target_num_empty=0, draft_seed=2, draft_num_clusters=1,
+                draft_semantic_entropy=0.0, draft_num_empty=0, draft_mass_under_target=0.0)
+
+
+def make_shard(index: int, contexts: int = 2) -> ShardData:
+    """Per context 2 target + 2 draft rows. Feature values encode (view, shard, row) for alignment checks:
+    target view row r = 1000*shard + r, draft row r = -(1000*shard + r) - 1."""
+    shard = ShardData(index)
+    draft_rows = 0
+    for c in range(contexts):
+        for model in ("target", "draft"):
+            for k in range(2):
+                row = len(shard.samples)
+                shard.samples.append(_sample(index, c, model, k, row, draft_rows))
+                draft_rows += model == "draft"
+        shard.contexts.append(_context(index, c))
+        shard.pairs.append(dict(context_id=f"q{index}-{c}@0", question_id=f"q{index}-{c}", a_text="a", b_text="b",
+                                a_model="target", b_model="draft", equivalent=False, source="draft_vs_target",
+                                judged=True))
+    rows = len(shard.samples)
+    target = (1000 * index + torch.arange(rows, dtype=torch.float32))[:, None, None].expand(rows, L, H)
+    draft = -(1000 * index + torch.arange(draft_rows, dtype=torch.float32) + 1)[:, None, None].expand(draft_rows, L, H)
+    shard.features = {"target.mean": target, "target.last": target + 0.5, "draft.mean": draft, "draft.last": draft - 0.5}
+    return shard
+
+
+def _entry(shard: ShardData, files: dict) -> dict:
+    targets = sum(s["model"] == "target" for s in shard.samples)
+    return {"index": shard.index, "contexts": [c["context_id"] for c in shard.contexts], "skipped": [],
+            "rows": len(shard.samples), "target_feature_rows": len(shard.samples),
+            "draft_feature_rows": len(shard.samples) - targets, "pairs": len(shard.pairs), "files": files,
+            "stats": {"samples": {"target": targets, "draft": len(shard.samples) - targets},
+                      "sum_semantic_prob": {}, "sum_num_clusters": {}, "judge": {"cluster_pairs": 1}}}
+
+
+def _manifest(num_shards: int, cfg_dict: dict | None = None, part=None) -> dict:
+    cfg_dict = cfg_dict or to_dict(ExperimentConfig())
+    info = {"model_id": "m", "revision": None, "num_layers": 4, "hidden_size": H, "vocab_size": 10, "name": "m"}
+    return {"format": "specprobe-data/1", "status": "in_progress", "created": "t", "completed": None,
+            "config": cfg_dict, "fingerprint": fingerprint(cfg_dict), "engines": {"target": info, "draft": info},
+            "layers": {"target": [2, 3, 4], "draft": [2, 3, 4]}, "store_last_token": True, "num_samples": 2,
+            "models": ["target", "draft"], "judge": "j", "plan": {"num_shards": num_shards}, "part": part,
+            "shards": []}
+
+
+def build_folder(folder, indices, num_shards, complete=True, part=None):
+    manifest = _manifest(num_shards, part=part)
+    for i in indices:
+        shard = make_shard(i)
+        manifest["shards"].append(_entry(shard, write_shard(folder, shard)))
+    if complete:
+        manifest["status"] = "complete"
+    write_manifest(folder, manifest)
+    return manifest
+
+
+def test_reader_aligns_features_with_rows(tmp_path):
+    build_folder(tmp_path, [0, 1], 2)
+    ds = open_dataset(tmp_path)
+    assert len(ds) == 16 and ds.samples.column("shard").to_pylist() == [0] * 8 + [1] * 8
+    tv = ds.target_view_features()
+    assert tv.shape == (16, L, H) and tv.dtype == torch.float32
+    expected = torch.tensor([1000 * s + r for s in (0, 1) for r in range(8)], dtype=torch.float32)
+    assert torch.equal(tv[:, 0, 0], expected) and torch.equal(tv[:, -1, -1], expected)
+    assert torch.equal(ds.target_view_features(pooling="last")[:, 1, 2], expected + 0.5)
+    # a mask picks rows in table order; the features follow
+    mask = np.zeros(16, dtype=bool)
+    mask[[3, 9, 14]] = True
+    assert ds.target_view_features(mask)[:, 0, 0].tolist() == [3, 1001, 1006]
+    assert ds.features("target", rows=[14, 3])[:, 0, 0].tolist() == [1006, 3]
+    # own draft features line up with ds.rows("draft")
+    draft = ds.own_features("draft")
+    rows = ds.rows("draft")
+    assert draft.shape == (8, L, H) and (ds.column("model")[rows] == "draft").all()
+    assert draft[:, 0, 0].tolist() == [-(1000 * s + r + 1) for s in (0, 1) for r in range(4)]
+    sub = ds.own_features("draft", mask=ds.question_mask(["q1-1"]))
+    assert sub[:, 0, 0].tolist() == [-1003, -1004]
+    assert torch.equal(ds.own_features("target")[:, 0, 0], expected[ds.rows("target")])
+    with pytest.raises(ValueError, match="is a target sample"):
+        ds.features("draft", rows=[0])
+    with pytest.raises(ValueError, match="needs 16 entries"):
+        ds.features("target", rows=np.ones(3, dtype=bool))
+
+
+def test_features_are_float16_on_disk_and_clipped(tmp_path):
+    shard = make_shard(0, contexts=1)
+    shard.features["target.mean"] = shard.features["target.mean"].clone()
+    shard.features["target.mean"][0, 0, 0] = 1e6
+    files = write_shard(tmp_path, shard)
+    with safe_open(str(tmp_path / files["features"]), framework="pt") as f:
+        assert all(f.get_tensor(k).dtype == torch.float16 for k in f.keys())
+        big = f.get_tensor("target.mean")[0, 0, 0]
+    assert torch.isfinite(big) and float(big) == 65504.0
+
+
+def test_only_shards_in_the_manifest_count(tmp_path):
+    manifest = build_folder(tmp_path, [0], 3, complete=False)
+    write_shard(tmp_path, make_shard(1))  # a shard written but not yet recorded (killed before the manifest)
+    (tmp_path / shard_path("samples", 2)).write_bytes(b"half a parquet")  # garbage under a final name
+    (tmp_path / "shards" / ".samples-00002.parquet.tmp123").write_bytes(b"tmp")
+    with pytest.raises(DataFolderError, match=r"incomplete \(1 of 3 shards\)"):
+        open_dataset(tmp_path)
+    ds = open_dataset(tmp_path, allow_incomplete=True)
+    assert set(ds.samples.column("shard").to_pylist()) == {0}
+    assert ds.contexts.num_rows == 2 and ds.pairs.num_rows == 2
+    assert clean_temporaries(tmp_path) == 1 and not list((tmp_path / "shards").glob(".*"))
+    # a listed file that disappeared, or a row count that disagrees, is an error, never silently less data
+    manifest["shards"][0]["rows"] = 7
+    write_manifest(tmp_path, manifest)
+    with pytest.raises(DataFolderError, match="has 8 rows, the manifest says 7"):
+        open_dataset(tmp_path, allow_incomplete=True).samples
+    (tmp_path / shard_path("pairs", 0)).unlink()
+    with pytest.raises(DataFolderError, match="pairs-00000.parquet is listed as complete .* but missing"):
+        open_dataset(tmp_path, allow_incomplete=True).pairs
+
+
+def test_failed_shard_write_leaves_nothing(tmp_path):
+    shard = make_shard(0)
+    shard.features["draft.mean"] = "not a tensor"
+    with pytest.raises(Exception):
+        write_shard(tmp_path, shard)
+    assert not list((tmp_path / "shards").iterdir())
+    bad = make_shard(0)
+    bad.samples[0]["num_tokens"] = "three"
+    with pytest.raises(DataFolderError, match="samples rows do not fit their schema"):
+        write_shard(tmp_path, bad)
+
+
+def test_manifest_is_required_and_checked(tmp_path):
+    with pytest.raises(DataFolderError, match="no manifest.json"):
+        open_dataset(tmp_path)
+    (tmp_path / "manifest.json").write_text("{broken")
+    with pytest.raises(DataFolderError, match="not valid JSON"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "other/9"}))
+    with pytest.raises(DataFolderError, match="format 'other/9'"):
+        read_manifest(tmp_path)
+
+
+def test_writer_lock_is_exclusive(tmp_path):
+    with FolderLock(tmp_path):
+        with pytest.raises(DataFolderError, match="another process is writing"):
+            with FolderLock(tmp_path):
+                pass
+    with FolderLock(tmp_path):  # released on exit
+        pass
+
+
+def test_fingerprint_ignores_where_it_runs_but_not_what_it_makes(tmp_path):
+    base = to_dict(ExperimentConfig())
+    moved = to_dict(ExperimentConfig())
+    moved["models"]["device"], moved["models"]["max_batch_rows"], moved["output_dir"] = "cuda", 4, "elsewhere"
+    moved["data"]["judge_pairs_per_call"] = 7
+    assert fingerprint_diff(fingerprint(base), fingerprint(moved)) == []
+    other = to_dict(ExperimentConfig())
+    other["models"]["target"], other["data"]["num_samples"] = "org/big-model", 8
+    diffs = fingerprint_diff(fingerprint(base), fingerprint(other))
+    assert diffs == ["data.num_samples: 20 -> 8", "models.target: 'offline:smollm2-135m-instruct' -> 'org/big-model'"]
+    manifest = {"fingerprint": fingerprint(base)}
+    check_same_data(tmp_path, manifest, moved)
+    with pytest.raises(DataMismatchError, match=r"(?s)different models:\n  models.target: .*\(also: data.num_samples"):
+        check_same_data(tmp_path, manifest, other)
+    other["models"]["target"] = base["models"]["target"]
+    with pytest.raises(DataMismatchError, match="different settings:\n  data.num_samples: 20 -> 8"):
+        check_same_data(tmp_path, manifest, other)
+
+
+def test_merge_parts_joins_shards_and_judge_caches(tmp_path):
+    single = tmp_path / "single"
+    build_folder(single, [0, 1, 2], 3)
+    data = tmp_path / "data"
+    for i, shards in ((0, [0, 2]), (1, [1])):
+        folder = part_dir(data, i, 2)
+        build_folder(folder, shards, 3, part={"index": i, "count": 2, "shards": shards})
+        (folder / JUDGE_CACHE).write_text(f'{{"key": "k{i}", "equivalent": true}}\n'
+                                          '{"key": "shared", "equivalent": false}\n')
+    merged = merge_parts(data)
+    assert merged["status"] == "complete" and [s["index"] for s in merged["shards"]] == [0, 1, 2]
+    assert merged["part"] is None
+    a, b = open_dataset(data), open_dataset(single)
+    assert a.samples.equals(b.samples)
+    assert torch.equal(a.target_view_features(), b.target_view_features())
+    assert torch.equal(a.own_features("draft", pooling="last"), b.own_features("draft", pooling="last"))
+    lines = (data / JUDGE_CACHE).read_text().splitlines()
+    assert sorted(lines) == sorted(['{"key": "k0", "equivalent": true}', '{"key": "shared", "equivalent": false}',
+                                    '{"key": "k1", "equivalent": true}'])
+    assert merge_parts(data)["shards"] == merged["shards"]  # merging again changes nothing
+    assert "`target_feature_row`" in (data / "README.md").read_text()
+
+
+def test_merge_refuses_parts_made_differently(tmp_path):
+    with pytest.raises(DataFolderError, match="nothing to merge"):
+        merge_parts(tmp_path)
+    build_folder(part_dir(tmp_path, 0, 2), [0], 2, part={"index": 0, "count": 2, "shards": [0]})
+    other = part_dir(tmp_path, 1, 2)
+    manifest = build_folder(other, [1], 2, part={"index": 1, "count": 2, "shards": [1]})
+    manifest["fingerprint"]["data"]["num_samples"] = 99
+    write_manifest(other, manifest)
+    with pytest.raises(DataMismatchError, match="data.num_samples: 20 -> 99"):
+        merge_parts(tmp_path)
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def test_card_documents_every_column_and_tensor():
+    card = render_card(_manifest(1))
+    for name, *_ in SAMPLE_COLUMNS + CONTEXT_COLUMNS + PAIR_COLUMNS:
+        assert f"| `{name}` |" in card
+    for name, _ in TENSORS:
+        assert f"`{name}`" in card
