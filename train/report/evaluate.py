@@ -1,0 +1,351 @@
+"""probe-eval arithmetic: numbers in, JSON-friendly dicts out. No plotting, no file access.
+
+Every metric itself comes from `probes.metrics` (ECE, MCE, Brier, MAE, Spearman, AUROC, AUPRC,
+reliability bins, bootstrap CIs). This module adds the bookkeeping around them:
+
+- calibration blocks with a bootstrap 90% CI per metric, resampling whole questions (rows of one
+  question share a context and are correlated);
+- the SemanticSpec acceptance ratio min(1, p/q) implied by two probes against the ratio computed from
+  the empirical labels;
+- ROC / precision-recall points and the operating point of a pair verifier, agreement between
+  verifiers' decisions (agreement rate, Cohen's kappa);
+- which layers a per-layer sweep visits and the table it produces;
+- 0.1-wide probability bins and subsampling for the UMAP view.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from probes.acceptance import semantic_accept_prob
+from probes.metrics import auprc, auroc, bootstrap_ci, brier, ece, mae, mce, reliability_bins, spearman
+from probes.threshold import operating_points
+
+MetricFn = Callable[[np.ndarray, np.ndarray], float]
+
+# Names of the calibration metrics in the order the report shows them.
+CALIBRATION_METRICS = ("ece_uniform", "ece_quantile", "mce", "brier", "mae", "spearman", "auroc", "auprc")
+# Direction of the metrics a comparison can call better or worse (others get no verdict).
+LOWER_IS_BETTER = {"ece_uniform", "ece_quantile", "mce", "brier", "mae", "rmse", "val_brier", "val_mae"}
+HIGHER_IS_BETTER = {"spearman", "auroc", "auprc", "precision", "cohen_kappa", "agreement"}
+
+
+def clean(value: Any) -> Any:
+    """NaN/inf -> None, numpy scalars -> Python numbers, recursively (so json.dump never fails)."""
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return clean(value.tolist())
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(float(value)) else None
+    return value
+
+
+# ----------------------------------------------------------------------------- calibration
+def calibration_metric_fns(n_bins: int, threshold: float = 0.5) -> dict[str, MetricFn]:
+    """The report's calibration metrics as f(pred, label) -> float, bound to the report's settings."""
+    return {
+        "ece_uniform": lambda p, y: ece(p, y, n_bins, "uniform"),
+        "ece_quantile": lambda p, y: ece(p, y, n_bins, "quantile"),
+        "mce": lambda p, y: mce(p, y, n_bins, "uniform"),
+        "brier": brier,
+        "mae": mae,
+        "spearman": spearman,
+        "auroc": lambda p, y: auroc(p, y, threshold),
+        "auprc": lambda p, y: auprc(p, y, threshold),
+    }
+
+
+def metrics_with_ci(fns: dict[str, MetricFn], pred: Any, label: Any, groups: Any, *, n_boot: int,
+                    alpha: float = 0.10, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """{name: {estimate, low, high, alpha, n_boot, n_valid}}, resampling whole groups (questions).
+
+    Every metric sees the same resamples (one seed), so their intervals are comparable.
+    """
+    p, y, g = _aligned(pred, label, groups)
+    return {name: bootstrap_ci(fn, p, y, n_boot=n_boot, alpha=alpha, seed=seed, groups=g).to_dict()
+            for name, fn in fns.items()}
+
+
+def _aligned(pred: Any, label: Any, groups: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    p = np.asarray(pred, dtype=np.float64).reshape(-1)
+    y = np.asarray(label, dtype=np.float64).reshape(-1)
+    g = np.asarray(groups).reshape(-1)
+    if not p.size == y.size == g.size:
+        raise ValueError(f"predictions, labels and question ids differ in length ({p.size}, {y.size}, {g.size})")
+    if p.size == 0:
+        raise ValueError("no rows to evaluate")
+    return p, y, g
+
+
+def calibration_block(pred: Any, label: Any, groups: Any, *, n_bins: int = 10, n_boot: int = 1000,
+                      alpha: float = 0.10, seed: int = 0, threshold: float = 0.5) -> dict[str, Any]:
+    """Calibration of one predictor against (soft) empirical labels, with per-question bootstrap CIs.
+
+    `threshold` binarises the labels for AUROC / AUPRC ("majority meaning": label >= 0.5).
+    """
+    p, y, g = _aligned(pred, label, groups)
+    return clean({
+        "n": p.size,
+        "n_questions": np.unique(g).size,
+        "mean_pred": p.mean(),
+        "mean_label": y.mean(),
+        "positive_rate": (y >= threshold).mean(),
+        "threshold": threshold,
+        "n_bins": n_bins,
+        "metrics": metrics_with_ci(calibration_metric_fns(n_bins, threshold), p, y, g,
+                                   n_boot=n_boot, alpha=alpha, seed=seed),
+        "reliability_uniform": reliability_bins(p, y, n_bins, "uniform").to_dict(),
+        "reliability_quantile": reliability_bins(p, y, n_bins, "quantile").to_dict(),
+    })
+
+
+def estimate(block: dict[str, Any], name: str) -> float | None:
+    """The point estimate of metric `name` in a calibration/acceptance block (None when absent)."""
+    entry = block.get("metrics", {}).get(name)
+    return None if entry is None else entry.get("estimate")
+
+
+# ----------------------------------------------------------------------------- acceptance ratio
+def empirical_ratio(prob_under_target: Any, semantic_prob: Any) -> np.ndarray:
+    """min(1, P_target(meaning of the draft step) / P_draft(its meaning)) from the empirical labels.
+
+    A stored draft sample belongs to a cluster of at least one sample, so its semantic probability is
+    positive; a zero is a data error and raises.
+    """
+    put = np.asarray(prob_under_target, dtype=np.float64).reshape(-1)
+    sp = np.asarray(semantic_prob, dtype=np.float64).reshape(-1)
+    if put.shape != sp.shape:
+        raise ValueError(f"prob_under_target and semantic_prob differ in length ({put.size}, {sp.size})")
+    if not (np.isfinite(put).all() and np.isfinite(sp).all()):
+        raise ValueError("prob_under_target / semantic_prob contain NaN (was the target sampled?)")
+    if (sp <= 0).any():
+        raise ValueError(f"{int((sp <= 0).sum())} draft rows have semantic_prob <= 0; a stored sample's "
+                         "cluster holds at least itself, so the labels are broken")
+    return np.minimum(1.0, put / sp)
+
+
+def acceptance_metric_fns(n_bins: int) -> dict[str, MetricFn]:
+    """Metrics of a predicted acceptance ratio against the empirical one (both in [0, 1])."""
+    return {
+        "mae": mae,
+        "rmse": lambda p, y: math.sqrt(brier(p, y)),
+        "bias": lambda p, y: float(np.mean(p) - np.mean(y)),
+        "spearman": spearman,
+        "ece_uniform": lambda p, y: ece(p, y, n_bins, "uniform"),
+        "mean_predicted": lambda p, y: float(np.mean(p)),
+        "mean_empirical": lambda p, y: float(np.mean(y)),
+    }
+
+
+def acceptance_block(p_pred: Any, q_pred: Any, prob_under_target: Any, semantic_prob: Any, groups: Any, *,
+                     n_bins: int = 10, n_boot: int = 1000, alpha: float = 0.10, seed: int = 0) -> dict[str, Any]:
+    """The acceptance probability min(1, p/q) the probes give each draft step, against the empirical one.
+
+    p_pred: target probe on the draft step (target view); q_pred: draft probe on it. `mean_predicted`
+    vs `mean_empirical` is the expected step acceptance rate the probes imply vs the data's.
+    """
+    predicted = np.asarray(semantic_accept_prob(np.asarray(p_pred, np.float64), np.asarray(q_pred, np.float64)))
+    predicted = predicted.reshape(-1)
+    empirical = empirical_ratio(prob_under_target, semantic_prob)
+    _, _, g = _aligned(predicted, empirical, groups)
+    return clean({
+        "n": predicted.size,
+        "n_questions": np.unique(g).size,
+        "saturated_predicted": (predicted >= 1.0).mean(),
+        "saturated_empirical": (empirical >= 1.0).mean(),
+        "metrics": metrics_with_ci(acceptance_metric_fns(n_bins), predicted, empirical, g,
+                                   n_boot=n_boot, alpha=alpha, seed=seed),
+    })
+
+
+# ----------------------------------------------------------------------------- pair verifiers
+def _binary_labels(labels: Any) -> np.ndarray:
+    y = np.asarray(labels).reshape(-1)
+    if y.dtype != bool:
+        yf = y.astype(np.float64)
+        if not np.isin(yf, (0.0, 1.0)).all():
+            raise ValueError("pair labels must be 0/1 or bool (1 = the two steps mean the same)")
+        y = yf.astype(bool)
+    return y
+
+
+def roc_points(scores: Any, labels: Any) -> dict[str, np.ndarray]:
+    """ROC curve (fpr, tpr) at every distinct score as threshold (accept iff score >= t), from (0, 0).
+
+    thresholds[0] is +inf (nothing accepted). Needs both classes.
+    """
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    y = _binary_labels(labels)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(f"a ROC curve needs both classes; got {n_pos} equivalent and {n_neg} non-equivalent pairs")
+    pts = operating_points(s, y)
+    tp = np.rint(pts["recall"] * n_pos)  # counts back from rates: exact integers, no round-off below 0
+    fp = np.rint(pts["acceptance_rate"] * s.size) - tp
+    return {"threshold": np.r_[np.inf, pts["threshold"]], "fpr": np.r_[0.0, fp / n_neg],
+            "tpr": np.r_[0.0, pts["recall"]]}
+
+
+def pr_points(scores: Any, labels: Any) -> dict[str, np.ndarray]:
+    """Precision-recall points at every distinct score as threshold (descending thresholds)."""
+    pts = operating_points(np.asarray(scores, dtype=np.float64), _binary_labels(labels))
+    return {k: pts[k] for k in ("threshold", "precision", "recall")}
+
+
+def at_threshold(scores: Any, labels: Any, threshold: float) -> dict[str, Any]:
+    """Decisions score >= threshold: acceptance rate, precision, recall, false-accept rate."""
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    y = _binary_labels(labels)
+    accept = s >= threshold
+    tp, fp = int((accept & y).sum()), int((accept & ~y).sum())
+    return clean({
+        "threshold": float(threshold),
+        "acceptance_rate": accept.mean(),
+        "precision": tp / accept.sum() if accept.any() else math.nan,
+        "recall": tp / y.sum() if y.any() else math.nan,
+        "false_accept_rate": fp / (~y).sum() if (~y).any() else math.nan,
+        "accepted": int(accept.sum()),
+    })
+
+
+def verifier_block(scores: Any, labels: Any, groups: Any, threshold: float, *, n_boot: int = 1000,
+                   alpha: float = 0.10, seed: int = 0) -> dict[str, Any]:
+    """A pair verifier on held-out pairs: AUROC/AUPRC with per-question CIs, its operating point, curves."""
+    s, yf, g = _aligned(scores, _binary_labels(labels).astype(np.float64), groups)
+    y = yf.astype(bool)
+    fns = {"auroc": auroc, "auprc": auprc,
+           "acceptance_rate": lambda p, t: float(np.mean(p >= threshold)),
+           "precision": lambda p, t: _precision_at(p, t, threshold)}
+    out: dict[str, Any] = {
+        "n": s.size, "n_positive": int(y.sum()), "n_questions": np.unique(g).size,
+        "metrics": metrics_with_ci(fns, s, yf, g, n_boot=n_boot, alpha=alpha, seed=seed),
+        "at_threshold": at_threshold(s, y, threshold),
+    }
+    if y.any() and (~y).any():
+        out["roc"] = roc_points(s, y)  # threshold[0] = inf (nothing accepted) becomes null in JSON
+        out["pr"] = pr_points(s, y)
+    return clean(out)
+
+
+def _precision_at(scores: np.ndarray, labels: np.ndarray, threshold: float) -> float:
+    accept = scores >= threshold
+    return float(labels[accept].mean()) if accept.any() else math.nan
+
+
+def cohen_kappa(a: Any, b: Any) -> float:
+    """Cohen's kappa of two binary decision vectors; NaN when chance agreement is 1 (as sklearn)."""
+    x, y = _binary_labels(a), _binary_labels(b)
+    if x.shape != y.shape or x.size == 0:
+        raise ValueError(f"decision vectors must be non-empty and equally long, got {x.size} and {y.size}")
+    observed = float((x == y).mean())
+    chance = float(x.mean() * y.mean() + (1 - x.mean()) * (1 - y.mean()))
+    if chance >= 1.0:
+        return math.nan
+    return (observed - chance) / (1.0 - chance)
+
+
+def decision_agreement(a: Any, b: Any) -> dict[str, Any]:
+    """How two verifiers' accept/reject decisions on the same pairs relate."""
+    x, y = _binary_labels(a), _binary_labels(b)
+    kappa = cohen_kappa(x, y)
+    return clean({"n": x.size, "agreement": (x == y).mean(), "cohen_kappa": kappa,
+                  "both_accept": int((x & y).sum()), "both_reject": int((~x & ~y).sum()),
+                  "only_first": int((x & ~y).sum()), "only_second": int((~x & y).sum())})
+
+
+def agreement_on_common(decisions: dict[str, tuple[Any, Any]]) -> list[dict[str, Any]]:
+    """Pairwise agreement of named verifiers (e.g. label, embedding, judge) that may have scored different
+    subsets of the pairs: decisions[name] = (pair indices, accept decisions); each two are compared on
+    the pairs both scored (none in common: no row)."""
+    names = list(decisions)
+    rows = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            (ia, da), (ib, db) = decisions[a], decisions[b]
+            common, pa, pb = np.intersect1d(np.asarray(ia), np.asarray(ib), return_indices=True)
+            if common.size == 0:
+                continue
+            rows.append({"first": a, "second": b,
+                         **decision_agreement(np.asarray(da)[pa], np.asarray(db)[pb])})
+    return rows
+
+
+# ----------------------------------------------------------------------------- layer sweep
+def sweep_rows(available: Sequence[int], max_layers: int) -> list[int]:
+    """At most `max_layers` hidden-state rows, evenly spread over `available`, always keeping both ends."""
+    rows = sorted(set(int(r) for r in available))
+    if not rows:
+        raise ValueError("no hidden-state rows available for a layer sweep")
+    if max_layers < 1:
+        raise ValueError(f"max_layers must be >= 1, got {max_layers}")
+    if len(rows) <= max_layers:
+        return rows
+    if max_layers == 1:
+        return [rows[-1]]
+    picks = np.linspace(0, len(rows) - 1, max_layers).round().astype(int)
+    return [rows[i] for i in sorted(set(picks.tolist()))]
+
+
+def sweep_entry(row: int, num_layers: int, pred: Any, label: Any, epochs_run: int) -> dict[str, Any]:
+    """One point of the sweep: the row, its relative depth (0 = embeddings, 1 = last layer), val errors."""
+    if not 0 <= row <= num_layers:
+        raise ValueError(f"row {row} is outside 0..{num_layers}")
+    return clean({"layer": int(row), "depth": row / num_layers, "val_brier": brier(pred, label),
+                  "val_mae": mae(pred, label), "val_spearman": spearman(pred, label), "epochs_run": epochs_run})
+
+
+def best_layer(entries: Sequence[dict[str, Any]], key: str = "val_brier") -> dict[str, Any] | None:
+    """The sweep entry with the lowest `key` (ties: the shallower layer)."""
+    finite = [e for e in entries if e.get(key) is not None]
+    return min(finite, key=lambda e: (e[key], e["layer"])) if finite else None
+
+
+# ----------------------------------------------------------------------------- UMAP helpers
+def probability_bins(values: Any, width: float = 0.1) -> np.ndarray:
+    """Bin index of each probability in width-wide bins [0, w), [w, 2w), ..., the last one closed at 1."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    if ((v < 0) | (v > 1) | ~np.isfinite(v)).any():
+        raise ValueError("probabilities must lie in [0, 1]")
+    n_bins = int(round(1.0 / width))
+    return np.minimum((v / width + 1e-9).astype(int), n_bins - 1)
+
+
+def subsample(n: int, max_points: int, seed: int = 0) -> np.ndarray:
+    """Sorted indices of at most `max_points` of n rows, drawn without replacement (all when n fits)."""
+    if n <= max_points:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, size=max_points, replace=False))
+
+
+def umap_neighbors(n: int, requested: int = 15) -> int:
+    """n_neighbors for UMAP on n points: the request, capped at n - 1 and at least 2."""
+    if n < 3:
+        raise ValueError(f"a UMAP view needs at least 3 points, got {n}")
+    return max(2, min(requested, n - 1))
+
+
+# ----------------------------------------------------------------------------- comparison
+def compare_metrics(a: dict[str, float | None], b: dict[str, float | None]) -> list[dict[str, Any]]:
+    """Rows {metric, a, b, delta (b - a), better} over the keys both have.
+
+    `better` is "a" or "b" for metrics with a known direction (the last path component decides), else None.
+    """
+    rows = []
+    for key in [k for k in a if k in b]:
+        va, vb = a[key], b[key]
+        delta = None if va is None or vb is None else vb - va
+        better = None
+        name = key.rsplit("/", 1)[-1]
+        if delta is not None and delta != 0 and name in LOWER_IS_BETTER | HIGHER_IS_BETTER:
+            better = "a" if (delta > 0) == (name in LOWER_IS_BETTER) else "b"
+        rows.append({"metric": key, "a": va, "b": vb, "delta": delta, "better": better})
+    return rows
