@@ -1,0 +1,552 @@
+"""Training-data generation: contexts -> samples -> meaning clusters -> labels -> hidden states -> shards.
+
+``generate_dataset(cfg)`` is the whole data stage (``probe-train --stage data`` calls it; a notebook can
+too, passing its own traces, engines or judge). Work goes shard by shard (``data.contexts_per_shard``
+contexts each); within a shard:
+
+1. per context and model: N one-step samples from ``engine.sample`` with a seed derived from
+   (sampling.seed, context id, role), the engine's prefix cache cleared first, so a context's samples
+   and features never depend on what ran before it (resumed, sharded and single runs agree);
+2. per context: hidden states with ONE ``score`` call per model while the prefix's KV cache is still
+   warm from sampling: the target scores its own samples and the draft's (teacher forcing), the
+   draft scores its own;
+3. per shard: ``cluster_many`` per model over all the shard's contexts (lockstep rounds: one judge call
+   per round for the whole shard), then ``assign_many`` of draft samples to target clusters;
+4. labels, pairs and features are written as one shard (atomically), then the manifest is updated.
+
+A killed run is resumed by running the same command: complete shards are kept, the rest redone; the
+judge's decisions are cached in the folder, so redone clustering costs no model calls.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from data_gen.cluster import Clustering, PairQuery, assign_many, cluster_many
+from data_gen.contexts import (Context, DataWarning, build_contexts, coerce_traces, context_seed, part_shards,
+                               plan_shards)
+from data_gen.judges import CachedJudge, EquivalenceJudge, make_judge
+from data_gen.labels import ModelLabels, build_pairs, draft_under_target, is_empty_step, model_labels, pair_key
+from data_gen.store import (FORMAT, JUDGE_CACHE, DataFolderError, FolderLock, ShardData, check_same_data,
+                            clean_temporaries, fingerprint, now, open_dataset, part_dir, read_manifest,
+                            write_card, write_manifest, write_shard)
+
+__all__ = ["generate_dataset", "DataResult", "RunStats", "layer_rows", "build_judge", "load_source_traces"]
+
+ROLES = ("target", "draft")
+
+
+# ----------------------------------------------------------------------------- small helpers
+def layer_rows(option: str, num_layers: int) -> list[int]:
+    """Hidden-state rows (0 = embeddings, num_layers = last layer) for data.layers: all, last,
+    range:a-b (inclusive) or a comma list."""
+    text = str(option).strip().lower().replace(" ", "")
+    if text == "all":
+        return list(range(num_layers + 1))
+    if text == "last":
+        return [num_layers]
+    if text.startswith("range:"):
+        try:
+            lo, hi = (int(x) for x in text[len("range:"):].split("-"))
+        except ValueError:
+            raise ValueError(f"data.layers {option!r}: a range looks like range:a-b") from None
+        rows = list(range(lo, hi + 1))
+        if not rows:
+            raise ValueError(f"data.layers {option!r} is empty (start > end)")
+    else:
+        try:
+            rows = sorted({int(x) for x in text.split(",")})
+        except ValueError:
+            raise ValueError(f"data.layers {option!r}: use all, last, range:a-b or a comma list") from None
+    bad = [r for r in rows if not 0 <= r <= num_layers]
+    if bad:
+        raise ValueError(f"data.layers {option!r}: rows {bad} out of range for a model with {num_layers} "
+                         f"layers (valid: 0..{num_layers}, 0 = embeddings)")
+    return rows
+
+
+def build_judge(data_cfg, cache_path: str | Path | None, device: str | None = None) -> CachedJudge:
+    """The configured equivalence judge wrapped in a (persistent) CachedJudge. An NLI model without an
+    entailment label fails here, before any sampling."""
+    if data_cfg.judge == "nli":
+        inner = make_judge("nli", model=data_cfg.nli_model, strict=data_cfg.nli_strict,
+                           batch_size=data_cfg.nli_batch_size, max_length=data_cfg.nli_max_length, device=device)
+    else:
+        inner = make_judge("embedding", embedder=data_cfg.embedding_model,
+                           threshold=data_cfg.embedding_threshold, device=device)
+    return CachedJudge(inner, cache_path)
+
+
+def load_source_traces(source_cfg) -> list:
+    """Traces of the configured source (bad records are skipped by data_gen.sources with a warning)."""
+    from data_gen.sources import load_traces
+
+    name = source_cfg.task if source_cfg.kind == "reasoning_gym" else source_cfg.name
+    return load_traces(source_cfg.kind, path=source_cfg.path, name=name, split=source_cfg.split,
+                       limit=source_cfg.limit, seed=source_cfg.seed, size=source_cfg.size,
+                       step_mode=source_cfg.step_mode, delimiter=source_cfg.delimiter,
+                       trajectory=source_cfg.trajectory, domains=source_cfg.domains,
+                       fields=source_cfg.fields, max_step_chars=source_cfg.max_step_chars)
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for package in ("torch", "transformers", "specprobe", "datasets", "pyarrow", "safetensors"):
+        try:
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            out[package] = "not installed"
+    return out
+
+
+def _engine_info(engine) -> dict:
+    info = engine.info
+    return {"model_id": info.model_id, "revision": info.revision, "num_layers": info.num_layers,
+            "hidden_size": info.hidden_size, "vocab_size": info.vocab_size, "name": info.extra.get("name")}
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, DataWarning, stacklevel=3)
+
+
+class _RecordingJudge:
+    """Passes pairs to the cached judge and remembers each decision (for the pairs table) and how many
+    pairs each phase asked for."""
+
+    def __init__(self, inner: EquivalenceJudge):
+        self.inner = inner
+        self.name = inner.name
+        self.decisions: dict[tuple[str, str, str], bool] = {}
+        self.pairs_asked = 0
+
+    def judge(self, items: Sequence[PairQuery]) -> list[bool]:
+        items = list(items)
+        got = self.inner.judge(items)
+        self.pairs_asked += len(items)
+        for q, d in zip(items, got):
+            self.decisions.setdefault(pair_key(q.context, q.a, q.b), bool(d))
+        return got
+
+
+# ----------------------------------------------------------------------------- results
+@dataclass
+class RunStats:
+    """What this call did (a resumed run counts only its own work)."""
+
+    contexts: int = 0
+    skipped: int = 0
+    shards: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: {"sampling": 0.0, "recording": 0.0,
+                                                               "clustering": 0.0, "writing": 0.0})
+    recording_passes: dict[str, int] = field(default_factory=lambda: {r: 0 for r in ROLES})
+    recording_calls: dict[str, int] = field(default_factory=lambda: {r: 0 for r in ROLES})
+    prefix_reused: dict[str, int] = field(default_factory=lambda: {r: 0 for r in ROLES})
+    wall_seconds: float = 0.0
+
+    def add(self, other: dict) -> None:
+        for key in ("seconds", "recording_passes", "recording_calls", "prefix_reused"):
+            for name, value in other.get(key, {}).items():
+                getattr(self, key)[name] = getattr(self, key).get(name, 0) + value
+
+
+@dataclass
+class DataResult:
+    data_dir: Path
+    manifest: dict
+    reused: bool
+    run: RunStats
+
+    @property
+    def complete(self) -> bool:
+        return self.manifest.get("status") == "complete"
+
+    def dataset(self):
+        return open_dataset(self.data_dir, allow_incomplete=not self.complete)
+
+    def summary(self) -> str:
+        return format_summary(self.manifest, self.run, self.reused, self.data_dir)
+
+
+def format_summary(manifest: dict, run: RunStats, reused: bool, folder: Path) -> str:
+    c = manifest["counts"]
+    n = manifest["num_samples"]
+    plan = manifest["plan"]
+    lines = [f"data: {folder} ({manifest['status']}{', reused' if reused else ''}): {c['contexts']} contexts "
+             f"({c['skipped_contexts']} skipped) in {c['shards']} of {plan['num_shards']} shards"]
+    samples = c["samples"]
+    lines.append("samples: " + ", ".join(f"{m} {samples.get(m, 0)}" for m in manifest["models"])
+                 + f" (N = {n} per context and model; empty draws are not stored)")
+    contexts = max(1, c["contexts"])
+    lines.append("mean clusters per context: " + ", ".join(
+        f"{m} {c['sum_num_clusters'].get(m, 0) / contexts:.2f}" for m in manifest["models"]))
+    lines.append("mean semantic probability: " + ", ".join(
+        f"{m} {c['sum_semantic_prob'].get(m, 0) / max(1, samples.get(m, 0)):.3f}" for m in manifest["models"]))
+    j = c["judge"]
+    all_pairs = j.get("all_pairs", 0)
+    lines.append(f"judge ({manifest['judge']}): {j.get('cluster_pairs', 0)} pairs asked by clustering + "
+                 f"{j.get('assign_pairs', 0)} by draft-vs-target assignment; {j.get('model_calls', 0)} reached "
+                 f"the model; all pairs N(N-1)/2 = {all_pairs} (N(N-1) = {2 * all_pairs} directed NLI calls)")
+    if run.contexts:
+        total = sum(run.seconds.values()) or 1.0
+        shares = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in run.seconds.items())
+        rate = 60 * run.contexts / max(run.wall_seconds, 1e-9)
+        lines.append(f"this run: {run.contexts} contexts in {run.wall_seconds:.0f}s ({rate:.1f} contexts/min); "
+                     f"time: {shares}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- one context
+@dataclass
+class _ContextWork:
+    context: Context
+    seeds: dict[str, int]
+    steps: dict[str, list] = field(default_factory=dict)  # kept (non-empty) Steps per sampled model
+    indices: dict[str, list[int]] = field(default_factory=dict)  # their draw index k
+    target_view: list = field(default_factory=list)  # ScoredSteps: kept target samples, then kept draft samples
+    own_draft: list = field(default_factory=list)  # ScoredSteps of kept draft samples through the draft
+
+    def texts(self, role: str) -> list[str]:
+        return [s.text for s in self.steps.get(role, [])]
+
+
+class _ShardRunner:
+    """Processes the contexts of one shard with fixed engines, judge and settings."""
+
+    def __init__(self, cfg, engines: dict[str, Any], judge: EquivalenceJudge, layers: dict[str, list[int]]):
+        self.cfg = cfg
+        self.engines = engines
+        self.judge = judge
+        self.layers = layers
+        self.models = [r for r in ROLES if r in cfg.data.models]  # target first: the row order
+        self.n = cfg.data.num_samples
+        self.delimiter = cfg.source.delimiter
+
+    # -- sampling and recording
+    def _prefix(self, role: str, ctx: Context) -> str:
+        return self.engines[role].format_prefix(ctx.question, list(ctx.steps), delimiter=self.delimiter)
+
+    def sample(self, ctx: Context, timing: dict) -> _ContextWork | str:
+        """The context's samples, or the reason it must be skipped."""
+        from infer.engines import PromptTooLongError, sampling_params
+
+        work = _ContextWork(ctx, {r: context_seed(self.cfg.sampling.seed, ctx.id, r) for r in self.models})
+        for engine in {id(e): e for e in self.engines.values()}.values():
+            if hasattr(engine, "clear_prefix_cache"):
+                engine.clear_prefix_cache()  # a context's results must not depend on the one before it
+        start = time.perf_counter()
+        try:
+            for role in self.models:
+                params = sampling_params(self.cfg.sampling, role, self.delimiter, work.seeds[role])
+                drawn = self.engines[role].sample([self._prefix(role, ctx)], self.n, params)[0]
+                kept = [(k, s) for k, s in enumerate(drawn) if not is_empty_step(s.text)]
+                work.steps[role] = [s for _, s in kept]
+                work.indices[role] = [k for k, _ in kept]
+                if len(drawn) != self.n:
+                    return f"the {role} engine returned {len(drawn)} samples instead of {self.n}"
+                if not kept:
+                    return f"all {self.n} {role} samples are empty"
+        except PromptTooLongError as err:
+            return f"prompt too long: {err}"
+        finally:
+            timing["sampling"] += time.perf_counter() - start
+        return work
+
+    def record(self, work: _ContextWork, timing: dict) -> None:
+        """Hidden states: one score call per model (target: own samples + draft samples)."""
+        start = time.perf_counter()
+        target_texts = work.texts("target") + work.texts("draft")
+        work.target_view = self._score("target", work.context, target_texts, timing)
+        if "draft" in self.models:
+            work.own_draft = self._score("draft", work.context, work.texts("draft"), timing)
+        timing["recording"] = timing.get("recording", 0.0) + time.perf_counter() - start
+
+    def _score(self, role: str, ctx: Context, texts: list[str], timing: dict) -> list:
+        engine = self.engines[role]
+        stats = getattr(engine, "stats", {})
+        passes, reused = stats.get("forward_passes", 0), stats.get("reused_prefix_tokens", 0)
+        scored = engine.score(self._prefix(role, ctx), texts, hidden=True, layers=self.layers[role])
+        timing["recording_passes"][role] += stats.get("forward_passes", 0) - passes
+        timing["recording_calls"][role] += 1
+        timing["prefix_reused"][role] += int(stats.get("reused_prefix_tokens", 0) > reused)
+        if len(scored) != len(texts):
+            raise RuntimeError(f"{role} engine scored {len(scored)} of {len(texts)} steps of context {ctx.id}")
+        return scored
+
+    # -- clustering
+    def cluster(self, works: list[_ContextWork], recorder: _RecordingJudge, timing: dict) -> tuple[dict, list, dict]:
+        """Per model the clusterings of every context, the draft->target matches, and judge counts."""
+        start = time.perf_counter()
+        calls_before = self.judge.model_calls
+        per_call = self.cfg.data.judge_pairs_per_call
+        contexts = [w.context.text for w in works]
+        clusterings: dict[str, list[Clustering]] = {}
+        for role in self.models:
+            clusterings[role] = cluster_many(contexts, [w.texts(role) for w in works], recorder, per_call)
+        cluster_pairs = recorder.pairs_asked
+        matches: list = [None] * len(works)
+        if "target" in self.models and "draft" in self.models:
+            matches = assign_many(contexts, [w.texts("draft") for w in works], [w.texts("target") for w in works],
+                                  [c.cluster_ids for c in clusterings["target"]], recorder, per_call)
+        timing["clustering"] += time.perf_counter() - start
+        counts = {"cluster_pairs": cluster_pairs, "assign_pairs": recorder.pairs_asked - cluster_pairs,
+                  "model_calls": self.judge.model_calls - calls_before,
+                  "all_pairs": len(works) * len(self.models) * self.n * (self.n - 1) // 2}
+        return clusterings, matches, counts
+
+    # -- rows
+    def rows(self, works: list[_ContextWork], clusterings: dict, matches: list, recorder: _RecordingJudge,
+             shard: ShardData, stats: dict) -> None:
+        target_mean, target_last, draft_mean, draft_last = [], [], [], []
+        for i, work in enumerate(works):
+            ctx = work.context
+            labels = {r: model_labels(clusterings[r][i].cluster_ids, self.n) for r in self.models}
+            under = self._under_target(work, labels, matches[i])
+            for role in self.models:
+                self._model_rows(work, role, labels[role], under, shard, stats)
+            views = work.target_view
+            target_mean += [s.mean_hidden for s in views]
+            target_last += [s.last_hidden for s in views]
+            draft_mean += [s.mean_hidden for s in work.own_draft]
+            draft_last += [s.last_hidden for s in work.own_draft]
+            shard.contexts.append(self._context_row(work, labels, under))
+            texts = {r: work.texts(r) for r in self.models}
+            pairs, conflicts = build_pairs(ctx.text, texts, labels, matches[i], recorder.decisions)
+            stats["judge"]["pairs_conflicting"] = stats["judge"].get("pairs_conflicting", 0) + conflicts
+            shard.pairs += [dict(context_id=ctx.id, question_id=ctx.question_id, **p) for p in pairs]
+        shard.features = self._features(target_mean, target_last, draft_mean, draft_last)
+
+    def _under_target(self, work: _ContextWork, labels: dict[str, ModelLabels], matches) -> dict:
+        if "target" not in labels:
+            return {"draft_ids": [-1] * len(work.steps["draft"]), "draft_probs": [None] * len(work.steps["draft"])}
+        if "draft" not in labels:
+            return {"draft_ids": [], "draft_probs": []}
+        ids, probs = draft_under_target(matches, labels["target"])
+        return {"draft_ids": ids, "draft_probs": probs}
+
+    def _model_rows(self, work: _ContextWork, role: str, lab: ModelLabels, under: dict, shard: ShardData,
+                    stats: dict) -> None:
+        ctx = work.context
+        probs = lab.semantic_probs
+        entropy = lab.semantic_entropy
+        # work.target_view holds the target's samples first, then the draft's: the order rows are added in
+        view_offset = len(work.steps.get("target", [])) if role == "draft" else 0
+        for n, step in enumerate(work.steps[role]):
+            row = len(shard.samples)
+            target_view = work.target_view[view_offset + n]
+            cid = lab.cluster_ids[n]
+            k = work.indices[role][n]
+            shard.samples.append(dict(
+                sample_id=f"{ctx.id}/{role}/{k}", context_id=ctx.id, question_id=ctx.question_id,
+                domain=ctx.domain, context_j=ctx.j, model=role, sample_index=k, text=step.text,
+                num_tokens=step.num_tokens, stop_reason=step.stop_reason, logprob=float(step.logprob),
+                mean_logprob=float(step.logprob) / max(1, step.num_tokens),
+                target_logprob=float(target_view.logprob), target_num_tokens=target_view.num_tokens,
+                cluster_id=cid, cluster_size=lab.cluster_sizes[cid], semantic_prob=probs[n],
+                num_samples=self.n, num_empty=lab.num_empty, num_clusters=lab.num_clusters,
+                semantic_entropy=entropy,
+                target_cluster_id=cid if role == "target" else under["draft_ids"][n],
+                prob_under_target=probs[n] if role == "target" else under["draft_probs"][n],
+                own_feature_row=row if role == "target" else stats["draft_rows"] + n,
+                target_feature_row=row))
+        stats["samples"][role] = stats["samples"].get(role, 0) + len(work.steps[role])
+        stats["sum_semantic_prob"][role] = stats["sum_semantic_prob"].get(role, 0.0) + float(sum(probs))
+        stats["sum_num_clusters"][role] = stats["sum_num_clusters"].get(role, 0) + lab.num_clusters
+        if role == "draft":
+            stats["draft_rows"] += len(work.steps[role])
+
+    def _context_row(self, work: _ContextWork, labels: dict[str, ModelLabels], under: dict) -> dict:
+        ctx = work.context
+        row = dict(context_id=ctx.id, question_id=ctx.question_id, domain=ctx.domain, j=ctx.j,
+                   question=ctx.question, steps=list(ctx.steps), answer=ctx.answer, context_text=ctx.text,
+                   num_samples=self.n, draft_mass_under_target=None)
+        for role in ROLES:
+            lab = labels.get(role)
+            row[f"{role}_seed"] = work.seeds.get(role)
+            row[f"{role}_num_clusters"] = lab.num_clusters if lab else None
+            row[f"{role}_semantic_entropy"] = lab.semantic_entropy if lab else None
+            row[f"{role}_num_empty"] = lab.num_empty if lab else None
+        probs = [p for p in under["draft_probs"] if p is not None]
+        if "draft" in labels and "target" in labels and probs:
+            row["draft_mass_under_target"] = sum(probs) / len(probs)
+        return row
+
+    def _features(self, target_mean, target_last, draft_mean, draft_last) -> dict[str, torch.Tensor]:
+        def stack(rows: list, role: str) -> torch.Tensor:
+            if rows:
+                return torch.stack(rows)
+            hidden = self.engines[role].info.hidden_size
+            return torch.zeros((0, len(self.layers[role]), hidden))
+
+        features = {"target.mean": stack(target_mean, "target"), "draft.mean": stack(draft_mean, "draft")}
+        if self.cfg.data.store_last_token:
+            features["target.last"] = stack(target_last, "target")
+            features["draft.last"] = stack(draft_last, "draft")
+        return features
+
+    # -- the shard
+    def run(self, index: int, contexts: list[Context], on_context: Callable[[], None]) -> tuple[ShardData, dict]:
+        timing = {"sampling": 0.0, "recording": 0.0, "clustering": 0.0,
+                  "recording_passes": {r: 0 for r in ROLES}, "recording_calls": {r: 0 for r in ROLES},
+                  "prefix_reused": {r: 0 for r in ROLES}}
+        works, skipped = [], []
+        for ctx in contexts:
+            work = self.sample(ctx, timing)
+            if isinstance(work, str):
+                _warn(f"context {ctx.id!r} (trace {ctx.question_id!r}, j={ctx.j}) skipped: {work}")
+                skipped.append({"context_id": ctx.id, "reason": work})
+            else:
+                self.record(work, timing)
+                works.append(work)
+            on_context()
+        recorder = _RecordingJudge(self.judge)
+        clusterings, matches, judge_counts = (self.cluster(works, recorder, timing) if works
+                                              else ({r: [] for r in self.models}, [], {}))
+        shard = ShardData(index)
+        stats = {"samples": {}, "sum_semantic_prob": {}, "sum_num_clusters": {}, "judge": dict(judge_counts),
+                 "draft_rows": 0}
+        self.rows(works, clusterings, matches, recorder, shard, stats)
+        stats.pop("draft_rows")
+        entry = {"index": index, "contexts": [w.context.id for w in works], "skipped": skipped,
+                 "rows": len(shard.samples), "target_feature_rows": len(shard.samples),
+                 "draft_feature_rows": sum(len(w.own_draft) for w in works), "pairs": len(shard.pairs),
+                 "stats": stats, "timing": {"seconds": {k: timing[k] for k in ("sampling", "recording", "clustering")},
+                                            **{k: timing[k] for k in ("recording_passes", "recording_calls",
+                                                                      "prefix_reused")}}}
+        return shard, entry
+
+
+# ----------------------------------------------------------------------------- the stage
+def _new_manifest(cfg_dict: dict, cfg, engines: dict, layers: dict, judge_name: str, plan: dict,
+                  part: tuple[int, int] | None, my_shards: list[int]) -> dict:
+    return {"format": FORMAT, "status": "in_progress", "created": now(), "updated": now(), "completed": None,
+            "config": cfg_dict, "fingerprint": fingerprint(cfg_dict),
+            "engines": {r: _engine_info(e) for r, e in engines.items()}, "layers": layers,
+            "layers_option": cfg.data.layers, "store_last_token": cfg.data.store_last_token,
+            "feature_dtype": "float16", "num_samples": cfg.data.num_samples, "models": list(cfg.data.models),
+            "judge": judge_name, "versions": _versions(), "plan": plan,
+            "part": None if part is None else {"index": part[0], "count": part[1], "shards": my_shards},
+            "shards": []}
+
+
+def _check_engines(folder: Path, manifest: dict, engines: dict) -> None:
+    for role, engine in engines.items():
+        old, new = manifest["engines"][role], _engine_info(engine)
+        keys = ("model_id", "num_layers", "hidden_size", "vocab_size")
+        if any(old[k] != new[k] for k in keys):
+            raise DataFolderError(f"{folder} was made with {role} {old['model_id']} ({old['num_layers']} layers, "
+                                  f"hidden {old['hidden_size']}), but the loaded {role} is {new['model_id']} "
+                                  f"({new['num_layers']} layers, hidden {new['hidden_size']}); use another output_dir")
+
+
+def _plan(contexts: list[Context], per_shard: int) -> tuple[list[list[Context]], dict]:
+    import hashlib
+
+    shards = plan_shards(contexts, per_shard)
+    ids_hash = hashlib.sha256("\n".join(c.id for c in contexts).encode("utf-8")).hexdigest()
+    return shards, {"num_contexts": len(contexts), "num_shards": len(shards), "contexts_per_shard": per_shard,
+                    "context_ids_sha256": ids_hash}
+
+
+def _reuse(folder: Path, cfg_dict: dict) -> DataResult | None:
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return None
+    check_same_data(folder, manifest, cfg_dict)
+    if manifest["status"] == "complete":
+        return DataResult(folder, manifest, True, RunStats())
+    return None
+
+
+def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | None = None,
+                     judge: EquivalenceJudge | None = None, part: tuple[int, int] | None = None,
+                     progress: bool = True) -> DataResult:
+    """Generate (or resume, or reuse) the training data of `cfg` in ``<output_dir>/data``.
+
+    traces: Trace objects or dicts instead of the configured source (malformed ones are skipped with
+    a warning). engines: a preloaded (target, draft) pair. judge: an equivalence judge instead of the
+    configured one (it is wrapped in a CachedJudge persisted in the folder). part: (i, n) to process
+    every n-th shard from i into ``data/part-i-of-n`` (join with `data_gen.store.merge_parts`).
+    A complete folder made with the same settings is reused as is; one made with other models or
+    settings is a DataMismatchError.
+    """
+    from infer.config import to_dict
+
+    started = time.perf_counter()
+    cfg_dict = to_dict(cfg)
+    folder = cfg.data_dir if part is None else part_dir(cfg.data_dir, *part)
+    folder = Path(folder)
+    # a part run has nothing to do once the joined folder is complete
+    reused = _reuse(folder, cfg_dict) or (_reuse(Path(cfg.data_dir), cfg_dict) if part is not None else None)
+    if reused is not None:
+        return reused
+    if part is None and read_manifest(folder) is None and any(Path(cfg.data_dir).glob("part-*-of-*")):
+        _warn(f"{cfg.data_dir} holds part-i-of-n folders but no merged data: run with --merge to join them "
+              "instead of generating everything again")
+    device = cfg.models.resolved_device()
+    cache = folder / JUDGE_CACHE
+    judge = build_judge(cfg.data, cache, device) if judge is None else (
+        judge if isinstance(judge, CachedJudge) else CachedJudge(judge, cache))
+    items = load_source_traces(cfg.source) if traces is None else traces
+    contexts = build_contexts(coerce_traces(items), cfg.data.contexts_per_trace, cfg.data.context_positions,
+                              cfg.data.max_context_steps)
+    if cfg.data.max_contexts is not None:
+        contexts = contexts[: cfg.data.max_contexts]
+    if not contexts:
+        raise DataFolderError("no contexts to generate: the source gave no usable trace "
+                              f"(source.kind={cfg.source.kind!r}); see the warnings above")
+    shards, plan = _plan(contexts, cfg.data.contexts_per_shard)
+    my_shards = list(range(len(shards))) if part is None else part_shards(len(shards), *part)
+    if engines is None:
+        from infer.engines import build_engine_pair
+
+        engines = build_engine_pair(cfg.models)
+    engine_map = dict(zip(ROLES, engines))
+    layers = {r: layer_rows(cfg.data.layers, e.info.num_layers) for r, e in engine_map.items()}
+    run = RunStats()
+    with FolderLock(folder):
+        manifest = read_manifest(folder)
+        if manifest is None:
+            manifest = _new_manifest(cfg_dict, cfg, engine_map, layers, judge.name, plan, part, my_shards)
+        else:
+            check_same_data(folder, manifest, cfg_dict)
+            _check_engines(folder, manifest, engine_map)
+            if manifest["plan"] != plan:
+                raise DataFolderError(f"{folder}: the context plan changed since this folder was started "
+                                      f"({manifest['plan']} vs {plan}); the source data differ. Use another output_dir.")
+        clean_temporaries(folder)
+        _run_shards(folder, manifest, shards, my_shards, _ShardRunner(cfg, engine_map, judge, layers), run, progress)
+        if len(manifest["shards"]) == len(my_shards) and manifest["status"] != "complete":
+            manifest["status"], manifest["completed"] = "complete", now()
+            write_manifest(folder, manifest)
+        write_card(folder, manifest)
+    run.wall_seconds = time.perf_counter() - started
+    return DataResult(folder, manifest, False, run)
+
+
+def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_shards: list[int],
+                runner: _ShardRunner, run: RunStats, progress: bool) -> None:
+    from tqdm.auto import tqdm
+
+    done = {s["index"] for s in manifest["shards"]}
+    todo = [k for k in my_shards if k not in done]
+    total = sum(len(shards[k]) for k in my_shards)
+    initial = total - sum(len(shards[k]) for k in todo)
+    with tqdm(total=total, initial=initial, unit="ctx", desc="data", disable=not progress, dynamic_ncols=True) as bar:
+        for k in todo:
+            shard, entry = runner.run(k, shards[k], lambda: bar.update(1))
+            start = time.perf_counter()
+            entry["files"] = write_shard(folder, shard, metadata={"format": FORMAT, "shard": str(k)})
+            entry["timing"]["seconds"]["writing"] = time.perf_counter() - start
+            manifest["shards"].append(entry)  # only now is the shard part of the data set
+            manifest["shards"].sort(key=lambda s: s["index"])
+            write_manifest(folder, manifest)
+            run.add(entry["timing"])
+            run.contexts += len(entry["contexts"])
+            run.skipped += len(entry["skipped"])
+            run.shards += 1

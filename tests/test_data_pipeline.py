@@ -1,0 +1,453 @@
+"""The training-data generator: contexts, labels, and whole runs on the real SmolLM2 + MiniLM (tiny)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from _data_fixtures import HIDDEN, LAYERS, BlankingEngine, assert_same_data, dataset_arrays, write_config
+from data_gen.cluster import normalise_step
+from data_gen.contexts import (DataWarning, build_contexts, coerce_traces, context_positions, context_seed,
+                               parse_part, part_shards, plan_shards)
+from data_gen.labels import build_pairs, draft_under_target, model_labels, pair_key
+from data_gen.pipeline import generate_dataset, layer_rows
+from data_gen.sources import Trace
+from data_gen.store import DataFolderError, DataMismatchError, merge_parts, open_dataset, read_manifest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- pure parts
+def test_context_positions():
+    assert context_positions(5, 3, "spread") == [0, 2, 4]
+    assert context_positions(5, 2, "spread") == [0, 4]
+    assert context_positions(5, 1, "spread") == [0]
+    assert context_positions(3, 8, "spread") == [0, 1, 2]  # more wanted than exist: all
+    assert context_positions(5, 2, "first") == [0, 1]
+    assert context_positions(4, 1, "all") == [0, 1, 2, 3]
+    assert context_positions(9, 3, "spread", max_steps=4) == [0, 2, 4]
+    assert context_positions(1, 3, "spread") == [0]  # j = S-1 at most: one reference step always follows
+    with pytest.raises(ValueError, match="unknown context_positions"):
+        context_positions(4, 2, "middle")
+
+
+def test_contexts_ids_seeds_and_shard_plan():
+    traces = [Trace("q1", "math", "Q one?", ["a", "b", "c"], "1"), Trace("q2", "math", "Q two?", ["x"], "2")]
+    contexts = build_contexts(traces, 2, "spread")
+    assert [c.id for c in contexts] == ["q1@0", "q1@2", "q2@0"]
+    assert contexts[1].steps == ("a", "b") and contexts[1].text == "Q one?\n\na\n\nb\n\n"
+    assert [c.id for c in build_contexts(traces, 2, "spread")] == [c.id for c in contexts]  # deterministic
+    seed = context_seed(0, "q1@0", "target")
+    assert seed == context_seed(0, "q1@0", "target") and 0 <= seed < 2**63
+    assert len({seed, context_seed(0, "q1@0", "draft"), context_seed(1, "q1@0", "target"),
+                context_seed(0, "q1@2", "target")}) == 4
+    shards = plan_shards(list(range(7)), 3)
+    assert shards == [[0, 1, 2], [3, 4, 5], [6]]
+    parts = [part_shards(len(shards), i, 2) for i in range(2)]
+    assert parts == [[0, 2], [1]]
+    assert parse_part("1/4") == (1, 4)
+    for bad in ("4/4", "x", "1/0", "-1/3"):
+        with pytest.raises(ValueError, match="--shard"):
+            parse_part(bad)
+
+
+def test_malformed_traces_are_skipped_with_a_warning_naming_them():
+    items = [Trace("ok", "math", "Q?", ["s"], "1"), {"id": "no-question", "steps": ["s"]},
+             {"id": "empty-steps", "question": "Q?", "steps": []}, {"id": "ok", "question": "Q?", "steps": ["t"]},
+             {"id": "bad-step", "question": "Q?", "steps": ["fine", "  "]}]
+    with pytest.warns(DataWarning) as caught:
+        traces = coerce_traces(items)
+    assert [t.id for t in traces] == ["ok"]
+    text = "\n".join(str(w.message) for w in caught)
+    assert "'no-question'" in text and "'question'" in text
+    assert "'empty-steps'" in text and "'steps'" in text
+    assert "'bad-step'" in text and "steps[1]" in text
+    assert "trace #3 (id 'ok'): id repeats" in text
+
+
+def test_layer_rows():
+    assert layer_rows("all", 3) == [0, 1, 2, 3]
+    assert layer_rows("last", 30) == [30]
+    assert layer_rows("range:27-30", 30) == LAYERS
+    assert layer_rows("4, 2,2", 30) == [2, 4]
+    with pytest.raises(ValueError, match="out of range"):
+        layer_rows("range:28-31", 30)
+
+
+def test_labels_with_empty_draws():
+    lab = model_labels([0, 1, 0, 0, 2], num_samples=8)  # 3 empty draws not stored
+    assert lab.cluster_sizes == [3, 1, 1] and lab.num_empty == 3
+    assert lab.semantic_probs == [3 / 8, 1 / 8, 3 / 8, 3 / 8, 1 / 8]
+    assert lab.num_clusters == 4  # the empty group is a meaning of its own
+    want = -sum(p * math.log(p) for p in (3 / 8, 1 / 8, 1 / 8, 3 / 8))
+    assert lab.semantic_entropy == pytest.approx(want)
+    assert lab.representatives() == [0, 1, 4]
+    ids, probs = draft_under_target([1, None, 0], lab)
+    assert ids == [1, -1, 0] and probs == [1 / 8, 0.0, 3 / 8]
+    with pytest.raises(ValueError, match="0..K-1"):
+        model_labels([0, 2], 4)
+
+
+def test_pairs_are_unique_per_unordered_pair_and_judged_labels_win():
+    ctx = "C\n\n"
+    texts = {"target": ["x", "y", "z"], "draft": ["y", "w"]}
+    labels = {"target": model_labels([0, 0, 1], 3), "draft": model_labels([0, 1], 2)}
+    # x~y judged; z vs x judged no; draft: y vs w judged no; w matched to no target cluster
+    judged = {pair_key(ctx, "x", "y"): True, pair_key(ctx, "x", "z"): False, pair_key(ctx, "y", "w"): False,
+              pair_key(ctx, "x", "w"): False, pair_key(ctx, "z", "w"): False}
+    pairs, conflicts = build_pairs(ctx, texts, labels, [0, None], judged)
+    keys = [pair_key(ctx, p["a_text"], p["b_text"]) for p in pairs]
+    assert len(keys) == len(set(keys)) and conflicts == 0
+    by_key = {k: p for k, p in zip(keys, pairs)}
+    assert by_key[pair_key(ctx, "x", "y")]["equivalent"] is True
+    # y vs z was never judged: implied different by the target clusters
+    yz = by_key[pair_key(ctx, "y", "z")]
+    assert yz["equivalent"] is False and yz["judged"] is False and yz["source"] == "cluster"
+    assert by_key[pair_key(ctx, "x", "w")]["source"] == "draft_vs_target"
+    # a judge that is not transitive: the judge's own decision beats the implied label
+    judged[pair_key(ctx, "y", "z")] = True
+    pairs, _ = build_pairs(ctx, texts, labels, [0, None], judged)
+    yz = [p for p in pairs if {p["a_text"], p["b_text"]} == {"y", "z"}]
+    assert len(yz) == 1 and yz[0]["equivalent"] is True and yz[0]["judged"] is True
+
+
+# ----------------------------------------------------------------------------- real runs
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """2 contended cores: intra-op threads spin-wait; one thread is faster and reproducible."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def engines():
+    from infer.engines import build_engine_pair
+    from infer.config import ModelsConfig
+
+    return build_engine_pair(ModelsConfig(device="cpu", dtype="float32"))
+
+
+@pytest.fixture(scope="module")
+def judge():
+    from data_gen.judges import EmbeddingNumberJudge
+
+    return EmbeddingNumberJudge("offline:minilm", threshold=0.8, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, engines, judge):
+    """The uninterrupted reference run (3 contexts, 3 shards)."""
+    root = tmp_path_factory.mktemp("tiny")
+    _, cfg = write_config(root, root / "run")
+    result = generate_dataset(cfg, engines=engines, judge=judge, progress=False)
+    assert result.complete and not result.reused
+    return cfg, result
+
+
+@pytest.mark.slow
+def test_labels_follow_the_clusters(tiny):
+    cfg, result = tiny
+    ds = open_dataset(result.data_dir)
+    rows = ds.samples.to_pylist()
+    n = cfg.data.num_samples
+    assert len(ds.contexts) == 3 and {r["model"] for r in rows} == {"target", "draft"}
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["context_id"], r["model"])].append(r)
+    assert len(groups) == 6
+    for (cid, model), members in groups.items():
+        sizes = defaultdict(int)
+        for r in members:
+            sizes[r["cluster_id"]] += 1
+        assert sorted(sizes) == list(range(len(sizes)))  # ids 0..K-1
+        empty = members[0]["num_empty"]
+        assert sum(sizes.values()) + empty == n == members[0]["num_samples"]
+        assert len(members) == n - empty
+        assert members[0]["num_clusters"] == len(sizes) + (1 if empty else 0)
+        dist = [s / n for s in sizes.values()] + ([empty / n] if empty else [])
+        for r in members:
+            assert r["cluster_size"] == sizes[r["cluster_id"]]
+            assert r["semantic_prob"] == pytest.approx(sizes[r["cluster_id"]] / n)
+            assert r["semantic_entropy"] == pytest.approx(-sum(p * math.log(p) for p in dist))
+            assert r["mean_logprob"] == pytest.approx(r["logprob"] / r["num_tokens"])
+            assert r["stop_reason"] in ("delimiter", "eos", "length") and r["text"].strip()
+            if model == "target":
+                assert r["target_cluster_id"] == r["cluster_id"] and r["prob_under_target"] == r["semantic_prob"]
+    contexts = {c["context_id"]: c for c in ds.contexts.to_pylist()}
+    for (cid, model), members in groups.items():
+        assert contexts[cid][f"{model}_num_clusters"] == members[0]["num_clusters"]
+        assert contexts[cid][f"{model}_seed"] == context_seed(cfg.sampling.seed, cid, model)
+
+
+@pytest.mark.slow
+def test_draft_under_target_agrees_with_clusters_and_pairs(tiny, judge):
+    _, result = tiny
+    ds = open_dataset(result.data_dir)
+    rows = ds.samples.to_pylist()
+    pairs = ds.pairs.to_pylist()
+    n = ds.manifest["num_samples"]
+    checked_pairs = 0
+    for cid in {r["context_id"] for r in rows}:
+        target = [r for r in rows if r["context_id"] == cid and r["model"] == "target"]
+        reps = {}
+        for r in target:
+            reps.setdefault(r["cluster_id"], r["text"])
+        size = defaultdict(int)
+        for r in target:
+            size[r["cluster_id"]] += 1
+        ctx_pairs = {pair_key("", p["a_text"], p["b_text"]): p for p in pairs if p["context_id"] == cid}
+        for d in (r for r in rows if r["context_id"] == cid and r["model"] == "draft"):
+            same_text = [t["cluster_id"] for t in target if normalise_step(t["text"]) == normalise_step(d["text"])]
+            if same_text:
+                want = same_text[0]
+            else:  # first target representative (in id order) the stored pairs call equivalent
+                verdicts = [ctx_pairs[pair_key("", reps[k], d["text"])]["equivalent"] for k in sorted(reps)]
+                want = next((k for k, v in zip(sorted(reps), verdicts) if v), -1)
+                checked_pairs += len(verdicts)
+            assert d["target_cluster_id"] == want, d["sample_id"]
+            assert d["prob_under_target"] == pytest.approx(size[want] / n if want >= 0 else 0.0)
+    assert checked_pairs > 0
+    # the seeded tiny run covers both outcomes (if the engine's sampling changes, pick another seed)
+    drafts = [r for r in rows if r["model"] == "draft"]
+    assert any(r["target_cluster_id"] >= 0 for r in drafts) and any(r["target_cluster_id"] < 0 for r in drafts)
+    assert any(r["cluster_size"] > 1 for r in rows if r["model"] == "target")
+
+
+@pytest.mark.slow
+def test_pairs_are_symmetric_and_carry_the_judges_decisions(tiny, judge):
+    _, result = tiny
+    ds = open_dataset(result.data_dir)
+    pairs = ds.pairs.to_pylist()
+    assert pairs and {p["source"] for p in pairs} <= {"cluster", "draft_vs_target"}
+    keys = [(p["context_id"],) + pair_key("", p["a_text"], p["b_text"])[1:] for p in pairs]
+    assert len(keys) == len(set(keys)), "an unordered pair is stored twice"
+    assert all(normalise_step(p["a_text"]) != normalise_step(p["b_text"]) for p in pairs)
+    contexts = {c["context_id"]: c["context_text"] for c in ds.contexts.to_pylist()}
+    judged = [p for p in pairs if p["judged"]]
+    assert judged
+    from data_gen.cluster import PairQuery
+
+    swapped = judge.judge([PairQuery(contexts[p["context_id"]], p["b_text"], p["a_text"]) for p in judged])
+    assert swapped == [p["equivalent"] for p in judged]  # (b, a) decided afresh gives the stored label
+    both = ds.symmetric_pairs()
+    assert both.num_rows == 2 * len(pairs)
+    # within one model's clustering, implied labels are exactly "same cluster"
+    rows = ds.samples.to_pylist()
+    cluster_of = {(r["context_id"], r["model"], normalise_step(r["text"])): r["cluster_id"] for r in rows}
+    for p in pairs:
+        if p["source"] == "cluster" and not p["judged"]:
+            same = (cluster_of[(p["context_id"], p["a_model"], normalise_step(p["a_text"]))]
+                    == cluster_of[(p["context_id"], p["b_model"], normalise_step(p["b_text"]))])
+            assert p["equivalent"] == same
+
+
+@pytest.mark.slow
+def test_features_on_disk_and_through_the_loader(tiny, engines):
+    cfg, result = tiny
+    ds = open_dataset(result.data_dir)
+    rows = ds.samples.to_pylist()
+    manifest = ds.manifest
+    assert manifest["layers"] == {"target": LAYERS, "draft": LAYERS}
+    for shard in manifest["shards"]:
+        with safe_open(str(result.data_dir / shard["files"]["features"]), framework="pt") as f:
+            assert set(f.keys()) == {"target.mean", "target.last", "draft.mean", "draft.last"}
+            for key in f.keys():
+                t = f.get_tensor(key)
+                assert t.dtype == torch.float16 and t.shape[1:] == (len(LAYERS), HIDDEN)
+                want = shard["rows"] if key.startswith("target") else shard["draft_feature_rows"]
+                assert t.shape[0] == want and torch.isfinite(t).all()
+    target_view = ds.target_view_features()
+    assert target_view.shape == (len(rows), len(LAYERS), HIDDEN) and target_view.dtype == torch.float32
+    assert ds.own_features("target").shape[0] == sum(r["model"] == "target" for r in rows)
+    # alignment: recompute one draft row through the target and through the draft, alone
+    target, draft = engines
+    i = next(k for k, r in enumerate(rows) if r["model"] == "draft")
+    r = rows[i]
+    ctx = next(c for c in ds.contexts.to_pylist() if c["context_id"] == r["context_id"])
+    via_target = target.score(target.format_prefix(ctx["question"], ctx["steps"]), [r["text"]], layers=LAYERS)[0]
+    via_draft = draft.score(draft.format_prefix(ctx["question"], ctx["steps"]), [r["text"]], layers=LAYERS)[0]
+    tol = dict(rtol=1e-2, atol=2e-2)
+    torch.testing.assert_close(ds.target_view_features([i])[0], via_target.mean_hidden, **tol)
+    torch.testing.assert_close(ds.target_view_features([i], pooling="last")[0], via_target.last_hidden, **tol)
+    draft_rows = ds.rows("draft")
+    pos = int((draft_rows == i).nonzero()[0][0])
+    torch.testing.assert_close(ds.own_features("draft")[pos], via_draft.mean_hidden, **tol)
+    assert r["target_logprob"] == pytest.approx(via_target.logprob, abs=1e-3)
+    with pytest.raises(ValueError, match="target sample"):
+        ds.features("draft", rows=[next(k for k, x in enumerate(rows) if x["model"] == "target")])
+
+
+@pytest.mark.slow
+def test_manifest_card_datasets_and_splits(tiny, tmp_path):
+    cfg, result = tiny
+    ds = open_dataset(result.data_dir.parent)  # the output_dir works too
+    m = ds.manifest
+    assert m["status"] == "complete" and m["num_samples"] == 4 and m["judge"].startswith("embedding:")
+    assert m["engines"]["target"]["model_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert {"torch", "transformers", "specprobe"} <= set(m["versions"])
+    assert m["counts"]["rows"] == len(ds) and [s["index"] for s in m["shards"]] == [0, 1, 2]
+    card = (result.data_dir / "README.md").read_text()
+    for name in ds.samples.column_names[:-1] + ["target.mean", "draft.last", "a_text", "equivalent"]:
+        assert f"`{name}`" in card
+    import datasets
+
+    loaded = datasets.load_dataset("parquet", data_files=str(result.data_dir / "shards" / "samples-*.parquet"),
+                                   split="train", cache_dir=str(tmp_path / "hf"))
+    assert loaded.num_rows == len(ds) and "prob_under_target" in loaded.column_names
+    questions = ds.question_ids()
+    mask = ds.question_mask(questions[:1])
+    assert 0 < mask.sum() < len(ds)
+    assert set(ds.samples.filter(mask).column("question_id").to_pylist()) == {questions[0]}
+    assert ds.target_view_features(mask).shape[0] == mask.sum()
+
+
+@pytest.mark.slow
+def test_complete_folder_is_reused_and_other_models_are_refused(tiny, monkeypatch):
+    cfg, result = tiny
+
+    def no_loading(*a, **k):
+        raise AssertionError("models must not be loaded")
+
+    monkeypatch.setattr("infer.engines.build_engine_pair", no_loading)
+    again = generate_dataset(cfg, progress=False)
+    assert again.reused and again.manifest["counts"] == result.manifest["counts"]
+    other = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, draft="random:llama-tiny"))
+    with pytest.raises(DataMismatchError, match=r"different models:\n  models.draft: .*random:llama-tiny"):
+        generate_dataset(other, progress=False)
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_equals_uninterrupted(tiny, tmp_path):
+    _, reference = tiny
+    path, cfg = write_config(tmp_path, tmp_path / "run")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "train.cli", "--config", str(path), "--stage", "data", "--no-progress"]
+    log = open(tmp_path / "killed-run.log", "wb")
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    data_dir = cfg.data_dir
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            manifest = read_manifest(data_dir) if (data_dir / "manifest.json").exists() else None
+            if manifest and manifest["shards"]:
+                break
+            time.sleep(0.05)
+        alive = proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()
+    assert alive, "the run ended before it could be killed:\n" + (tmp_path / "killed-run.log").read_text()[-3000:]
+    manifest = read_manifest(data_dir)
+    assert manifest["status"] == "in_progress" and 1 <= len(manifest["shards"]) < 3
+    with pytest.raises(DataFolderError, match="incomplete"):
+        open_dataset(data_dir)
+    partial = open_dataset(data_dir, allow_incomplete=True)
+    assert len(partial.contexts) == len(manifest["shards"])
+    # a half-written shard left behind must never count: plant garbage under a final name
+    missing = min({0, 1, 2} - {s["index"] for s in manifest["shards"]})
+    (data_dir / "shards" / f"samples-{missing:05d}.parquet").write_bytes(b"not parquet")
+    from train.cli import main
+
+    assert main(["--config", str(path), "--stage", "data", "--no-progress"]) == 0
+    resumed = read_manifest(data_dir)
+    assert resumed["status"] == "complete"
+    assert [s["index"] for s in resumed["shards"]] == [0, 1, 2]
+    assert resumed["shards"][0] == manifest["shards"][0]  # the finished shard was not redone
+    assert_same_data(dataset_arrays(data_dir), dataset_arrays(reference.data_dir))
+
+
+@pytest.mark.slow
+def test_shard_parts_then_merge_equals_single_run(tiny, tmp_path, engines, judge):
+    _, reference = tiny
+    _, cfg = write_config(tmp_path, tmp_path / "run")
+    first = generate_dataset(cfg, engines=engines, judge=judge, part=(0, 2), progress=False)
+    assert first.data_dir == cfg.data_dir / "part-0-of-2" and first.complete
+    assert [s["index"] for s in first.manifest["shards"]] == [0, 2]
+    with pytest.raises(DataFolderError):
+        open_dataset(cfg.data_dir)  # nothing merged yet
+    half = merge_parts(cfg.data_dir)  # part 1 not run yet: merged but incomplete
+    assert half["status"] == "in_progress" and [s["index"] for s in half["shards"]] == [0, 2]
+    generate_dataset(cfg, engines=engines, judge=judge, part=(1, 2), progress=False)
+    merged = merge_parts(cfg.data_dir)
+    assert merged["status"] == "complete" and [s["index"] for s in merged["shards"]] == [0, 1, 2]
+    assert_same_data(dataset_arrays(cfg.data_dir), dataset_arrays(reference.data_dir))
+
+
+@pytest.mark.slow
+def test_bad_traces_and_empty_contexts_are_skipped_with_warnings(tmp_path, engines, judge):
+    from data_gen.sources import load_traces
+
+    good = load_traces("reasoning_gym", name="gsm_symbolic", size=2, seed=5)
+    half = Trace(good[1].id, "math", good[1].question + " (EMPTY-HALF)", good[1].steps, good[1].answer)
+    empty = Trace("all-empty", "math", "EMPTY-ALL " + good[0].question, good[0].steps, good[0].answer)
+    traces = [good[0], {"id": "broken", "steps": ["s"]}, half, empty]
+    _, cfg = write_config(tmp_path, tmp_path / "run", data={"contexts_per_shard": 8})
+    wrapped = tuple(BlankingEngine(e) for e in engines)
+    with pytest.warns(DataWarning) as caught:
+        result = generate_dataset(cfg, traces=traces, engines=wrapped, judge=judge, progress=False)
+    messages = "\n".join(str(w.message) for w in caught)
+    assert "id 'broken'" in messages and "'question'" in messages
+    assert "context 'all-empty@0'" in messages and "samples are empty" in messages
+    ds = open_dataset(result.data_dir)
+    assert ds.contexts.column("context_id").to_pylist() == [f"{good[0].id}@0", f"{good[1].id}@0"]
+    assert result.manifest["shards"][0]["skipped"][0]["context_id"] == "all-empty@0"
+    rows = [r for r in ds.samples.to_pylist() if r["question_id"] == good[1].id]
+    n = cfg.data.num_samples
+    for model in ("target", "draft"):
+        mine = [r for r in rows if r["model"] == model]
+        assert len(mine) == n - n // 2 and all(r["num_empty"] == n // 2 for r in mine)
+        assert [r["sample_index"] for r in mine] == list(range(n // 2, n))
+        sizes = defaultdict(int)
+        for r in mine:
+            sizes[r["cluster_id"]] += 1
+        assert sum(sizes.values()) + n // 2 == n
+        assert all(r["semantic_prob"] == pytest.approx(sizes[r["cluster_id"]] / n) for r in mine)
+        assert mine[0]["num_clusters"] == len(sizes) + 1
+
+
+def test_nli_model_without_entailment_label_fails_before_any_work(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer, DebertaV2Config, DebertaV2ForSequenceClassification
+
+    from infer.models import offline_model_folder
+
+    tok = AutoTokenizer.from_pretrained(offline_model_folder("minilm"))
+    config = DebertaV2Config(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=32, num_labels=2, id2label={0: "yes", 1: "no"},
+                             label2id={"yes": 0, "no": 1}, pad_token_id=tok.pad_token_id)
+    folder = tmp_path / "nli"
+    DebertaV2ForSequenceClassification(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    monkeypatch.setattr("infer.engines.build_engine_pair",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("no model may load first")))
+    monkeypatch.setattr("data_gen.pipeline.load_source_traces",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("no trace may load first")))
+    _, cfg = write_config(tmp_path, tmp_path / "run", data={"judge": "nli", "nli_model": str(folder)})
+    with pytest.raises(ValueError, match="no 'entailment' label"):
+        generate_dataset(cfg, progress=False)
+    assert not (cfg.data_dir / "manifest.json").exists() and not (cfg.data_dir / "shards").exists()
+
+
+def test_cli_help_config_and_train_stage(capsys):
+    from train.cli import main
+
+    assert main(["--help-config"]) == 0
+    out = capsys.readouterr().out
+    assert "data.judge_pairs_per_call" in out and "data.layers" in out
+    with pytest.raises(SystemExit):
+        main(["--stage", "data"])  # --config missing
+    assert main(["--config", "does-not-exist.yaml", "--stage", "data"]) == 1
+    assert "config file not found" in capsys.readouterr().err
