@@ -142,7 +142,7 @@ def render_card(manifest: dict) -> str:
         "- `shards/contexts-XXXXX.parquet`: one row per context.\n"
         "- `shards/pairs-XXXXX.parquet`: step pairs with equivalence labels, for pair verifiers.\n"
         "- `judge-cache.jsonl`: the judge's decisions (reused when a run resumes).",
-        "## Loading\n\n" + USAGE,
+        "## Loading\n\n" + USAGE.replace("OUTPUT_DIR", str(manifest.get("config", {}).get("output_dir", "OUTPUT_DIR"))),
         "## samples-XXXXX.parquet\n\n" + _table(SAMPLE_COLUMNS),
         "Empty draws (text empty or whitespace, e.g. the model stopped at once) are not stored; they "
         "count in N as one extra meaning. So within a context and model, `semantic_prob == cluster_size / "
