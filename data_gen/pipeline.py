@@ -36,6 +36,7 @@ from data_gen.labels import ModelLabels, build_pairs, draft_under_target, is_emp
 from data_gen.store import (FORMAT, JUDGE_CACHE, DataFolderError, FolderLock, ShardData, check_same_data,
                             clean_temporaries, fingerprint, now, open_dataset, part_dir, read_manifest,
                             write_card, write_manifest, write_shard)
+from probes.features import layers_from_option
 
 __all__ = ["generate_dataset", "DataResult", "RunStats", "layer_rows", "build_judge", "load_source_traces"]
 
@@ -44,31 +45,11 @@ ROLES = ("target", "draft")
 
 # ----------------------------------------------------------------------------- small helpers
 def layer_rows(option: str, num_layers: int) -> list[int]:
-    """Hidden-state rows (0 = embeddings, num_layers = last layer) for data.layers: all, last,
-    range:a-b (inclusive) or a comma list."""
-    text = str(option).strip().lower().replace(" ", "")
-    if text == "all":
-        return list(range(num_layers + 1))
-    if text == "last":
-        return [num_layers]
-    if text.startswith("range:"):
-        try:
-            lo, hi = (int(x) for x in text[len("range:"):].split("-"))
-        except ValueError:
-            raise ValueError(f"data.layers {option!r}: a range looks like range:a-b") from None
-        rows = list(range(lo, hi + 1))
-        if not rows:
-            raise ValueError(f"data.layers {option!r} is empty (start > end)")
-    else:
-        try:
-            rows = sorted({int(x) for x in text.split(",")})
-        except ValueError:
-            raise ValueError(f"data.layers {option!r}: use all, last, range:a-b or a comma list") from None
-    bad = [r for r in rows if not 0 <= r <= num_layers]
-    if bad:
-        raise ValueError(f"data.layers {option!r}: rows {bad} out of range for a model with {num_layers} "
-                         f"layers (valid: 0..{num_layers}, 0 = embeddings)")
-    return rows
+    """Hidden-state rows (0 = embeddings, num_layers = last layer) kept for data.layers."""
+    try:
+        return layers_from_option(str(option), num_layers)
+    except ValueError as err:
+        raise ValueError(f"data.layers: {err}") from None
 
 
 def build_judge(data_cfg, cache_path: str | Path | None, device: str | None = None) -> CachedJudge:
