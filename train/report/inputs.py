@@ -1,0 +1,245 @@
+"""What probe-eval reads: a checkpoint folder, its data folder, the held-out questions, probe inputs.
+
+Errors that concern one part of the report (a probe missing from the checkpoint, data from another
+model) are raised as `PartError`, so the report can skip that part, say why, and go on with the rest.
+A folder that is not a checkpoint at all is a `CheckpointError` and stops the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from probes.mlp import SemanticProbe
+from probes.splits import group_split
+
+CHECKPOINT_JSON = "checkpoint.json"
+CHECKPOINT_FORMAT = "specprobe-checkpoint"
+SIDES = ("train", "val", "test")
+
+
+class CheckpointError(RuntimeError):
+    """The folder is not a readable probe-train checkpoint."""
+
+
+class PartError(RuntimeError):
+    """One part of the report cannot be evaluated (the others can)."""
+
+
+# ----------------------------------------------------------------------------- checkpoint
+@dataclass
+class CheckpointFolder:
+    """A probe-train checkpoint folder (see checkpoints/README.md)."""
+
+    path: Path
+    meta: dict[str, Any]
+    _probes: dict[str, SemanticProbe] = field(default_factory=dict, repr=False)
+    _metrics: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name") or self.path.name)
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The checkpoint's own metrics.json (validation metrics and the question split); {} when absent."""
+        if self._metrics is None:
+            path = self.path / "metrics.json"
+            try:
+                self._metrics = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                self._metrics = {}
+        return self._metrics
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.meta.get("config") or {}
+
+    def section(self, name: str) -> dict[str, Any]:
+        return self.config.get(name) or {}
+
+    def has_probe(self, name: str) -> bool:
+        return (self.path / f"{name}.safetensors").is_file() and (self.path / f"{name}.json").is_file()
+
+    def probe(self, name: str) -> SemanticProbe:
+        """Load probe `name`; a PartError naming what is missing when it is absent or unreadable."""
+        if not self.has_probe(name):
+            present = sorted(p.stem for p in self.path.glob("*.safetensors"))
+            raise PartError(f"the checkpoint {self.path} has no probe {name!r} ({name}.safetensors + {name}.json); "
+                            f"probes present: {present or 'none'}")
+        if name not in self._probes:
+            try:
+                self._probes[name] = SemanticProbe.load(self.path, name)
+            except (ValueError, KeyError, OSError) as err:
+                raise PartError(f"cannot load probe {name!r} from {self.path}: {err}") from None
+        return self._probes[name]
+
+    def read_json(self, filename: str, what: str) -> dict[str, Any]:
+        path = self.path / filename
+        if not path.is_file():
+            raise PartError(f"the checkpoint {self.path} has no {filename} ({what}); was it trained "
+                            f"(verifiers.train in the config)?")
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise PartError(f"{path} is not valid JSON: {err}") from None
+
+
+def read_checkpoint(path: str | os.PathLike) -> CheckpointFolder:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint folder not found: {folder}")
+    meta_path = folder / CHECKPOINT_JSON
+    if not meta_path.is_file():
+        hint = folder / "checkpoint" / CHECKPOINT_JSON
+        extra = f"; did you mean {folder / 'checkpoint'}?" if hint.is_file() else ""
+        raise CheckpointError(f"{folder} is not a probe-train checkpoint: it has no {CHECKPOINT_JSON}{extra}")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{meta_path} is not valid JSON: {err}") from None
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise CheckpointError(f"{meta_path}: format {found!r}, expected {CHECKPOINT_FORMAT!r} (written by probe-train)")
+    return CheckpointFolder(folder, meta)
+
+
+# ----------------------------------------------------------------------------- data
+def training_data_folder(ckpt: CheckpointFolder) -> Path | None:
+    """The data folder the checkpoint was trained on (recorded path, else <output_dir>/data), if it exists."""
+    candidates = []
+    data_entry = ckpt.meta.get("data")
+    recorded = ckpt.meta.get("data_dir") or (data_entry.get("folder") if isinstance(data_entry, dict) else None)
+    if recorded:
+        candidates.append(Path(recorded))
+    output_dir = ckpt.config.get("output_dir")
+    if output_dir:
+        candidates.append(Path(output_dir) / "data")
+    candidates.append(ckpt.path.parent / "data")  # <output_dir>/checkpoint next to <output_dir>/data
+    for folder in candidates:
+        if (folder / "manifest.json").is_file():
+            return folder
+    return None
+
+
+def open_data(ckpt: CheckpointFolder, data: str | os.PathLike | None):
+    """(dataset, is_training_data): the --data folder, or the checkpoint's own data folder.
+
+    A --data folder counts as the training data when it is that folder, or was generated with the same
+    settings (fingerprint) and models (engines), i.e. holds the same questions.
+    """
+    from data_gen.store import open_dataset
+
+    trained_on = training_data_folder(ckpt)
+    if data is None:
+        if trained_on is None:
+            raise PartError(f"no data folder: the checkpoint's training data ({ckpt.config.get('output_dir')}/data) "
+                            "is not here; pass --data <folder>")
+        return open_dataset(trained_on), True
+    ds = open_dataset(data)
+    same = trained_on is not None and Path(trained_on).resolve() == Path(ds.folder).resolve()
+    recorded = ckpt.meta.get("data") or {}
+    if not same and recorded.get("fingerprint") is not None:  # the same settings and models make the same data
+        same = (recorded["fingerprint"] == ds.manifest.get("fingerprint")
+                and recorded.get("engines") == ds.manifest.get("engines"))
+    return ds, same
+
+
+# ----------------------------------------------------------------------------- held-out questions
+@dataclass
+class HeldOut:
+    """Which questions the report evaluates on, and how that was decided."""
+
+    questions: list[str]
+    train_questions: list[str]
+    how: str
+    sides: dict[str, int] = field(default_factory=dict)
+
+    def mask(self, question_ids: Any) -> np.ndarray:
+        return np.isin(np.asarray(question_ids, dtype=object), np.asarray(self.questions, dtype=object))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"how": self.how, "n_questions": len(self.questions), "n_train_questions": len(self.train_questions),
+                "sides": self.sides, "questions": list(self.questions)}
+
+
+def recorded_split(ckpt: CheckpointFolderFolder) -> dict[str, list[str]] | None:
+    """Question ids per side as probe-train recorded them (metrics.json "split"), when it did."""
+    entry = ckpt.metrics.get("split")
+    if isinstance(entry, dict) and isinstance(entry.get("train"), list):
+        return {s: [str(q) for q in (entry.get(s) or [])] for s in SIDES}
+    return None
+
+
+def split_questions(question_ids: list[str], probe_section: dict[str, Any]) -> dict[str, list[str]]:
+    """Recompute probe-train's question split (probes.splits.group_split with the checkpoint's settings)."""
+    val = float(probe_section.get("val_fraction", 0.2))
+    test = float(probe_section.get("test_fraction", 0.0))
+    seed = int(probe_section.get("seed", 0))
+    qids = sorted(set(question_ids))
+    sides = group_split(qids, val, test, seed)
+    return {name: [qids[i] for i in idx] for name, idx in zip(SIDES, sides)}
+
+
+def heldout_questions(ckpt: CheckpointFolder, ds, is_training_data: bool, which: str = "auto") -> HeldOut:
+    """The questions to evaluate on.
+
+    On the training data: the checkpoint's validation / test questions (`which`: auto = test when the run
+    held out a test split, else validation; or val, test, val+test). On another data folder: every
+    question the checkpoint was not trained on.
+    """
+    questions = ds.question_ids()
+    split = recorded_split(ckpt)
+    how = "as recorded in the checkpoint's metrics.json"
+    if split is None:
+        trained_on = training_data_folder(ckpt)
+        if is_training_data or trained_on is not None:
+            from data_gen.store import open_dataset
+            base = questions if is_training_data else open_dataset(trained_on).question_ids()
+            split = split_questions(base, ckpt.section("probe"))
+            how = "recomputed with probes.splits.group_split and the checkpoint's probe settings"
+    if not is_training_data:
+        train = set(split["train"]) if split else set()
+        chosen = [q for q in questions if q not in train]
+        note = ("all questions of the data folder not used in training" if split else
+                "all questions of the data folder (the checkpoint's training questions are unknown)")
+        return HeldOut(chosen, sorted(train), note, {"heldout": len(chosen)})
+    sides = {s: [q for q in split[s] if q in set(questions)] for s in SIDES}
+    if which == "auto":
+        which = "test" if sides["test"] else "val"
+    chosen = sorted({q for s in which.split("+") for q in sides[s]})
+    if not chosen:
+        raise PartError(f"the checkpoint's {which} split holds no question of {ds.folder}")
+    return HeldOut(chosen, sides["train"], f"{which} questions ({how})", {s: len(v) for s, v in sides.items()})
+
+
+# ----------------------------------------------------------------------------- probe inputs
+def check_probe_fits_data(probe: SemanticProbe, ds, role: str, name: str) -> list[int]:
+    """The columns of the data's stored layers the probe reads; PartError when the data cannot feed it."""
+    engines = ds.manifest.get("engines", {})
+    if role not in engines:
+        raise PartError(f"{name}: the data folder {ds.folder} has no {role} model (models sampled: "
+                        f"{sorted(engines)})")
+    engine = engines[role]
+    try:
+        probe.spec.check_compatible(int(engine["num_layers"]), int(engine["hidden_size"]), engine["model_id"])
+    except ValueError as err:
+        raise PartError(f"{name}: the data in {ds.folder} comes from another {role} model: {err}") from None
+    kept = list(ds.layers(role))
+    missing = [r for r in probe.spec.layers if r not in kept]
+    if missing:
+        raise PartError(f"{name} reads hidden-state rows {probe.spec.layers}, but {ds.folder} stored only rows "
+                        f"{kept} of the {role} (rows {missing} missing)")
+    return [kept.index(r) for r in probe.spec.layers]
+
+
+def predict(probe: SemanticProbe, x: torch.Tensor, cols: list[int]) -> np.ndarray:
+    """Probe probabilities for stored-layer features x [n, L_kept, H]."""
+    if x.shape[0] == 0:
+        return np.empty(0)
+    return probe.predict_proba(x[:, cols]).double().numpy()

@@ -1,0 +1,155 @@
+"""probe-eval figures (matplotlib, Agg backend, PNG). Each function draws arrays it is given to a path;
+no metric is computed here beyond what a picture needs (bin means for the reliability curve come from
+`probes.metrics.reliability_bins`)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
+
+from probes.metrics import reliability_bins  # noqa: E402
+
+DPI = 110
+ROLE_COLORS = {"target": "tab:blue", "draft": "tab:orange"}
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def reliability_diagram(path: str | Path, pred: np.ndarray, label: np.ndarray, n_bins: int = 10,
+                        title: str = "", ece: float | None = None,
+                        label_name: str = "empirical semantic probability") -> Path:
+    """Mean label against mean prediction per equal-width bin, with the histogram of predictions under it."""
+    bins = reliability_bins(pred, label, n_bins, "uniform")
+    filled = bins.count > 0
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(5.2, 6.2), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 1], "hspace": 0.08})
+    top.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="perfect calibration")
+    centers = (bins.edges[:-1] + bins.edges[1:]) / 2
+    width = np.diff(bins.edges)
+    top.bar(centers[filled], bins.mean_label[filled], width=width[filled] * 0.9, color="tab:blue", alpha=0.35,
+            edgecolor="tab:blue", label="mean empirical label per bin")
+    top.plot(bins.mean_pred[filled], bins.mean_label[filled], "o-", color="tab:red", ms=4,
+             label="(mean prediction, mean label)")
+    top.set_xlim(0, 1)
+    top.set_ylim(0, 1)
+    top.set_ylabel(f"mean label per bin: {label_name}")
+    top.set_title(title + (f"\nECE (equal-width, {n_bins} bins) = {ece:.3f}" if ece is not None else ""), fontsize=10)
+    top.legend(loc="upper left", fontsize=8)
+    bottom.hist(pred, bins=bins.edges, color="grey", edgecolor="black")
+    bottom.set_xlabel("predicted semantic probability")
+    bottom.set_ylabel("count")
+    return _save(fig, path)
+
+
+def acceptance_scatter(path: str | Path, predicted: np.ndarray, empirical: np.ndarray, title: str = "") -> Path:
+    """Predicted min(1, p/q) against the empirical ratio, one point per draft step (jittered slightly)."""
+    rng = np.random.default_rng(0)
+    jitter = rng.uniform(-0.01, 0.01, size=len(empirical))
+    fig, ax = plt.subplots(figsize=(5.2, 5.0))
+    ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="y = x")
+    ax.scatter(np.clip(empirical + jitter, -0.02, 1.02), predicted, s=14, alpha=0.5, color="tab:purple",
+               edgecolor="none", label="draft step")
+    ax.axhline(np.mean(predicted), color="tab:purple", lw=1, ls=":", label=f"mean predicted {np.mean(predicted):.2f}")
+    ax.axvline(np.mean(empirical), color="black", lw=1, ls=":", label=f"mean empirical {np.mean(empirical):.2f}")
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("empirical ratio min(1, P_target(meaning) / P_draft(meaning))")
+    ax.set_ylabel("probe ratio min(1, p / q)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    return _save(fig, path)
+
+
+def layer_sweep_plot(path: str | Path, sweeps: dict[str, dict[str, Any]]) -> Path:
+    """Held-out Brier score of one small probe per layer, against layer index, one line per model."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for role, sweep in sweeps.items():
+        entries = sweep["entries"]
+        color = ROLE_COLORS.get(role, None)
+        ax.plot([e["layer"] for e in entries], [e["val_brier"] for e in entries], "o-", ms=3, color=color,
+                label=f"{role} probe per layer (n_val={sweep['n_val']})")
+        ax.axhline(sweep["constant_val_brier"], color=color, ls="--", lw=1,
+                   label=f"{role} constant baseline")
+    ax.set_xlabel("layer (hidden-state row; 0 = embeddings)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel("held-out Brier score (lower is better)")
+    ax.set_title("Per-layer probes: validation error against depth", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def umap_plot(path: str | Path, panels: dict[str, dict[str, Any]]) -> Path:
+    """One UMAP panel per model, points coloured by 0.1-wide semantic-probability bin."""
+    cmap = ListedColormap(plt.get_cmap("viridis")(np.linspace(0, 1, 10)))
+    norm = BoundaryNorm(np.arange(-0.5, 10.5, 1.0), cmap.N)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.8), squeeze=False)
+    scatter = None
+    for ax, (role, panel) in zip(axes[0], panels.items()):
+        xy = np.asarray(panel["coords"])
+        scatter = ax.scatter(xy[:, 0], xy[:, 1], c=panel["bins"], cmap=cmap, norm=norm, s=12, alpha=0.85,
+                             edgecolor="none")
+        ax.set_title(f"{role}: own steps, layer {panel['layer']} mean-pooled (n={panel['n']})", fontsize=10)
+        ax.set_xlabel("UMAP 1")
+        ax.set_ylabel("UMAP 2")
+    bar = fig.colorbar(scatter, ax=list(axes[0]), ticks=range(10), fraction=0.04)
+    bar.ax.set_yticklabels([f"[{k / 10:.1f}, {(k + 1) / 10:.1f})" if k < 9 else "[0.9, 1.0]" for k in range(10)],
+                           fontsize=7)
+    bar.set_label("semantic probability bin")
+    return _save(fig, path)
+
+
+def verifier_curves(path: str | Path, curves: dict[str, dict[str, Any]]) -> Path:
+    """ROC (left) and precision-recall (right) of each pair verifier, its thresholds marked."""
+    fig, (roc_ax, pr_ax) = plt.subplots(1, 2, figsize=(10.5, 4.6))
+    roc_ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="chance")
+    for k, (name, c) in enumerate(curves.items()):
+        if not c.get("roc"):
+            continue
+        color = plt.get_cmap("tab10")(k)
+        roc_ax.plot(c["roc"]["fpr"], c["roc"]["tpr"], color=color, label=name)
+        pr_ax.plot(c["pr"]["recall"], c["pr"]["precision"], color=color, drawstyle="steps-post", label=name)
+        _mark_thresholds(roc_ax, pr_ax, c, color, name)
+    base = next(iter(curves.values()))["positive_rate"]
+    pr_ax.axhline(base, ls="--", color="grey", lw=1, label=f"accept all (precision {base:.2f})")
+    roc_ax.set(xlabel="false accept rate (non-equivalent pairs accepted)", ylabel="true accept rate (recall)",
+               xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), title="ROC")
+    pr_ax.set(xlabel="recall (equivalent pairs accepted)", ylabel="precision of accepted pairs",
+              xlim=(-0.02, 1.02), ylim=(-0.02, 1.05), title="Precision-recall")
+    roc_ax.legend(fontsize=8, loc="lower right")
+    pr_ax.legend(fontsize=8, loc="lower left")
+    return _save(fig, path)
+
+
+def _mark_thresholds(roc_ax, pr_ax, c: dict[str, Any], color, name: str) -> None:
+    for kind, point in c["points"].items():
+        marker, size = ("*", 13) if kind == "chosen" else ("s", 7)
+        label = f"{name} {kind} t={point['threshold']:.3g} (accepts {point['acceptance_rate']:.0%})"
+        if point.get("false_accept_rate") is not None and point.get("recall") is not None:
+            roc_ax.plot([point["false_accept_rate"]], [point["recall"]], marker, color=color, ms=size, mec="black",
+                        label=label)
+        if point.get("precision") is not None and point.get("recall") is not None:
+            pr_ax.plot([point["recall"]], [point["precision"]], marker, color=color, ms=size, mec="black", label=label)
+
+
+PLOTS = {"reliability_diagram": reliability_diagram, "acceptance_scatter": acceptance_scatter,
+         "layer_sweep_plot": layer_sweep_plot, "umap_plot": umap_plot, "verifier_curves": verifier_curves}
+
+
+def draw(plot: str, path: str | Path, args: dict[str, Any]) -> Path:
+    """Draw figure `plot` (a name in PLOTS) to `path`."""
+    if plot not in PLOTS:
+        raise ValueError(f"unknown plot {plot!r}; known: {sorted(PLOTS)}")
+    return PLOTS[plot](path, **args)

@@ -1,0 +1,185 @@
+"""Markdown for probe-eval: the report of one checkpoint and the side-by-side comparison of two.
+
+Everything is rendered from the metrics dict (what metrics.json holds) and the list of figures, so a
+report can be re-rendered from its metrics.json alone.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from train.report.evaluate import CALIBRATION_METRICS
+
+METRIC_LABELS = {"ece_uniform": "ECE (equal-width)", "ece_quantile": "ECE (equal-mass)", "mce": "MCE",
+                 "brier": "Brier", "mae": "MAE", "spearman": "Spearman", "auroc": "AUROC", "auprc": "AUPRC"}
+ACCEPTANCE_METRICS = ("mean_predicted", "mean_empirical", "mae", "rmse", "bias", "spearman", "ece_uniform")
+
+
+def num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.{digits}f}"
+
+
+def ci(entry: dict[str, Any] | None) -> str:
+    """'est [low, high]' from a bootstrap entry."""
+    if not entry or entry.get("estimate") is None:
+        return "–"
+    if entry.get("low") is None:
+        return num(entry["estimate"])
+    return f"{num(entry['estimate'])} [{num(entry['low'])}, {num(entry['high'])}]"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def figure_links(figures: Sequence[dict[str, Any]], section: str) -> str:
+    return "\n\n".join(f"![{f['title']}]({f['file']})\n\n*{f['title']}* (`{f['file']}`)"
+                       for f in figures if f["section"] == section)
+
+
+# ----------------------------------------------------------------------------- sections
+def header(m: dict[str, Any]) -> str:
+    s = m.get("settings", {})
+    held = m.get("heldout") or {}
+    lines = [f"# probe-eval report: `{m.get('checkpoint', {}).get('name')}`", "",
+             f"- checkpoint: `{m.get('checkpoint', {}).get('path')}`",
+             f"- data: `{(m.get('data') or {}).get('folder')}` "
+             f"({'the training data' if (m.get('data') or {}).get('is_training_data') else 'another data folder'})",
+             f"- held out: {held.get('n_questions', '–')} questions — {held.get('how', 'none')}",
+             f"- confidence intervals: {int(100 * (1 - s.get('alpha', 0.1)))}% percentile bootstrap, "
+             f"{s.get('n_boot')} resamples of whole questions; calibration bins: {s.get('n_bins')}; "
+             f"'majority meaning' = label ≥ 0.5",
+             f"- written {m.get('created')}"]
+    return "\n".join(lines)
+
+
+def skipped_section(m: dict[str, Any]) -> str:
+    skipped = m.get("skipped") or []
+    if not skipped:
+        return "## Skipped parts\n\nNone: every part was evaluated."
+    return "## Skipped parts\n\n" + table(["part", "why"], [(f"`{s['part']}`", s["reason"].replace("\n", " "))
+                                                             for s in skipped])
+
+
+def probes_section(part: dict[str, Any] | None, figures) -> str:
+    out = ["## 1. Probe calibration and baselines",
+           "Each probe against the empirical semantic probabilities of held-out steps, next to its baselines "
+           "(constant = mean training label, logprob = the step's mean token log-probability mapped to a "
+           "probability, last_layer = the same MLP on the final layer only). Intervals in brackets."]
+    if not part:
+        return "\n\n".join(out + ["*Not evaluated (see Skipped parts).*"])
+    for name, per_set in part["by_probe"].items():
+        for set_name, blocks in per_set.items():
+            first = next(iter(blocks.values()))
+            out.append(f"### `{name}` on `{set_name}` (n = {first['n']} steps, {first['n_questions']} questions, "
+                       f"mean label {num(first['mean_label'])}, majority share {num(first['positive_rate'])})")
+            out.append(table(["predictor", "mean pred"] + [METRIC_LABELS[k] for k in CALIBRATION_METRICS],
+                             [[f"**{p}**" if p == "probe" else p, num(b["mean_pred"])]
+                              + [ci(b["metrics"][k]) for k in CALIBRATION_METRICS] for p, b in blocks.items()]))
+    out.append(figure_links(figures, "calibration"))
+    return "\n\n".join(out)
+
+
+def acceptance_section(part: dict[str, Any] | None, figures) -> str:
+    out = ["## 2. Acceptance ratio min(1, p/q) on draft steps",
+           "The probes' acceptance probability for each held-out draft step, against the ratio of its empirical "
+           "labels (prob_under_target / semantic_prob). mean_predicted vs mean_empirical is the step "
+           "acceptance rate the probes imply vs the data's."]
+    if not part:
+        return "\n\n".join(out + ["*Not evaluated (see Skipped parts).*"])
+    out.append(table(["from", "n"] + list(ACCEPTANCE_METRICS),
+                     [[f"**{k}**" if k == "probes" else k, b["n"]] + [ci(b["metrics"][m]) for m in ACCEPTANCE_METRICS]
+                      for k, b in part.items()]))
+    out.append(figure_links(figures, "acceptance"))
+    return "\n\n".join(out)
+
+
+def sweep_section(part: dict[str, Any] | None, figures) -> str:
+    out = ["## 3. Per-layer sweep",
+           "One small probe per hidden-state row (quick settings below), held-out Brier score against depth. "
+           "The dashed line is the constant predictor on the same rows."]
+    if not part:
+        return "\n\n".join(out + ["*Not evaluated or disabled (eval.layer_sweep).*"])
+    s = part["settings"]
+    out.append(f"Settings: width {s['hidden_dim']}, ≤ {s['epochs']} epochs, at most {s['max_layers']} layers.")
+    rows = []
+    for role, sweep in part.items():
+        if role == "settings":
+            continue
+        best = sweep.get("best") or {}
+        rows.append([role, ", ".join(sweep["sets"]), sweep["n_train"], sweep["n_val"], len(sweep["entries"]),
+                     best.get("layer", "–"), num(best.get("val_brier")), num(sweep["constant_val_brier"]),
+                     sweep["how"]])
+    out.append(table(["model", "rows", "n train", "n val", "layers", "best layer", "best Brier",
+                      "constant Brier", "split"], rows))
+    out.append(figure_links(figures, "layer_sweep"))
+    return "\n\n".join(out)
+
+
+def umap_section(part: dict[str, Any] | None, figures) -> str:
+    out = ["## 4. Hidden states (UMAP)",
+           "Pooled hidden states of each model's own steps, coloured by their semantic probability in 0.1-wide "
+           "bins (SemanticSpec's figure 2). All questions, subsampled to eval.umap_max_points."]
+    if not part:
+        return "\n\n".join(out + ["*Not evaluated (see Skipped parts).*"])
+    out.append(table(["model", "layer", "points", "points per bin (0.0–0.1 … 0.9–1.0)"],
+                     [[r, p["layer"], p["n"], " ".join(str(c) for c in p["bin_counts"])] for r, p in part.items()]))
+    out.append(figure_links(figures, "umap"))
+    return "\n\n".join(out)
+
+
+def verifiers_section(part: dict[str, Any] | None, figures) -> str:
+    out = ["## 5. Pair verifiers", "Held-out step pairs (does the draft step mean the same as the other?)."]
+    if not part:
+        return "\n\n".join(out + ["*Not evaluated (see Skipped parts).*"])
+    p = part["pairs"]
+    out.append(f"{p['n']} pairs from {p['n_questions']} questions, {p['n_positive']} equivalent; by source: "
+               + ", ".join(f"{k} {v}" for k, v in p["sources"].items()) + ".")
+    rows = []
+    for name, b in part["by_verifier"].items():
+        at = b["at_threshold"]
+        rows.append([name, b["n"], ci(b["metrics"]["auroc"]), ci(b["metrics"]["auprc"]), num(at["threshold"]),
+                     ci(b["metrics"]["acceptance_rate"]), ci(b["metrics"]["precision"]), num(at["recall"]),
+                     num(at["false_accept_rate"])])
+    out.append(table(["verifier", "n", "AUROC", "AUPRC", "threshold", "acceptance", "precision", "recall",
+                      "false accepts"], rows))
+    src = [[name, s, num(a["acceptance_rate"]), num(a["precision"]), num(a["recall"])]
+           for name, b in part["by_verifier"].items() for s, a in b["by_source"].items()]
+    out.append("At the chosen threshold, by pair source:\n\n"
+               + table(["verifier", "source", "acceptance", "precision", "recall"], src))
+    out.append("Agreement of decisions (label = the equivalence label of the data):\n\n"
+               + table(["first", "second", "pairs", "agreement", "Cohen's kappa", "both accept", "both reject",
+                        "only first", "only second"],
+                       [[a["first"], a["second"], a["n"], num(a["agreement"]), num(a["cohen_kappa"]), a["both_accept"],
+                         a["both_reject"], a["only_first"], a["only_second"]] for a in part["agreement"]]))
+    out.append(figure_links(figures, "verifiers"))
+    return "\n\n".join(out)
+
+
+def render_report(metrics: dict[str, Any]) -> str:
+    """The whole report.md from a metrics dict (as written to metrics.json)."""
+    parts = metrics.get("parts", {})
+    figures = metrics.get("figures", [])
+    return "\n\n".join([
+        header(metrics), skipped_section(metrics),
+        probes_section(parts.get("probes"), figures), acceptance_section(parts.get("acceptance"), figures),
+        sweep_section(parts.get("layer_sweep"), figures), umap_section(parts.get("umap"), figures),
+        verifiers_section(parts.get("verifiers"), figures),
+    ]) + "\n"
+
+
+def render_comparison(name_a: str, name_b: str, rows: Sequence[dict[str, Any]]) -> str:
+    """Two checkpoints side by side: every shared headline metric, its delta (B - A) and which is better."""
+    body = table(["metric", f"A: {name_a}", f"B: {name_b}", "Δ (B − A)", "better"],
+                 [[f"`{r['metric']}`", num(r["a"]), num(r["b"]),
+                   "–" if r["delta"] is None else f"{r['delta']:+.3f}", r["better"] or ""] for r in rows])
+    return (f"# probe-eval comparison\n\n- A: `{name_a}`\n- B: `{name_b}`\n\n"
+            "Point estimates of each report (intervals are in the reports themselves). `better` follows the "
+            "metric's direction (lower ECE/Brier/MAE, higher AUROC/Spearman/precision).\n\n" + body + "\n")

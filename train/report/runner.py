@@ -1,0 +1,256 @@
+"""evaluate_checkpoint: checkpoint (+ data) -> report folder (metrics.json, report.md, PNG figures).
+
+    from train.report import evaluate_checkpoint
+    report = evaluate_checkpoint("runs/tiny/checkpoint")            # held-out questions of its own data
+    report.metrics["parts"]["probes"]["table"]                       # every probe next to its baselines
+    report.skipped                                                    # parts that could not be evaluated
+
+Parts are evaluated one by one; a part that cannot be (no such probe, data from another model, no
+pairs) is recorded in metrics.json / report.md under "skipped" with the reason, and the rest go on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from train.report import evaluate as ev
+from train.report import plots, render
+from train.report.inputs import CheckpointFolder, HeldOut, heldout_questions, open_data, read_checkpoint
+from train.report.sections import (EvalContext, PartResult, acceptance_part, guarded, layer_sweep_part, probes_part,
+                                   umap_part)
+from train.report.verifiers import verifiers_part
+
+REPORT_FORMAT = "specprobe-eval-report"
+REPORT_VERSION = 1
+PARTS: dict[str, Callable[[EvalContext], PartResult]] = {
+    "probes": probes_part, "acceptance": acceptance_part, "layer_sweep": layer_sweep_part, "umap": umap_part,
+    "verifiers": verifiers_part,
+}
+
+
+@dataclass
+class Report:
+    """What evaluate_checkpoint wrote."""
+
+    folder: Path
+    metrics: dict[str, Any]
+    figures: list[Path] = field(default_factory=list)
+
+    @property
+    def skipped(self) -> list[dict[str, str]]:
+        return self.metrics.get("skipped", [])
+
+    @property
+    def markdown(self) -> Path:
+        return self.folder / "report.md"
+
+
+# ----------------------------------------------------------------------------- settings
+def eval_settings(ckpt: CheckpointFolder, eval_cfg: Any = None, overrides: Sequence[str] = ()):
+    """The EvalConfig: `eval_cfg` if given, else the checkpoint's own `eval` section; then `overrides`
+    (``eval.n_boot=200`` or ``n_boot=200``)."""
+    from infer.config import EvalConfig, build, to_dict
+
+    if eval_cfg is None:
+        known = {f.name for f in dataclasses.fields(EvalConfig)}
+        base = {k: v for k, v in ckpt.section("eval").items() if k in known}
+    elif isinstance(eval_cfg, EvalConfig):
+        base = to_dict(eval_cfg)
+    else:
+        base = dict(eval_cfg)
+    from infer.config import parse_override
+
+    for text in overrides:
+        keys, value = parse_override(text)
+        keys = keys[1:] if keys[0] == "eval" else keys
+        if len(keys) != 1:
+            raise ValueError(f"override {text!r}: probe-eval takes eval.<key>=<value> overrides only")
+        base[keys[0]] = value
+    return build(EvalConfig, base, "eval settings", prefix="eval.")
+
+
+def default_out(checkpoint: Path) -> Path:
+    """<output_dir>/report for <output_dir>/checkpoint, else <checkpoint>-report next to it."""
+    checkpoint = Path(checkpoint)
+    if checkpoint.name == "checkpoint":
+        return checkpoint.parent / "report"
+    return checkpoint.parent / f"{checkpoint.name}-report"
+
+
+# ----------------------------------------------------------------------------- evaluation
+def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list) -> tuple[EvalContext | None, dict]:
+    """Open the data and pick the held-out questions; None (and a skip) when that is impossible."""
+    holder = EvalContext(ckpt, None, HeldOut([], [], "none"), cfg, device, skipped)
+    opened = guarded(holder, "data", lambda: open_data(ckpt, data))
+    if opened is None:
+        return None, {}
+    ds, same = opened
+    info = {"folder": str(ds.folder), "is_training_data": same, "engines": ds.manifest.get("engines"),
+            "models": ds.manifest.get("models")}
+    held = guarded(holder, "heldout", lambda: heldout_questions(ckpt, ds, same, cfg.split))
+    if held is None:
+        return None, info
+    return EvalContext(ckpt, ds, held, cfg, device, skipped), info
+
+
+def _run_parts(ctx: EvalContext, cfg, print_fn) -> tuple[dict[str, Any], list, dict[str, float]]:
+    enabled = {"layer_sweep": cfg.layer_sweep, "umap": cfg.umap}
+    results, figures, seconds = {}, [], {}
+    for name, fn in PARTS.items():
+        if not enabled.get(name, True):
+            continue
+        start = time.perf_counter()
+        print_fn(f"probe-eval: {name} ...")
+        result = guarded(ctx, name, lambda f=fn: f(ctx))
+        seconds[name] = round(time.perf_counter() - start, 2)
+        if result is not None:
+            results[name] = result.metrics
+            figures.extend(result.figures)
+    return results, figures, seconds
+
+
+def _draw(figures: list, out: Path, skipped: list) -> list[dict[str, Any]]:
+    drawn = []
+    for fig in figures:
+        try:
+            plots.draw(fig.plot, out / fig.file, fig.args)
+        except (ValueError, RuntimeError, KeyError, TypeError) as err:
+            skipped.append({"part": f"figure/{fig.file}", "reason": f"{type(err).__name__}: {err}"})
+            continue
+        drawn.append({"file": fig.file, "title": fig.title, "section": fig.section})
+    return drawn
+
+
+def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike | None = None,
+                        out: str | os.PathLike | None = None, *, eval_cfg: Any = None, overrides: Sequence[str] = (),
+                        wandb: bool = False, device: str | None = None,
+                        print_fn: Callable[[str], None] = print) -> Report:
+    """Evaluate a probe-train checkpoint and write the report folder; returns the Report.
+
+    data: a data folder (default: the checkpoint's training data, evaluated on its held-out questions);
+    out: the report folder (default: see `default_out`); eval_cfg: an EvalConfig or dict (default: the
+    checkpoint's `eval` section); overrides: ``eval.key=value`` strings; wandb: also log to Weights &
+    Biases (offline unless the checkpoint's wandb section says online), files under <out>/wandb.
+    """
+    start = time.perf_counter()
+    ckpt = read_checkpoint(checkpoint)
+    cfg = eval_settings(ckpt, eval_cfg, overrides)
+    out = Path(out) if out is not None else default_out(ckpt.path)
+    out.mkdir(parents=True, exist_ok=True)
+    skipped: list[dict[str, str]] = []
+    ctx, data_info = _context(ckpt, data, cfg, device, skipped)
+    results, figures, seconds = _run_parts(ctx, cfg, print_fn) if ctx is not None else ({}, [], {})
+    metrics = {
+        "format": REPORT_FORMAT, "format_version": REPORT_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "checkpoint": {"path": str(ckpt.path), "name": ckpt.name, "components": ckpt.meta.get("components")},
+        "data": data_info, "heldout": ctx.heldout.to_dict() if ctx is not None else None,
+        "settings": dataclasses.asdict(cfg), "parts": results, "skipped": skipped,
+    }
+    metrics["figures"] = _draw(figures, out, skipped)
+    metrics["seconds"] = {**seconds, "total": round(time.perf_counter() - start, 2)}
+    report = write_report(out, metrics)
+    if wandb:
+        log_to_wandb(report, ckpt)
+    print_fn(f"probe-eval: report in {out} ({len(report.figures)} figures, {len(skipped)} skipped)")
+    return report
+
+
+def write_report(out: Path, metrics: dict[str, Any]) -> Report:
+    metrics = ev.clean(metrics)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    (out / "report.md").write_text(render.render_report(metrics), encoding="utf-8")
+    return Report(out, metrics, [out / f["file"] for f in metrics["figures"]])
+
+
+# ----------------------------------------------------------------------------- wandb
+BOOKKEEPING = {"alpha", "n_boot", "n_valid", "reliability_uniform", "reliability_quantile", "roc", "pr", "edges"}
+
+
+def without_bookkeeping(tree: Any) -> Any:
+    """The metrics without CI settings and curve points (what a run summary should hold)."""
+    if isinstance(tree, dict):
+        return {k: without_bookkeeping(v) for k, v in tree.items() if k not in BOOKKEEPING}
+    return tree
+
+
+def log_to_wandb(report: Report, ckpt: CheckpointFolder) -> None:
+    """Metrics into the run summary, figures as images; files under <report>/wandb (offline by default)."""
+    from infer.config import WandbConfig, build
+    from train.tracking import Tracker
+
+    known = {f.name for f in dataclasses.fields(WandbConfig)}
+    section = {k: v for k, v in ckpt.section("wandb").items() if k in known}
+    section.update(enabled=True, dir=str(report.folder / "wandb"),
+                   run_name=f"{section.get('run_name') or ckpt.name}-eval")
+    section["mode"] = os.environ.get("WANDB_MODE", section.get("mode", "offline"))
+    if section["mode"] not in ("offline", "online"):
+        section["mode"] = "offline"
+    cfg = build(WandbConfig, section, "wandb settings", prefix="wandb.")
+    import wandb
+
+    with Tracker(cfg, run_name=cfg.run_name, output_dir=report.folder, config=report.metrics["settings"],
+                 print_fn=lambda _: None) as tracker:
+        tracker.final({"eval": without_bookkeeping(report.metrics["parts"]), "skipped_parts": len(report.skipped)})
+        tracker.run.log({f"figures/{p.stem}": wandb.Image(str(p)) for p in report.figures})
+        report.metrics["wandb"] = {"dir": tracker.wandb_dir, "mode": cfg.mode}
+    write_report(report.folder, report.metrics)
+
+
+# ----------------------------------------------------------------------------- comparison
+def headline(metrics: dict[str, Any]) -> dict[str, float | None]:
+    """The metrics two reports are compared on, as flat 'part/.../metric' -> point estimate."""
+    parts = metrics.get("parts", {})
+    out: dict[str, float | None] = {}
+    for name, per_set in (parts.get("probes") or {}).get("by_probe", {}).items():
+        for set_name, blocks in per_set.items():
+            for metric in ev.CALIBRATION_METRICS:
+                out[f"{name}/{set_name}/{metric}"] = ev.estimate(blocks["probe"], metric)
+    for metric in ("mean_predicted", "mean_empirical", "mae", "rmse", "spearman", "ece_uniform"):
+        if "probes" in (parts.get("acceptance") or {}):
+            out[f"acceptance/{metric}"] = ev.estimate(parts["acceptance"]["probes"], metric)
+    for role, sweep in (parts.get("layer_sweep") or {}).items():
+        if role != "settings" and sweep.get("best"):
+            out[f"layer_sweep/{role}/best_layer"] = sweep["best"]["layer"]
+            out[f"layer_sweep/{role}/val_brier"] = sweep["best"]["val_brier"]
+    for name, block in (parts.get("verifiers") or {}).get("by_verifier", {}).items():
+        for metric in ("auroc", "auprc", "acceptance_rate", "precision"):
+            out[f"verifiers/{name}/{metric}"] = ev.estimate(block, metric)
+    return out
+
+
+def load_or_evaluate(path: str | os.PathLike, data, out: Path, **kw) -> tuple[str, dict[str, Any]]:
+    """(name, metrics) of a report folder, or of a checkpoint evaluated into `out`."""
+    path = Path(path)
+    metrics_file = path / "metrics.json"
+    if metrics_file.is_file():
+        metrics = json.loads(metrics_file.read_text(encoding="utf-8"))
+        if metrics.get("format") == REPORT_FORMAT:
+            return metrics["checkpoint"]["name"], metrics
+    report = evaluate_checkpoint(path, data, out, **kw)
+    return report.metrics["checkpoint"]["name"], report.metrics
+
+
+def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, data: str | os.PathLike | None = None,
+                        out: str | os.PathLike | None = None, **kw) -> dict[str, Any]:
+    """Two checkpoints (or report folders) side by side: comparison.json and comparison.md in `out`.
+
+    Checkpoints are evaluated into <out>/A and <out>/B (same data and settings for both).
+    """
+    out = Path(out) if out is not None else Path("probe-eval-comparison")
+    out.mkdir(parents=True, exist_ok=True)
+    name_a, ma = load_or_evaluate(a, data, out / "A", **kw)
+    name_b, mb = load_or_evaluate(b, data, out / "B", **kw)
+    rows = ev.compare_metrics(headline(ma), headline(mb))
+    result = ev.clean({"format": "specprobe-eval-comparison", "a": {"name": name_a, "path": str(a)},
+                       "b": {"name": name_b, "path": str(b)}, "rows": rows})
+    (out / "comparison.json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    (out / "comparison.md").write_text(render.render_comparison(f"{name_a} ({a})", f"{name_b} ({b})", rows),
+                                       encoding="utf-8")
+    return result

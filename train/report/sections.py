@@ -1,0 +1,355 @@
+"""The parts of a probe-eval report. Each takes the evaluation context and returns metrics (a JSON-ready
+dict) plus the figures to draw (a plot function name and its arrays), so no part touches matplotlib.
+
+A part raises `PartError` when it cannot be evaluated at all; a sub-part that fails (one baseline, one
+verifier) is recorded with `ctx.skip` and the part goes on.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from probes.acceptance import semantic_accept_prob
+from probes.metrics import brier
+from probes.mlp import ProbeConfig as MLPConfig, fit_probe
+from probes.features import FeatureSpec
+from probes.splits import group_split
+from train.probes_train import ROW_SETS, RowSet, load_row_set
+from train.report import evaluate as ev
+from train.report.inputs import CheckpointFolder, HeldOut, PartError, check_probe_fits_data, predict
+
+log = logging.getLogger(__name__)
+
+# main probe -> (role, the row sets it is evaluated on; the first is its run-time use)
+MAIN_PROBES = {"probe_target": ("target", ["draft_via_target", "target_own"]),
+               "probe_draft": ("draft", ["draft_own"])}
+# extra probes shown next to a main probe: checkpoint file -> label in the tables
+PROBE_COMPARATORS = {"target": {"probe_target_own": "target_own_only", "baseline_last_layer_target": "last_layer"},
+                     "draft": {"baseline_last_layer_draft": "last_layer"}}
+OWN_SET = {"target": "target_own", "draft": "draft_own"}
+LABEL_NAMES = {"target_own": "semantic_prob (target)", "draft_own": "semantic_prob (draft)",
+               "draft_via_target": "prob_under_target"}
+
+
+@dataclass
+class Figure:
+    file: str
+    title: str
+    section: str
+    plot: str  # name of a function in train.report.plots
+    args: dict[str, Any]
+
+
+@dataclass
+class PartResult:
+    metrics: dict[str, Any]
+    figures: list[Figure] = field(default_factory=list)
+
+
+@dataclass
+class EvalContext:
+    """Everything the parts share: checkpoint, data, held-out questions, settings, cached predictions."""
+
+    ckpt: CheckpointFolder
+    ds: Any  # data_gen.store.ProbeDataset
+    heldout: HeldOut
+    cfg: Any  # infer.config.EvalConfig
+    device: str | None = None  # for the embedding model and the judge (None: their default)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    _rows: dict[tuple[str, str], RowSet] = field(default_factory=dict)
+    predictions: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+
+    def skip(self, part: str, reason: str) -> None:
+        log.warning("probe-eval: skipped %s: %s", part, reason)
+        self.skipped.append({"part": part, "reason": reason})
+
+    def rows(self, set_name: str, pooling: str = "mean") -> RowSet:
+        key = (set_name, pooling)
+        if key not in self._rows:
+            model = ROW_SETS[set_name].model
+            if model not in self.ds.manifest.get("models", []) or self.ds.rows(model).size == 0:
+                raise PartError(f"the data folder {self.ds.folder} holds no {model} samples (needed for {set_name})")
+            self._rows[key] = load_row_set(self.ds, set_name, pooling)
+        return self._rows[key]
+
+    def heldout_rows(self, set_name: str, pooling: str = "mean") -> RowSet:
+        rows = self.rows(set_name, pooling)
+        held = rows.take(self.heldout.mask(rows.questions))
+        if len(held) == 0:
+            raise PartError(f"no held-out rows in {set_name} ({len(self.heldout.questions)} held-out questions)")
+        return held
+
+
+def guarded(ctx: EvalContext, part: str, fn: Callable[[], Any]) -> Any:
+    """Run fn; on a PartError (or a data/value error) record the skip and return None."""
+    try:
+        return fn()
+    except (PartError, ValueError, RuntimeError, OSError, KeyError) as err:
+        ctx.skip(part, f"{type(err).__name__}: {err}" if not isinstance(err, PartError) else str(err))
+        return None
+
+
+def _block(ctx: EvalContext, pred: np.ndarray, rows: RowSet) -> dict[str, Any]:
+    c = ctx.cfg
+    return ev.calibration_block(np.clip(pred, 0.0, 1.0), rows.y.double().numpy(), rows.questions,
+                                n_bins=c.n_bins, n_boot=c.n_boot, alpha=c.alpha, seed=c.seed)
+
+
+# ----------------------------------------------------------------------------- probe calibration
+def probe_predictions(ctx: EvalContext, name: str, role: str, set_name: str) -> np.ndarray:
+    """Held-out predictions of checkpoint probe `name` on `set_name` (cached)."""
+    key = (name, set_name)
+    if key not in ctx.predictions:
+        probe = ctx.ckpt.probe(name)
+        cols = check_probe_fits_data(probe, ctx.ds, role, name)
+        rows = ctx.heldout_rows(set_name, probe.spec.pooling)
+        ctx.predictions[key] = predict(probe, rows.x, cols)
+    return ctx.predictions[key]
+
+
+def baseline_predictions(ctx: EvalContext, role: str, rows: RowSet) -> dict[str, np.ndarray]:
+    """Constant and log-probability baselines of `role` from baselines.json."""
+    from train.baselines import ConstantBaseline, LogprobBaseline
+
+    data = ctx.ckpt.read_json("baselines.json", "constant and log-probability baselines")
+    entry = data.get(role) or (data.get("roles") or {}).get(role)
+    if not isinstance(entry, dict):
+        raise PartError(f"baselines.json has no entry for the {role} (keys: {sorted(data)})")
+    return {"logprob": LogprobBaseline.from_dict(entry["logprob"]).predict(rows.logprob),
+            "constant": ConstantBaseline.from_dict(entry["constant"]).predict(len(rows))}
+
+
+def probe_set_blocks(ctx: EvalContext, name: str, role: str, set_name: str) -> tuple[dict, Figure]:
+    """Calibration of a main probe and its comparators on one held-out row set, and its reliability figure."""
+    pred = probe_predictions(ctx, name, role, set_name)
+    probe = ctx.ckpt.probe(name)
+    rows = ctx.heldout_rows(set_name, probe.spec.pooling)
+    blocks = {"probe": _block(ctx, pred, rows)}
+    for file, label in PROBE_COMPARATORS[role].items():
+        if not ctx.ckpt.has_probe(file):
+            ctx.skip(f"{name}/{set_name}/{label}", f"the checkpoint has no {file}")
+            continue
+        other = guarded(ctx, f"{name}/{set_name}/{label}", lambda f=file: probe_predictions(ctx, f, role, set_name))
+        if other is not None:
+            blocks[label] = _block(ctx, other, rows)
+    base = guarded(ctx, f"{name}/{set_name}/baselines", lambda: baseline_predictions(ctx, role, rows))
+    for label, values in (base or {}).items():
+        blocks[label] = _block(ctx, values, rows)
+    figure = Figure(f"reliability_{name}_{set_name}.png",
+                    f"Reliability of {name} on held-out {set_name} ({ROW_SETS[set_name].description})",
+                    "calibration", "reliability_diagram",
+                    {"pred": pred, "label": rows.y.double().numpy(), "n_bins": ctx.cfg.n_bins,
+                     "title": f"{name} on {set_name} (held-out, n={len(rows)})",
+                     "ece": ev.estimate(blocks["probe"], "ece_uniform"), "label_name": LABEL_NAMES[set_name]})
+    return blocks, figure
+
+
+def probes_part(ctx: EvalContext) -> PartResult:
+    """Calibration of the target and draft probes next to their baselines."""
+    metrics: dict[str, Any] = {}
+    figures: list[Figure] = []
+    for name, (role, sets) in MAIN_PROBES.items():
+        if guarded(ctx, name, lambda n=name, r=role: check_probe_fits_data(ctx.ckpt.probe(n), ctx.ds, r, n)) is None:
+            continue
+        for set_name in sets:
+            out = guarded(ctx, f"{name}/{set_name}", lambda n=name, r=role, s=set_name: probe_set_blocks(ctx, n, r, s))
+            if out is not None:
+                metrics.setdefault(name, {})[set_name] = out[0]
+                figures.append(out[1])
+    if not metrics:
+        raise PartError("no probe could be evaluated (see the skipped parts)")
+    return PartResult({"by_probe": metrics, "table": comparison_table(metrics)}, figures)
+
+
+def comparison_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (probe, row set, predictor) with every metric's point estimate and CI."""
+    rows = []
+    for name, per_set in metrics.items():
+        for set_name, blocks in per_set.items():
+            for predictor, block in blocks.items():
+                row = {"probe": name, "set": set_name, "predictor": predictor, "n": block["n"],
+                       "n_questions": block["n_questions"]}
+                row.update({m: block["metrics"][m] for m in ev.CALIBRATION_METRICS})
+                rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------- acceptance ratio
+def acceptance_part(ctx: EvalContext) -> PartResult:
+    """min(1, p/q) from the probes (and from each baseline pair) against the empirical ratio on draft steps."""
+    p = probe_predictions(ctx, "probe_target", "target", "draft_via_target")
+    q = probe_predictions(ctx, "probe_draft", "draft", "draft_own")
+    via = ctx.heldout_rows("draft_via_target", ctx.ckpt.probe("probe_target").spec.pooling)
+    own = ctx.heldout_rows("draft_own", ctx.ckpt.probe("probe_draft").spec.pooling)
+    if not np.array_equal(via.sample_ids, own.sample_ids):
+        raise PartError("draft rows of the target and draft views are not aligned (sample ids differ)")
+    put, sp = via.y.double().numpy(), own.y.double().numpy()
+    c = ctx.cfg
+    pairs = {"probes": (p, q), **acceptance_baselines(ctx, via, own)}
+    blocks = {label: ev.acceptance_block(pb, qb, put, sp, via.questions, n_bins=c.n_bins, n_boot=c.n_boot,
+                                         alpha=c.alpha, seed=c.seed) for label, (pb, qb) in pairs.items()}
+    figure = Figure("acceptance_scatter.png", "Acceptance ratio min(1, p/q) on held-out draft steps: probes vs "
+                    "empirical labels", "acceptance", "acceptance_scatter",
+                    {"predicted": np.asarray(semantic_accept_prob(p, q)), "empirical": ev.empirical_ratio(put, sp),
+                     "title": f"min(1, p/q) on held-out draft steps (n={len(via)})"})
+    return PartResult(blocks, [figure])
+
+
+def acceptance_baselines(ctx: EvalContext, via: RowSet, own: RowSet) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(p, q) pairs of the baselines on the same draft steps: last-layer probes, log-prob, constant."""
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if ctx.ckpt.has_probe("baseline_last_layer_target") and ctx.ckpt.has_probe("baseline_last_layer_draft"):
+        pair = guarded(ctx, "acceptance/last_layer", lambda: (
+            probe_predictions(ctx, "baseline_last_layer_target", "target", "draft_via_target"),
+            probe_predictions(ctx, "baseline_last_layer_draft", "draft", "draft_own")))
+        if pair is not None:
+            out["last_layer"] = pair
+    bt = guarded(ctx, "acceptance/baselines", lambda: (baseline_predictions(ctx, "target", via),
+                                                        baseline_predictions(ctx, "draft", own)))
+    if bt is not None:
+        for label in ("logprob", "constant"):
+            out[label] = (np.clip(bt[0][label], 0, 1), np.clip(bt[1][label], 0, 1))
+    return out
+
+
+# ----------------------------------------------------------------------------- layer sweep
+def sweep_sets(ctx: EvalContext, role: str) -> list[str]:
+    """The row sets the role's main probe was trained on (its recorded `trained_on`), else its own samples."""
+    name = "probe_target" if role == "target" else "probe_draft"
+    if ctx.ckpt.has_probe(name):
+        trained_on = ctx.ckpt.probe(name).extra.get("trained_on")
+        if trained_on and all(s in ROW_SETS for s in trained_on):
+            return list(trained_on)
+    return [OWN_SET[role]]
+
+
+def sweep_split(ctx: EvalContext, questions: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    """(train mask, validation mask, how): checkpoint train questions vs held-out ones, or a fresh split."""
+    train_q = set(ctx.heldout.train_questions)
+    val = ctx.heldout.mask(questions)
+    train = np.isin(questions, np.asarray(sorted(train_q), dtype=object))
+    if train.any() and val.any():
+        return train, val, "trained on the checkpoint's training questions, scored on the held-out ones"
+    held = sorted(set(questions[val].tolist()))
+    if len(held) < 2:
+        raise PartError("the layer sweep needs training questions or at least two held-out questions")
+    tr, va, _ = group_split(held, 0.5, 0.0, ctx.cfg.seed)
+    val_q = np.asarray([held[i] for i in va], dtype=object)
+    is_val = np.isin(questions, val_q)
+    return val & ~is_val, is_val, "no training questions in this data: held-out questions split in half"
+
+
+def sweep_config(ctx: EvalContext, n_train: int) -> MLPConfig:
+    """Quick per-layer probes: the checkpoint's loss and lr, eval.sweep_* width and epochs, no dropout, and
+    batches small enough for at least ~8 optimiser steps per epoch on tiny data."""
+    probe = ctx.ckpt.section("probe")
+    c = ctx.cfg
+    batch = min(int(probe.get("batch_size", 256)), max(16, n_train // 8))
+    return MLPConfig(hidden_dim=c.sweep_hidden_dim, dropout=0.0, loss=probe.get("loss", "bce"),
+                     lr=float(probe.get("lr", 1e-3)), epochs=c.sweep_epochs,
+                     patience=max(2, c.sweep_epochs // 3), batch_size=batch, seed=c.seed)
+
+
+def sweep_role(ctx: EvalContext, role: str) -> dict[str, Any]:
+    """One small probe per stored layer of `role`: held-out Brier/MAE against layer depth."""
+    sets = [ctx.rows(s) for s in sweep_sets(ctx, role)]
+    x, y = torch.cat([s.x for s in sets]), torch.cat([s.y for s in sets])
+    questions = np.concatenate([s.questions for s in sets])
+    train, val, how = sweep_split(ctx, questions)
+    if float(y[torch.from_numpy(train)].max()) == float(y[torch.from_numpy(train)].min()):
+        raise PartError(f"{role}: every training label is equal; nothing to learn per layer")
+    engine = ctx.ds.manifest["engines"][role]
+    num_layers = int(engine["num_layers"])
+    kept = list(ctx.ds.layers(role))
+    rows = ev.sweep_rows(kept, ctx.cfg.sweep_max_layers)
+    tr, va = torch.from_numpy(np.flatnonzero(train)), torch.from_numpy(np.flatnonzero(val))
+    cfg = sweep_config(ctx, len(tr))
+    entries = []
+    for row in rows:
+        col = kept.index(row)
+        spec = FeatureSpec(model_id=engine["model_id"], num_layers=num_layers,
+                           hidden_size=int(engine["hidden_size"]), layers=[row])
+        probe, history = fit_probe(x[tr][:, col:col + 1], y[tr], x[va][:, col:col + 1], y[va], spec, cfg)
+        pred = probe.predict_proba(x[va][:, col:col + 1]).double().numpy()
+        entries.append(ev.sweep_entry(row, num_layers, pred, y[va].double().numpy(), history.epochs_run))
+    constant = brier(np.full(len(va), float(y[tr].double().mean())), y[va].double().numpy())
+    return {"sets": [s.name for s in sets], "how": how, "num_layers": num_layers, "n_train": len(tr),
+            "n_val": len(va), "constant_val_brier": constant, "entries": entries, "best": ev.best_layer(entries)}
+
+
+def layer_sweep_part(ctx: EvalContext) -> PartResult:
+    from train.probes_train import torch_threads
+
+    out: dict[str, Any] = {}
+    with torch_threads(ctx.cfg.num_threads):
+        for role in ("target", "draft"):
+            if role in ctx.ds.manifest.get("models", []):
+                result = guarded(ctx, f"layer_sweep/{role}", lambda r=role: sweep_role(ctx, r))
+                if result is not None:
+                    out[role] = result
+    if not out:
+        raise PartError("no model could be swept (see the skipped parts)")
+    c = ctx.cfg
+    return PartResult({"settings": {"hidden_dim": c.sweep_hidden_dim, "epochs": c.sweep_epochs,
+                                    "max_layers": c.sweep_max_layers}, **out},
+                      [Figure("layer_sweep.png", "Per-layer probes: held-out Brier score against layer depth",
+                              "layer_sweep", "layer_sweep_plot", {"sweeps": out})])
+
+
+# ----------------------------------------------------------------------------- UMAP
+def umap_coordinates(x: np.ndarray, n_neighbors: int, seed: int) -> np.ndarray:
+    """Standardise, PCA to at most 50 dims, then 2-D UMAP (umap-learn on CPU)."""
+    import warnings
+
+    from sklearn.decomposition import PCA
+
+    z = (x - x.mean(axis=0)) / np.maximum(x.std(axis=0), 1e-6)
+    dims = min(50, z.shape[0] - 1, z.shape[1])
+    z = PCA(n_components=dims, random_state=seed).fit_transform(z)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "n_jobs overridden by random_state" and numba chatter
+        import umap
+
+        reducer = umap.UMAP(n_neighbors=ev.umap_neighbors(len(z), n_neighbors), min_dist=0.1, n_components=2,
+                            random_state=seed, init="spectral" if len(z) > n_neighbors + 2 else "random")
+        return reducer.fit_transform(z)
+
+
+def umap_layer(ctx: EvalContext, role: str) -> int:
+    kept = list(ctx.ds.layers(role))
+    option = str(ctx.cfg.umap_layer).strip().lower()
+    if option == "last":
+        return kept[-1]
+    row = int(option)
+    if row not in kept:
+        raise PartError(f"eval.umap_layer {row} is not a stored {role} row (stored: {kept})")
+    return row
+
+
+def umap_role(ctx: EvalContext, role: str) -> dict[str, Any]:
+    rows = ctx.rows(OWN_SET[role])
+    idx = ev.subsample(len(rows), ctx.cfg.umap_max_points, ctx.cfg.seed)
+    row = umap_layer(ctx, role)
+    x = rows.x[torch.from_numpy(idx), list(ctx.ds.layers(role)).index(row)].double().numpy()
+    coords = umap_coordinates(x, ctx.cfg.umap_neighbors, ctx.cfg.seed)
+    labels = rows.y.double().numpy()[idx]
+    return {"layer": row, "n": len(idx), "coords": coords, "bins": ev.probability_bins(labels), "labels": labels}
+
+
+def umap_part(ctx: EvalContext) -> PartResult:
+    panels = {}
+    for role in ("target", "draft"):
+        if role in ctx.ds.manifest.get("models", []):
+            result = guarded(ctx, f"umap/{role}", lambda r=role: umap_role(ctx, r))
+            if result is not None:
+                panels[role] = result
+    if not panels:
+        raise PartError("no hidden states to show (see the skipped parts)")
+    metrics = {role: {"layer": p["layer"], "n": p["n"], "bin_counts": np.bincount(p["bins"], minlength=10).tolist()}
+               for role, p in panels.items()}
+    return PartResult(metrics, [Figure("umap.png", "UMAP of pooled hidden states coloured by semantic-probability "
+                                       "bin (all questions)", "umap", "umap_plot", {"panels": panels})])

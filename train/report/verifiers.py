@@ -1,0 +1,103 @@
+"""The pair-verifier part of probe-eval: embedding threshold and judge-LoRA on held-out step pairs.
+
+Each verifier scores the same held-out pairs (the data's `pairs` table restricted to held-out
+questions, at most eval.max_pairs of them); the report shows ROC and precision-recall curves with the
+checkpoint's chosen threshold marked, acceptance and precision at that threshold, and how the
+verifiers' decisions agree with each other and with the labels.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from train.report import evaluate as ev
+from train.report.inputs import PartError
+from train.report.sections import EvalContext, Figure, PartResult, guarded
+
+JUDGE_DIR = "judge_lora"
+
+
+def heldout_pairs(ctx: EvalContext):
+    """Held-out pairs (train.pair_verifiers.PairSet), subsampled to eval.max_pairs."""
+    from train.pair_verifiers import load_pairs
+
+    pairs = load_pairs(ctx.ds)
+    held = pairs.take(ctx.heldout.mask(pairs.questions))
+    if len(held) == 0:
+        raise PartError(f"no step pairs of held-out questions in {ctx.ds.folder}")
+    return held.take(ev.subsample(len(held), ctx.cfg.max_pairs, ctx.cfg.seed))
+
+
+def embedding_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, Any]]:
+    """Cosines of every pair under the runtime's embedding verifier; its thresholds (chosen, F1-optimal)."""
+    from infer.verifiers import load_embedding_threshold
+
+    if not (ctx.ckpt.path / "embedding_threshold.json").is_file():
+        raise PartError("the checkpoint has no embedding_threshold.json; was 'embedding' in verifiers.train?")
+    verifier = load_embedding_threshold(ctx.ckpt.path, device=ctx.device)
+    info = ctx.ckpt.read_json("embedding_threshold.json", "embedding-threshold verifier")
+    scores = verifier.embedder.cosine(list(pairs.a), list(pairs.b)).double().numpy()
+    thresholds = {"chosen": verifier.threshold}
+    f1 = ((info.get("fit") or {}).get("f1_optimal") or {}).get("threshold")
+    if f1 is not None:
+        thresholds["f1_optimal"] = float(f1)
+    return np.arange(len(pairs)), scores, thresholds, {"model": verifier.describe().get("model")}
+
+
+def judge_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, Any]]:
+    """P(aligned) of the runtime's judge-LoRA on a subset of eval.judge_max_pairs pairs; its threshold."""
+    from infer.judge_prompt import judge_probability
+    from infer.verifiers import load_judge_lora
+
+    if not (ctx.ckpt.path / JUDGE_DIR / "judge.json").is_file():
+        raise PartError(f"the checkpoint has no {JUDGE_DIR}/judge.json; was 'judge' in verifiers.train?")
+    judge = load_judge_lora(ctx.ckpt.path, device=ctx.device)
+    idx = ev.subsample(len(pairs), ctx.cfg.judge_max_pairs, ctx.cfg.seed + 1)
+    items = [(pairs.context_of(i), pairs.a[i], pairs.b[i]) for i in idx]
+    scores = judge_probability(judge.model, judge.tokenizer, items, batch_size=judge.batch_size).double().numpy()
+    return idx, scores, {"chosen": judge.threshold}, {"model": judge.model_id}
+
+
+SCORERS = {"embedding": embedding_scores, "judge": judge_scores}
+
+
+def verifier_entry(ctx: EvalContext, name: str, pairs) -> tuple[dict[str, Any], np.ndarray, np.ndarray, dict]:
+    """(metrics block, indices of the pairs scored, scores, thresholds) of one verifier."""
+    idx, scores, thresholds, info = SCORERS[name](ctx, pairs)
+    labels, source = pairs.labels[idx], pairs.source[idx]
+    c = ctx.cfg
+    block = ev.verifier_block(scores, labels, pairs.questions[idx], thresholds["chosen"], n_boot=c.n_boot,
+                              alpha=c.alpha, seed=c.seed)
+    block.update(info=info, thresholds=thresholds,
+                 other_thresholds={k: ev.at_threshold(scores, labels, t) for k, t in thresholds.items() if k != "chosen"},
+                 by_source={str(s): ev.at_threshold(scores[source == s], labels[source == s], thresholds["chosen"])
+                            for s in sorted(set(source.tolist()))})
+    return block, idx, scores, thresholds
+
+
+def verifiers_part(ctx: EvalContext) -> PartResult:
+    pairs = heldout_pairs(ctx)
+    blocks: dict[str, Any] = {}
+    decisions: dict[str, tuple[np.ndarray, np.ndarray]] = {"label": (np.arange(len(pairs)), pairs.labels.astype(bool))}
+    curves: dict[str, Any] = {}
+    for name in ctx.cfg.verifiers:
+        out = guarded(ctx, f"verifiers/{name}", lambda n=name: verifier_entry(ctx, n, pairs))
+        if out is None:
+            continue
+        block, idx, scores, thresholds = out
+        blocks[name] = block
+        decisions[name] = (idx, scores >= thresholds["chosen"])
+        curves[name] = {"roc": block.get("roc"), "pr": block.get("pr"), "positive_rate": float(pairs.labels[idx].mean()),
+                        "points": {"chosen": block["at_threshold"], **block["other_thresholds"]}}
+    if not blocks:
+        raise PartError("no pair verifier could be evaluated (see the skipped parts)")
+    metrics = {"pairs": {"n": len(pairs), "n_positive": int(pairs.labels.sum()),
+                         "n_questions": len(set(pairs.questions.tolist())),
+                         "sources": {str(s): int((pairs.source == s).sum()) for s in sorted(set(pairs.source.tolist()))}},
+               "by_verifier": blocks, "agreement": ev.agreement_on_common(decisions)}
+    figures = []
+    if any(c["roc"] for c in curves.values()):
+        figures.append(Figure("verifiers_roc_pr.png", "Pair verifiers on held-out pairs: ROC and precision-recall, "
+                              "chosen thresholds marked", "verifiers", "verifier_curves", {"curves": curves}))
+    return PartResult(metrics, figures)
