@@ -1,0 +1,65 @@
+"""probe-eval: calibration and verifier report of a probe-train checkpoint.
+
+Usage:
+    probe-eval --checkpoint runs/tiny/checkpoint                   # held-out questions of its own data
+    probe-eval --checkpoint CKPT --data other/data --out reports/x # every question not used in training
+    probe-eval --checkpoint CKPT eval.n_boot=200 eval.umap=false   # eval.* overrides
+    probe-eval --checkpoint CKPT --wandb                           # also log to wandb (offline: <out>/wandb)
+    probe-eval --compare CKPT_A CKPT_B [--data D] --out reports/ab # two checkpoints (or reports) side by side
+
+Writes <out>/metrics.json, <out>/report.md and PNG figures (default out: <output_dir>/report for
+<output_dir>/checkpoint). Parts that cannot be evaluated (a probe missing from the checkpoint, data from
+another model) are listed as skipped, with the reason; the rest of the report is still written.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="probe-eval", description=__doc__.split("\n\n")[0],
+                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", help="checkpoint folder written by probe-train")
+    parser.add_argument("--data", help="data folder to evaluate on (default: the checkpoint's training data)")
+    parser.add_argument("--out", help="report folder")
+    parser.add_argument("--wandb", action="store_true", help="log metrics and figures to wandb (offline by default)")
+    parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two checkpoints or report folders")
+    parser.add_argument("--device", help="device of the embedding model and judge (default: theirs)")
+    parser.add_argument("overrides", nargs="*", metavar="eval.key=value", help="eval settings, e.g. eval.n_boot=200")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.checkpoint and not args.compare:
+        parser.error("give --checkpoint CKPT or --compare A B")
+    if args.checkpoint and args.compare:
+        parser.error("--checkpoint and --compare are exclusive")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from infer.config import ConfigError
+    from train.report import CheckpointError, compare_checkpoints, evaluate_checkpoint
+
+    try:
+        if args.compare:
+            result = compare_checkpoints(*args.compare, data=args.data, out=args.out, overrides=args.overrides,
+                                         wandb=args.wandb, device=args.device)
+            print(f"probe-eval: comparison of {result['a']['name']} and {result['b']['name']} in "
+                  f"{args.out or 'probe-eval-comparison'}/comparison.md")
+            return 0
+        report = evaluate_checkpoint(args.checkpoint, args.data, args.out, overrides=args.overrides,
+                                     wandb=args.wandb, device=args.device)
+    except (CheckpointError, ConfigError, ValueError, FileNotFoundError) as err:
+        print(f"probe-eval: error: {err}", file=sys.stderr)
+        return 1
+    for s in report.skipped:
+        print(f"  skipped {s['part']}: {s['reason']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
