@@ -1,0 +1,232 @@
+"""probe-eval end to end on a checkpoint trained by the real probe-train training stage on a synthetic
+data folder (tests/_eval_fixtures.py): every part, every figure, errors for one part at a time, the CLI,
+--compare and --wandb."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from matplotlib.image import imread
+
+from data_gen.store import open_dataset
+from train.eval_cli import main
+from train.report import evaluate_checkpoint
+from train.report.evaluate import empirical_ratio
+
+from _eval_fixtures import make_checkpoint, make_data, write_config
+
+QUICK = ["eval.n_boot=30", "eval.layer_sweep=false"]
+FIGURES = ["reliability_probe_target_draft_via_target.png", "reliability_probe_target_target_own.png",
+           "reliability_probe_draft_draft_own.png", "acceptance_scatter.png", "layer_sweep.png",
+           "verifiers_roc_pr.png"]
+
+
+def quiet(_):
+    pass
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    torch.set_num_threads(1)
+    return make_checkpoint(tmp_path_factory.mktemp("eval-ckpt"))
+
+
+@pytest.fixture(scope="module")
+def report(trained, tmp_path_factory):
+    _, ckpt = trained
+    return evaluate_checkpoint(ckpt, out=tmp_path_factory.mktemp("eval-report"), print_fn=quiet)
+
+
+def test_report_writes_every_part_and_figure(report):
+    m = report.metrics
+    assert m["skipped"] == []
+    assert set(m["parts"]) == {"probes", "acceptance", "layer_sweep", "verifiers"}  # umap off in the fixture
+    assert sorted(f["file"] for f in m["figures"]) == sorted(FIGURES)
+    markdown = report.markdown.read_text()
+    for name in FIGURES:
+        image = imread(report.folder / name)
+        assert image.shape[0] > 300 and image.shape[1] > 300
+        assert image[..., :3].std() > 0.05  # not a blank canvas
+        assert f"]({name})" in markdown
+    assert json.loads((report.folder / "metrics.json").read_text()) == m
+    for heading in ("Probe calibration", "Acceptance ratio", "Per-layer sweep", "Pair verifiers", "Skipped parts"):
+        assert heading in markdown
+
+
+def test_heldout_questions_are_the_checkpoints_validation_split(report, trained):
+    _, ckpt = trained
+    split = json.loads((ckpt / "metrics.json").read_text())["split"]
+    assert report.metrics["heldout"]["questions"] == sorted(split["val"])
+    assert report.metrics["data"]["is_training_data"] is True
+
+
+@pytest.mark.parametrize("probe, set_name", [("probe_target", "draft_via_target"), ("probe_target", "target_own"),
+                                             ("probe_draft", "draft_own")])
+def test_numbers_match_probe_trains_own_validation(report, trained, probe, set_name):
+    """The report recomputes every predictor on the held-out rows; probe-train scored the same rows."""
+    _, ckpt = trained
+    theirs = json.loads((ckpt / "metrics.json").read_text())["probes"][probe]["val"][set_name]
+    theirs = {("target_own_only" if k == "variant" else k): v for k, v in theirs.items()}  # probe-train's name
+    ours = report.metrics["parts"]["probes"]["by_probe"][probe][set_name]
+    assert set(ours) == set(theirs)  # probe, target_own_only (target), last_layer, logprob, constant
+    for predictor, block in ours.items():
+        assert block["n"] == theirs[predictor]["n"]
+        for metric in ("ece_uniform", "ece_quantile", "brier", "mae", "auroc"):
+            assert block["metrics"][metric]["estimate"] == pytest.approx(theirs[predictor][metric], abs=1e-6), \
+                (predictor, metric)
+        assert block["metrics"]["mce"]["estimate"] == pytest.approx(theirs[predictor]["mce_uniform"], abs=1e-6)
+    table = report.metrics["parts"]["probes"]["table"]
+    assert {r["predictor"] for r in table if r["probe"] == probe and r["set"] == set_name} == set(ours)
+
+
+def test_acceptance_uses_the_empirical_ratio_of_heldout_draft_steps(report, trained):
+    cfg, _ = trained
+    ds = open_dataset(cfg.data_dir)
+    held = set(report.metrics["heldout"]["questions"])
+    rows = ds.rows("draft", np.isin(ds.column("question_id"), list(held)))
+    expected = empirical_ratio(ds.column("prob_under_target")[rows], ds.column("semantic_prob")[rows])
+    part = report.metrics["parts"]["acceptance"]
+    assert part["probes"]["n"] == len(rows)
+    assert part["probes"]["metrics"]["mean_empirical"]["estimate"] == pytest.approx(expected.mean())
+    assert set(part) == {"probes", "last_layer", "logprob", "constant"}
+    # on this data the probes track the ratio far better than a constant p/q
+    assert part["probes"]["metrics"]["mae"]["estimate"] < part["constant"]["metrics"]["mae"]["estimate"]
+
+
+def test_layer_sweep_covers_every_stored_layer(report):
+    sweep = report.metrics["parts"]["layer_sweep"]
+    for role in ("target", "draft"):
+        entries = sweep[role]["entries"]
+        assert [e["layer"] for e in entries] == [0, 1, 2, 3, 4]
+        assert [e["depth"] for e in entries] == pytest.approx([0, 0.25, 0.5, 0.75, 1.0])
+        assert sweep[role]["n_val"] > 0 and sweep[role]["n_train"] > 0
+    assert sweep["target"]["sets"] == ["target_own", "draft_via_target"]  # what probe_target was trained on
+    # the synthetic signal grows with depth: the last layer beats the embeddings and the constant
+    target = sweep["target"]["entries"]
+    assert target[-1]["val_brier"] < target[0]["val_brier"]
+    assert sweep["target"]["best"]["val_brier"] < sweep["target"]["constant_val_brier"]
+
+
+def test_pair_verifier_metrics(report):
+    part = report.metrics["parts"]["verifiers"]
+    emb = part["by_verifier"]["embedding"]
+    assert emb["n"] == part["pairs"]["n"] > 0
+    assert emb["thresholds"]["chosen"] == pytest.approx(emb["at_threshold"]["threshold"])
+    assert 0 < emb["at_threshold"]["acceptance_rate"] <= 1
+    assert emb["metrics"]["auroc"]["estimate"] > 0.8  # meanings come from separate sentence pools
+    assert set(emb["by_source"]) == {"cluster", "draft_vs_target"}
+    [agree] = part["agreement"]
+    assert (agree["first"], agree["second"], agree["n"]) == ("label", "embedding", emb["n"])
+
+
+def test_missing_probe_skips_its_parts_and_reports_the_rest(trained, tmp_path):
+    _, ckpt = trained
+    partial = tmp_path / "checkpoint"
+    shutil.copytree(ckpt, partial)
+    for suffix in (".json", ".safetensors"):
+        (partial / f"probe_draft{suffix}").unlink()
+    report = evaluate_checkpoint(partial, out=tmp_path / "report", overrides=QUICK, print_fn=quiet)
+    reasons = {s["part"]: s["reason"] for s in report.skipped}
+    assert "no probe 'probe_draft'" in reasons["probe_draft"]
+    assert "no probe 'probe_draft'" in reasons["acceptance"]
+    parts = report.metrics["parts"]
+    assert list(parts["probes"]["by_probe"]) == ["probe_target"]
+    assert "embedding" in parts["verifiers"]["by_verifier"]
+    files = {f["file"] for f in report.metrics["figures"]}
+    assert "reliability_probe_target_draft_via_target.png" in files and "acceptance_scatter.png" not in files
+    markdown = report.markdown.read_text()
+    assert "`probe_draft`" in markdown and "no probe 'probe_draft'" in markdown
+
+
+@pytest.mark.parametrize("engine_change, message", [
+    ({"model_id": "someone/other-model"}, "different model"),
+    ({"num_layers": 6}, "6 layers"),
+])
+def test_data_from_another_model_skips_the_probes_but_not_the_verifiers(trained, tmp_path, engine_change, message):
+    _, ckpt = trained
+    _, other_cfg = write_config(tmp_path, tmp_path / "other")
+    engines = {role: {"model_id": f"synthetic/{role}-4l", "revision": None, "num_layers": 4, "hidden_size": 16,
+                      "vocab_size": 100, "name": "x"} for role in ("target", "draft")}
+    engines["target"].update(engine_change)
+    engines["draft"].update(engine_change)
+    data = make_data(other_cfg, n_questions=4, seed=9, engines=engines)
+    report = evaluate_checkpoint(ckpt, data=data, out=tmp_path / "report", overrides=QUICK, print_fn=quiet)
+    reasons = {s["part"]: s["reason"] for s in report.skipped}
+    assert message in reasons["probe_target"] and "another target model" in reasons["probe_target"]
+    assert "another draft model" in reasons["probe_draft"]
+    assert "probes" in reasons and "acceptance" in reasons
+    assert report.metrics["data"]["is_training_data"] is False
+    assert "embedding" in report.metrics["parts"]["verifiers"]["by_verifier"]
+    assert (report.folder / "verifiers_roc_pr.png").is_file()
+    assert "another target model" in report.markdown.read_text()
+
+
+def test_foreign_data_holds_out_every_question_not_trained_on(trained, tmp_path):
+    cfg, ckpt = trained
+    _, other_cfg = write_config(tmp_path, tmp_path / "other")
+    data = make_data(other_cfg, n_questions=12, seed=3, engines=open_dataset(cfg.data_dir).manifest["engines"])
+    report = evaluate_checkpoint(ckpt, data=data, out=tmp_path / "report", overrides=QUICK, print_fn=quiet)
+    train_q = set(json.loads((ckpt / "metrics.json").read_text())["split"]["train"])
+    held = report.metrics["heldout"]["questions"]
+    # the synthetic folders share question ids q000..q011: the checkpoint's training questions are left out
+    assert set(held) == {f"q{i:03d}" for i in range(12)} - train_q
+    assert report.skipped == []
+
+
+def test_cli_report_and_errors(trained, tmp_path, capsys):
+    _, ckpt = trained
+    out = tmp_path / "cli"
+    assert main(["--checkpoint", str(ckpt), "--out", str(out), *QUICK, "eval.n_bins=5"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["settings"]["n_boot"] == 30 and metrics["settings"]["n_bins"] == 5
+    assert not (out / "layer_sweep.png").exists()
+    assert main(["--checkpoint", str(tmp_path / "nope")]) == 1
+    assert "checkpoint folder not found" in capsys.readouterr().err
+    assert main(["--checkpoint", str(tmp_path), "--out", str(tmp_path / "x")]) == 1
+    assert "no checkpoint.json" in capsys.readouterr().err
+    assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "y"), "eval.alpha=3"]) == 1
+    assert "eval.alpha must be in (0, 1)" in capsys.readouterr().err
+
+
+def test_compare_two_reports(report, trained, tmp_path):
+    _, ckpt = trained
+    other = evaluate_checkpoint(ckpt, out=tmp_path / "b", overrides=QUICK + ["eval.n_bins=5"], print_fn=quiet)
+    assert main(["--compare", str(report.folder), str(other.folder), "--out", str(tmp_path / "ab")]) == 0
+    result = json.loads((tmp_path / "ab" / "comparison.json").read_text())
+    rows = {r["metric"]: r for r in result["rows"]}
+    # same probes, same rows: Brier does not depend on the bins, ECE does
+    assert rows["probe_target/draft_via_target/brier"]["delta"] == pytest.approx(0.0)
+    ece = rows["probe_target/draft_via_target/ece_uniform"]
+    assert ece["delta"] == pytest.approx(ece["b"] - ece["a"]) and ece["a"] != ece["b"]
+    assert "layer_sweep/target/val_brier" not in rows  # B has no sweep
+    markdown = (tmp_path / "ab" / "comparison.md").read_text()
+    assert "Δ (B − A)" in markdown and "`probe_target/draft_via_target/ece_uniform`" in markdown
+
+
+@pytest.mark.slow
+def test_wandb_offline_logs_metrics_and_figures(trained, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    _, ckpt = trained
+    out = tmp_path / "w"
+    assert main(["--checkpoint", str(ckpt), "--out", str(out), "--wandb", *QUICK]) == 0
+    runs = list((out / "wandb").rglob("offline-run-*"))
+    assert runs and any(runs[0].rglob("*.wandb"))
+    images = list(runs[0].rglob("media/images/**/*.png"))
+    assert len(images) == 5  # every figure of the report (no layer sweep here)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["wandb"]["mode"] == "offline"
+
+
+@pytest.mark.slow
+def test_umap_view(trained, tmp_path):
+    _, ckpt = trained
+    report = evaluate_checkpoint(ckpt, out=tmp_path, overrides=QUICK + ["eval.umap=true", "eval.umap_max_points=60"],
+                                 print_fn=quiet)
+    part = report.metrics["parts"]["umap"]
+    for role in ("target", "draft"):
+        assert part[role]["n"] == 60 and part[role]["layer"] == 4 and sum(part[role]["bin_counts"]) == 60
+    image = imread(tmp_path / "umap.png")
+    assert image.shape[1] > 600 and image[..., :3].std() > 0.05
