@@ -3,11 +3,18 @@
 Prefix reuse: a prompt's KV cache is computed once and shared by every sample drawn after it (the
 cache is repeated along the batch, not recomputed), and the last few prefixes are kept so that a
 growing chain (the decoding runtime) only encodes its new tokens.
+
+The decoding runtime uses `generate_steps` / `open_batch`: rows with different prefixes, seeds and
+token caps decode in one batch (`infer.engines.decode.DecodeBatch`), optionally with token-level
+speculation inside each step (`set_token_spec`: prompt-lookup n-grams or an assistant model with the
+same tokenizer; exact under greedy decoding, lossless under sampling). Forward passes and the prefix
+cache are guarded by a lock, so one engine may be driven from several threads (async runtime).
 """
 from __future__ import annotations
 
 import copy
 import logging
+import threading
 from collections import OrderedDict
 from typing import Sequence
 
@@ -15,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from infer.engines.base import EngineInfo, SamplingParams, ScoredStep, Step
+from infer.engines.token_spec import AssistantProposer, NgramProposer, TokenSpecConfig
 from infer.models import describe_source, load_model
 
 log = logging.getLogger(__name__)
@@ -88,6 +96,7 @@ class HFStepEngine:
         prefix_cache_size: int = 4,
         model=None,
         tokenizer=None,
+        stop_at_eos: bool = True,
     ):
         if model is None:
             model, tokenizer = load_model(model_name, device=device, dtype=dtype, cache_dir=cache_dir)
@@ -111,7 +120,13 @@ class HFStepEngine:
         )
         self._prefix_cache: OrderedDict[tuple[int, ...], tuple[object, torch.Tensor]] = OrderedDict()
         self._prefix_cache_size = prefix_cache_size
-        self.stats = {"forward_passes": 0, "prefill_tokens": 0, "decode_tokens": 0, "reused_prefix_tokens": 0}
+        self.stats = {"forward_passes": 0, "prefill_tokens": 0, "decode_tokens": 0, "reused_prefix_tokens": 0,
+                      "spec_rounds": 0, "spec_proposed": 0, "spec_accepted": 0}
+        # False only for system-speed runs: random-weight models emit EOS by chance
+        self.stop_at_eos = stop_at_eos
+        self.token_spec: TokenSpecConfig | None = None
+        self._proposer = None
+        self.lock = threading.RLock()
 
     # ---------------------------------------------------------------- text <-> ids
     def format_prefix(self, question: str, steps: Sequence[str] = (), delimiter: str = "\n\n") -> str:
@@ -144,12 +159,16 @@ class HFStepEngine:
 
     # ---------------------------------------------------------------- forward helpers
     def _forward(self, **kw):
-        self.stats["forward_passes"] += 1
-        with torch.inference_mode():
+        with self.lock, torch.inference_mode():
+            self.stats["forward_passes"] += 1
             return self.model(**kw)
 
     def _prefill(self, ids: list[int]):
         """KV cache and final logits for one prefix, reusing the longest cached prefix of it."""
+        with self.lock:
+            return self._prefill_locked(ids)
+
+    def _prefill_locked(self, ids: list[int]):
         key = tuple(ids)
         if key in self._prefix_cache:
             self._prefix_cache.move_to_end(key)
@@ -169,7 +188,7 @@ class HFStepEngine:
         self.stats["prefill_tokens"] += len(new)
         inp = torch.tensor([new], device=self.device)
         pos = torch.arange(len(ids) - len(new), len(ids), device=self.device)[None]
-        out = self._forward(input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=True)
+        out = self._forward(input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=True, logits_to_keep=1)
         cache, logits = out.past_key_values, out.logits[0, -1].float()
         self._prefix_cache[key] = (cache, logits)
         while len(self._prefix_cache) > self._prefix_cache_size:
@@ -217,7 +236,7 @@ class HFStepEngine:
                 tid = int(next_ids[b])
                 tokens[row].append(tid)
                 logprobs[row] += float(token_lp[b])
-                if tid in self.eos_ids:
+                if self.stop_at_eos and tid in self.eos_ids:
                     done[row] = Step(tok.decode(tokens[row][:-1]), tokens[row], "eos", logprobs[row])
                     continue
                 text = tok.decode(tokens[row])
@@ -243,8 +262,72 @@ class HFStepEngine:
         return [s for s in done if s is not None]
 
     def generate_step(self, prefix: str, params: SamplingParams) -> Step:
-        """One continuation of one prefix (the decoding runtime's unit of work)."""
-        return self.sample([prefix], 1, params)[0][0]
+        """One continuation of one prefix (seeded by params.seed; token speculation when it is on)."""
+        return self.generate_steps([prefix], params)[0]
+
+    # ---------------------------------------------------------------- runtime decoding
+    def set_token_spec(self, spec: TokenSpecConfig | None, assistant: "HFStepEngine | None" = None) -> None:
+        """Turn token-level speculation inside steps on (or off with None).
+
+        ngram: prompt lookup over the prompt and the step so far. assistant: greedy proposals from
+        `assistant` (an engine whose tokenizer must equal this one's).
+        """
+        if spec is None:
+            self.token_spec, self._proposer = None, None
+            return
+        if spec.method == "ngram":
+            proposer = NgramProposer(spec.ngram_size, spec.min_ngram)
+        else:
+            if assistant is None:
+                raise ValueError("token_spec 'assistant' needs an assistant engine (the draft model)")
+            proposer = AssistantProposer(assistant, self.tokenizer)
+        self.token_spec, self._proposer = spec, proposer
+
+    def token_proposer(self):
+        return self._proposer
+
+    def open_batch(self, params: SamplingParams):
+        """An empty DecodeBatch on this engine (rows can be added while it runs)."""
+        from infer.engines.decode import DecodeBatch
+
+        return DecodeBatch(self, params)
+
+    def generate_steps(self, prefixes: Sequence[str], params: SamplingParams, *,
+                       seeds: Sequence[int | None] | None = None,
+                       caps: Sequence[int] | None = None) -> list[Step]:
+        """One step after each prefix, all rows decoded in one batch (one forward per token).
+
+        seeds: one sampling seed per row (default params.seed + row index); caps: per-row token caps
+        (at most params.max_step_tokens). Under greedy decoding each row is what decoding it alone gives.
+        """
+        from infer.engines.decode import make_row_specs
+
+        if not prefixes:
+            return []
+        batch = self.open_batch(params)
+        results = dict(batch.add(make_row_specs(self, prefixes, params, seeds, caps)))
+        results.update(batch.run())
+        return [results[i] for i in range(len(prefixes))]
+
+    def greedy_continue(self, ids: list[int], k: int) -> list[int]:
+        """k greedy tokens after `ids` (assistant proposals); stops early at EOS."""
+        out: list[int] = []
+        if k < 1:
+            return out
+        with self.lock:
+            cache, logits = self._prefill(list(ids))
+            position = len(ids)
+            while True:
+                tok = int(logits.argmax(-1))
+                out.append(tok)
+                if len(out) >= k or tok in self.eos_ids:
+                    return out
+                inp = torch.tensor([[tok]], device=self.device)
+                pos = torch.tensor([[position]], device=self.device)
+                res = self._forward(input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=True)
+                self.stats["decode_tokens"] += 1
+                cache, logits = res.past_key_values, res.logits[0, -1]
+                position += 1
 
     # ---------------------------------------------------------------- teacher forcing
     def _layer_index(self, layers: Sequence[int] | None) -> list[int]:
