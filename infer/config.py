@@ -271,17 +271,26 @@ class EvalConfig:
 @dataclass
 class RuntimeConfig:
     method: Literal["target", "draft", "semanticspec", "lr_sync", "lr_async"] = opt(
-        "lr_sync", "decoding method")
-    gamma: int = opt(3, "draft steps per cycle (lookahead depth)")
-    width: int = opt(1, "draft branches per position (multi-branch LR)")
+        "lr_sync", "decoding method: target / draft (baselines), semanticspec, lr_sync, lr_async")
+    gamma: int = opt(3, "draft steps per cycle (lookahead depth γ); sync LR runs γ+1 target steps in one batch")
+    width: int = opt(1, "draft branches per position (multi-branch LR, sync only; the tree has W^γ leaves)")
     verifier: str = opt("probe", "probe | embedding | judge | llm_judge | exact | accept_all | reject_all | bernoulli")
     checkpoint: str | None = opt(None, "checkpoint folder with trained verifiers (default: <output_dir>/checkpoint)")
     bernoulli_alpha: float = opt(0.6, "acceptance probability of the bernoulli verifier")
-    llm_judge_model: str | None = opt(None, "instruct model for the prompted llm_judge verifier")
-    max_new_tokens: int = opt(512, "token limit of one generation")
-    max_steps: int = opt(40, "step limit of one generation")
-    token_spec: Literal["none", "ngram", "assistant"] = opt("none", "token-level speculation inside a step")
-    ngram_size: int = opt(3, "prompt-lookup n-gram size")
+    probe_eps: float = opt(1e-6, "guard of the probe rule min(1, p / max(q, eps)) when q -> 0")
+    judge_threshold: float | None = opt(None, "accept when P(aligned) >= this (default: judge.json's, else 0.5); "
+                                              "for embedding: overrides the fitted cosine threshold")
+    llm_judge_model: str | None = opt(None, "instruct model for the prompted llm_judge verifier "
+                                            "('target' reuses the target model)")
+    allow_model_mismatch: bool = opt(False, "accept probes trained on a model of the same shape under another name")
+    max_new_tokens: int = opt(512, "token limit of one generation (target tokens); stop reason max_new_tokens")
+    max_steps: int = opt(40, "step limit of one generation; stop reason max_steps")
+    accept_length_cut: bool = opt(False, "allow accepting a draft step cut by the step-token cap (LR never does; "
+                                         "system-speed runs set it, random models rarely write the delimiter)")
+    token_spec: Literal["none", "ngram", "assistant"] = opt(
+        "none", "token-level speculation inside each target step: ngram (prompt lookup) or assistant "
+                "(the draft model, same tokenizer only); a method suffix +ngram/+assistant sets it per method")
+    ngram_size: int = opt(3, "prompt-lookup n-gram size (longest n tried first, down to 1)")
     num_speculative_tokens: int = opt(8, "tokens proposed per token-level speculation round")
     seed: int = opt(0, "seed of sampling and acceptance draws")
 
@@ -292,15 +301,42 @@ class RuntimeConfig:
             _positive(self, name)
         if not 0 <= self.bernoulli_alpha <= 1:
             raise ConfigError("runtime.bernoulli_alpha must be in [0, 1]")
+        if not self.probe_eps > 0:
+            raise ConfigError("runtime.probe_eps must be > 0")
+        if self.judge_threshold is not None and not -1 <= self.judge_threshold <= 1:
+            raise ConfigError("runtime.judge_threshold must be in [-1, 1] (cosine) or [0, 1] (judge)")
+        kinds = ("probe", "embedding", "judge", "llm_judge", "exact", "accept_all", "reject_all", "bernoulli")
+        if self.verifier not in kinds:
+            raise ConfigError(f"runtime.verifier {self.verifier!r} is not one of {list(kinds)}")
+        if self.method == "lr_async" and self.width != 1:
+            raise ConfigError("runtime.width > 1 (multi-branch) needs method lr_sync")
 
 
 @dataclass
 class BenchConfig:
-    source: SourceConfig = section(SourceConfig, "problems to decode (same fields as `source`)")
+    source: SourceConfig = section(SourceConfig, "problems to decode: kind reasoning_gym (offline), gsm8k, or jsonl "
+                                                 "(a local file, or a hub name: math500, aime24, amc23, ...)")
     num_problems: int = opt(4, "problems per method")
     methods: list[str] = opt(["target", "draft", "semanticspec", "lr_sync", "lr_async", "lr_sync+ngram"],
-                             "methods run in one benchmark, each over the same problems")
+                             "methods run in one benchmark, each over the same problems; a method may carry "
+                             "+ngram/+assistant (token speculation) and :key=value runtime overrides, "
+                             "e.g. lr_sync:width=2:gamma=2")
+    prompt_suffix: str = opt("\nPlease reason step by step, and put your final answer within \\boxed{}.",
+                             "appended to every question")
     system_speed: bool = opt(False, "random-weight models and a Bernoulli verifier: measure the runtime itself")
+    system_target: str = opt("random:qwen2-0.5b", "target of system-speed mode (random:<size>)")
+    system_draft: str = opt("random:llama-20m", "draft of system-speed mode (random:<size>)")
+    warmup: bool = opt(True, "one untimed generation per method before timing (allocations, lazy init)")
+    trace: bool = opt(True, "write the per-cycle JSONL trace of every generation")
+    out_dir: str | None = opt(None, "where results go (default <output_dir>/bench)")
+
+    def __post_init__(self) -> None:
+        _positive(self, "num_problems")
+        if not self.methods:
+            raise ConfigError("bench.methods is empty")
+        for name in ("system_target", "system_draft"):
+            if not getattr(self, name).startswith("random:"):
+                raise ConfigError(f"bench.{name} must name a random:<size> model, got {getattr(self, name)!r}")
 
 
 @dataclass
