@@ -1,0 +1,102 @@
+"""SemanticSpec decoding (paper 003, Alg. 1): probes decide, the target only regenerates on rejection.
+
+One cycle:
+1. The draft writes γ' = min(γ, steps left) steps s̃₁..s̃_γ' one after the other (it stops early at an
+   EOS step or a step cut by the token cap).
+2. ONE teacher-forced target pass over context ⊕ s̃₁..s̃_γ' (`score_chain`) gives the target's hidden
+   states of every draft step; the draft's own hidden states of the same steps come from one
+   teacher-forced draft pass (the draft wrote them, so this is what it saw).
+3. Step by step: accept s̃_i with probability min(1, p_i / max(q_i, eps)) (p from the target probe, q
+   from the draft probe; the draw is seeded by the prefix, see common.seed_for). At the first rejection
+   the target writes that step itself and the remaining drafts are dropped. When every draft passes the
+   next cycle starts from the new prefix (no bonus step: the target pass wrote nothing).
+A draft cut by the step-token cap or empty is treated as rejected (the target rewrites it). Any
+verifier that judges a draft without the target's own step also plugs in (bernoulli, accept_all,
+reject_all); then no hidden states are read, but the target pass still runs, as in the algorithm.
+"""
+from __future__ import annotations
+
+import time
+
+from infer.decoding.common import DecodeOptions, GenerationResult, GenState, seed_for, step_record
+from infer.decoding.lookahead import _check_verifier, _length_cut_verdict
+from infer.verifiers import StepContext, Verdict, Verifier, VerifyItem
+
+
+def semanticspec(question: str, target, draft, verifier: Verifier, opts: DecodeOptions) -> GenerationResult:
+    _check_verifier(verifier, draft)
+    if verifier.needs_target_step:
+        raise ValueError(f"SemanticSpec judges a draft step without the target's own step; the {verifier.name} "
+                         "verifier needs one. Use probe (or bernoulli / accept_all / reject_all), or run "
+                         "Lookahead Reasoning (lr_sync / lr_async) with this verifier")
+    state = GenState(question, target, draft, opts, "semanticspec")
+    while not state.done:
+        _cycle(state, target, draft, verifier)
+    return state.finish("semanticspec")
+
+
+def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
+    opts, stats = state.opts, state.stats
+    cycle = stats.cycles
+    g = min(opts.gamma, state.steps_left)  # >= 1 and cap() >= 1 while the generation runs
+    drafts, tokens = [], []
+    for _ in range(g):
+        used = sum(tokens)
+        cap = state.cap(used)
+        if cap < 1:
+            break
+        prefix = state.prefix(draft, [d.text for d in drafts])
+        step = state.generate(draft, "draft", [prefix], [seed_for(opts.seed, "draft", prefix, 0)], [cap],
+                              opts.draft_params)[0]
+        drafts.append(step)
+        tokens.append(state.count_tokens(step, draft))
+        if not state.acceptable(step) or step.stop_reason == "eos":
+            break
+    texts = [d.text for d in drafts]
+    # one teacher-forced target pass over all drafts (and the draft's own pass when probes need it)
+    t0 = time.perf_counter()
+    scorable = [i for i, t in enumerate(texts) if t]
+    need = verifier.needs_features
+    t_scored = target.score_chain(state.prefix(target), [texts[i] for i in scorable], hidden=need,
+                                  layers=verifier.layers("target") if need else None) if scorable else []
+    d_scored = draft.score_chain(state.prefix(draft), [texts[i] for i in scorable], hidden=True,
+                                 layers=verifier.layers("draft")) if need and scorable else []
+    stats.score_time_s += time.perf_counter() - t0
+    feats = {}
+    if need:
+        for i, ts, ds in zip(scorable, t_scored, d_scored):
+            feats[i] = (verifier.pooled(ts, "target"), verifier.pooled(ds, "draft"))
+    # decide in order; only the decisions the walk reaches are drawn
+    committed, positions, verdicts = [], [], []
+    for i, step in enumerate(drafts):
+        prefix = state.prefix(target)
+        if not state.acceptable(step):
+            verdict = _length_cut_verdict()
+        elif not step.text:
+            verdict = Verdict(False, float("nan"), 0.0, {"reason": "empty"})
+        else:
+            tf, df = feats.get(i, (None, None))
+            item = VerifyItem(StepContext(state.question, tuple(state.texts())), step.text, None, df, tf,
+                              seed_for(opts.seed, "accept", prefix, 0), {"position": i, "branch": 0})
+            t0 = time.perf_counter()
+            verdict = verifier.verify([item])[0]
+            stats.verify_time_s += time.perf_counter() - t0
+        verdicts.append(verdict)
+        stats.record_position(i, verdict.accepted)
+        positions.append({"position": i, "accepted": verdict.accepted, "branch": 0})
+        if verdict.accepted:
+            committed.append(state.commit(step, "draft", tokens[i]).to_dict())
+            if state.done:
+                break
+            continue
+        regen = state.generate(target, "target", [prefix], [seed_for(opts.seed, "target", prefix, 0)],
+                               [state.cap()], opts.target_params)[0]
+        committed.append(state.commit(regen, "target", state.count_tokens(regen, target)).to_dict())
+        break
+    stats.cycles += 1
+    state.add_trace({
+        "cycle": cycle, "start_step": len(state.steps) - len(committed),
+        "drafts": [step_record(d, t, depth=i, branch=0, verdict=v.to_dict() if i < len(verdicts) else None)
+                   for i, (d, t, v) in enumerate(zip(drafts, tokens, verdicts + [None] * len(drafts)))],
+        "targets": [], "positions": positions, "committed": committed,
+    })

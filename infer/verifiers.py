@@ -1,0 +1,453 @@
+"""Step verifiers behind one interface, and loading them from a probe-train checkpoint.
+
+Every verifier answers the same question: may this drafted step stand in for what the target would
+write here? `verify(items)` returns one `Verdict` per item (accepted, score, acceptance probability);
+`score(context, step, reference=None)` returns the acceptance probability of a single step.
+
+| kind | needs | decision |
+|---|---|---|
+| probe | hidden states of the draft step under both models | accept with prob min(1, p/max(q, eps)) (SemanticSpec) |
+| embedding | the target's own step | cosine(draft, target) >= threshold |
+| judge | the target's own step | judge-LoRA P(aligned) >= threshold, one forward pass |
+| llm_judge | the target's own step | prompted instruct model P(aligned) >= threshold, one forward pass |
+| exact | the target's own step | equal after lower-casing and removing all whitespace |
+| accept_all / reject_all / bernoulli | nothing | always / never / with prob α (for measurement) |
+
+Random draws are seeded per decision (`VerifyItem.seed`), so a decision does not depend on how many
+draws happened before it (the async runtime verifies in a timing-dependent order).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from probes.acceptance import DEFAULT_EPS, bernoulli, make_rng, semantic_accept_prob
+
+VERIFIER_KINDS = ("probe", "embedding", "judge", "llm_judge", "exact", "accept_all", "reject_all", "bernoulli")
+CHECKPOINT_KINDS = ("probe", "embedding", "judge")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing a component or does not fit the models it is used with."""
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a step is judged after: the question and the steps before it."""
+
+    question: str
+    steps: tuple[str, ...] = ()
+
+    def text(self, delimiter: str = "\n\n") -> str:
+        parts = [self.question.strip()] + [s.strip() for s in self.steps]
+        return delimiter.join(p for p in parts if p)
+
+
+def as_context(context: StepContext | str) -> StepContext:
+    return context if isinstance(context, StepContext) else StepContext(str(context))
+
+
+@dataclass
+class VerifyItem:
+    """One drafted step to judge.
+
+    target: the target's own step at the same position (pair verifiers). draft_features /
+    target_features: pooled hidden states of the draft step, (rows, hidden), under the draft and target
+    model (probe pair). seed: seed of this decision's random draw (stochastic verifiers). meta: where
+    the step sits in the cycle (position, branch); verifiers ignore it.
+    """
+
+    context: StepContext
+    draft: str
+    target: str | None = None
+    draft_features: torch.Tensor | None = None
+    target_features: torch.Tensor | None = None
+    seed: int | None = None
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Verdict:
+    accepted: bool
+    score: float  # the verifier's own score (cosine, P(aligned), min(1, p/q), α, 0/1)
+    prob: float  # probability the decision was drawn with (0 or 1 for deterministic verifiers)
+    detail: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        score = None if self.score is None or (isinstance(self.score, float) and math.isnan(self.score)) else self.score
+        return {"accepted": self.accepted, "score": score, "prob": self.prob, **self.detail}
+
+
+class Verifier:
+    """Base class: subclasses implement `_score(items) -> [(score, prob, detail)]`."""
+
+    name = "verifier"
+    needs_target_step = False  # compares the draft with the target's own step (Lookahead Reasoning)
+    needs_features = False  # reads both models' hidden states of the draft step (SemanticSpec)
+
+    def _score(self, items: Sequence[VerifyItem]) -> list[tuple[float, float, dict]]:
+        raise NotImplementedError
+
+    def verify(self, items: Sequence[VerifyItem]) -> list[Verdict]:
+        items = list(items)
+        if not items:
+            return []
+        if self.needs_target_step:
+            missing = [i for i, it in enumerate(items) if it.target is None]
+            if missing:
+                raise ValueError(f"the {self.name} verifier compares each draft with the target's own step; "
+                                 f"items {missing} have none")
+        verdicts = []
+        for item, (score, prob, detail) in zip(items, self._score(items)):
+            if prob >= 1.0:
+                accepted = True
+            elif prob <= 0.0:
+                accepted = False
+            else:
+                accepted = bernoulli(prob, make_rng(item.seed))
+            verdicts.append(Verdict(bool(accepted), float(score), float(prob), dict(detail)))
+        return verdicts
+
+    def score(self, context: StepContext | str, step: str, reference: str | None = None) -> float:
+        """Acceptance probability of `step` after `context` (reference: the target's own step)."""
+        item = VerifyItem(as_context(context), step, reference)
+        return self._score_single(item)
+
+    def _score_single(self, item: VerifyItem) -> float:
+        return float(self._score([item])[0][1])
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+
+# ----------------------------------------------------------------------------- measurement verifiers
+class AcceptAll(Verifier):
+    name = "accept_all"
+
+    def _score(self, items):
+        return [(1.0, 1.0, {}) for _ in items]
+
+
+class RejectAll(Verifier):
+    name = "reject_all"
+
+    def _score(self, items):
+        return [(0.0, 0.0, {}) for _ in items]
+
+
+class BernoulliVerifier(Verifier):
+    """Accepts each step independently with probability α (seeded per decision)."""
+
+    name = "bernoulli"
+
+    def __init__(self, alpha: float):
+        if not 0.0 <= alpha <= 1.0 or math.isnan(alpha):
+            raise ValueError(f"bernoulli alpha must be in [0, 1], got {alpha}")
+        self.alpha = float(alpha)
+
+    def _score(self, items):
+        return [(self.alpha, self.alpha, {}) for _ in items]
+
+    def describe(self):
+        return {"name": self.name, "alpha": self.alpha}
+
+
+# ----------------------------------------------------------------------------- pair verifiers
+def normalize_exact(text: str) -> str:
+    """Lower-case with all whitespace removed."""
+    return "".join(text.lower().split())
+
+
+class ExactMatch(Verifier):
+    name = "exact"
+    needs_target_step = True
+
+    def _score(self, items):
+        out = []
+        for it in items:
+            same = normalize_exact(it.draft) == normalize_exact(it.target)
+            out.append((float(same), float(same), {}))
+        return out
+
+
+class EmbeddingThreshold(Verifier):
+    """cosine(embed(draft), embed(target)) >= threshold (LR's embedding verifier)."""
+
+    name = "embedding"
+    needs_target_step = True
+
+    def __init__(self, embedder, threshold: float):
+        if not -1.0 <= threshold <= 1.0:
+            raise ValueError(f"cosine threshold must be in [-1, 1], got {threshold}")
+        self.embedder, self.threshold = embedder, float(threshold)
+
+    def _score(self, items):
+        cos = self.embedder.cosine([it.draft for it in items], [it.target for it in items]).tolist()
+        return [(c, float(c >= self.threshold), {}) for c in cos]
+
+    def describe(self):
+        return {"name": self.name, "model": getattr(self.embedder, "name", None), "threshold": self.threshold}
+
+
+class JudgeVerifier(Verifier):
+    """An LLM judge decided by one forward pass (`infer.judge_prompt`): P(aligned) >= threshold.
+
+    Serves both the prompted instruct model (llm_judge) and the judge-LoRA (a PEFT model).
+    """
+
+    needs_target_step = True
+
+    def __init__(self, model, tokenizer, threshold: float = 0.5, name: str = "llm_judge", batch_size: int = 8,
+                 model_id: str | None = None):
+        from infer.judge_prompt import answer_token_ids
+
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"judge threshold must be in [0, 1], got {threshold}")
+        answer_token_ids(tokenizer)  # fail early on a tokenizer that cannot tell the answers apart
+        self.model, self.tokenizer = model, tokenizer
+        self.threshold, self.name, self.batch_size, self.model_id = float(threshold), name, batch_size, model_id
+
+    def _score(self, items):
+        from infer.judge_prompt import judge_probability
+
+        batch = [(it.context.text(), it.target, it.draft) for it in items]
+        probs = judge_probability(self.model, self.tokenizer, batch, batch_size=self.batch_size).tolist()
+        return [(p, float(p >= self.threshold), {}) for p in probs]
+
+    def describe(self):
+        return {"name": self.name, "model": self.model_id, "threshold": self.threshold}
+
+
+# ----------------------------------------------------------------------------- probe pair
+class ProbePairVerifier(Verifier):
+    """SemanticSpec: p = target probe on the target's hidden states of the draft step, q = draft probe on
+    the draft's own; accept with probability min(1, p / max(q, eps))."""
+
+    name = "probe"
+    needs_features = True
+
+    def __init__(self, probe_target, probe_draft, eps: float = DEFAULT_EPS, target_engine=None, draft_engine=None,
+                 allow_model_mismatch: bool = False):
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        self.probe_target, self.probe_draft, self.eps = probe_target, probe_draft, float(eps)
+        self.target_engine = self.draft_engine = None
+        if target_engine is not None or draft_engine is not None:
+            self.bind(target_engine, draft_engine, allow_model_mismatch=allow_model_mismatch)
+
+    def bind(self, target_engine, draft_engine, *, allow_model_mismatch: bool = False) -> None:
+        """Check that the engines' models are the ones the probes were trained on, and keep them."""
+        for role, probe, engine in (("target", self.probe_target, target_engine),
+                                    ("draft", self.probe_draft, draft_engine)):
+            if engine is None:
+                continue
+            try:
+                probe.spec.check_compatible(engine.info.num_layers, engine.info.hidden_size, engine.info.model_id,
+                                            allow_model_mismatch=allow_model_mismatch)
+            except ValueError as err:
+                raise CheckpointError(f"probe_{role} does not fit the {role} model: {err}") from None
+        self.target_engine, self.draft_engine = target_engine, draft_engine
+
+    # what the decoding loops request from `score_chain` / `score`
+    def layers(self, role: str) -> list[int]:
+        return list((self.probe_target if role == "target" else self.probe_draft).spec.layers)
+
+    def pooled(self, scored, role: str) -> torch.Tensor:
+        """The (len(layers), hidden) feature of one ScoredStep, pooled as the probe was trained."""
+        probe = self.probe_target if role == "target" else self.probe_draft
+        feats = scored.mean_hidden if probe.spec.pooling == "mean" else scored.last_hidden
+        if feats is None:
+            raise ValueError("no hidden states for this step (is it empty?)")
+        return feats
+
+    def p(self, features: torch.Tensor) -> torch.Tensor:
+        """Target probe probabilities for (B, rows, hidden) features (all rows or the probe's layers)."""
+        return self.probe_target.predict_proba(features)
+
+    def q(self, features: torch.Tensor) -> torch.Tensor:
+        return self.probe_draft.predict_proba(features)
+
+    def _score(self, items):
+        missing = [i for i, it in enumerate(items) if it.draft_features is None or it.target_features is None]
+        if missing:
+            if self.target_engine is None or self.draft_engine is None:
+                raise ValueError("the probe verifier needs hidden states of each draft step under both models: "
+                                 "pass draft_features/target_features or bind the engines (bind(target, draft))")
+            for i in missing:
+                items[i].target_features, items[i].draft_features = self._features(items[i])
+        p = self.p(torch.stack([it.target_features for it in items])).tolist()
+        q = self.q(torch.stack([it.draft_features for it in items])).tolist()
+        out = []
+        for pi, qi in zip(p, q):
+            prob = float(semantic_accept_prob(pi, qi, self.eps))
+            out.append((prob, prob, {"p": pi, "q": qi}))
+        return out
+
+    def _features(self, item: VerifyItem) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx = item.context
+        feats = []
+        for role, engine in (("target", self.target_engine), ("draft", self.draft_engine)):
+            prefix = engine.format_prefix(ctx.question, ctx.steps)
+            scored = engine.score(prefix, [item.draft], hidden=True, layers=self.layers(role))[0]
+            feats.append(self.pooled(scored, role))
+        return feats[0], feats[1]
+
+    def describe(self):
+        return {"name": self.name, "eps": self.eps, "target_probe": self.probe_target.spec.to_dict(),
+                "draft_probe": self.probe_draft.spec.to_dict()}
+
+
+# ----------------------------------------------------------------------------- loading
+def _read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{what}: {path} not found")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{what}: {path} is not valid JSON ({err})") from None
+
+
+def _first(d: dict, keys: Sequence[str], default: Any = None) -> Any:
+    for k in keys:
+        if k in d and d[k] is not None:
+            return d[k]
+    return default
+
+
+def _checkpoint_dir(path: str | Path) -> Path:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint folder {folder} does not exist; train one with `probe-train` "
+                              "or choose a verifier that needs none (exact, bernoulli, llm_judge, ...)")
+    return folder
+
+
+def load_probe_pair(path: str | Path, *, target_engine=None, draft_engine=None, eps: float = DEFAULT_EPS,
+                    allow_model_mismatch: bool = False, device: str | torch.device = "cpu") -> ProbePairVerifier:
+    from probes.mlp import SemanticProbe
+
+    folder = _checkpoint_dir(path)
+    probes = []
+    for role in ("target", "draft"):
+        name = f"probe_{role}"
+        if not (folder / f"{name}.json").is_file() or not (folder / f"{name}.safetensors").is_file():
+            raise CheckpointError(f"checkpoint {folder} has no {name}.safetensors/.json; train the probes "
+                                  "(verifiers.train includes 'probes') or use another verifier")
+        probes.append(SemanticProbe.load(folder, name, map_location=device))
+    return ProbePairVerifier(probes[0], probes[1], eps, target_engine, draft_engine, allow_model_mismatch)
+
+
+def load_embedding_threshold(path: str | Path, *, device: str | None = None, embedder=None) -> EmbeddingThreshold:
+    from infer.embedder import SentenceEmbedder
+
+    folder = _checkpoint_dir(path)
+    data = _read_json(folder / "embedding_threshold.json", "embedding verifier")
+    model = _first(data, ("embedding_model", "model", "model_id"))
+    threshold = _first(data, ("threshold",))
+    if threshold is None and isinstance(data.get("chosen"), dict):
+        threshold = data["chosen"].get("threshold")
+    if threshold is None and isinstance(data.get("fit"), dict):
+        threshold = _first(data["fit"], ("threshold",), (data["fit"].get("chosen") or {}).get("threshold"))
+    if model is None or threshold is None:
+        raise CheckpointError(f"{folder / 'embedding_threshold.json'} must name the embedding model "
+                              f"('embedding_model') and a threshold; found keys {sorted(data)}")
+    if embedder is None:
+        embedder = SentenceEmbedder(model, device=device)
+    return EmbeddingThreshold(embedder, float(threshold))
+
+
+def load_judge_lora(path: str | Path, *, device: str | None = None, threshold: float | None = None,
+                    cache_dir: str | None = None) -> JudgeVerifier:
+    from peft import PeftModel
+
+    from infer.judge_prompt import PROMPT_VERSION, answer_token_ids
+    from infer.models import load_model
+
+    folder = _checkpoint_dir(path)
+    adapter = folder / "judge_lora" if (folder / "judge_lora").is_dir() else folder
+    meta = _read_json(adapter / "judge.json", "judge-LoRA verifier")
+    if not (adapter / "adapter_config.json").is_file():
+        raise CheckpointError(f"{adapter} has no adapter_config.json (a PEFT LoRA adapter)")
+    version = _first(meta, ("prompt_version",))
+    if version is not None and int(version) != PROMPT_VERSION:
+        raise CheckpointError(f"the judge adapter was trained with judge prompt version {version}, this runtime "
+                              f"builds version {PROMPT_VERSION}; retrain the judge or use a matching specprobe")
+    base = _first(meta, ("base_model", "base", "model"))
+    if base is None:
+        raise CheckpointError(f"{adapter / 'judge.json'} does not name its base model ('base_model')")
+    model, tok = load_model(base, device=device, cache_dir=cache_dir)
+    model = PeftModel.from_pretrained(model, str(adapter)).eval()
+    recorded = _first(meta, ("answer_tokens", "answer_token_ids"))
+    if recorded is not None:
+        ids = [recorded.get("yes"), recorded.get("no")] if isinstance(recorded, dict) else list(recorded)
+        if [int(i) for i in ids[:2]] != list(answer_token_ids(tok)):
+            raise CheckpointError(f"judge.json records answer tokens {ids[:2]}, but the base tokenizer gives "
+                                  f"{list(answer_token_ids(tok))}: the adapter was trained with another tokenizer")
+    thr = threshold if threshold is not None else float(_first(meta, ("threshold", "decision_threshold"), 0.5))
+    return JudgeVerifier(model, tok, thr, name="judge", model_id=f"{base} + LoRA {adapter}")
+
+
+def load_verifier(path: str | Path, kind: str = "probe", **kw) -> Verifier:
+    """A verifier stored in a probe-train checkpoint folder: kind = probe | embedding | judge.
+
+    probe: keyword args target_engine / draft_engine check the probes' FeatureSpec against the models
+    (a checkpoint for another model is a CheckpointError); eps guards q -> 0.
+    """
+    if kind == "probe":
+        return load_probe_pair(path, **kw)
+    if kind == "embedding":
+        return load_embedding_threshold(path, **kw)
+    if kind == "judge":
+        return load_judge_lora(path, **kw)
+    raise ValueError(f"load_verifier: kind must be one of {CHECKPOINT_KINDS}, got {kind!r}")
+
+
+def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_engine=None, draft_engine=None,
+                   alpha: float = 0.6, llm_judge_model: str | None = None, llm_judge_engine=None,
+                   device: str | None = None, eps: float = DEFAULT_EPS, threshold: float | None = None,
+                   allow_model_mismatch: bool = False) -> Verifier:
+    """Any verifier by name (`VERIFIER_KINDS`); checkpoint kinds read `checkpoint`.
+
+    llm_judge: `llm_judge_model` names any instruct causal LM (or pass a loaded engine whose model is
+    reused, e.g. the target itself, as `llm_judge_engine`).
+    """
+    if kind not in VERIFIER_KINDS:
+        raise ValueError(f"unknown verifier {kind!r}; choose one of {', '.join(VERIFIER_KINDS)}")
+    if kind in CHECKPOINT_KINDS:
+        if checkpoint is None:
+            raise CheckpointError(f"the {kind} verifier is loaded from a checkpoint: pass --checkpoint "
+                                  "(or runtime.checkpoint), or use exact / bernoulli / llm_judge")
+        if kind == "probe":
+            return load_probe_pair(checkpoint, target_engine=target_engine, draft_engine=draft_engine, eps=eps,
+                                   allow_model_mismatch=allow_model_mismatch)
+        if kind == "embedding":
+            verifier = load_embedding_threshold(checkpoint, device=device)
+        else:
+            verifier = load_judge_lora(checkpoint, device=device)
+        if threshold is not None:
+            verifier.threshold = float(threshold)
+        return verifier
+    if kind == "accept_all":
+        return AcceptAll()
+    if kind == "reject_all":
+        return RejectAll()
+    if kind == "bernoulli":
+        return BernoulliVerifier(alpha)
+    if kind == "exact":
+        return ExactMatch()
+    # llm_judge
+    if llm_judge_engine is not None:
+        model, tok, name = llm_judge_engine.model, llm_judge_engine.tokenizer, llm_judge_engine.model_name
+    else:
+        if not llm_judge_model:
+            raise ValueError("the llm_judge verifier needs runtime.llm_judge_model (an instruct model)")
+        from infer.models import load_model
+
+        model, tok = load_model(llm_judge_model, device=device)
+        name = llm_judge_model
+    return JudgeVerifier(model, tok, 0.5 if threshold is None else threshold, name="llm_judge", model_id=name)

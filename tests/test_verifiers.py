@@ -1,0 +1,192 @@
+"""Verifiers behind one interface, and loading them from checkpoints built here with the probes API."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from infer.engines import HFStepEngine
+from infer.judge_prompt import (PREFILL, PROMPT_VERSION, answer_token_ids, build_judge_prompt, judge_answer_logits,
+                                judge_probability)
+from infer.verifiers import (AcceptAll, BernoulliVerifier, CheckpointError, ExactMatch, StepContext, VerifyItem,
+                             build_verifier, load_verifier, normalize_exact)
+from probes.acceptance import semantic_accept_prob
+from probes.features import FeatureSpec
+from probes.mlp import ProbeConfig, SemanticProbe
+
+CTX = StepContext("What is 6 * 7?", ("We multiply the numbers.\n\n",))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return HFStepEngine("random:llama-tiny", device="cpu", use_chat_template=False)
+
+
+@pytest.fixture(scope="module")
+def small():
+    return HFStepEngine("random:llama-20m", device="cpu", use_chat_template=False)
+
+
+def make_probe(engine, bias: float, seed: int = 0) -> SemanticProbe:
+    spec = FeatureSpec(engine.info.model_id, engine.info.num_layers, engine.info.hidden_size, layers="all")
+    torch.manual_seed(seed)
+    probe = SemanticProbe(spec, ProbeConfig(hidden_dim=8, dropout=0.0)).eval()
+    with torch.no_grad():
+        probe.mlp[-1].weight.mul_(0.01)
+        probe.mlp[-1].bias.fill_(bias)
+    return probe
+
+
+def write_probe_checkpoint(folder, target_engine, draft_engine, p_bias=-0.85, q_bias=0.4):
+    """Probes whose outputs hover around sigmoid(bias): p ~ 0.3, q ~ 0.6, so min(1, p/q) ~ 0.5."""
+    make_probe(target_engine, p_bias, 0).save(folder, "probe_target")
+    make_probe(draft_engine, q_bias, 1).save(folder, "probe_draft")
+    return folder
+
+
+# ----------------------------------------------------------------------------- simple verifiers
+def test_exact_match_normalises_case_and_whitespace():
+    v = ExactMatch()
+    assert normalize_exact("  The Answer\n is 42. ") == "theansweris42."
+    got = v.verify([VerifyItem(CTX, "6*7 = 42\n\n", "6 * 7 = 42"), VerifyItem(CTX, "6*7=42", "6*7=43")])
+    assert [g.accepted for g in got] == [True, False]
+    assert v.score(CTX, "A B", "ab") == 1.0 and v.score("ctx", "a", "b") == 0.0
+    with pytest.raises(ValueError, match="target's own step"):
+        v.verify([VerifyItem(CTX, "x")])
+
+
+def test_bernoulli_is_seeded_per_decision_and_has_rate_alpha():
+    v = BernoulliVerifier(0.3)
+    items = [VerifyItem(CTX, "x", seed=s) for s in range(4000)]
+    first, again = v.verify(items), v.verify(items[::-1])[::-1]
+    assert [a.accepted for a in first] == [b.accepted for b in again]  # order does not matter, the seed does
+    rate = np.mean([a.accepted for a in first])
+    assert abs(rate - 0.3) < 4 * np.sqrt(0.3 * 0.7 / 4000)
+    assert all(a.prob == 0.3 for a in first)
+    with pytest.raises(ValueError):
+        BernoulliVerifier(1.5)
+
+
+def test_accept_reject_all_and_factory_errors():
+    assert build_verifier("accept_all").verify([VerifyItem(CTX, "x")])[0].accepted
+    assert not build_verifier("reject_all").verify([VerifyItem(CTX, "x")])[0].accepted
+    assert AcceptAll().score(CTX, "anything") == 1.0
+    with pytest.raises(ValueError, match="unknown verifier"):
+        build_verifier("magic")
+    with pytest.raises(CheckpointError, match="checkpoint"):
+        build_verifier("probe")
+    with pytest.raises(ValueError, match="llm_judge_model"):
+        build_verifier("llm_judge")
+
+
+# ----------------------------------------------------------------------------- probe pair
+def test_probe_pair_loads_checks_and_applies_min_p_over_q(tmp_path, tiny, small):
+    write_probe_checkpoint(tmp_path, small, tiny)
+    v = load_verifier(tmp_path, "probe", target_engine=small, draft_engine=tiny)
+    assert v.needs_features and not v.needs_target_step
+    # features given explicitly: the decision probability is exactly min(1, p/q)
+    tf = small.score(small.format_prefix(CTX.question, CTX.steps), ["6 * 7 = 42.\n\n"])[0].mean_hidden
+    df = tiny.score(tiny.format_prefix(CTX.question, CTX.steps), ["6 * 7 = 42.\n\n"])[0].mean_hidden
+    verdict = v.verify([VerifyItem(CTX, "6 * 7 = 42.\n\n", None, df, tf, seed=3)])[0]
+    p, q = float(v.p(tf[None])[0]), float(v.q(df[None])[0])
+    assert 0.2 < p < 0.4 and 0.5 < q < 0.7
+    assert verdict.prob == pytest.approx(semantic_accept_prob(p, q)) and verdict.detail["p"] == pytest.approx(p)
+    # without features the bound engines compute them: same probability
+    assert v.score(CTX, "6 * 7 = 42.\n\n") == pytest.approx(verdict.prob, abs=1e-5)
+    # the draw is reproducible from its seed
+    items = [VerifyItem(CTX, "6 * 7 = 42.\n\n", None, df, tf, seed=s) for s in range(200)]
+    a, b = v.verify(items), v.verify(items)
+    assert [x.accepted for x in a] == [x.accepted for x in b] and 0 < sum(x.accepted for x in a) < 200
+
+
+def test_probe_checkpoint_for_another_model_is_a_clear_error(tmp_path, tiny, small):
+    write_probe_checkpoint(tmp_path, small, tiny)
+    with pytest.raises(CheckpointError, match=r"probe_target .*random:llama-20m.*4 layers / hidden size 256.*2 layers"):
+        load_verifier(tmp_path, "probe", target_engine=tiny, draft_engine=tiny)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no probe_target"):
+        load_verifier(tmp_path / "empty", "probe")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_verifier(tmp_path / "missing", "probe")
+
+
+def test_probe_q_near_zero_is_guarded(tmp_path, tiny):
+    write_probe_checkpoint(tmp_path, tiny, tiny, p_bias=0.0, q_bias=-40.0)  # q clamps to 1e-6
+    v = load_verifier(tmp_path, "probe", target_engine=tiny, draft_engine=tiny)
+    assert v.score(CTX, "Some step.\n\n") == 1.0
+
+
+# ----------------------------------------------------------------------------- embedding threshold
+def test_embedding_threshold_from_checkpoint(tmp_path):
+    (tmp_path / "embedding_threshold.json").write_text(json.dumps(
+        {"kind": "embedding_threshold", "embedding_model": "offline:minilm", "threshold": 0.9,
+         "fit": {"chosen": {"threshold": 0.9}}}))
+    v = load_verifier(tmp_path, "embedding")
+    got = v.verify([VerifyItem(CTX, "So 6 times 7 is 42.", "So 6 times 7 is 42."),
+                    VerifyItem(CTX, "The weather is nice today.", "So 6 times 7 is 42.")])
+    assert [g.accepted for g in got] == [True, False] and got[0].score == pytest.approx(1.0, abs=1e-5)
+    (tmp_path / "embedding_threshold.json").write_text(json.dumps({"threshold": 0.9}))
+    with pytest.raises(CheckpointError, match="embedding model"):
+        load_verifier(tmp_path, "embedding")
+
+
+# ----------------------------------------------------------------------------- judges
+def test_judge_prompt_and_answer_tokens():
+    from infer.models import load_tokenizer
+
+    tok = load_tokenizer("offline:smollm2-135m-instruct")
+    prompt = build_judge_prompt(tok, "Q: what is 6*7?\n\nWe multiply.", "6*7 = 42.", "Six times seven is 42.")
+    assert prompt.endswith(PREFILL) and "6*7 = 42." in prompt and "Six times seven is 42." in prompt
+    assert "We multiply." in prompt and "<|im_start|>assistant" in prompt
+    yes, no = answer_token_ids(tok)
+    assert yes != no and tok.decode([yes]).startswith("al") and tok.decode([no]).startswith("un")
+    long_ctx = "x" * 5000
+    assert len(build_judge_prompt(tok, long_ctx, "a", "b")) < 3000  # context cut from the left
+
+
+def test_judge_probability_is_one_forward_and_padding_safe(tiny):
+    batch = [("ctx", "a short step", "another short step"),
+             ("a much longer context " * 10, "a step with many more words in it than the other", "b")]
+    both = judge_probability(tiny.model, tiny.tokenizer, batch)
+    alone = torch.cat([judge_probability(tiny.model, tiny.tokenizer, [b]) for b in batch])
+    assert both.shape == (2,) and ((both > 0) & (both < 1)).all()
+    assert torch.allclose(both, alone, atol=1e-5)  # left padding + position ids do not change the answer
+    logits = judge_answer_logits(tiny.model, tiny.tokenizer, batch[:1])  # the training entry point
+    assert logits.shape == (1, 2) and logits.requires_grad
+    assert torch.allclose(torch.softmax(logits.detach(), -1)[:, 0], both[:1], atol=1e-5)
+
+
+def test_llm_judge_reuses_a_loaded_engine(tiny):
+    v = build_verifier("llm_judge", llm_judge_engine=tiny, threshold=0.0)
+    assert v.needs_target_step
+    got = v.verify([VerifyItem(CTX, "6*7 = 42", "42")])[0]
+    assert got.accepted and 0 < got.score < 1  # threshold 0 accepts everything it scores
+
+
+def test_judge_lora_checkpoint_round_trip(tmp_path, tiny):
+    from peft import LoraConfig, get_peft_model
+
+    from infer.models import load_model
+
+    base, tok = load_model("random:llama-tiny", device="cpu")
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                 init_lora_weights=False))
+    folder = tmp_path / "judge_lora"
+    peft_model.save_pretrained(folder)
+    yes, no = answer_token_ids(tok)
+    meta = {"base_model": "random:llama-tiny", "prompt_version": PROMPT_VERSION, "threshold": 0.4,
+            "answer_tokens": {"yes": yes, "no": no}}
+    (folder / "judge.json").write_text(json.dumps(meta))
+    v = load_verifier(tmp_path, "judge")
+    assert v.threshold == 0.4 and v.name == "judge"
+    batch = [("ctx", "6*7 = 42", "42")]
+    expected = judge_probability(peft_model, tok, batch)
+    assert v.verify([VerifyItem(StepContext("ctx"), "42", "6*7 = 42")])[0].score == pytest.approx(float(expected[0]), abs=1e-5)
+    (folder / "judge.json").write_text(json.dumps({**meta, "prompt_version": PROMPT_VERSION + 1}))
+    with pytest.raises(CheckpointError, match="prompt version"):
+        load_verifier(tmp_path, "judge")
+    (folder / "judge.json").write_text(json.dumps({**meta, "answer_tokens": {"yes": 1, "no": 2}}))
+    with pytest.raises(CheckpointError, match="answer tokens"):
+        load_verifier(tmp_path, "judge")
