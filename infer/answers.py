@@ -1,0 +1,93 @@
+"""Final-answer extraction and comparison for math benchmarks (pass@1).
+
+Extraction order: the last \\boxed{...} (or \\fbox{...}), then a GSM8K-style "#### n" line, then
+"the answer is X", then the last number in the text. Comparison: numerically when both sides parse as
+numbers (commas, $, %, units of the form "12 apples" and fractions a/b, \\frac{a}{b} are handled), else
+as normalised strings (LaTeX spacing, \\left/\\right, \\text{}, dfrac/tfrac, trailing period removed).
+"""
+from __future__ import annotations
+
+import math
+import re
+
+_NUMBER = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
+_NUMBER_RE = re.compile(_NUMBER)
+
+
+def extract_boxed(text: str) -> str | None:
+    """Contents of the last \\boxed{...} / \\fbox{...}, braces balanced; None when absent or unclosed."""
+    best = None
+    for match in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        depth, i = 1, match.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            best = text[match.end():i - 1]
+    return best.strip() if best is not None else None
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer a model wrote, or None."""
+    if not text:
+        return None
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        return boxed
+    hashes = re.findall(r"####\s*([^\n]+)", text)
+    if hashes:
+        return hashes[-1].strip()
+    said = re.findall(r"answer\s+is\s*:?\s*\$?([^\n$]+)", text, flags=re.IGNORECASE)
+    if said:
+        return said[-1].strip().rstrip(".")
+    numbers = _NUMBER_RE.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def _strip_latex(s: str) -> str:
+    s = s.strip().strip("$").strip()
+    s = re.sub(r"\\text\{([^}]*)\}", r"\1", s)
+    s = re.sub(r"\\(?:mathrm|mathbf|textbf)\{([^}]*)\}", r"\1", s)
+    s = s.replace("\\left", "").replace("\\right", "").replace("\\!", "").replace("\\,", "").replace("\\ ", "")
+    s = s.replace("dfrac", "frac").replace("tfrac", "frac").replace("^\\circ", "").replace("^{\\circ}", "")
+    return s.rstrip(".").strip()
+
+
+def to_number(s: str) -> float | None:
+    """A float for '1,234', '$5', '50%', '12 apples', '3/4', '\\frac{3}{4}', '-2.5'; else None."""
+    s = _strip_latex(s)
+    frac = re.fullmatch(r"(-?)\\frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", s) or re.fullmatch(r"(-?)(-?[\d.]+)\s*/\s*(-?[\d.]+)", s)
+    if frac:
+        try:
+            value = float(frac.group(2)) / float(frac.group(3))
+            return -value if frac.group(1) else value
+        except (ValueError, ZeroDivisionError):
+            return None
+    s = s.replace("$", "").replace("%", "").strip()
+    match = re.fullmatch(rf"({_NUMBER})(?:\s*[a-zA-Z][a-zA-Z ]*)?", s)
+    if not match:
+        return None
+    try:
+        return float(match.group(1).replace(",", ""))
+    except ValueError:
+        return None
+
+
+def normalize_answer(s: str) -> str:
+    return re.sub(r"\s+", "", _strip_latex(s)).lower()
+
+
+def answers_match(pred: str | None, gold: str | None) -> bool:
+    """True when the extracted prediction equals the reference answer."""
+    if pred is None or gold is None:
+        return False
+    a, b = to_number(pred), to_number(gold)
+    if a is not None and b is not None:
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+    return normalize_answer(pred) == normalize_answer(gold)
+
+
+def grade(output_text: str, gold: str | None) -> tuple[str | None, bool]:
+    """(extracted answer, correct)."""
+    pred = extract_answer(output_text)
+    return pred, answers_match(pred, gold)

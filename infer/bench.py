@@ -1,0 +1,435 @@
+"""probe-bench as a library: run several decoding methods over the same problems in ONE run and report
+pass@1, latency, speedup over target-only (measured in the same run), acceptance, Ratio, and next to each
+measured speedup the analytic one at the α and c measured in that run (`infer.decoding.analytic`).
+
+    from infer.config import load_config
+    from infer import bench
+    cfg = load_config("configs/tiny.yaml", ["bench.num_problems=2"])
+    env = bench.prepare(cfg, verifier="bernoulli")
+    report = bench.run_benchmark(env, ["target", "lr_sync", "lr_async"])
+    print(bench.format_markdown(report))
+
+Problems and methods are interleaved (problem 1 with every method, then problem 2, ...), so a change of
+machine load during the run hits every method alike. Methods: target, draft, semanticspec, lr_sync,
+lr_async, with optional "+ngram" / "+assistant" (token speculation inside target steps) and
+":key=value" options overrides (gamma, width, max_steps, max_new_tokens, seed, verifier, alpha), e.g.
+"lr_sync:width=2:gamma=2" or "semanticspec:verifier=probe".
+"""
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from infer.answers import grade
+from infer.config import ConfigError, ExperimentConfig, SourceConfig, to_dict
+from infer.decoding import METHODS, DecodeOptions, RunStats, decode, write_trace
+from infer.decoding.analytic import predict, token_level_factor
+from infer.engines import build_engine, sampling_params
+from infer.engines.token_spec import TokenSpecConfig
+from infer.verifiers import VERIFIER_KINDS, build_verifier
+
+# hub datasets reachable by short name (kind: jsonl, name: <alias>) when a hub or a datasets cache exists
+HUB_ALIASES: dict[str, tuple[str, str | None, str]] = {
+    "gsm8k": ("openai/gsm8k", "main", "test"),
+    "math500": ("HuggingFaceH4/MATH-500", None, "test"),
+    "aime24": ("HuggingFaceH4/aime_2024", None, "train"),
+    "amc23": ("math-ai/amc23", None, "test"),
+}
+QUESTION_KEYS = ("question", "problem", "prompt", "input", "Question", "Problem")
+ANSWER_KEYS = ("answer", "final_answer", "target", "expected_answer", "Answer", "solution")
+
+
+# ----------------------------------------------------------------------------- problems
+@dataclass
+class Problem:
+    id: str
+    question: str
+    answer: str | None
+
+
+def _gold(record: dict) -> str | None:
+    from infer.answers import extract_boxed
+
+    for key in ANSWER_KEYS:
+        value = record.get(key)
+        if value is None:
+            continue
+        text = str(value)
+        if "####" in text:  # GSM8K rationale
+            return text.rsplit("####", 1)[1].strip()
+        if key == "solution":
+            return extract_boxed(text) or text.strip()
+        return text.strip()
+    return None
+
+
+def _from_records(records, stem: str, limit: int) -> list[Problem]:
+    problems = []
+    for i, rec in enumerate(records):
+        question = next((rec[k] for k in QUESTION_KEYS if isinstance(rec.get(k), str) and rec[k].strip()), None)
+        if question is None:
+            raise ConfigError(f"{stem}: record {i} has no question field (looked for {list(QUESTION_KEYS)})")
+        problems.append(Problem(str(rec.get("id", rec.get("unique_id", f"{stem}-{i}"))), question, _gold(rec)))
+        if len(problems) >= limit:
+            break
+    return problems
+
+
+def _read_local(path: str) -> list[dict]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"problem file not found: {p}")
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(p).to_pylist()
+    if p.suffix == ".json":
+        data = json.loads(p.read_text(encoding="utf-8"))
+        return data if isinstance(data, list) else data.get("data", [])
+    with p.open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _read_hub(name: str, config: str | None, split: str) -> list[dict]:
+    try:
+        import datasets
+
+        return list(datasets.load_dataset(name, config, split=split))
+    except Exception as err:  # noqa: BLE001 - any failure means the data set is not reachable here
+        raise ConfigError(
+            f"could not load the data set {name!r} (split {split}) with `datasets`: {type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}\nWith no hub access, download it elsewhere and "
+            "point bench.source.path at a local .jsonl/.parquet file (kind: jsonl).") from None
+
+
+def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
+    """Problems for the benchmark: reasoning-gym (offline), GSM8K, or any jsonl/parquet/hub data set."""
+    if src.kind == "reasoning_gym":
+        import reasoning_gym
+
+        data = reasoning_gym.create_dataset(src.task, size=max(src.size, limit), seed=src.seed)
+        return [Problem(f"{src.task}-{src.seed}-{i}", item["question"], str(item["answer"]))
+                for i, item in zip(range(limit), data)]
+    if src.kind in ("gsm8k", "jsonl"):
+        if src.path:
+            return _from_records(_read_local(src.path), Path(src.path).stem, limit)
+        name = src.name or ("gsm8k" if src.kind == "gsm8k" else None)
+        if name is None:
+            raise ConfigError("bench.source kind jsonl needs a path (local file) or a name "
+                              f"(hub data set or one of {sorted(HUB_ALIASES)})")
+        hub, config, split = HUB_ALIASES.get(name, (name, None, src.split))
+        if name not in HUB_ALIASES:
+            split = src.split
+        return _from_records(_read_hub(hub, config, split), name.replace("/", "_"), limit)
+    raise ConfigError(f"probe-bench reads reasoning_gym, gsm8k or jsonl problems, not {src.kind!r} "
+                      f"(MATH-500 / AIME24 / AMC23: kind jsonl with a local path or name {sorted(HUB_ALIASES)})")
+
+
+# ----------------------------------------------------------------------------- methods
+@dataclass
+class MethodSpec:
+    label: str
+    base: str
+    token_spec: str = "none"  # none | ngram | assistant
+    overrides: dict = field(default_factory=dict)
+
+
+_OVERRIDE_TYPES = {"gamma": int, "width": int, "max_steps": int, "max_new_tokens": int, "seed": int,
+                   "verifier": str, "alpha": float}
+
+
+def parse_method(text: str) -> MethodSpec:
+    """'lr_sync+ngram:gamma=2:width=2' -> MethodSpec (options separated by ':')."""
+    label = text.strip()
+    head, _, opts = label.partition(":")
+    base, *mods = head.split("+")
+    if base not in METHODS:
+        raise ConfigError(f"unknown method {base!r} in {text!r}; methods: {', '.join(METHODS)} "
+                          "(optionally +ngram / +assistant and :key=value...)")
+    token_spec = "none"
+    for mod in mods:
+        if mod not in ("ngram", "assistant"):
+            raise ConfigError(f"unknown method suffix +{mod} in {text!r}; use +ngram or +assistant")
+        token_spec = mod
+    overrides = {}
+    for part in filter(None, (p.strip() for p in opts.split(":"))):
+        key, eq, value = part.partition("=")
+        if not eq or key not in _OVERRIDE_TYPES:
+            raise ConfigError(f"bad method option {part!r} in {text!r}; options: {sorted(_OVERRIDE_TYPES)}")
+        try:
+            overrides[key] = _OVERRIDE_TYPES[key](value)
+        except ValueError:
+            raise ConfigError(f"method option {key} in {text!r} must be {_OVERRIDE_TYPES[key].__name__}") from None
+    if overrides.get("verifier") is not None and overrides["verifier"] not in VERIFIER_KINDS:
+        raise ConfigError(f"unknown verifier {overrides['verifier']!r} in {text!r}")
+    return MethodSpec(label, base, token_spec, overrides)
+
+
+def options_from_config(cfg: ExperimentConfig, system_speed: bool = False) -> DecodeOptions:
+    rt = cfg.runtime
+    delimiter = cfg.source.delimiter
+    return DecodeOptions(
+        gamma=rt.gamma, width=rt.width, max_new_tokens=rt.max_new_tokens, max_steps=rt.max_steps, seed=rt.seed,
+        accept_length_cut=rt.accept_length_cut or system_speed,
+        target_params=sampling_params(cfg.sampling, "target", delimiter, seed=rt.seed),
+        draft_params=sampling_params(cfg.sampling, "draft", delimiter, seed=rt.seed))
+
+
+# ----------------------------------------------------------------------------- setup
+@dataclass
+class BenchEnv:
+    cfg: ExperimentConfig
+    target: Any
+    draft: Any
+    problems: list[Problem]
+    opts: DecodeOptions
+    system_speed: bool
+    verifier_kind: str
+    checkpoint: str | None
+    _verifiers: dict = field(default_factory=dict)
+
+    def verifier(self, kind: str | None = None, alpha: float | None = None):
+        kind = kind or self.verifier_kind
+        rt = self.cfg.runtime
+        alpha = rt.bernoulli_alpha if alpha is None else alpha
+        key = (kind, alpha if kind == "bernoulli" else None)
+        if key not in self._verifiers:
+            judge_engine = self.target if rt.llm_judge_model == "target" else None
+            self._verifiers[key] = build_verifier(
+                kind, checkpoint=self.checkpoint, target_engine=self.target, draft_engine=self.draft, alpha=alpha,
+                llm_judge_model=None if judge_engine is not None else rt.llm_judge_model,
+                llm_judge_engine=judge_engine, device=self.cfg.models.resolved_device(), eps=rt.probe_eps,
+                threshold=rt.judge_threshold, allow_model_mismatch=rt.allow_model_mismatch)
+        return self._verifiers[key]
+
+
+def prepare(cfg: ExperimentConfig, *, checkpoint: str | None = None, verifier: str | None = None,
+            system_speed: bool | None = None, engines: tuple | None = None,
+            problems: Sequence[Problem] | None = None) -> BenchEnv:
+    """Load models, problems and the verifier a benchmark needs (engines=(target, draft) reuses loaded ones)."""
+    system = cfg.bench.system_speed if system_speed is None else system_speed
+    if engines is not None:
+        target, draft = engines
+    else:
+        models = cfg.models
+        names = (cfg.bench.system_target, cfg.bench.system_draft) if system else (models.target, models.draft)
+        target = build_engine(names[0], models, stop_at_eos=not system)
+        if names[1] == names[0]:
+            draft = build_engine(names[1], models, model=target.model, tokenizer=target.tokenizer,
+                                 stop_at_eos=not system)
+        else:
+            draft = build_engine(names[1], models, stop_at_eos=not system)
+    kind = "bernoulli" if system else (verifier or cfg.runtime.verifier)
+    if kind not in VERIFIER_KINDS:
+        raise ConfigError(f"unknown verifier {kind!r}; choose one of {', '.join(VERIFIER_KINDS)}")
+    ckpt = checkpoint or cfg.runtime.checkpoint
+    if ckpt is None and cfg.checkpoint_dir.is_dir():
+        ckpt = str(cfg.checkpoint_dir)
+    probs = list(problems) if problems is not None else load_problems(cfg.bench.source, cfg.bench.num_problems)
+    if not probs:
+        raise ConfigError("no problems to benchmark")
+    env = BenchEnv(cfg, target, draft, probs, options_from_config(cfg, system), system, kind, ckpt)
+    if kind != "bernoulli" or system:
+        env.verifier()  # load now: a missing or mismatched checkpoint fails before any decoding
+    return env
+
+
+# ----------------------------------------------------------------------------- running
+@dataclass
+class MethodResult:
+    spec: MethodSpec
+    stats: RunStats = field(default_factory=RunStats)
+    correct: int = 0
+    answered: int = 0
+    latencies: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+def _method_options(env: BenchEnv, spec: MethodSpec) -> DecodeOptions:
+    ov = {k: v for k, v in spec.overrides.items() if k in ("gamma", "width", "max_steps", "max_new_tokens", "seed")}
+    return env.opts.replace(**ov) if ov else env.opts
+
+
+def _set_token_spec(env: BenchEnv, spec: MethodSpec) -> None:
+    rt = env.cfg.runtime
+    mode = spec.token_spec if spec.token_spec != "none" else rt.token_spec
+    if mode == "none":
+        env.target.set_token_spec(None)
+        env.draft.set_token_spec(None)
+        return
+    cfg = TokenSpecConfig(mode, rt.num_speculative_tokens, rt.ngram_size)
+    engine = env.draft if spec.base == "draft" else env.target
+    engine.set_token_spec(cfg, assistant=env.draft if mode == "assistant" else None)
+
+
+def _run_one(env: BenchEnv, spec: MethodSpec, question: str, opts: DecodeOptions):
+    verifier = None
+    if spec.base not in ("target", "draft"):
+        verifier = env.verifier(spec.overrides.get("verifier"), spec.overrides.get("alpha"))
+    _set_token_spec(env, spec)
+    try:
+        return decode(spec.base, question, env.target, env.draft, verifier, opts)
+    finally:
+        env.target.set_token_spec(None)
+        env.draft.set_token_spec(None)
+
+
+def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: str | Path | None = None,
+                  log: Callable[[str], None] = print) -> dict:
+    """Decode every problem with every method; returns the report (see `format_markdown`)."""
+    specs = [parse_method(m) for m in (methods or env.cfg.bench.methods)]
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"methods listed twice: {labels}")
+    if "target" not in labels:  # speedups are measured against target-only in the same run
+        specs.insert(0, parse_method("target"))
+    results = {s.label: MethodResult(s) for s in specs}
+    out = Path(out_dir) if out_dir else None
+    if out is not None:
+        (out / "traces").mkdir(parents=True, exist_ok=True)
+        for s in specs:
+            (out / "traces" / f"{_safe(s.label)}.jsonl").write_text("")
+    suffix = env.cfg.bench.prompt_suffix
+    if env.cfg.bench.warmup:
+        for s in specs:
+            try:
+                _run_one(env, s, env.problems[0].question + suffix, _method_options(env, s).replace(max_steps=1))
+            except (ValueError, RuntimeError) as err:
+                results[s.label].error = f"{type(err).__name__}: {err}"
+                log(f"[{s.label}] skipped: {results[s.label].error}")
+    started = time.perf_counter()
+    for i, prob in enumerate(env.problems):
+        for s in specs:
+            res = results[s.label]
+            if res.error:
+                continue
+            try:
+                gen = _run_one(env, s, prob.question + suffix, _method_options(env, s))
+            except (ValueError, RuntimeError) as err:
+                res.error = f"{type(err).__name__}: {err}"
+                log(f"[{s.label}] failed on {prob.id}: {res.error}")
+                continue
+            pred, ok = grade(gen.text, prob.answer)
+            res.stats = res.stats.merge(gen.stats) if res.stats.problems else gen.stats
+            res.correct += int(ok)
+            res.answered += 1
+            res.latencies.append(gen.stats.latency_s)
+            log(f"[{i + 1}/{len(env.problems)}] {s.label:22s} {gen.stats.latency_s:7.2f}s "
+                f"{gen.stats.output_tokens:5d} tok  stop={gen.stop_reason:14s} answer={pred!r} gold={prob.answer!r}"
+                + (f"  accept={gen.stats.acceptance_rate:.2f}" if gen.stats.acceptance_rate is not None else ""))
+            if out is not None and env.cfg.bench.trace:
+                write_trace(out / "traces" / f"{_safe(s.label)}.jsonl",
+                            ({"problem": prob.id, "method": s.label, **rec} for rec in gen.trace), mode="a")
+    report = summarize(env, results)
+    report["wall_s"] = time.perf_counter() - started
+    if out is not None:
+        (out / "results.json").write_text(json.dumps(report, indent=2, default=_json_default))
+        (out / "results.md").write_text(format_markdown(report) + "\n")
+    return report
+
+
+def _safe(label: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in label)
+
+
+def _json_default(obj):
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return None
+    return str(obj)
+
+
+# ----------------------------------------------------------------------------- summary
+def _div(a, b):
+    return a / b if a is not None and b else None
+
+
+def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
+    base = results["target"]
+    bst = base.stats
+    t_step = _div(bst.target_time_s, bst.target_rows)  # target time per step, batch of 1
+    t_iter = _div(bst.target_time_s, bst.target_iterations)
+    base_latency = sum(base.latencies) if base.latencies else None
+    rows = []
+    for label, res in results.items():
+        st, spec = res.stats, res.spec
+        opts = _method_options(env, spec)
+        latency = sum(res.latencies) if res.latencies else None
+        row = {"method": label, "problems": res.answered, "error": res.error,
+               "pass@1": _div(res.correct, res.answered), "correct": res.correct,
+               "latency_total_s": latency, "latency_mean_s": _div(latency, res.answered),
+               "speedup": _div(base_latency, latency) if latency else None,
+               "output_tokens": st.output_tokens, "tokens_per_s": st.tokens_per_second,
+               "acceptance": st.acceptance_rate, "acceptance_by_position": st.acceptance_by_position,
+               "judged": st.judged, "mean_accepted_per_cycle": st.mean_accepted_per_cycle, "ratio": st.ratio,
+               "target_forward_passes": st.target_forward_passes, "draft_forward_passes": st.draft_forward_passes,
+               "mean_target_rows": st.mean_target_rows, "spec_acceptance": st.spec_acceptance,
+               "stop_reasons": st.stop_reasons, "gamma": opts.gamma, "width": opts.width,
+               "verifier": spec.overrides.get("verifier", env.verifier_kind) if spec.base not in ("target", "draft") else None}
+        c = _div(_div(st.draft_time_s, st.draft_calls), t_step)
+        b = _div(_div(st.target_time_s, st.target_iterations), t_iter)
+        tau = _div(_div(st.score_time_s, st.cycles), t_step)
+        kind = spec.base
+        if kind == "target":
+            pred = {"ideal": None, "adjusted": None, "k": None, "formula": "baseline"}
+        else:
+            pred = predict(kind, st.acceptance_rate, c, opts.gamma, b, tau)
+        if spec.token_spec != "none":  # token level: multiply by g at the measured token acceptance
+            g = token_level_factor(st.spec_accepted, st.spec_proposed, st.spec_rounds)
+            step_level = 1.0 if kind == "target" else pred["ideal"]
+            pred = {**pred, "ideal": step_level * g if g and step_level else None, "adjusted": None,
+                    "formula": ("" if kind == "target" else f"{pred['formula']} x ") + "g_token"}
+        row.update({"c": c, "b": b, "tau": tau, "k": pred.get("k"), "formula": pred.get("formula"),
+                    "analytic_ideal": pred.get("ideal"), "analytic_adjusted": pred.get("adjusted"),
+                    "measured_over_ideal": _div(row["speedup"], pred.get("ideal")),
+                    "measured_over_adjusted": _div(row["speedup"], pred.get("adjusted")),
+                    "stats": st.to_dict()})
+        rows.append(row)
+    return {"rows": rows, "system_speed": env.system_speed, "verifier": env.verifier_kind,
+            "checkpoint": env.checkpoint,
+            "models": {"target": env.target.model_name, "draft": env.draft.model_name},
+            "problems": [p.id for p in env.problems], "config": to_dict(env.cfg),
+            "host": {"platform": platform.platform(), "python": platform.python_version()}}
+
+
+def _fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def format_markdown(report: dict) -> str:
+    head = ("| method | pass@1 | latency s | speedup | analytic | meas/analytic | analytic (batch-adj.) | "
+            "meas/adj. | α | α by position | acc/cycle | Ratio | c | b | TPS | stop |")
+    columns = head.count("|") - 1
+    lines = [head, "|" + "---|" * columns]
+    for r in report["rows"]:
+        if r["error"]:
+            lines.append(f"| {r['method']} | error: {r['error'][:120]} |" + " |" * (columns - 2))
+            continue
+        by_pos = "/".join(_fmt(a) for a in (r["acceptance_by_position"] or [])[:6]) or "–"
+        stops = ",".join(f"{k}:{v}" for k, v in (r["stop_reasons"] or {}).items())
+        lines.append(
+            f"| {r['method']} | {_fmt(r['pass@1'])} | {_fmt(r['latency_mean_s'])} | {_fmt(r['speedup'])} | "
+            f"{_fmt(r['analytic_ideal'])} | {_fmt(r['measured_over_ideal'])} | {_fmt(r['analytic_adjusted'])} | "
+            f"{_fmt(r['measured_over_adjusted'])} | {_fmt(r['acceptance'])} | {by_pos} | "
+            f"{_fmt(r['mean_accepted_per_cycle'])} | {_fmt(r['ratio'])} | {_fmt(r['c'], 3)} | {_fmt(r['b'])} | "
+            f"{_fmt(r['tokens_per_s'], 1)} | {stops} |")
+    notes = [
+        "",
+        f"models: target {report['models']['target']}, draft {report['models']['draft']}; verifier "
+        f"{report['verifier']}{' (system-speed mode: random weights)' if report['system_speed'] else ''}; "
+        f"{len(report['problems'])} problems.",
+        "speedup = target-only latency / method latency, same run. analytic = the paper's formula at the "
+        "measured α and c (f_sync(k=γ+1) for lr_sync, S₁/S₂ for lr_async, S_ss for semanticspec, 1/c for "
+        "draft); batch-adj. = same formula with one target forward of the method's batch costing b target "
+        "steps (b measured; the formulas assume b = 1). c = draft time per drafted position / target step "
+        "time; Ratio = share of output tokens written by the target.",
+    ]
+    return "\n".join(lines + notes)

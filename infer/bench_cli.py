@@ -1,0 +1,78 @@
+"""probe-bench: decode benchmark problems with several methods in one run and print the table.
+
+Usage:
+    probe-bench --config configs/tiny.yaml --verifier bernoulli
+    probe-bench --config configs/tiny.yaml --checkpoint runs/tiny/checkpoint --methods target,semanticspec,lr_sync
+    probe-bench --config configs/tiny.yaml --system-speed --methods target,lr_sync,lr_async runtime.gamma=3
+    probe-bench --config configs/r1-1.5b-32b.yaml --methods target,lr_sync,lr_sync+ngram --out runs/bench
+
+Arguments:
+    --config PATH        experiment YAML (default: built-in defaults)
+    --checkpoint DIR     probe-train checkpoint with the trained verifiers (probe, embedding, judge)
+    --methods LIST       comma list of target, draft, semanticspec, lr_sync, lr_async, each optionally with
+                         +ngram / +assistant and :key=value overrides (lr_sync:width=2:gamma=2); target-only
+                         is always run, as the baseline of every speedup
+    --verifier KIND      probe | embedding | judge | llm_judge | exact | accept_all | reject_all | bernoulli
+    --system-speed       random-weight models of bench.system_target / bench.system_draft and a Bernoulli
+                         verifier (runtime.bernoulli_alpha): the runtime's own overhead and scaling
+    --num-problems N     shorthand for bench.num_problems=N
+    --out DIR            results.json, results.md and traces/<method>.jsonl (default <output_dir>/bench)
+    --help-config        list every config key with its help text
+    key=value ...        config overrides, e.g. runtime.gamma=2 sampling.temperature=0
+
+The library behind it is `infer.bench` (prepare, run_benchmark, format_markdown).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="probe-bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="experiment YAML")
+    p.add_argument("--checkpoint", help="checkpoint folder with trained verifiers")
+    p.add_argument("--methods", help="comma-separated methods (default: bench.methods)")
+    p.add_argument("--verifier", help="verifier kind (default: runtime.verifier)")
+    p.add_argument("--system-speed", action="store_true", help="random-weight models + Bernoulli verifier")
+    p.add_argument("--num-problems", type=int, help="problems per method")
+    p.add_argument("--out", help="output folder (default <output_dir>/bench)")
+    p.add_argument("--help-config", action="store_true", help="list every config key")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from infer.config import ConfigError, format_help, load_config
+
+    args = _parser().parse_args(argv)
+    if args.help_config:
+        print(format_help())
+        return 0
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    overrides = list(args.overrides)
+    if args.num_problems is not None:
+        overrides.append(f"bench.num_problems={args.num_problems}")
+    if args.system_speed:
+        overrides.append("bench.system_speed=true")
+    try:
+        cfg = load_config(args.config, overrides)
+        from infer import bench
+
+        env = bench.prepare(cfg, checkpoint=args.checkpoint, verifier=args.verifier)
+        methods = [m for m in args.methods.split(",") if m.strip()] if args.methods else None
+        out = Path(args.out) if args.out else Path(cfg.bench.out_dir or Path(cfg.output_dir) / "bench")
+        report = bench.run_benchmark(env, methods, out_dir=out, log=lambda s: print(s, file=sys.stderr))
+    except (ConfigError, ValueError, FileNotFoundError) as err:
+        print(f"probe-bench: error: {err}", file=sys.stderr)
+        return 2
+    print(bench.format_markdown(report))
+    print(f"\nwrote {out / 'results.md'}, {out / 'results.json'} and traces in {out / 'traces'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""probe-bench: problems, the CLI table (offline GSM-style problems), checkpoints, system-speed mode."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from infer import bench
+from infer.bench_cli import main
+from infer.config import ConfigError, SourceConfig
+from infer.decoding import read_trace, replay_text
+from probes.features import FeatureSpec
+from probes.mlp import ProbeConfig, SemanticProbe
+
+TINY_MODELS = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "models.device=cpu",
+               "runtime.max_steps=3", "sampling.max_step_tokens=6", "runtime.accept_length_cut=true"]
+
+
+def test_load_problems_local_files(tmp_path):
+    math = tmp_path / "math500.jsonl"
+    math.write_text("\n".join(json.dumps(r) for r in [
+        {"problem": "What is 1+1?", "answer": "2", "unique_id": "a"},
+        {"problem": "Simplify 2/4.", "solution": r"We get \boxed{\frac{1}{2}}."}]))
+    probs = bench.load_problems(SourceConfig(kind="jsonl", path=str(math)), 5)
+    assert [(p.id, p.answer) for p in probs] == [("a", "2"), ("math500-1", r"\frac{1}{2}")]
+    gsm = tmp_path / "gsm.jsonl"
+    gsm.write_text(json.dumps({"question": "Q?", "answer": "3 + 4 = 7\n#### 7"}))
+    assert bench.load_problems(SourceConfig(kind="gsm8k", path=str(gsm)), 5)[0].answer == "7"
+    rg = bench.load_problems(SourceConfig(kind="reasoning_gym", task="gsm_symbolic", size=2, seed=3), 3)
+    assert len(rg) == 3 and all(p.question and p.answer for p in rg)
+    with pytest.raises(ConfigError, match="reasoning_gym, gsm8k or jsonl"):
+        bench.load_problems(SourceConfig(kind="champ"), 2)
+    with pytest.raises(ConfigError, match="not found"):
+        bench.load_problems(SourceConfig(kind="jsonl", path=str(tmp_path / "none.jsonl")), 2)
+
+
+def _write_probes(folder, target_name, draft_name):
+    from infer.engines import HFStepEngine
+
+    for role, name, bias in (("target", target_name, -0.85), ("draft", draft_name, 0.4)):
+        eng = HFStepEngine(name, device="cpu")
+        spec = FeatureSpec(eng.info.model_id, eng.info.num_layers, eng.info.hidden_size, layers="last")
+        torch.manual_seed(0)
+        probe = SemanticProbe(spec, ProbeConfig(hidden_dim=8, dropout=0.0)).eval()
+        with torch.no_grad():
+            probe.mlp[-1].bias.fill_(bias)
+        probe.save(folder, f"probe_{role}")
+
+
+def test_cli_with_a_probe_checkpoint_prints_the_table(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    _write_probes(ckpt, "random:llama-20m", "random:llama-tiny")
+    out = tmp_path / "out"
+    code = main(["--config", "configs/tiny.yaml", "--checkpoint", str(ckpt), "--num-problems", "1",
+                 "--methods", "target,semanticspec,lr_sync,lr_async:verifier=bernoulli", "--out", str(out),
+                 "bench.warmup=false", *TINY_MODELS])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    for name in ("| target |", "| semanticspec |", "| lr_sync |", "| lr_async:verifier=bernoulli |"):
+        assert name in text
+    report = json.loads((out / "results.json").read_text())
+    rows = {r["method"]: r for r in report["rows"]}
+    assert rows["target"]["speedup"] == 1.0 and rows["semanticspec"]["verifier"] == "probe"
+    assert rows["lr_sync"]["judged"] > 0 and rows["lr_sync"]["analytic_ideal"] is not None
+    assert rows["lr_sync"]["measured_over_ideal"] == pytest.approx(rows["lr_sync"]["speedup"] / rows["lr_sync"]["analytic_ideal"])
+    trace = read_trace(out / "traces" / "semanticspec.jsonl")
+    assert trace and all(r["method"] == "semanticspec" for r in trace)
+    assert any("p" in (d["verdict"] or {}) for r in trace for d in r["drafts"])  # the probes decided
+
+
+def test_cli_rejects_a_checkpoint_for_other_models(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    _write_probes(ckpt, "random:llama-tiny", "random:llama-tiny")  # target probe for the wrong model
+    code = main(["--config", "configs/tiny.yaml", "--checkpoint", str(ckpt), "--num-problems", "1", *TINY_MODELS])
+    err = capsys.readouterr().err
+    assert code == 2 and "probe_target does not fit the target model" in err and "random:llama-20m" in err
+    assert main(["--config", "configs/tiny.yaml", "--methods", "lr_warp", "--verifier", "exact", *TINY_MODELS]) == 2
+    assert main(["--config", "configs/tiny.yaml", "runtime.gamma=0"]) == 2
+    assert "runtime.gamma" in capsys.readouterr().err
+
+
+def test_system_speed_mode(tmp_path, capsys):
+    code = main(["--config", "configs/tiny.yaml", "--system-speed", "--num-problems", "1",
+                 "--methods", "target,lr_sync,lr_async,semanticspec", "--out", str(tmp_path),
+                 "bench.system_target=random:llama-20m", "bench.system_draft=random:llama-tiny",
+                 "runtime.max_steps=4", "sampling.max_step_tokens=4", "bench.warmup=false"])
+    assert code == 0
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["system_speed"] and report["verifier"] == "bernoulli"
+    assert report["models"] == {"target": "random:llama-20m", "draft": "random:llama-tiny"}
+    lr = next(r for r in report["rows"] if r["method"] == "lr_sync")
+    assert lr["judged"] > 0 and lr["acceptance"] is not None and lr["c"] > 0 and lr["b"] > 0
+    assert "system-speed mode" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_cli_on_offline_gsm_problems_with_smollm2(tmp_path, capsys):
+    """The offline default: SmolLM2 as target and (hotter) draft, reasoning-gym GSM problems."""
+    out = tmp_path / "bench"
+    code = main(["--config", "configs/tiny.yaml", "--verifier", "bernoulli", "--num-problems", "2",
+                 "--methods", "target,draft,lr_sync,lr_async,semanticspec,lr_sync+ngram", "--out", str(out),
+                 "runtime.max_steps=2", "sampling.max_step_tokens=12", "bench.warmup=false"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    report = json.loads((out / "results.json").read_text())
+    assert len(report["problems"]) == 2 and report["models"]["target"] == "offline:smollm2-135m-instruct"
+    assert [r["method"] for r in report["rows"]] == ["target", "draft", "lr_sync", "lr_async", "semanticspec",
+                                                     "lr_sync+ngram"]
+    assert all(r["error"] is None and r["problems"] == 2 and r["pass@1"] is not None for r in report["rows"])
+    assert "| lr_sync+ngram |" in text and "meas/analytic" in text
+    for r in report["rows"]:
+        assert sum(r["stop_reasons"].values()) == 2 and set(r["stop_reasons"]) <= {"max_steps", "eos"}
+    trace = read_trace(out / "traces" / "lr_sync.jsonl")
+    first = trace[0]["problem"]
+    assert replay_text([t for t in trace if t["problem"] == first])

@@ -1,0 +1,96 @@
+"""Pure pieces of the runtime: seeds, stats arithmetic, analytic predictions, answers, method parsing."""
+from __future__ import annotations
+
+import pytest
+
+from infer.answers import answers_match, extract_answer, extract_boxed, grade, to_number
+from infer.bench import parse_method
+from infer.config import ConfigError
+from infer.decoding.analytic import predict, semanticspec_speedup, token_level_factor
+from infer.decoding.common import seed_for
+from infer.decoding.metrics import RunStats, join_steps, replay_text, stats_from_trace
+from probes.speedup import async_speedup, sync_speedup
+
+
+def test_seed_for_is_stable_and_separates_its_parts():
+    assert seed_for(0, "target", "abc", 0) == seed_for(0, "target", "abc", 0)
+    seeds = {seed_for(0, "target", "abc", 0), seed_for(1, "target", "abc", 0), seed_for(0, "draft", "abc", 0),
+             seed_for(0, "target", "abd", 0), seed_for(0, "target", "abc", 1)}
+    assert len(seeds) == 5 and all(0 <= s < 2**63 for s in seeds)
+    assert seed_for(7, "x") == 2500374159468678587  # pinned: a seed must mean the same run on every machine
+
+
+def test_run_stats_derived_values_and_merge():
+    a = RunStats(method="m", problems=1, cycles=2, output_tokens=100, target_tokens=40, latency_s=2.0)
+    for pos, ok in [(0, True), (1, False), (0, True), (1, True), (2, False)]:
+        a.record_position(pos, ok)
+    assert a.judged == 5 and a.accepted == 3 and a.acceptance_rate == 0.6
+    assert a.acceptance_by_position == [1.0, 0.5, 0.0] and a.mean_accepted_per_cycle == 1.5
+    assert a.ratio == 0.4 and a.tokens_per_second == 50.0
+    b = RunStats(problems=1, cycles=1, output_tokens=50, target_tokens=50, latency_s=1.0, stop_reasons={"eos": 1})
+    b.record_position(0, False)
+    m = a.merge(b)
+    assert m.judged_by_position == [3, 2, 1] and m.accepted_by_position == [2, 1, 0]
+    assert m.problems == 2 and m.output_tokens == 150 and m.ratio == 0.6 and m.stop_reasons == {"eos": 1}
+    assert RunStats().acceptance_rate is None and RunStats().ratio is None
+
+
+def test_trace_helpers():
+    assert join_steps(["a\n\n", "b", "c"]) == "a\n\nb\n\nc"
+    recs = [{"cycle": 0, "positions": [{"position": 0, "accepted": True}],
+             "committed": [{"text": "x\n\n", "source": "draft", "tokens": 2}, {"text": "y", "source": "target", "tokens": 3}]}]
+    assert replay_text(recs) == "x\n\ny"
+    st = stats_from_trace(recs)
+    assert (st.cycles, st.accepted, st.output_tokens, st.target_tokens) == (1, 1, 5, 3)
+
+
+def test_analytic_predictions():
+    # the check values of the paper (α = 0.63, c = 0.1, k = 6): f_sync = 1.689, S2 = 2.258
+    ideal = predict("lr_sync", 0.63, 0.1, 5)
+    assert ideal["k"] == 6 and ideal["ideal"] == pytest.approx(1.689, abs=1e-3) and ideal["adjusted"] is None
+    assert predict("lr_async", 0.63, 0.1, 5)["ideal"] == pytest.approx(2.258, abs=1e-3)
+    # batch cost b: the target step costs b, the draft still c: f(α, c/b, k) / b
+    adj = predict("lr_sync", 0.6, 0.1, 3, b=1.5)["adjusted"]
+    assert adj == pytest.approx(sync_speedup(0.6, 0.1 / 1.5, 4) / 1.5)
+    assert adj == pytest.approx((1 - 0.6**4) / ((1 - 0.6) * (1.5 + 3 * 0.1)))
+    assert predict("lr_async", 0.6, 0.1, 3, b=1.0)["adjusted"] == pytest.approx(async_speedup(0.6, 0.1, 4))
+    assert predict("draft", None, 0.25, 3)["ideal"] == 4.0
+    assert predict("lr_sync", None, 0.1, 3)["ideal"] is None
+
+
+def test_semanticspec_formula():
+    # α = 1: γ steps per cycle costing γc + τ
+    assert semanticspec_speedup(1.0, 0.1, 3, 0.2) == pytest.approx(3 / (0.3 + 0.2))
+    # α = 0: one target step per cycle after γ drafts: 1 / (γc + τ + 1)
+    assert semanticspec_speedup(0.0, 0.1, 3, 0.0) == pytest.approx(1 / 1.3)
+    # direct evaluation of the closed form
+    a, c, g, t = 0.6, 0.1, 3, 0.05
+    assert semanticspec_speedup(a, c, g, t) == pytest.approx((1 - a**g) / ((1 - a) * (g * c + t + 1 - a**g)))
+    with pytest.raises(ValueError):
+        semanticspec_speedup(0.5, 0.1, 0)
+    assert token_level_factor(0, 0, 0) is None
+    assert token_level_factor(8, 8, 2) == pytest.approx(5.0)  # α = 1, 4 tokens per round, c = 0
+
+
+def test_answer_extraction_and_matching():
+    assert extract_boxed(r"so \boxed{\frac{1}{2}} and finally \boxed{42}") == "42"
+    assert extract_boxed(r"\boxed{a{b}c}") == "a{b}c" and extract_boxed(r"\boxed{open") is None
+    assert extract_answer("The total is 5 + 3 = 8.\n#### 8") == "8"
+    assert extract_answer("Thus, the answer is 1,234.") == "1,234"
+    assert extract_answer("We get 12 then 15 apples") == "15"
+    assert extract_answer("") is None and extract_answer("no digits") is None
+    assert to_number("$1,234.50") == 1234.5 and to_number("50%") == 50 and to_number("12 apples") == 12
+    assert to_number(r"\frac{3}{4}") == 0.75 and to_number("-3/4") == -0.75 and to_number("x+1") is None
+    assert answers_match("240", "240.0") and answers_match(r"\text{Paris}", "paris")
+    assert not answers_match("241", "240") and not answers_match(None, "1")
+    assert grade(r"... so the answer is \boxed{240}.", "240") == ("240", True)
+
+
+def test_parse_method():
+    m = parse_method("lr_sync+ngram:gamma=2:width=2")
+    assert (m.base, m.token_spec, m.overrides) == ("lr_sync", "ngram", {"gamma": 2, "width": 2})
+    assert parse_method("semanticspec:verifier=bernoulli:alpha=0.3").overrides == {"verifier": "bernoulli", "alpha": 0.3}
+    for bad in ("lr_magic", "lr_sync+medusa", "lr_sync:gamma", "lr_sync:beta=2", "lr_sync:gamma=x",
+                "lr_sync:verifier=oracle"):
+        with pytest.raises(ConfigError):
+            parse_method(bad)
