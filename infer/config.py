@@ -197,13 +197,14 @@ class VerifiersConfig:
     judge_lora_dropout: float = opt(0.05, "LoRA dropout")
     judge_target_modules: list[str] = opt(
         ["q_proj", "k_proj", "v_proj", "o_proj"], "module names LoRA adapts (PEFT target_modules)")
+    judge_lora_layers: int | None = opt(
+        None, "put LoRA only into the last this-many transformer layers (null = all); fewer layers make the "
+              "backward pass cheaper, which matters on a CPU")
     judge_steps: int = opt(300, "judge optimisation steps")
     judge_lr: float = opt(2e-4, "judge learning rate")
     judge_batch_size: int = opt(8, "judge batch size")
     judge_max_pairs: int = opt(4000, "most balanced training pairs for the judge")
     judge_eval_pairs: int = opt(400, "most validation pairs the judge (and its untrained base) is scored on")
-    judge_max_context_chars: int = opt(
-        1500, "the judge prompt keeps at most this many trailing characters of the context")
     judge_dtype: str = opt("auto", "dtype of the judge's base model: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16")
     seed: int = opt(0, "seed of pair balancing, orientation and LoRA initialisation")
 
@@ -217,8 +218,8 @@ class VerifiersConfig:
         if any(not -1 <= t <= 1 for t in self.embedding_fixed_thresholds):
             raise ConfigError(f"verifiers.embedding_fixed_thresholds are cosines in [-1, 1], "
                               f"got {self.embedding_fixed_thresholds}")
-        for name in ("judge_lora_r", "judge_lora_alpha", "judge_steps", "judge_batch_size", "judge_max_pairs",
-                     "judge_eval_pairs", "judge_max_context_chars"):
+        for name in ("judge_lora_r", "judge_lora_alpha", "judge_lora_layers", "judge_steps", "judge_batch_size", "judge_max_pairs",
+                     "judge_eval_pairs"):
             _positive(self, name)
         if not 0 <= self.judge_lora_dropout < 1:
             raise ConfigError(f"verifiers.judge_lora_dropout must be in [0, 1), got {self.judge_lora_dropout}")
