@@ -1,0 +1,184 @@
+"""train.pipeline on a synthetic data folder: question split, probes vs baselines, checkpoint round trip,
+runtime loading, CLI and wandb offline. (The MLP itself is tested in test_probe_mlp.py.)"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from _train_fixtures import synthetic_config, write_synthetic_data
+from data_gen.store import open_dataset
+from train import pipeline, probes_train
+from train.checkpoint import find_pickles, read_checkpoint
+from train.pipeline import QuestionSplit, train_all
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    from infer.embedder import SentenceEmbedder
+
+    return SentenceEmbedder("offline:minilm", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, embedder):
+    out = tmp_path_factory.mktemp("syn")
+    write_synthetic_data(out, questions=12)
+    cfg = synthetic_config(out, out)
+    lines: list[str] = []
+    result = train_all(cfg, print_fn=lines.append, embedder=embedder)
+    return cfg, result, "\n".join(lines)
+
+
+def test_split_is_by_question_everywhere(run):
+    cfg, result, _ = run
+    ds = open_dataset(cfg.data_dir)
+    split = QuestionSplit.make(ds.question_ids(), cfg.probe)
+    prepared = pipeline.prepare(ds, cfg, split)
+    sides = {}
+    for side, sets in prepared.sets.items():
+        for rows in sets.values():
+            for q in rows.questions:
+                assert sides.setdefault(q, side) == side, f"question {q} is on two sides"
+    for side, pairs in prepared.pairs.items():
+        for q in pairs.questions:
+            assert sides.setdefault(q, side) == side, f"question {q}'s pairs are on another side than its samples"
+    recorded = result.metrics["split"]
+    assert set(recorded["train"]).isdisjoint(recorded["val"])
+    assert sorted(recorded["train"] + recorded["val"] + recorded["test"]) == ds.question_ids()
+    assert {q for q, s in sides.items() if s == "val"} == set(recorded["val"])
+
+
+def test_probes_beat_the_constant_baseline(run):
+    _, result, _ = run
+    probes = result.metrics["probes"]
+    assert set(probes) == {"probe_target", "probe_draft"}
+    draft = probes["probe_draft"]["val"]["draft_own"]
+    assert draft["probe"]["mae"] < 0.7 * draft["constant"]["mae"]
+    target = probes["probe_target"]["val"]["draft_via_target"]
+    assert target["probe"]["mae"] < 0.7 * target["constant"]["mae"]
+    assert set(target) == {"probe", "variant", "last_layer", "logprob", "constant"}
+    assert probes["probe_target"]["trained_on"] == ["target_own", "draft_via_target"]
+
+
+def test_console_table_lists_every_verifier_and_baseline(run):
+    _, _, printed = run
+    for text in ("probe_target", "probe_draft", "on draft_via_target", "last-layer probe", "log-prob baseline",
+                 "constant (mean label)", "embedding threshold verifier", "cosine>=0.85", "accept all", "[probe_draft] epoch 0"):
+        assert text in printed
+
+
+def test_checkpoint_round_trip_gives_identical_predictions(run):
+    cfg, result, _ = run
+    ckpt = read_checkpoint(cfg.checkpoint_dir)
+    assert {"probe_target", "probe_draft", "probe_target_own", "baseline_last_layer_target",
+            "baseline_last_layer_draft", "baselines", "embedding_threshold"} <= set(ckpt.components)
+    ds = open_dataset(cfg.data_dir)
+    x_target = ds.features("target", "mean")
+    x_draft = ds.features("draft", "mean")
+    for name, x in (("probe_target", x_target), ("probe_draft", x_draft), ("baseline_last_layer_target", x_target)):
+        trained = result.probes.probes[name]
+        want = trained.probe.predict_proba(x[:, trained.cols])
+        torch.testing.assert_close(ckpt.probes[name].predict_proba(x[:, trained.cols]), want, rtol=0, atol=0)
+    lp = np.linspace(-3, 0, 7)
+    np.testing.assert_array_equal(ckpt.baselines["target"]["logprob"].predict(lp),
+                                  result.probes.baselines["target"].logprob.predict(lp))
+    assert ckpt.baselines["draft"]["constant"].value == result.probes.baselines["draft"].constant.value
+    assert ckpt.embedding["threshold"] == result.embedding.fit.threshold
+    assert ckpt.metrics["split"] == result.metrics["split"]
+
+
+def test_checkpoint_has_no_pickle_and_plain_safetensors(run):
+    cfg, _, _ = run
+    folder = Path(cfg.checkpoint_dir)
+    assert find_pickles(folder) == []
+    files = list(folder.rglob("*"))
+    assert not [f for f in files if f.suffix in (".pt", ".pth", ".pkl", ".bin", ".ckpt")]
+    tensors = [f for f in files if f.suffix == ".safetensors"]
+    assert len(tensors) == 5
+    for path in tensors:
+        with safe_open(str(path), framework="pt") as f:
+            assert f.keys()
+    spec = json.loads((folder / "probe_target.json").read_text())["feature_spec"]
+    assert spec == {"model_id": "toy/target-model", "num_layers": 3, "hidden_size": 8, "layers": [0, 1, 2, 3],
+                    "combine": "concat", "pooling": "mean", "revision": None}
+    meta = json.loads((folder / "checkpoint.json").read_text())
+    assert meta["format"] == "specprobe-checkpoint" and meta["config"]["probe"]["hidden_dim"] == 16
+    assert "## Validation metrics" in (folder / "README.md").read_text()
+
+
+def test_find_pickles_flags_torch_save(tmp_path):
+    torch.save({"w": torch.ones(2)}, tmp_path / "weights.safetensors")  # a pickle under a safe name
+    (tmp_path / "ok.json").write_text("{}")
+    assert find_pickles(tmp_path) == [str(tmp_path / "weights.safetensors")]
+
+
+def test_runtime_loader_reads_the_checkpoint(run):
+    from infer.verifiers import CheckpointError, load_verifier
+
+    cfg, result, _ = run
+    verifier = load_verifier(cfg.checkpoint_dir, kind="probe")
+    ds = open_dataset(cfg.data_dir)
+    rows = ds.rows("draft")[:8]
+    p = verifier.p(ds.features("target", "mean", rows))
+    torch.testing.assert_close(p, result.probes.probes["probe_target"].probe.predict_proba(
+        ds.features("target", "mean", rows)))
+
+    class Engine:  # an engine whose model has another hidden size
+        class info:  # noqa: N801
+            num_layers, hidden_size, model_id = 3, 16, "toy/target-model"
+
+    with pytest.raises(CheckpointError, match="hidden size"):
+        verifier.bind(Engine, None)
+    with pytest.raises(ValueError, match="3 layers / hidden size 8"):
+        verifier.probe_target.spec.check_compatible(4, 8, "toy/target-model")
+
+
+def test_target_probe_without_draft_rows(tmp_path, embedder):
+    write_synthetic_data(tmp_path, questions=6)
+    cfg = synthetic_config(tmp_path, tmp_path, probe={"target_with_draft": False, "epochs": 3, "features": "range:1-2",
+                                                      "combine": "mean", "pooling": "last"},
+                           verifiers={"train": ["probes"]})
+    result = train_all(cfg, print_fn=lambda _: None)
+    assert result.probes.probes["probe_target"].plan.train_sets == ["target_own"]
+    assert "probe_target_own" not in result.probes.probes
+    spec = read_checkpoint(cfg.checkpoint_dir).probes["probe_target"].spec
+    assert (spec.layers, spec.combine, spec.pooling) == ([1, 2], "mean", "last")
+    assert not (Path(cfg.checkpoint_dir) / "embedding_threshold.json").exists()
+
+
+def test_cli_train_stage(tmp_path, capsys):
+    from train.cli import main
+
+    synthetic_config(tmp_path, tmp_path)
+    config = str(tmp_path / "synthetic.yaml")
+    assert main(["--config", config, "--stage", "train"]) == 1  # no data yet
+    assert "generate" in capsys.readouterr().err
+    write_synthetic_data(tmp_path, questions=6)
+    code = main(["--config", config, "--stage", "train", "probe.epochs=2", "verifiers.train=[probes]"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "==== validation metrics ====" in out and "probe_draft" in out
+    assert (tmp_path / "checkpoint" / "checkpoint.json").is_file()
+
+
+def test_wandb_offline_run(tmp_path):
+    write_synthetic_data(tmp_path, questions=6)
+    cfg = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2}, verifiers={"train": ["probes"]},
+                           wandb={"enabled": True, "mode": "offline"})
+    train_all(cfg, print_fn=lambda _: None)
+    runs = list((tmp_path / "wandb").rglob("*.wandb"))
+    assert runs, "no offline wandb run file written"
+    assert any(b"probe_target/train_loss" in r.read_bytes() for r in runs)

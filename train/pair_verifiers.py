@@ -1,0 +1,349 @@
+"""Pair verifiers of Lookahead Reasoning (papers.md §2): does a draft step mean the same as the target's?
+
+Both learn from the labelled step pairs of the data folder (``pairs`` table, split by question):
+
+- **Embedding threshold**: cosine of sentence embeddings (``infer.embedder.SentenceEmbedder``); the
+  threshold is fitted on the training pairs with ``probes.threshold.fit_threshold`` (highest recall at
+  ``verifiers.target_precision``, plus the F1-optimal one). Baselines: fixed cosine thresholds (0.85 /
+  0.95 in the paper) and accept-all.
+- **Judge LoRA**: an instruct causal LM asked with ``infer.judge_prompt`` whether the two steps mean the
+  same; its probability is the softmax over the two answer tokens' logits after ONE forward pass
+  (``judge_probability``). Fine-tuned with PEFT LoRA on class-balanced training pairs (orientation of each
+  pair drawn at random) with cross-entropy on those two logits, i.e. exactly the read-out used at run
+  time. Its decision threshold is fitted on the training pairs like the embedding's. Baselines: the
+  untrained base model with the same prompt (the paper's prompted judge), and accept-all.
+
+Validation metrics of both: AUROC, and precision / recall / acceptance at the chosen threshold.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from probes.metrics import auroc
+from probes.threshold import ThresholdFit, fit_threshold
+from train.probes_train import TrainingDataError
+
+LogFn = Callable[[dict[str, Any]], None]
+
+
+# ----------------------------------------------------------------------------- pairs
+@dataclass
+class PairSet:
+    """Labelled step pairs (row-aligned arrays) and the context text of each pair's context."""
+
+    context_ids: np.ndarray
+    questions: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    labels: np.ndarray  # bool: equivalent
+    source: np.ndarray
+    contexts: dict[str, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def take(self, index: Any) -> "PairSet":
+        idx = np.flatnonzero(index) if np.asarray(index).dtype == bool else np.asarray(index, dtype=np.int64)
+        return PairSet(self.context_ids[idx], self.questions[idx], self.a[idx], self.b[idx], self.labels[idx],
+                       self.source[idx], self.contexts)
+
+    def context_of(self, i: int) -> str:
+        return self.contexts.get(str(self.context_ids[i]), "")
+
+    @property
+    def n_positive(self) -> int:
+        return int(self.labels.sum())
+
+
+def _column(table, name: str) -> np.ndarray:
+    return np.asarray(table.column(name).to_pylist(), dtype=object)
+
+
+def load_pairs(ds) -> PairSet:
+    """The pairs table of a `data_gen.store.ProbeDataset`, with the context texts."""
+    pairs = ds.pairs
+    contexts = ds.contexts
+    texts = dict(zip(contexts.column("context_id").to_pylist(), contexts.column("context_text").to_pylist()))
+    labels = np.asarray(pairs.column("equivalent").to_pylist(), dtype=bool)
+    return PairSet(_column(pairs, "context_id"), _column(pairs, "question_id"), _column(pairs, "a_text"),
+                   _column(pairs, "b_text"), labels, _column(pairs, "source"), texts)
+
+
+def check_pairs(train: PairSet, val: PairSet, what: str) -> None:
+    """Clear errors before training: empty splits, one class only, missing texts."""
+    if len(train) == 0:
+        raise TrainingDataError(f"{what}: no training pairs (the pairs table is empty or every question went to "
+                                "validation); generate more data or lower probe.val_fraction")
+    if len(val) == 0:
+        raise TrainingDataError(f"{what}: no validation pairs; generate more data or raise probe.val_fraction")
+    pos = train.n_positive
+    if pos == 0 or pos == len(train):
+        kind = "equivalent" if pos else "non-equivalent"
+        raise TrainingDataError(f"{what}: single-class training pairs: all {len(train)} are {kind}; a "
+                                "verifier needs both equivalent and non-equivalent pairs")
+    for name, arr in (("a_text", train.a), ("b_text", train.b)):
+        bad = [i for i, t in enumerate(arr) if not isinstance(t, str) or not t.strip()]
+        if bad:
+            raise TrainingDataError(f"{what}: training pair {bad[0]} (context {train.context_ids[bad[0]]!r}) has "
+                                    f"an empty {name}")
+
+
+# ----------------------------------------------------------------------------- metrics
+def operating_point(scores: np.ndarray, labels: np.ndarray, threshold: float) -> dict[str, Any]:
+    """Precision, recall, acceptance and F1 of `score >= threshold` (None where undefined)."""
+    accept = np.asarray(scores, dtype=np.float64) >= threshold
+    y = np.asarray(labels, dtype=bool)
+    tp = int((accept & y).sum())
+    precision = tp / int(accept.sum()) if accept.any() else None
+    recall = tp / int(y.sum()) if y.any() else None
+    f1 = (2 * precision * recall / (precision + recall)) if precision and recall else (0.0 if tp == 0 and
+                                                                                     accept.any() and y.any() else None)
+    return {"threshold": float(threshold), "precision": precision, "recall": recall,
+            "acceptance_rate": float(accept.mean()) if len(y) else None, "f1": f1, "n": int(len(y)),
+            "n_positive": int(y.sum())}
+
+
+def score_report(scores: np.ndarray, labels: np.ndarray, thresholds: dict[str, float]) -> dict[str, Any]:
+    """AUROC plus one operating point per named threshold."""
+    y = np.asarray(labels, dtype=np.float64)
+    value = auroc(np.asarray(scores, dtype=np.float64), y, threshold=0.5) if len(y) else float("nan")
+    return {"auroc": None if not np.isfinite(value) else float(value),
+            **{name: operating_point(scores, labels, t) for name, t in thresholds.items()}}
+
+
+def accept_all_report(labels: np.ndarray) -> dict[str, Any]:
+    return score_report(np.ones(len(labels)), labels, {"chosen": 1.0})
+
+
+# ----------------------------------------------------------------------------- embedding threshold
+@dataclass
+class EmbeddingResult:
+    model: str
+    fit: ThresholdFit
+    metrics: dict[str, Any]
+    seconds: float
+
+    def to_json(self, model_id: str) -> dict[str, Any]:
+        return {"kind": "embedding_threshold", "embedding_model": self.model, "embedding_model_id": model_id,
+                "score": "cosine of mean-pooled, L2-normalised sentence embeddings of the two steps",
+                "threshold": self.fit.threshold, "fit": self.fit.to_dict()}
+
+
+def train_embedding(train: PairSet, val: PairSet, vcfg, device: str | None = None, embedder=None,
+                    test: PairSet | None = None) -> EmbeddingResult:
+    """Fit the cosine threshold on `train` and score it (and its baselines) on `val` (and `test`)."""
+    if embedder is None:
+        from infer.embedder import SentenceEmbedder
+
+        embedder = SentenceEmbedder(vcfg.embedding_model, device=device)
+    start = time.perf_counter()
+    train_scores = embedder.cosine(list(train.a), list(train.b)).double().numpy()
+    fit = fit_threshold(train_scores, train.labels, vcfg.target_precision)
+    seconds = time.perf_counter() - start
+    metrics: dict[str, Any] = {"train_fit": fit.to_dict(), "n_train": len(train), "seconds": seconds}
+    for split, pairs in (("val", val), ("test", test)):
+        if pairs is None or len(pairs) == 0:
+            continue
+        scores = embedder.cosine(list(pairs.a), list(pairs.b)).double().numpy()
+        fixed = {f"cosine>={t:g}": t for t in vcfg.embedding_fixed_thresholds}
+        metrics[split] = {
+            "verifier": score_report(scores, pairs.labels, {"chosen": fit.threshold,
+                                                            "f1_optimal": fit.f1_optimal.threshold}),
+            "fixed": score_report(scores, pairs.labels, fixed),
+            "accept_all": accept_all_report(pairs.labels),
+        }
+    return EmbeddingResult(vcfg.embedding_model, fit, metrics, seconds)
+
+
+# ----------------------------------------------------------------------------- judge LoRA
+JUDGE_FORMAT = "specprobe.judge_lora"
+
+
+def balanced_pairs(pairs: PairSet, max_pairs: int, seed: int = 0) -> tuple[list[tuple[str, str, str]], np.ndarray]:
+    """Equal numbers of equivalent and non-equivalent pairs (at most `max_pairs` in all), shuffled, each
+    pair's (a, b) order drawn at random. Returns ((context, step_a, step_b) items, labels)."""
+    rng = np.random.default_rng(seed)
+    pos, neg = np.flatnonzero(pairs.labels), np.flatnonzero(~pairs.labels)
+    k = min(len(pos), len(neg), max(1, max_pairs // 2))
+    chosen = np.concatenate([rng.choice(pos, k, replace=False), rng.choice(neg, k, replace=False)])
+    rng.shuffle(chosen)
+    swap = rng.random(len(chosen)) < 0.5
+    items = [(pairs.context_of(i), pairs.b[i], pairs.a[i]) if s else (pairs.context_of(i), pairs.a[i], pairs.b[i])
+             for i, s in zip(chosen, swap)]
+    return items, pairs.labels[chosen].copy()
+
+
+def pair_items(pairs: PairSet, limit: int | None = None, seed: int = 0) -> tuple[list[tuple[str, str, str]], np.ndarray]:
+    """(context, a, b) items of `pairs` in their stored orientation (a = reference, b = the compared step, as
+    at run time: target step then draft step); a seeded random subset of `limit` when there are more."""
+    idx = np.arange(len(pairs))
+    if limit is not None and len(idx) > limit:
+        idx = np.sort(np.random.default_rng(seed).choice(idx, limit, replace=False))
+    return [(pairs.context_of(i), pairs.a[i], pairs.b[i]) for i in idx], pairs.labels[idx].copy()
+
+
+@dataclass
+class JudgeResult:
+    base: str
+    model: Any  # PeftModel
+    tokenizer: Any
+    fit: ThresholdFit | None
+    metrics: dict[str, Any]
+    losses: list[float]
+    seconds: float
+    vcfg: Any
+
+    @property
+    def threshold(self) -> float:
+        return self.fit.threshold if self.fit is not None else 0.5
+
+    def meta(self) -> dict[str, Any]:
+        from infer.judge_prompt import NO_WORD, PREFILL, PROMPT_VERSION, YES_WORD, answer_token_ids
+        from infer.models import describe_source
+
+        yes, no = answer_token_ids(self.tokenizer)
+        v = self.vcfg
+        return {"format": JUDGE_FORMAT, "format_version": 1, "base_model": self.base,
+                "base_model_id": describe_source(self.base), "prompt_version": PROMPT_VERSION,
+                "prompt": "infer.judge_prompt.build_judge_prompt (default max_context_chars)",
+                "prefill": PREFILL, "answer_words": [YES_WORD, NO_WORD], "answer_tokens": {"yes": yes, "no": no},
+                "probability": "softmax over the logits of the two answer tokens after the prefill; P(yes)",
+                "threshold": self.threshold, "fit": None if self.fit is None else self.fit.to_dict(),
+                "lora": {"r": v.judge_lora_r, "alpha": v.judge_lora_alpha, "dropout": v.judge_lora_dropout,
+                         "target_modules": list(v.judge_target_modules), "last_layers": v.judge_lora_layers},
+                "training": {"steps": v.judge_steps, "lr": v.judge_lr, "batch_size": v.judge_batch_size,
+                             "balanced_pairs": self.metrics.get("n_train"), "seed": v.seed,
+                             "first_loss": self.losses[0] if self.losses else None,
+                             "last_loss": self.losses[-1] if self.losses else None}}
+
+    def save(self, folder) -> None:
+        """PEFT adapter (adapter_config.json + adapter_model.safetensors) and judge.json in `folder`."""
+        from pathlib import Path
+
+        from probes.io import write_json
+        from train.checkpoint import JUDGE_JSON, clean_json
+
+        folder = Path(folder)
+        self.model.save_pretrained(str(folder), safe_serialization=True)
+        write_json(folder / JUDGE_JSON, clean_json(self.meta()))
+
+
+def lora_model(model, vcfg):
+    """Wrap a causal LM with a fresh LoRA adapter (seeded initialisation)."""
+    from peft import LoraConfig, get_peft_model
+
+    layers = None
+    if vcfg.judge_lora_layers is not None:
+        total = int(model.config.num_hidden_layers)
+        layers = list(range(max(0, total - vcfg.judge_lora_layers), total))
+    config = LoraConfig(r=vcfg.judge_lora_r, lora_alpha=vcfg.judge_lora_alpha, lora_dropout=vcfg.judge_lora_dropout,
+                        target_modules=list(vcfg.judge_target_modules), layers_to_transform=layers, bias="none",
+                        task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(vcfg.seed)
+        try:
+            return get_peft_model(model, config)
+        except ValueError as err:
+            raise ValueError(f"verifiers.judge_target_modules {list(vcfg.judge_target_modules)} do not fit the "
+                             f"judge base model: {err}") from None
+
+
+def answer_logits(model, tokenizer, batch: Sequence[tuple[str, str, str]]) -> torch.Tensor:
+    """(B, 2) [yes, no] logits at the answer position: `infer.judge_prompt.judge_answer_logits` with the LM
+    head applied to the last position only (`logits_to_keep=1`), which saves a (B, T, vocab) tensor and
+    its gradient during training; same inputs, same numbers."""
+    from infer.judge_prompt import answer_token_ids, encode_judge_batch
+
+    enc = encode_judge_batch(tokenizer, batch, next(model.parameters()).device)
+    yes, no = answer_token_ids(tokenizer)
+    out = model(**enc, use_cache=False, logits_to_keep=1)
+    return out.logits[:, -1, [yes, no]].float()
+
+
+def judge_train_loop(model, tokenizer, items: Sequence[tuple[str, str, str]], labels: np.ndarray, vcfg,
+                     log_fn: LogFn | None = None) -> list[float]:
+    """`judge_steps` AdamW steps of cross-entropy on the two answer-token logits; returns the step losses."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=vcfg.judge_lr, weight_decay=0.0)
+    # class 0 = yes ("aligned") = equivalent, matching the [yes, no] column order of the logits
+    targets = torch.as_tensor(~np.asarray(labels, dtype=bool), dtype=torch.long)
+    rng = np.random.default_rng(vcfg.seed + 1)
+    order, pos, losses = rng.permutation(len(items)), 0, []
+    model.train()
+    for step in range(vcfg.judge_steps):
+        if pos + vcfg.judge_batch_size > len(order) and pos > 0:
+            order, pos = rng.permutation(len(items)), 0
+        idx = order[pos:pos + vcfg.judge_batch_size]
+        pos += len(idx)
+        logits = answer_logits(model, tokenizer, [items[i] for i in idx])
+        loss = torch.nn.functional.cross_entropy(logits, targets[idx].to(logits.device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))
+        if log_fn is not None:
+            log_fn({"step": step, "loss": losses[-1], "last": step == vcfg.judge_steps - 1})
+    model.eval()
+    return losses
+
+
+def _probabilities(model, tokenizer, items, batch_size: int) -> np.ndarray:
+    from infer.judge_prompt import judge_probability
+
+    if not items:
+        return np.empty(0)
+    return judge_probability(model, tokenizer, items, batch_size=batch_size).double().numpy()
+
+
+def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, log_fn: LogFn | None = None,
+                model=None, test: PairSet | None = None) -> JudgeResult:
+    """Fine-tune the judge LoRA on balanced training pairs; score it and its untrained base on `val`."""
+    from infer.models import load_model
+
+    start = time.perf_counter()
+    base, tokenizer = model if model is not None else load_model(vcfg.judge_base, kind="causal_lm", device=device,
+                                                                  dtype=vcfg.judge_dtype)
+    batch = max(vcfg.judge_batch_size, 8)
+    evals = {split: pair_items(p, vcfg.judge_eval_pairs, vcfg.seed)
+             for split, p in (("val", val), ("test", test)) if p is not None and len(p)}
+    base_probs = {split: _probabilities(base, tokenizer, items, batch) for split, (items, _) in evals.items()}
+    items, labels = balanced_pairs(train, vcfg.judge_max_pairs, vcfg.seed)
+    peft_model = lora_model(base, vcfg)
+    losses = judge_train_loop(peft_model, tokenizer, items, labels, vcfg, log_fn)
+    fit_items, fit_labels = pair_items(train, vcfg.judge_eval_pairs, vcfg.seed + 2)
+    fit_probs = _probabilities(peft_model, tokenizer, fit_items, batch)
+    fit = fit_threshold(fit_probs, fit_labels, vcfg.target_precision)
+    metrics: dict[str, Any] = {"n_train": len(items), "n_threshold_fit": len(fit_items), "train_fit": fit.to_dict(),
+                               "loss_first": losses[0], "loss_last": losses[-1],
+                               "loss_first_10": float(np.mean(losses[:10])), "loss_last_10": float(np.mean(losses[-10:]))}
+    for split, (split_items, split_labels) in evals.items():
+        probs = _probabilities(peft_model, tokenizer, split_items, batch)
+        metrics[split] = {
+            "verifier": score_report(probs, split_labels, {"chosen": fit.threshold, "p>=0.5": 0.5}),
+            "base": score_report(base_probs[split], split_labels, {"p>=0.5": 0.5}),
+            "accept_all": accept_all_report(split_labels),
+        }
+    seconds = time.perf_counter() - start
+    metrics["seconds"] = seconds
+    return JudgeResult(vcfg.judge_base, peft_model, tokenizer, fit, metrics, losses, seconds, vcfg)
+
+
+def load_judge(folder, device: str | None = None):
+    """(PeftModel, tokenizer, judge.json) of a saved judge adapter folder (checkpoint/judge_lora)."""
+    from pathlib import Path
+
+    from peft import PeftModel
+
+    from infer.models import load_model
+    from probes.io import read_json
+    from train.checkpoint import JUDGE_JSON
+
+    folder = Path(folder)
+    meta = read_json(folder / JUDGE_JSON)
+    base, tokenizer = load_model(meta["base_model"], kind="causal_lm", device=device)
+    return PeftModel.from_pretrained(base, str(folder)).eval(), tokenizer, meta

@@ -1,0 +1,209 @@
+"""The training stage of probe-train: data folder -> every verifier the config asks for -> checkpoint.
+
+    from infer.config import load_config
+    from train.pipeline import train_all
+    result = train_all(load_config("configs/tiny.yaml"))   # needs <output_dir>/data (probe-train --stage data)
+    result.metrics["probes"]["probe_target"]["val"]["draft_via_target"]["probe"]["mae"]
+
+Order of work: open the data, check it belongs to the configured models, split by question, load and
+check EVERYTHING that will be trained on (empty or single-class sets, NaN features, bad labels), and
+only then train: probes (+ baselines), the embedding threshold, the judge LoRA. The checkpoint folder is
+written at the end, in one rename (a failed run never leaves a half checkpoint behind).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from data_gen.store import DataFolderError, open_dataset
+from infer.config import to_dict
+from infer.models import describe_source
+from probes.splits import group_split
+from train import pair_verifiers, probes_train
+from train.probes_train import TrainingDataError
+from train.tracking import Tracker, format_metrics
+
+SIDES = ("train", "val", "test")
+
+
+# ----------------------------------------------------------------------------- checks and split
+def _same_name(a: str | None, b: str | None) -> bool:
+    if not a or not b:
+        return False
+    a, b = a.strip().rstrip("/").lower(), b.strip().rstrip("/").lower()
+    return a == b or a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+
+
+def check_data_models(manifest: dict, cfg, folder: Path | str = "the data folder") -> None:
+    """TrainingDataError when the data was made with other models than `cfg.models` names."""
+    for role in manifest.get("models", []):
+        want = getattr(cfg.models, role)
+        engine = manifest["engines"][role]
+        made_with = manifest.get("config", {}).get("models", {}).get(role)
+        if _same_name(want, made_with) or _same_name(want, engine.get("name")) \
+                or _same_name(describe_source(want), engine.get("model_id")):
+            continue
+        raise TrainingDataError(
+            f"{folder} was made with {role} model {made_with or engine.get('name')!r} ({engine.get('model_id')}, "
+            f"{engine.get('num_layers')} layers, hidden {engine.get('hidden_size')}), but the config's models.{role} "
+            f"is {want!r}. Probes trained on it would not fit the configured model: use the output_dir of that "
+            "data, or generate data for this config (another output_dir)")
+
+
+@dataclass
+class QuestionSplit:
+    """Which side (train/val/test) each question id is on; built once and shared by every component."""
+
+    side_of: dict[str, str]
+    seed: int
+    val_fraction: float
+    test_fraction: float
+
+    @classmethod
+    def make(cls, question_ids, probe_cfg) -> "QuestionSplit":
+        unique = sorted({str(q) for q in question_ids})
+        if not unique:
+            raise TrainingDataError("the data folder holds no samples (no question ids): nothing to train on")
+        try:
+            parts = group_split(unique, probe_cfg.val_fraction, probe_cfg.test_fraction, seed=probe_cfg.seed)
+        except ValueError as err:
+            raise TrainingDataError(f"cannot split {len(unique)} question(s) by question: {err}") from None
+        side_of = {unique[i]: side for side, idx in zip(SIDES, parts) for i in idx}
+        return cls(side_of, probe_cfg.seed, probe_cfg.val_fraction, probe_cfg.test_fraction)
+
+    def sides(self, question_ids) -> np.ndarray:
+        """Side of each row's question ('train', 'val', 'test'); unknown questions are an error."""
+        try:
+            return np.asarray([self.side_of[str(q)] for q in question_ids], dtype=object)
+        except KeyError as err:
+            raise TrainingDataError(f"question {err.args[0]!r} has no side in the split (it is not among the "
+                                    "samples' question ids)") from None
+
+    def questions(self, side: str) -> list[str]:
+        return sorted(q for q, s in self.side_of.items() if s == side)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"by": "question_id", "seed": self.seed, "val_fraction": self.val_fraction,
+                "test_fraction": self.test_fraction, **{side: self.questions(side) for side in SIDES}}
+
+
+# ----------------------------------------------------------------------------- result
+@dataclass
+class TrainResult:
+    checkpoint_dir: Path
+    metrics: dict[str, Any]
+    probes: probes_train.ProbeResults | None = None
+    embedding: pair_verifiers.EmbeddingResult | None = None
+    judge: Any = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        return format_metrics(self.metrics)
+
+
+@dataclass
+class _Prepared:
+    plans: list = field(default_factory=list)
+    specs: dict = field(default_factory=dict)
+    sets: dict = field(default_factory=dict)
+    pairs: dict[str, pair_verifiers.PairSet] = field(default_factory=dict)
+
+
+def _device(name: str, cfg) -> str:
+    if name != "auto":
+        return name
+    from infer.models import default_device
+
+    return cfg.models.resolved_device() or default_device()
+
+
+def prepare(ds, cfg, split: QuestionSplit) -> _Prepared:
+    """Load and check every training input; raises TrainingDataError before anything is trained."""
+    todo = cfg.verifiers.train
+    if not todo:
+        raise TrainingDataError("verifiers.train is empty: nothing to train")
+    if len(ds) == 0:
+        raise TrainingDataError(f"{ds.folder} holds no samples: nothing to train on")
+    out = _Prepared()
+    if "probes" in todo:
+        out.plans, out.specs, out.sets = probes_train.prepare_probes(ds, cfg.probe, ds.manifest["models"],
+                                                                    split.sides)
+    if "embedding" in todo or "judge" in todo:
+        pairs = pair_verifiers.load_pairs(ds)
+        sides = split.sides(pairs.questions) if len(pairs) else np.empty(0, dtype=object)
+        out.pairs = {side: pairs.take(sides == side) for side in SIDES}
+        what = " and ".join(t for t in ("embedding", "judge") if t in todo) + " verifier"
+        pair_verifiers.check_pairs(out.pairs["train"], out.pairs["val"], what)
+    return out
+
+
+# ----------------------------------------------------------------------------- the stage
+def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, embedder=None,
+              judge_model=None) -> TrainResult:
+    """Train every verifier in ``cfg.verifiers.train`` on ``<output_dir>/data`` and write the checkpoint.
+
+    dataset: an open ProbeDataset instead of ``cfg.data_dir``; embedder: a SentenceEmbedder to reuse;
+    judge_model: a preloaded (model, tokenizer) of ``verifiers.judge_base``.
+    """
+    from train.checkpoint import write_checkpoint
+
+    t0 = time.perf_counter()
+    ds = dataset if dataset is not None else _open(cfg)
+    check_data_models(ds.manifest, cfg, ds.folder)
+    split = QuestionSplit.make(ds.question_ids(), cfg.probe)
+    prepared = prepare(ds, cfg, split)
+    result = TrainResult(cfg.checkpoint_dir, {})
+    metrics: dict[str, Any] = {"data": _data_summary(ds, split), "split": split.to_dict()}
+    with Tracker(cfg.wandb, run_name=cfg.name, output_dir=cfg.output_dir, config=to_dict(cfg), print_fn=print_fn) as tracker:
+        tracker.message(f"probe-train: {len(ds)} samples from {ds.folder}; questions train/val/test = "
+                        + "/".join(str(len(split.questions(s))) for s in SIDES))
+        if prepared.plans:
+            start = time.perf_counter()
+            result.probes = probes_train.train_probes(prepared.plans, prepared.specs, prepared.sets, cfg.probe,
+                                                      curve=tracker.curve, device=_device(cfg.probe.device, cfg))
+            metrics["probes"] = result.probes.metrics
+            result.seconds["probes"] = time.perf_counter() - start
+        if "embedding" in cfg.verifiers.train:
+            tracker.message(f"embedding threshold verifier ({cfg.verifiers.embedding_model}) ...")
+            result.embedding = pair_verifiers.train_embedding(
+                prepared.pairs["train"], prepared.pairs["val"], cfg.verifiers, cfg.models.resolved_device(),
+                embedder, test=prepared.pairs["test"])
+            metrics["embedding"] = result.embedding.metrics
+            result.seconds["embedding"] = result.embedding.seconds
+        if "judge" in cfg.verifiers.train:
+            tracker.message(f"judge LoRA on {cfg.verifiers.judge_base} ...")
+            result.judge = pair_verifiers.train_judge(
+                prepared.pairs["train"], prepared.pairs["val"], cfg.verifiers, _device("auto", cfg),
+                log_fn=tracker.curve("judge", "step"), model=judge_model, test=prepared.pairs["test"])
+            metrics["judge"] = result.judge.metrics
+            result.seconds["judge"] = result.judge.seconds
+        result.seconds["total"] = time.perf_counter() - t0
+        metrics["seconds"] = dict(result.seconds)
+        result.metrics = metrics
+        write_checkpoint(cfg.checkpoint_dir, cfg, result, ds.manifest, ds.folder)
+        tracker.final(metrics)
+        tracker.message(result.summary())
+        tracker.message(f"checkpoint: {cfg.checkpoint_dir}")
+    return result
+
+
+def _open(cfg):
+    try:
+        return open_dataset(cfg.data_dir)
+    except DataFolderError as err:
+        raise DataFolderError(f"{err}\n(probe-train --stage train needs the data stage's output in "
+                              f"{cfg.data_dir}; run `probe-train --config <file>` to generate it)") from None
+
+
+def _data_summary(ds, split: QuestionSplit) -> dict[str, Any]:
+    m = ds.manifest
+    models = ds.column("model")
+    sides = split.sides(ds.column("question_id"))
+    return {"folder": str(ds.folder), "engines": m["engines"], "layers": m["layers"],
+            "num_samples_per_context": m.get("num_samples"), "judge": m.get("judge"),
+            "rows": {side: {model: int(((sides == side) & (models == model)).sum()) for model in m["models"]}
+                     for side in SIDES}}

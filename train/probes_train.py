@@ -1,0 +1,358 @@
+"""Semantic-probability probes: the target's p and the draft's q (SemanticSpec, papers.md §1).
+
+Three labelled row sets come out of a data folder (``load_row_sets``):
+
+| set                | rows          | features            | label               | log-prob baseline input          |
+|--------------------|---------------|---------------------|---------------------|----------------------------------|
+| `target_own`       | target steps  | target view         | `semantic_prob`     | `mean_logprob`                   |
+| `draft_via_target` | draft steps   | target view (t.f.)  | `prob_under_target` | `target_logprob / target_num_tokens` |
+| `draft_own`        | draft steps   | draft's own         | `semantic_prob`     | `mean_logprob`                   |
+
+The target probe scores DRAFT steps at run time, so its headline validation set is
+`draft_via_target`. With ``probe.target_with_draft`` it learns from `target_own` + `draft_via_target`
+and the `target_own`-only variant is trained too, as a comparison; without it, only the
+`target_own` probe is trained. The draft probe learns from `draft_own`.
+
+Every probe is trained with `probes.fit_probe` (early stopping on the validation split of the same
+sets) next to its baselines: the constant mean label, a last-layer probe, and the log-prob map of
+`train.baselines`. All validation numbers are `probes.metrics.probe_report`s.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from probes.features import FeatureSpec, layers_from_option
+from probes.metrics import probe_report
+from probes.mlp import FitHistory, ProbeConfig as MLPConfig, SemanticProbe, fit_probe
+from train.baselines import ConstantBaseline, LogprobBaseline
+
+LogFn = Callable[[dict[str, Any]], None]
+
+
+class TrainingDataError(ValueError):
+    """The training data cannot be trained on (raised before any training starts)."""
+
+
+# ----------------------------------------------------------------------------- row sets
+@dataclass(frozen=True)
+class SetDef:
+    name: str
+    model: str  # whose samples
+    view: str  # whose hidden states
+    label: str  # label column
+    description: str
+
+
+ROW_SETS: dict[str, SetDef] = {s.name: s for s in (
+    SetDef("target_own", "target", "target", "semantic_prob", "target steps, target features"),
+    SetDef("draft_via_target", "draft", "target", "prob_under_target",
+           "draft steps teacher-forced through the target"),
+    SetDef("draft_own", "draft", "draft", "semantic_prob", "draft steps, draft features"),
+)}
+
+
+@dataclass
+class RowSet:
+    """Labelled rows of one set, features over the data's stored layers [n, L_kept, H]."""
+
+    name: str
+    sample_ids: np.ndarray
+    questions: np.ndarray
+    x: torch.Tensor
+    y: torch.Tensor
+    logprob: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+    def take(self, mask: np.ndarray) -> "RowSet":
+        idx = np.flatnonzero(mask)
+        t = torch.from_numpy(idx)
+        return RowSet(self.name, self.sample_ids[idx], self.questions[idx], self.x[t], self.y[t], self.logprob[idx])
+
+
+def _float_column(ds, name: str, rows: np.ndarray) -> np.ndarray:
+    col = ds.samples.column(name).take(rows)
+    return np.array(col.to_numpy(zero_copy_only=False), dtype=np.float64)  # a writable copy; nulls -> NaN
+
+
+def _logprob_input(ds, set_def: SetDef, rows: np.ndarray) -> np.ndarray:
+    if set_def.name == "draft_via_target":
+        tokens = _float_column(ds, "target_num_tokens", rows)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return _float_column(ds, "target_logprob", rows) / tokens
+    return _float_column(ds, "mean_logprob", rows)
+
+
+def load_row_set(ds, name: str, pooling: str) -> RowSet:
+    """One labelled set of a `data_gen.store.ProbeDataset` (features over every stored layer)."""
+    set_def = ROW_SETS[name]
+    rows = ds.rows(set_def.model)
+    x = ds.features(set_def.view, pooling, rows) if rows.size else torch.empty(0)
+    return RowSet(name, np.asarray(ds.column("sample_id")[rows], dtype=object),
+                  np.asarray(ds.column("question_id")[rows], dtype=object), x,
+                  torch.from_numpy(_float_column(ds, set_def.label, rows)).float(),
+                  _logprob_input(ds, set_def, rows))
+
+
+# ----------------------------------------------------------------------------- plans
+@dataclass
+class ProbePlan:
+    """One probe to train: which model it stands for, what it reads, what it learns from."""
+
+    name: str  # checkpoint file stem
+    role: str  # target | draft
+    train_sets: list[str]
+    eval_sets: list[str]
+    layers: str  # layer option
+    kind: str  # main | variant | last_layer
+    description: str
+
+
+def plan_probes(probe_cfg, models: Sequence[str]) -> list[ProbePlan]:
+    """The probes `probe-train` trains for the sampled models (main probes, variant, last-layer baselines)."""
+    plans: list[ProbePlan] = []
+    if "target" in models:
+        with_draft = probe_cfg.target_with_draft and "draft" in models
+        main_sets = ["target_own", "draft_via_target"] if with_draft else ["target_own"]
+        evals = ["draft_via_target", "target_own"] if "draft" in models else ["target_own"]
+        plans.append(ProbePlan("probe_target", "target", main_sets, evals, probe_cfg.features, "main",
+                               "target probe p on " + " + ".join(main_sets)))
+        if with_draft:
+            plans.append(ProbePlan("probe_target_own", "target", ["target_own"], evals, probe_cfg.features,
+                                   "variant", "target probe trained on target steps only (comparison)"))
+        plans.append(ProbePlan("baseline_last_layer_target", "target", main_sets, evals, "last", "last_layer",
+                               "last-layer target probe (baseline)"))
+    if "draft" in models:
+        plans.append(ProbePlan("probe_draft", "draft", ["draft_own"], ["draft_own"], probe_cfg.features, "main",
+                               "draft probe q on draft_own"))
+        plans.append(ProbePlan("baseline_last_layer_draft", "draft", ["draft_own"], ["draft_own"], "last",
+                               "last_layer", "last-layer draft probe (baseline)"))
+    return plans
+
+
+def feature_spec(engine: dict, kept_layers: Sequence[int], option: str, combine: str, pooling: str,
+                 role: str) -> tuple[FeatureSpec, list[int]]:
+    """The probe's FeatureSpec and the columns of the stored-layer features it reads."""
+    num_layers = int(engine["num_layers"])
+    try:
+        layers = layers_from_option(option, num_layers)
+    except ValueError as err:
+        raise TrainingDataError(f"probe.features for the {role}: {err}") from None
+    kept = list(kept_layers)
+    missing = [r for r in layers if r not in kept]
+    if missing:
+        raise TrainingDataError(
+            f"the {role} probe reads hidden-state rows {layers} ({option!r}) but the data folder stored only "
+            f"rows {kept} (data.layers); rows {missing} are missing. Choose probe.features among the stored "
+            "rows, or generate the data again with data.layers covering them")
+    spec = FeatureSpec(model_id=engine["model_id"], revision=engine.get("revision"), num_layers=num_layers,
+                       hidden_size=int(engine["hidden_size"]), layers=layers,
+                       combine=combine if len(layers) > 1 else "concat", pooling=pooling)
+    return spec, [kept.index(r) for r in layers]
+
+
+def mlp_config(probe_cfg) -> MLPConfig:
+    """The experiment's `probe` section as the probes package's ProbeConfig."""
+    return MLPConfig(hidden_dim=probe_cfg.hidden_dim, dropout=probe_cfg.dropout, loss=probe_cfg.loss,
+                     lr=probe_cfg.lr, betas=tuple(probe_cfg.betas), weight_decay=probe_cfg.weight_decay,
+                     epochs=probe_cfg.epochs, batch_size=probe_cfg.batch_size, patience=probe_cfg.patience,
+                     seed=probe_cfg.seed)
+
+
+# ----------------------------------------------------------------------------- checks
+def check_row_set(rows: RowSet, split: str, role_hint: str = "") -> None:
+    """Clear errors for empty sets, NaN/inf features, bad labels or log-probs (naming the sample)."""
+    where = f"{split} rows of {rows.name}{role_hint}"
+    if len(rows) == 0:
+        raise TrainingDataError(f"empty {where}: no samples to {'train' if split == 'training' else 'validate'} on "
+                                f"({ROW_SETS[rows.name].description}); check data.models, the data folder and "
+                                "probe.val_fraction")
+    bad = (~torch.isfinite(rows.x)).flatten(1).any(dim=1)
+    if bool(bad.any()):
+        first = int(torch.nonzero(bad)[0])
+        raise TrainingDataError(f"{where}: {int(bad.sum())} of {len(rows)} rows have NaN/inf features, "
+                                f"first sample_id {rows.sample_ids[first]!r}")
+    label = ROW_SETS[rows.name].label
+    y = rows.y.double()
+    bad_y = ~torch.isfinite(y) | (y < 0) | (y > 1)
+    if bool(bad_y.any()):
+        first = int(torch.nonzero(bad_y)[0])
+        raise TrainingDataError(f"{where}: field {label!r} must be a probability in [0, 1]; {int(bad_y.sum())} rows "
+                                f"are not (null/NaN/out of range), first sample_id {rows.sample_ids[first]!r} "
+                                f"with {float(y[first])!r}")
+    bad_lp = ~np.isfinite(rows.logprob)
+    if bad_lp.any():
+        first = int(np.flatnonzero(bad_lp)[0])
+        raise TrainingDataError(f"{where}: {int(bad_lp.sum())} rows have a non-finite length-normalised "
+                                f"log-probability, first sample_id {rows.sample_ids[first]!r}")
+
+
+def check_labels_vary(train: Sequence[RowSet], plan: ProbePlan) -> None:
+    y = torch.cat([s.y for s in train])
+    if y.numel() and float(y.max()) == float(y.min()):
+        raise TrainingDataError(
+            f"single-class training set for {plan.name} ({' + '.join(plan.train_sets)}): all {y.numel()} "
+            f"labels equal {float(y[0]):.4g}; there is nothing to learn (too few samples per context, a judge "
+            "that merges everything, or a split that kept one kind of question)")
+
+
+# ----------------------------------------------------------------------------- training
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Temporarily set torch's CPU thread count (None: leave it)."""
+    if n is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@dataclass
+class TrainedProbe:
+    plan: ProbePlan
+    probe: SemanticProbe
+    cols: list[int]
+    history: FitHistory
+    seconds: float
+    n_train: int
+    n_val: int
+
+    def predict(self, rows: RowSet) -> np.ndarray:
+        if len(rows) == 0:
+            return np.empty(0)
+        return self.probe.predict_proba(rows.x[:, self.cols]).double().numpy()
+
+
+def _stack(sets: Sequence[RowSet], cols: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.cat([s.x[:, cols] for s in sets]), torch.cat([s.y for s in sets])
+
+
+def train_one(plan: ProbePlan, spec: FeatureSpec, cols: list[int], train: Sequence[RowSet], val: Sequence[RowSet],
+              cfg: MLPConfig, log_fn: LogFn | None = None, device: str = "cpu") -> TrainedProbe:
+    tx, ty = _stack(train, cols)
+    vx, vy = _stack(val, cols)
+    start = time.perf_counter()
+    probe, history = fit_probe(tx, ty, vx, vy, spec, cfg, log_fn=log_fn, device=device)
+    probe = probe.cpu()
+    probe.extra = {"component": plan.name, "role": plan.role, "kind": plan.kind, "description": plan.description,
+                   "trained_on": list(plan.train_sets), "n_train": int(tx.shape[0]), "n_val": int(vx.shape[0]),
+                   "best_epoch": history.best_epoch, "epochs_run": history.epochs_run}
+    return TrainedProbe(plan, probe, cols, history, time.perf_counter() - start, int(tx.shape[0]), int(vx.shape[0]))
+
+
+@dataclass
+class RoleBaselines:
+    constant: ConstantBaseline
+    logprob: LogprobBaseline
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"constant": self.constant.to_dict(), "logprob": self.logprob.to_dict()}
+
+
+def fit_baselines(train: Sequence[RowSet], kind: str) -> RoleBaselines:
+    y = np.concatenate([s.y.double().numpy() for s in train])
+    lp = np.concatenate([s.logprob for s in train])
+    return RoleBaselines(ConstantBaseline.fit(y), LogprobBaseline.fit(lp, y, kind))
+
+
+def report(pred: np.ndarray, rows: RowSet) -> dict[str, Any]:
+    """probe_report against the soft labels (AUROC/AUPRC for 'this meaning is the majority': label >= 0.5)."""
+    return probe_report(np.clip(pred, 0.0, 1.0), rows.y.double().numpy(), threshold=0.5, n_bins=10)
+
+
+@dataclass
+class ProbeResults:
+    probes: dict[str, TrainedProbe] = field(default_factory=dict)
+    baselines: dict[str, RoleBaselines] = field(default_factory=dict)  # by role
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def prepare_probes(ds, probe_cfg, models: Sequence[str], split_of: Callable[[np.ndarray], np.ndarray]):
+    """Load and check every row set and spec BEFORE training: returns (plans, specs, sets by split)."""
+    plans = plan_probes(probe_cfg, models)
+    names = sorted({n for p in plans for n in p.train_sets + p.eval_sets})
+    sets: dict[str, dict[str, RowSet]] = {"train": {}, "val": {}, "test": {}}
+    for name in names:
+        rows = load_row_set(ds, name, probe_cfg.pooling)
+        sides = split_of(rows.questions)
+        for side in sets:
+            sets[side][name] = rows.take(sides == side)
+    specs = {}
+    last_available = {}
+    for plan in plans:
+        engine, kept = ds.manifest["engines"][plan.role], ds.layers(plan.role)
+        if plan.kind == "last_layer" and int(engine["num_layers"]) not in kept:
+            last_available[plan.name] = False
+            continue
+        specs[plan.name] = feature_spec(engine, kept, plan.layers, probe_cfg.combine, probe_cfg.pooling, plan.role)
+    for plan in plans:
+        if plan.name not in specs:
+            continue
+        for name in plan.train_sets:
+            check_row_set(sets["train"][name], "training", f" (for {plan.name})")
+            check_row_set(sets["val"][name], "validation", f" (for {plan.name})")
+        check_labels_vary([sets["train"][n] for n in plan.train_sets], plan)
+    return [p for p in plans if p.name in specs], specs, sets
+
+
+def train_probes(plans: list[ProbePlan], specs: dict, sets: dict[str, dict[str, RowSet]], probe_cfg,
+                 curve: Callable[[str], LogFn] | None = None, device: str = "cpu") -> ProbeResults:
+    """Train every planned probe and its role's baselines; score them on the validation (and test) rows."""
+    cfg = mlp_config(probe_cfg)
+    out = ProbeResults()
+    with torch_threads(probe_cfg.num_threads):
+        for plan in plans:
+            spec, cols = specs[plan.name]
+            train = [sets["train"][n] for n in plan.train_sets]
+            val = [sets["val"][n] for n in plan.train_sets]
+            out.probes[plan.name] = train_one(plan, spec, cols, train, val, cfg,
+                                              curve(plan.name) if curve else None, device)
+            if plan.kind == "main":
+                out.baselines[plan.role] = fit_baselines(train, probe_cfg.logprob_baseline)
+        out.metrics = score_probes(out, sets)
+    return out
+
+
+def score_probes(results: ProbeResults, sets: dict[str, dict[str, RowSet]]) -> dict[str, Any]:
+    """metrics[probe name][split][eval set] = {probe, variant?, last_layer, logprob, constant: report}."""
+    metrics: dict[str, Any] = {}
+    for name, trained in results.probes.items():
+        plan = trained.plan
+        if plan.kind != "main":
+            continue
+        entry: dict[str, Any] = {"role": plan.role, "trained_on": plan.train_sets, "features": trained.probe.spec.to_dict(),
+                                 "n_train": trained.n_train, "n_val": trained.n_val, "seconds": trained.seconds,
+                                 "history": trained.history.to_dict()}
+        for split in ("val", "test"):
+            per_set = {}
+            for set_name in plan.eval_sets:
+                rows = sets[split].get(set_name)
+                if rows is None or len(rows) == 0:
+                    continue
+                per_set[set_name] = _score_set(results, plan, rows)
+            if per_set:
+                entry[split] = per_set
+        metrics[name] = entry
+    return metrics
+
+
+def _score_set(results: ProbeResults, plan: ProbePlan, rows: RowSet) -> dict[str, Any]:
+    scores = {"probe": report(results.probes[plan.name].predict(rows), rows)}
+    for other in results.probes.values():
+        if other.plan.role == plan.role and other.plan.kind != "main":
+            scores[other.plan.kind] = report(other.predict(rows), rows)
+    base = results.baselines[plan.role]
+    scores["logprob"] = report(base.logprob.predict(rows.logprob), rows)
+    scores["constant"] = report(base.constant.predict(len(rows)), rows)
+    return scores
