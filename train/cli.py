@@ -3,6 +3,7 @@
 Usage:
     probe-train --config configs/tiny.yaml                      # all stages
     probe-train --config configs/tiny.yaml --stage data         # training data only (resumable)
+    probe-train --config configs/tiny.yaml --stage train        # train the verifiers on existing data
     probe-train --config X --stage data --shard 0/4             # every 4th shard from 0 -> data/part-0-of-4
     probe-train --config X --merge                              # join the part folders into data/
     probe-train --config X --stage data data.num_samples=8 output_dir=runs/mine   # key=value overrides
@@ -60,9 +61,12 @@ def run_merge(cfg) -> int:
 
 
 def run_train_stage(cfg) -> int:
-    print("probe-train: the training stage is not available yet in this version (data stage only).",
-          file=sys.stderr)
-    return 2
+    """Train every verifier in verifiers.train on <output_dir>/data; prints validation metrics next to
+    the baselines and writes <output_dir>/checkpoint."""
+    from train.pipeline import train_all
+
+    train_all(cfg)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
