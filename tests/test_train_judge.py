@@ -1,0 +1,98 @@
+"""Judge LoRA on the real SmolLM2-135M-Instruct: the loss falls in a few steps, the adapter reloads (ours and
+the runtime's loader) with the same probabilities, and training reads the answer exactly as the runtime."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from infer.config import VerifiersConfig
+from infer.models import load_model
+from train.pair_verifiers import PairSet, answer_logits, balanced_pairs, load_judge, train_judge
+
+SMOL = "offline:smollm2-135m-instruct"
+pytestmark = pytest.mark.slow
+
+CONTEXT = "Tom has 3 red and 4 blue marbles. How many marbles does he have?"
+PAIRS = [  # (a, b, equivalent)
+    ("3 + 4 = 7 marbles.", "He has 7 marbles in total.", True),
+    ("Adding 3 and 4 gives 7.", "3 + 4 = 7.", True),
+    ("So Tom has 7 marbles.", "The total is 7 marbles.", True),
+    ("We add: 3 + 4 = 7.", "Tom owns 7 marbles.", True),
+    ("3 + 4 = 7 marbles.", "3 * 4 = 12 marbles.", False),
+    ("He has 7 marbles.", "He has 1 marble more blue than red.", False),
+    ("The total is 7.", "The total is 9.", False),
+    ("Adding gives 7.", "Subtracting gives 1.", False),
+]
+
+
+def pair_set(rows) -> PairSet:
+    n = len(rows)
+    return PairSet(np.array(["c0"] * n, dtype=object), np.array(["q0"] * n, dtype=object),
+                   np.array([r[0] for r in rows], dtype=object), np.array([r[1] for r in rows], dtype=object),
+                   np.array([r[2] for r in rows]), np.array(["cluster"] * n, dtype=object), {"c0": CONTEXT})
+
+
+VCFG = VerifiersConfig(judge_base=SMOL, judge_lora_r=4, judge_lora_alpha=8, judge_lora_layers=2, judge_steps=6,
+                       judge_batch_size=4, judge_lr=5e-3, judge_eval_pairs=6, target_precision=0.5)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def threads():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    pairs = pair_set(PAIRS)
+    result = train_judge(pairs, pairs, VCFG, device="cpu", model=load_model(SMOL, device="cpu", dtype="float32"))
+    folder = tmp_path_factory.mktemp("ckpt")
+    result.save(folder / "judge_lora")
+    return result, folder
+
+
+def test_balanced_pairs_are_balanced_and_keep_labels():
+    rows = PAIRS + [("a", "b", False)] * 6
+    items, labels = balanced_pairs(pair_set(rows), max_pairs=100, seed=3)
+    assert labels.sum() == len(labels) - labels.sum() == 4
+    truth = {(a, b): eq for a, b, eq in rows} | {(b, a): eq for a, b, eq in rows}
+    assert all(truth[(a, b)] == bool(y) for (_, a, b), y in zip(items, labels))
+
+
+def test_training_logits_equal_the_runtime_readout():
+    from infer.judge_prompt import judge_answer_logits
+
+    model, tok = load_model(SMOL, device="cpu", dtype="float32")
+    batch = [(CONTEXT, a, b) for a, b, _ in PAIRS[:3]]
+    with torch.no_grad():
+        torch.testing.assert_close(answer_logits(model, tok, batch), judge_answer_logits(model, tok, batch),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_loss_falls(trained):
+    result, _ = trained
+    losses = result.losses
+    assert len(losses) == VCFG.judge_steps and all(np.isfinite(losses))
+    assert np.mean(losses[-2:]) < 0.6 * np.mean(losses[:2])
+    assert set(result.metrics["val"]) == {"verifier", "base", "accept_all"}
+
+
+def test_adapter_reloads_with_identical_probabilities(trained):
+    from infer.judge_prompt import judge_probability
+    from infer.verifiers import StepContext, VerifyItem, load_verifier
+
+    result, folder = trained
+    files = {p.name for p in (folder / "judge_lora").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "judge.json"} <= files
+    items = [(CONTEXT, a, b) for a, b, _ in PAIRS]
+    want = judge_probability(result.model, result.tokenizer, items)
+    model, tok, meta = load_judge(folder / "judge_lora", device="cpu")
+    assert meta["base_model"] == SMOL and meta["threshold"] == result.threshold
+    torch.testing.assert_close(judge_probability(model, tok, items), want, rtol=0, atol=1e-5)
+    runtime = load_verifier(folder, kind="judge", device="cpu")
+    assert runtime.threshold == pytest.approx(result.threshold)
+    verdicts = runtime.verify([VerifyItem(StepContext(CONTEXT), draft=b, target=a) for a, b, _ in PAIRS])
+    np.testing.assert_allclose([v.score for v in verdicts], want.numpy(), atol=1e-5)
