@@ -182,3 +182,14 @@ def test_wandb_offline_run(tmp_path):
     runs = list((tmp_path / "wandb").rglob("*.wandb"))
     assert runs, "no offline wandb run file written"
     assert any(b"probe_target/train_loss" in r.read_bytes() for r in runs)
+
+
+def test_stratified_subset_keeps_both_classes():
+    from train.pair_verifiers import stratified_subset
+
+    labels = np.array([True] + [False] * 99)
+    idx = stratified_subset(labels, 4, seed=1)
+    assert len(idx) == 4 and labels[idx].sum() == 1 and list(idx) == sorted(set(idx))
+    labels = np.array([True] * 30 + [False] * 70)
+    assert labels[stratified_subset(labels, 10)].sum() == 3
+    assert list(stratified_subset(labels, 200)) == list(range(100))
