@@ -110,9 +110,13 @@ def test_layer_sweep_covers_every_stored_layer(report):
     assert sweep["target"]["best"]["val_brier"] < sweep["target"]["constant_val_brier"]
 
 
-def test_pair_verifier_metrics(report):
+def test_pair_verifier_metrics(report, trained):
+    _, ckpt = trained
     part = report.metrics["parts"]["verifiers"]
     emb = part["by_verifier"]["embedding"]
+    fit = json.loads((ckpt / "embedding_threshold.json").read_text())["fit"]
+    assert emb["info"]["met_target"] == fit["met_target"] and emb["info"]["target_precision"] == 0.8
+    assert emb["thresholds"]["f1_optimal"] == pytest.approx(fit["f1_optimal"]["threshold"])
     assert emb["n"] == part["pairs"]["n"] > 0
     assert emb["thresholds"]["chosen"] == pytest.approx(emb["at_threshold"]["threshold"])
     assert 0 < emb["at_threshold"]["acceptance_rate"] <= 1

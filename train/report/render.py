@@ -55,7 +55,8 @@ def header(m: dict[str, Any]) -> str:
              f"- held out: {held.get('n_questions', '–')} questions — {held.get('how', 'none')}",
              f"- confidence intervals: {int(100 * (1 - s.get('alpha', 0.1)))}% percentile bootstrap, "
              f"{s.get('n_boot')} resamples of whole questions; calibration bins: {s.get('n_bins')}; "
-             f"'majority meaning' = label ≥ 0.5",
+             f"'majority meaning' = label ≥ 0.5 (AUROC, AUPRC). Percentile intervals of ECE/MCE can sit above the "
+             "estimate: binned errors are biased upward on resamples with repeated rows",
              f"- written {m.get('created')}"]
     return "\n".join(lines)
 
@@ -75,6 +76,11 @@ def probes_section(part: dict[str, Any] | None, figures) -> str:
            "probability, last_layer = the same MLP on the final layer only). Intervals in brackets."]
     if not part:
         return "\n\n".join(out + ["*Not evaluated (see Skipped parts).*"])
+    out.append("All probes and baselines in one table (point estimates; intervals in the tables below):")
+    out.append(table(["probe", "held-out rows", "predictor", "n"] + [METRIC_LABELS[k] for k in CALIBRATION_METRICS],
+                     [[f"`{r['probe']}`", r["set"], f"**{r['predictor']}**" if r["predictor"] == "probe"
+                       else r["predictor"], r["n"]] + [num((r[k] or {}).get("estimate")) for k in CALIBRATION_METRICS]
+                      for r in part["table"]]))
     for name, per_set in part["by_probe"].items():
         for set_name, blocks in per_set.items():
             first = next(iter(blocks.values()))
@@ -145,11 +151,14 @@ def verifiers_section(part: dict[str, Any] | None, figures) -> str:
     rows = []
     for name, b in part["by_verifier"].items():
         at = b["at_threshold"]
-        rows.append([name, b["n"], ci(b["metrics"]["auroc"]), ci(b["metrics"]["auprc"]), num(at["threshold"]),
+        info = b.get("info") or {}
+        fitted = "–" if info.get("met_target") is None else \
+            f"{'yes' if info['met_target'] else 'NO'} ({num(info.get('target_precision'), 2)})"
+        rows.append([name, b["n"], ci(b["metrics"]["auroc"]), ci(b["metrics"]["auprc"]), num(at["threshold"]), fitted,
                      ci(b["metrics"]["acceptance_rate"]), ci(b["metrics"]["precision"]), num(at["recall"]),
                      num(at["false_accept_rate"])])
-    out.append(table(["verifier", "n", "AUROC", "AUPRC", "threshold", "acceptance", "precision", "recall",
-                      "false accepts"], rows))
+    out.append(table(["verifier", "n", "AUROC", "AUPRC", "threshold", "training fit met target precision",
+                      "acceptance", "precision", "recall", "false accepts"], rows))
     src = [[name, s, num(a["acceptance_rate"]), num(a["precision"]), num(a["recall"])]
            for name, b in part["by_verifier"].items() for s, a in b["by_source"].items()]
     out.append("At the chosen threshold, by pair source:\n\n"

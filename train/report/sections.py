@@ -64,7 +64,7 @@ class EvalContext:
     predictions: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
 
     def skip(self, part: str, reason: str) -> None:
-        log.warning("probe-eval: skipped %s: %s", part, reason)
+        log.info("probe-eval: skipped %s: %s", part, reason)
         self.skipped.append({"part": part, "reason": reason})
 
     def rows(self, set_name: str, pooling: str = "mean") -> RowSet:

@@ -19,14 +19,15 @@ JUDGE_DIR = "judge_lora"
 
 
 def heldout_pairs(ctx: EvalContext):
-    """Held-out pairs (train.pair_verifiers.PairSet), subsampled to eval.max_pairs."""
+    """Held-out pairs (train.pair_verifiers.PairSet), subsampled to eval.max_pairs keeping the share of
+    equivalent pairs."""
     from train.pair_verifiers import load_pairs
 
     pairs = load_pairs(ctx.ds)
     held = pairs.take(ctx.heldout.mask(pairs.questions))
     if len(held) == 0:
         raise PartError(f"no step pairs of held-out questions in {ctx.ds.folder}")
-    return held.take(ev.subsample(len(held), ctx.cfg.max_pairs, ctx.cfg.seed))
+    return held.take(ev.stratified_subsample(held.labels, ctx.cfg.max_pairs, ctx.cfg.seed))
 
 
 def embedding_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, Any]]:
@@ -42,7 +43,8 @@ def embedding_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, d
     f1 = ((info.get("fit") or {}).get("f1_optimal") or {}).get("threshold")
     if f1 is not None:
         thresholds["f1_optimal"] = float(f1)
-    return np.arange(len(pairs)), scores, thresholds, {"model": verifier.describe().get("model")}
+    return np.arange(len(pairs)), scores, thresholds, {"model": verifier.describe().get("model"),
+                                                       **fit_info(info.get("fit"))}
 
 
 def judge_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, Any]]:
@@ -53,10 +55,17 @@ def judge_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[
     if not (ctx.ckpt.path / JUDGE_DIR / "judge.json").is_file():
         raise PartError(f"the checkpoint has no {JUDGE_DIR}/judge.json; was 'judge' in verifiers.train?")
     judge = load_judge_lora(ctx.ckpt.path, device=ctx.device)
-    idx = ev.subsample(len(pairs), ctx.cfg.judge_max_pairs, ctx.cfg.seed + 1)
+    idx = ev.stratified_subsample(pairs.labels, ctx.cfg.judge_max_pairs, ctx.cfg.seed + 1)
     items = [(pairs.context_of(i), pairs.a[i], pairs.b[i]) for i in idx]
     scores = judge_probability(judge.model, judge.tokenizer, items, batch_size=judge.batch_size).double().numpy()
-    return idx, scores, {"chosen": judge.threshold}, {"model": judge.model_id}
+    meta = ctx.ckpt.read_json(f"{JUDGE_DIR}/judge.json", "judge-LoRA metadata")
+    return idx, scores, {"chosen": judge.threshold}, {"model": judge.model_id, **fit_info(meta.get("fit"))}
+
+
+def fit_info(fit: dict[str, Any] | None) -> dict[str, Any]:
+    """What the checkpoint says about how its threshold was fitted (target precision, whether it was met)."""
+    fit = fit or {}
+    return {"target_precision": fit.get("target_precision"), "met_target": fit.get("met_target")}
 
 
 SCORERS = {"embedding": embedding_scores, "judge": judge_scores}
