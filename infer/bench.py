@@ -171,8 +171,15 @@ def parse_method(text: str) -> MethodSpec:
 
 
 def options_from_config(cfg: ExperimentConfig, system_speed: bool = False) -> DecodeOptions:
+    """DecodeOptions from the runtime and sampling sections. System-speed runs decode greedily: random
+    weights give near-uniform distributions whose top-p nucleus is the whole vocabulary, so sampling
+    would cost a full-vocabulary sort per token, which no real model pays."""
     rt = cfg.runtime
     delimiter = cfg.source.delimiter
+    if system_speed:
+        from dataclasses import replace
+
+        cfg = replace(cfg, sampling=replace(cfg.sampling, temperature=0.0, draft_temperature=None))
     return DecodeOptions(
         gamma=rt.gamma, width=rt.width, max_new_tokens=rt.max_new_tokens, max_steps=rt.max_steps, seed=rt.seed,
         accept_length_cut=rt.accept_length_cut or system_speed,

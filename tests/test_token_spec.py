@@ -134,6 +134,41 @@ def test_rows_joining_a_running_batch_decode_as_if_alone(tiny):
     assert [res[k].token_ids for k in (0, 1, 3)] == [alone[k].token_ids for k in (0, 1, 3)]
 
 
+def test_nested_prefixes_share_cached_columns(tiny):
+    """An LR batch: prefix x, x + s0, x + s0 + s1, ... The longest is encoded once; the others copy its
+    columns and encode a token or two of their own."""
+    steps = ["First we add the numbers together carefully.\n\n", "Then we divide the total by two.\n\n",
+             "Finally we check the result once more.\n\n"]
+    nested = [PREFIXES[0] + "".join(steps[:j]) for j in range(4)]
+    alone = [tiny.generate_steps([p], GREEDY)[0] for p in nested]
+    batch = tiny.open_batch(GREEDY)
+    res = dict(batch.add([RowSpec(i, tiny.encode_prefix(p), 12) for i, p in enumerate(nested)]))
+    res.update(batch.run())
+    assert [res[i].token_ids for i in range(4)] == [s.token_ids for s in alone]
+    longest = len(tiny.encode_prefix(nested[-1])) - len(tiny.encode_prefix(nested[0]))
+    assert batch.shared_tokens >= 2 * len(tiny.encode_prefix(nested[1]))  # rows 1, 2 reuse row 3's columns
+    assert tiny.stats["shared_prefix_tokens"] > 0 and longest > 20
+
+
+def test_dropping_unused_columns_keeps_results(tiny):
+    alone = {k: tiny.generate_steps([p], GREEDY)[0] for k, p in enumerate(PREFIXES)}
+    batch = tiny.open_batch(GREEDY)
+    res = dict(batch.add([RowSpec(0, tiny.encode_prefix(PREFIXES[0]), 12), RowSpec(9, tiny.encode_prefix("Other"), 12)]))
+    for _ in range(3):
+        res.update(batch.step())
+    batch.remove([9])  # its columns become holes
+    res.update(batch.add([RowSpec(k, tiny.encode_prefix(PREFIXES[k]), 12) for k in (1, 2)]))
+    dropped = 0
+    while len(batch):
+        before = batch.ncols
+        batch._compact(min_cols=0, max_hole_share=0.0)  # drop every unused column
+        assert batch.mask.shape[1] == batch.ncols and bool(batch.mask[:, len(batch.base_ids):].bool().any(0).all())
+        dropped += before - batch.ncols
+        res.update(batch.step())
+    assert dropped > 0
+    assert [res[k].token_ids for k in range(3)] == [alone[k].token_ids for k in range(3)]
+
+
 def test_sampling_rows_are_seeded_per_row(tiny):
     p = SamplingParams(temperature=0.9, max_step_tokens=10)
     a = tiny.generate_steps(PREFIXES, p, seeds=[5, 6, 7])
@@ -182,3 +217,13 @@ def test_ngram_speculation_is_exact_on_real_smollm2():
     spec = eng.generate_steps([prefix], params)[0]
     assert spec.token_ids == plain.token_ids and spec.text == plain.text
     assert eng.stats["spec_proposed"] > 0
+
+
+def test_sample_from_inverts_the_cdf():
+    from infer.engines.token_spec import sample_from
+
+    probs = torch.tensor([0.0, 0.2, 0.0, 0.5, 0.3])
+    gen = torch.Generator().manual_seed(4)
+    counts = torch.bincount(torch.tensor([sample_from(probs, gen) for _ in range(20000)]), minlength=5)
+    assert counts[0] == 0 and counts[2] == 0  # zero-probability tokens are never drawn
+    assert torch.allclose(counts / 20000.0, probs, atol=0.015)

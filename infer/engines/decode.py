@@ -4,19 +4,19 @@
 (each after a different prefix x ⊕ ŝ₀..ŝ_{j-1}) run as one batch, and the async runtime adds rows to a
 running batch as soon as their prefixes exist (continuous batching).
 
-Layout. All rows share the KV cache columns of one common token prefix (computed once, through the
-engine's prefix cache). After it, each row owns its columns; columns a row does not own are *holes*
-(attention mask 0) and every row carries its own position ids, so rows of different lengths decode
-side by side with no re-padding:
-
-    columns:   [ shared prefix | row suffixes, right-aligned | decoded tokens ... | joined rows ... ]
-    row mask:  [ 1 1 1 1 1 1 1 | 0 0 1 1 1 / 1 1 1 1 1 / ... | 1 1 1 0 1 1 ...  | 0 0 0 / 1 1 1 ]
-
-A row that joins later gets the shared prefix columns it has in common with the batch, holes for
-everything else that is already there, and its own suffix appended as new columns (holes for the old
-rows). Token speculation adds a few proposed tokens per row to each forward; the columns of proposals
-that were rejected become holes too. The result is exactly what decoding each row alone computes, up to
-floating-point differences of batched kernels.
+Layout. The batch KV cache has one slot per row and a common set of columns. Every row knows which
+column holds each of its prompt tokens (`cols`); columns a row does not use are *holes* (attention mask
+0), and every row carries its own position ids, so rows of different lengths decode side by side with
+no re-padding. A new row is not re-encoded from scratch:
+- the *base* (the longest token prefix common to the rows the batch started with) is encoded once,
+  through the engine's prefix cache, and sits in columns 0..len(base)-1;
+- a joining row copies the K/V columns of the row (or base) it shares the longest token prefix with
+  (the KV of a token depends only on the tokens before it), and only its own tail is forwarded, into
+  new columns (holes for every other row). The γ+1 prefixes of an LR batch are nested, so the longest
+  is encoded once and the others add a token or two; an async row reuses the row before it.
+Token speculation adds a few proposed tokens per row to each forward; the columns of rejected proposals
+become holes. Columns no row uses any more are dropped from time to time (`_compact`). The result is
+what decoding each row alone computes, up to floating-point differences of batched kernels.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class RowSpec:
     seed: int | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # rows are compared by identity
 class _Row:
     key: Hashable
     ids: list[int]
@@ -48,6 +48,9 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprob: float = 0.0
     pos: int = 0  # position id of the next token fed to the model (= pending token)
+    cols: list[int] = field(default_factory=list)  # cache column of each prompt token
+    donor: "_Row | None" = None  # row whose columns it copies at join time (None: the base)
+    share: int = 0  # prompt tokens taken from the donor / base instead of being forwarded
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
@@ -85,9 +88,13 @@ class DecodeBatch:
         self.cache = None
         self.mask: torch.Tensor | None = None  # (rows, cache columns) long
         self.base_ids: list[int] = []
-        self.base_cache = None  # 1-row cache of base_ids (shared prefix) for rows that join later
+        self.base_cache = None  # 1-row cache of base_ids, the prefix shared by the rows the batch began with
+        self.base_logits: torch.Tensor | None = None
+        self.ncols = 0  # columns of the batch cache
         self.device = engine.device
         self.iterations = 0
+        self.row_iterations = 0  # sum over iterations of the rows in the batch
+        self.shared_tokens = 0  # prompt tokens copied from another row instead of being encoded
 
     # ------------------------------------------------------------------ public API
     def __len__(self) -> int:
@@ -112,17 +119,19 @@ class DecodeBatch:
                 raise ValueError(f"row {s.key!r}: empty prompt (no tokens)")
             self.engine._check_fits(len(s.ids) + s.cap, "prompt plus one step")
         with torch.inference_mode():
-            if self.cache is None:
-                first_logits = self._start(specs)
-            else:
-                first_logits = self._join(specs)
+            creating = not self.rows
+            if creating:
+                self._new_base([s.ids for s in specs])
             new_rows = []
-            for s, logits in zip(specs, first_logits):
+            for s in specs:
                 gen = torch.Generator(device="cpu").manual_seed(s.seed) if s.seed is not None else None
                 new_rows.append(_Row(s.key, list(s.ids), s.cap, gen, pos=len(s.ids)))
-            self.rows.extend(new_rows)
+            first_logits: dict[int, torch.Tensor] = {}
+            for wave in self._plan(new_rows, creating):
+                first_logits.update(self._join_wave(wave))
             finished = []
-            for row, logits in zip(new_rows, first_logits):
+            for row in new_rows:
+                logits = first_logits[id(row)]
                 tok = self._draw([], logits[None], row)[0]
                 done = self._append(row, tok, float(torch.log_softmax(logits.float(), -1)[tok]))
                 if done is not None:
@@ -183,8 +192,11 @@ class DecodeBatch:
                         finished.append((r, done))
                         break
             self.mask = torch.cat([self.mask, new_mask], 1)
+            self.ncols += width
             self.iterations += 1
+            self.row_iterations += rows
             self._drop([r for r, _ in finished])
+            self._compact()
         return [(r.key, s) for r, s in finished]
 
     def run(self) -> dict[Hashable, Step]:
@@ -194,91 +206,149 @@ class DecodeBatch:
         return results
 
     # ------------------------------------------------------------------ internals
-    def _suffix_forward(self, cache, ids_list: list[list[int]], start: int):
-        """Forward each row's ids[start:] on top of `cache` (rows already repeated; None = no shared
-        prefix). Returns (cache, suffix mask (rows, m), last logits per row or None where empty).
-
-        With a shared prefix the suffixes are right-aligned (holes first), so every row's last token is
-        in the last column and only that column's logits are computed. Without one they are
-        left-aligned, so that no query row is entirely masked (which would produce NaNs)."""
-        suffixes = [ids[start:] for ids in ids_list]
-        m = max(len(s) for s in suffixes)
-        rows = len(suffixes)
-        if m == 0:
-            return cache, torch.zeros((rows, 0), dtype=torch.long), [None] * rows
-        right = start > 0
-        pad = self.engine.tokenizer.pad_token_id or 0
-        inp = torch.full((rows, m), pad, dtype=torch.long)
-        sfx_mask = torch.zeros((rows, m), dtype=torch.long)
-        pos = torch.full((rows, m), start, dtype=torch.long) if right else torch.arange(start, start + m).repeat(rows, 1)
-        for i, s in enumerate(suffixes):
-            if not s:
-                continue
-            cols = slice(m - len(s), m) if right else slice(0, len(s))
-            inp[i, cols] = torch.tensor(s)
-            sfx_mask[i, cols] = 1
-            pos[i, cols] = torch.arange(start, start + len(s))
-        attn = torch.cat([torch.ones((rows, start), dtype=torch.long), sfx_mask], 1)
-        out = self.engine._forward(input_ids=inp.to(self.device), past_key_values=cache,
-                                   attention_mask=attn.to(self.device), position_ids=pos.to(self.device),
-                                   use_cache=True, **({"logits_to_keep": 1} if right else {}))
-        self.engine.stats["prefill_tokens"] += sum(len(s) for s in suffixes)
-        if right:
-            last = [out.logits[i, -1].float() if s else None for i, s in enumerate(suffixes)]
-        else:
-            last = [out.logits[i, len(s) - 1].float() if s else None for i, s in enumerate(suffixes)]
-        return out.past_key_values, sfx_mask, last
-
-    def _start(self, specs: Sequence[RowSpec]) -> list[torch.Tensor]:
+    def _new_base(self, ids_list: list[list[int]]) -> None:
+        """A fresh batch: encode the prefix common to its first rows once (engine prefix cache)."""
         from infer.engines.hf import _clone_cache
 
-        ids_list = [s.ids for s in specs]
         lcp = common_prefix_len(ids_list)
         self.base_ids = list(ids_list[0][:lcp])
         if lcp:
-            base_cache, base_logits = self.engine._prefill(self.base_ids)
-            self.base_cache = _clone_cache(base_cache)
-            cache = base_cache
-            if len(specs) > 1:
-                cache.batch_repeat_interleave(len(specs))
-        else:  # nothing in common (different questions): every row is all suffix
-            cache, base_logits, self.base_cache = None, None, None
-        cache, sfx_mask, last = self._suffix_forward(cache, ids_list, lcp)
-        self.cache = cache
-        self.mask = torch.cat([torch.ones((len(specs), lcp), dtype=torch.long), sfx_mask], 1)
-        return [base_logits if lg is None else lg for lg in last]
+            cache, logits = self.engine._prefill(self.base_ids)
+            self.base_cache, self.base_logits = _clone_cache(cache), logits
+        else:  # nothing in common (different questions)
+            self.base_cache, self.base_logits = None, None
+        self.cache, self.mask, self.ncols = None, None, lcp
 
-    def _join(self, specs: Sequence[RowSpec]) -> list[torch.Tensor]:
+    def _plan(self, new_rows: list[_Row], creating: bool) -> list[list[_Row]]:
+        """Choose each new row's donor (the batch row or base sharing its longest token prefix) and split
+        the rows into waves: rows whose donor is another new row wait for it (second wave)."""
+        min_gain = 8  # a second forward is worth it when it saves at least this many tokens per row
+        first, second = [], []
+        for r in sorted(new_rows, key=lambda r: -len(r.ids)):
+            base_share = common_prefix_len([r.ids, self.base_ids]) if self.base_ids else 0
+            donor, share = None, base_share
+            for d in self.rows:
+                n = common_prefix_len([r.ids, d.ids])
+                if n > share:
+                    donor, share = d, n
+            new_donor, new_share = None, 0
+            for d in first:
+                n = common_prefix_len([r.ids, d.ids])
+                if n > new_share:
+                    new_donor, new_share = d, n
+            if new_donor is not None and new_share >= share + min_gain:
+                donor, share = new_donor, new_share
+            if creating and donor is None and r.ids == self.base_ids and self.base_logits is not None:
+                r.donor, r.share = None, len(r.ids)  # exactly the base: its logits are known
+            else:
+                r.donor, r.share = donor, min(share, len(r.ids) - 1)  # >= 1 own token gives the logits
+            tail = len(r.ids) - r.share
+            waits = any(r.donor is d for d in first) or tail <= min_gain
+            (second if waits else first).append(r)
+        return [w for w in (first, second) if w]
+
+    def _join_wave(self, rows: list[_Row]) -> dict[int, torch.Tensor]:
+        """Give `rows` their cache slots (copied shared columns + forwarded tails); returns first logits."""
         from infer.engines.hf import _clone_cache
 
+        n, old_cols = len(rows), self.ncols
+        tails = [r.ids[r.share:] for r in rows]
+        m = max(len(t) for t in tails)
+        # the wave's own cache: the shared columns of every row, copied into fresh slots
+        cache = None
+        if old_cols:
+            template = self.cache if self.cache is not None else self.base_cache
+            if n == 1 and self.cache is None and rows[0].donor is None and rows[0].share == len(self.base_ids):
+                cache = _clone_cache(self.base_cache)  # the common single-row case: no copying at all
+            else:
+                _check_plain_cache(template)
+                cache = _clone_cache(template)
+                index = {id(r): i for i, r in enumerate(self.rows)}
+                nb = len(self.base_ids)
+                for li, layer in enumerate(cache.layers):
+                    for name in ("keys", "values"):
+                        src = getattr(template.layers[li], name)
+                        new = src.new_zeros((n,) + tuple(src.shape[1:2]) + (old_cols,) + tuple(src.shape[3:]))
+                        if nb:
+                            new[:, :, :nb] = getattr(self.base_cache.layers[li], name)[:, :, :nb]
+                        batch_src = getattr(self.cache.layers[li], name) if self.cache is not None else None
+                        for i, r in enumerate(rows):
+                            if r.donor is not None:
+                                idx = torch.tensor(r.donor.cols[:r.share], device=src.device)
+                                new[i, :, idx] = batch_src[index[id(r.donor)], :, idx]
+                        setattr(layer, name, new)
+        mask = torch.zeros((n, old_cols + m), dtype=torch.long)
+        for i, r in enumerate(rows):
+            shared = list(range(r.share)) if r.donor is None else list(r.donor.cols[:r.share])
+            mask[i, shared] = 1
+            r.cols = shared
+            if r.donor is not None:
+                self.shared_tokens += r.share
+                self.engine.stats["shared_prefix_tokens"] = self.engine.stats.get("shared_prefix_tokens", 0) + r.share
+        logits: dict[int, torch.Tensor] = {}
+        if m:
+            right = all(r.share > 0 for r in rows)  # a left hole needs something visible to its query
+            pad = self.engine.tokenizer.pad_token_id or 0
+            inp = torch.full((n, m), pad, dtype=torch.long)
+            pos = torch.zeros((n, m), dtype=torch.long)
+            for i, (r, t) in enumerate(zip(rows, tails)):
+                start = m - len(t) if right else 0
+                if t:
+                    inp[i, start:start + len(t)] = torch.tensor(t)
+                    mask[i, old_cols + start:old_cols + start + len(t)] = 1
+                    pos[i, start:start + len(t)] = torch.arange(r.share, r.share + len(t))
+                    r.cols = r.cols + list(range(old_cols + start, old_cols + start + len(t)))
+                pos[i, :start] = r.share
+                pos[i, start + len(t):] = r.share + len(t)
+            out = self.engine._forward(input_ids=inp.to(self.device), past_key_values=cache,
+                                       attention_mask=mask.to(self.device), position_ids=pos.to(self.device),
+                                       use_cache=True, **({"logits_to_keep": 1} if right else {}))
+            self.engine.stats["prefill_tokens"] += sum(len(t) for t in tails)
+            cache = out.past_key_values
+            for i, (r, t) in enumerate(zip(rows, tails)):
+                if t:
+                    logits[id(r)] = out.logits[i, -1 if right else len(t) - 1].float()
+        for r, t in zip(rows, tails):
+            if not t:
+                logits[id(r)] = self.base_logits
+            r.donor = None  # do not keep other rows alive
+        # merge the wave into the batch: old rows get holes where the wave's tails went
+        if self.cache is None:
+            self.cache, self.mask = cache, mask
+        else:
+            for old_layer, new_layer in zip(self.cache.layers, cache.layers):
+                for name in ("keys", "values"):
+                    old, new = getattr(old_layer, name), getattr(new_layer, name)
+                    if m:
+                        old = torch.cat([old, old.new_zeros(old.shape[:2] + (m,) + old.shape[3:])], 2)
+                    setattr(old_layer, name, torch.cat([old, new], 0))
+            self.mask = torch.cat([torch.cat([self.mask, torch.zeros((len(self.rows), m), dtype=torch.long)], 1),
+                                   mask], 0)
+        self.rows.extend(rows)
+        self.ncols = old_cols + m
+        return logits
+
+    def _compact(self, min_cols: int = 256, max_hole_share: float = 0.5) -> None:
+        """Drop columns no row attends to (async batches live long and accumulate holes); the base
+        columns stay, later rows copy them."""
+        if self.cache is None or self.ncols < min_cols:
+            return
+        used = self.mask.bool().any(0)
+        used[:len(self.base_ids)] = True
+        keep = used.nonzero().squeeze(1)
+        if len(keep) > (1 - max_hole_share) * self.ncols:
+            return
         _check_plain_cache(self.cache)
-        ids_list = [s.ids for s in specs]
-        # shared columns: common with the batch's prefix, leaving every new row >= 1 own token
-        start = min(min(common_prefix_len([self.base_ids, ids]), len(ids) - 1) for ids in ids_list)
-        cache = _clone_cache(self.base_cache) if self.base_cache is not None and start > 0 else None
-        cut = len(self.base_ids) - start
-        if cache is not None and cut > 0:
-            cache.crop(-cut)
-        if cache is not None and len(specs) > 1:
-            cache.batch_repeat_interleave(len(specs))
-        cache, sfx_mask, last = self._suffix_forward(cache, ids_list, start)
-        m = sfx_mask.shape[1]
-        old_cols = self.mask.shape[1]
-        for old_layer, new_layer in zip(self.cache.layers, cache.layers):
-            for name in ("keys", "values"):
-                old, new = getattr(old_layer, name), getattr(new_layer, name)
-                b_old, heads, _, dim = old.shape
-                merged = old.new_zeros((b_old + new.shape[0], heads, old_cols + m, dim))
-                merged[:b_old, :, :old_cols] = old
-                merged[b_old:, :, :start] = new[:, :, :start]
-                merged[b_old:, :, old_cols:] = new[:, :, start:]
-                setattr(old_layer, name, merged)
-        new_mask = torch.zeros((len(specs), old_cols + m), dtype=torch.long)
-        new_mask[:, :start] = 1
-        new_mask[:, old_cols:] = sfx_mask
-        self.mask = torch.cat([torch.cat([self.mask, torch.zeros((len(self.rows), m), dtype=torch.long)], 1),
-                               new_mask], 0)
-        return last  # every new row has at least one suffix token
+        remap = torch.full((self.ncols,), -1, dtype=torch.long)
+        remap[keep] = torch.arange(len(keep))
+        idx = keep.to(self.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(2, idx)
+            layer.values = layer.values.index_select(2, idx)
+        self.mask = self.mask[:, keep]
+        for r in self.rows:
+            r.cols = remap[torch.tensor(r.cols, dtype=torch.long)].tolist()
+        self.ncols = len(keep)
 
     def _draw(self, proposal: list[int], logits: torch.Tensor, row: _Row) -> list[int]:
         """Accepted proposal tokens + one new token, from logits (len(proposal) + 1, vocab)."""
@@ -312,7 +382,8 @@ class DecodeBatch:
         keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
         self.rows = [self.rows[i] for i in keep]
         if not self.rows:
-            self.cache, self.mask, self.base_cache, self.base_ids = None, None, None, []
+            self.cache, self.mask, self.base_cache, self.base_ids, self.base_logits = None, None, None, [], None
+            self.ncols = 0
             return
         idx = torch.tensor(keep, dtype=torch.long)
         self.cache.batch_select_indices(idx.to(self.device))

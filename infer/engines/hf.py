@@ -121,7 +121,7 @@ class HFStepEngine:
         self._prefix_cache: OrderedDict[tuple[int, ...], tuple[object, torch.Tensor]] = OrderedDict()
         self._prefix_cache_size = prefix_cache_size
         self.stats = {"forward_passes": 0, "prefill_tokens": 0, "decode_tokens": 0, "reused_prefix_tokens": 0,
-                      "spec_rounds": 0, "spec_proposed": 0, "spec_accepted": 0}
+                      "spec_rounds": 0, "spec_proposed": 0, "spec_accepted": 0, "shared_prefix_tokens": 0}
         # False only for system-speed runs: random-weight models emit EOS by chance
         self.stop_at_eos = stop_at_eos
         self.token_spec: TokenSpecConfig | None = None
