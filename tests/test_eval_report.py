@@ -234,3 +234,28 @@ def test_umap_view(trained, tmp_path):
         assert part[role]["n"] == 60 and part[role]["layer"] == 4 and sum(part[role]["bin_counts"]) == 60
     image = imread(tmp_path / "umap.png")
     assert image.shape[1] > 600 and image[..., :3].std() > 0.05
+
+
+def test_compare_two_checkpoints_evaluates_both(trained, tmp_path):
+    from train.report import compare_checkpoints
+
+    _, ckpt = trained
+    partial = tmp_path / "no-draft-probe"
+    shutil.copytree(ckpt, partial)
+    for suffix in (".json", ".safetensors"):
+        (partial / f"probe_draft{suffix}").unlink()
+    result = compare_checkpoints(ckpt, partial, out=tmp_path / "cmp", overrides=QUICK, print_fn=quiet)
+    assert (tmp_path / "cmp" / "A" / "report.md").is_file() and (tmp_path / "cmp" / "B" / "report.md").is_file()
+    metrics = {r["metric"] for r in result["rows"]}
+    assert "probe_target/draft_via_target/auroc" in metrics
+    assert not any(m.startswith(("probe_draft/", "acceptance/")) for m in metrics)  # B has neither
+    assert all(r["delta"] == pytest.approx(0.0) for r in result["rows"] if r["delta"] is not None)
+
+
+def test_default_report_folder():
+    from pathlib import Path
+
+    from train.report.runner import default_out
+
+    assert default_out(Path("runs/tiny/checkpoint")) == Path("runs/tiny/report")
+    assert default_out(Path("checkpoints/r1-7b")) == Path("checkpoints/r1-7b-report")
