@@ -193,3 +193,15 @@ def test_stratified_subset_keeps_both_classes():
     labels = np.array([True] * 30 + [False] * 70)
     assert labels[stratified_subset(labels, 10)].sum() == 3
     assert list(stratified_subset(labels, 200)) == list(range(100))
+
+
+def test_test_split_is_scored_and_printed(tmp_path):
+    write_synthetic_data(tmp_path, questions=10)
+    cfg = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2, "val_fraction": 0.2, "test_fraction": 0.2},
+                           verifiers={"train": ["probes"]})
+    lines: list[str] = []
+    result = train_all(cfg, print_fn=lines.append)
+    split = result.metrics["split"]
+    assert split["test"] and set(split["test"]).isdisjoint(split["train"] + split["val"])
+    assert "draft_own" in result.metrics["probes"]["probe_draft"]["test"]
+    assert "==== test metrics ====" in "\n".join(lines)

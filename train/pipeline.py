@@ -102,7 +102,10 @@ class TrainResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
-        return format_metrics(self.metrics)
+        """The validation table (and the test table when a test split was held out)."""
+        has_test = any("test" in entry for entry in self.metrics.get("probes", {}).values()) or any(
+            "test" in self.metrics.get(k, {}) for k in ("embedding", "judge"))
+        return format_metrics(self.metrics) + ("\n" + format_metrics(self.metrics, "test") if has_test else "")
 
 
 @dataclass
@@ -111,6 +114,7 @@ class _Prepared:
     specs: dict = field(default_factory=dict)
     sets: dict = field(default_factory=dict)
     pairs: dict[str, pair_verifiers.PairSet] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 def _device(name: str, cfg) -> str:
@@ -130,8 +134,8 @@ def prepare(ds, cfg, split: QuestionSplit) -> _Prepared:
         raise TrainingDataError(f"{ds.folder} holds no samples: nothing to train on")
     out = _Prepared()
     if "probes" in todo:
-        out.plans, out.specs, out.sets = probes_train.prepare_probes(ds, cfg.probe, ds.manifest["models"],
-                                                                    split.sides)
+        out.plans, out.specs, out.sets, out.skipped = probes_train.prepare_probes(
+            ds, cfg.probe, ds.manifest["models"], split.sides)
     if "embedding" in todo or "judge" in todo:
         pairs = pair_verifiers.load_pairs(ds)
         sides = split.sides(pairs.questions) if len(pairs) else np.empty(0, dtype=object)
@@ -147,7 +151,9 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
     """Train every verifier in ``cfg.verifiers.train`` on ``<output_dir>/data`` and write the checkpoint.
 
     dataset: an open ProbeDataset instead of ``cfg.data_dir``; embedder: a SentenceEmbedder to reuse;
-    judge_model: a preloaded (model, tokenizer) of ``verifiers.judge_base``.
+    judge_model: a preloaded (model, tokenizer) of ``verifiers.judge_base`` (the LoRA adapter is injected
+    into that model in place). Raises TrainingDataError (a ValueError) for unusable input before any
+    training starts.
     """
     from train.checkpoint import write_checkpoint
 
@@ -166,6 +172,10 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
             result.probes = probes_train.train_probes(prepared.plans, prepared.specs, prepared.sets, cfg.probe,
                                                       curve=tracker.curve, device=_device(cfg.probe.device, cfg))
             metrics["probes"] = result.probes.metrics
+            if prepared.skipped:
+                metrics["probes_skipped"] = prepared.skipped
+                for name, reason in prepared.skipped.items():
+                    tracker.message(f"  {name} skipped: {reason}")
             result.seconds["probes"] = time.perf_counter() - start
         if "embedding" in cfg.verifiers.train:
             tracker.message(f"embedding threshold verifier ({cfg.verifiers.embedding_model}) ...")

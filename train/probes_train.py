@@ -279,7 +279,8 @@ class ProbeResults:
 
 
 def prepare_probes(ds, probe_cfg, models: Sequence[str], split_of: Callable[[np.ndarray], np.ndarray]):
-    """Load and check every row set and spec BEFORE training: returns (plans, specs, sets by split)."""
+    """Load and check every row set and spec BEFORE training: returns (plans, specs, sets by split,
+    {skipped baseline: reason})."""
     plans = plan_probes(probe_cfg, models)
     names = sorted({n for p in plans for n in p.train_sets + p.eval_sets})
     sets: dict[str, dict[str, RowSet]] = {"train": {}, "val": {}, "test": {}}
@@ -288,12 +289,11 @@ def prepare_probes(ds, probe_cfg, models: Sequence[str], split_of: Callable[[np.
         sides = split_of(rows.questions)
         for side in sets:
             sets[side][name] = rows.take(sides == side)
-    specs = {}
-    last_available = {}
+    specs, skipped = {}, {}
     for plan in plans:
         engine, kept = ds.manifest["engines"][plan.role], ds.layers(plan.role)
         if plan.kind == "last_layer" and int(engine["num_layers"]) not in kept:
-            last_available[plan.name] = False
+            skipped[plan.name] = f"the data holds no last-layer features (stored rows {kept})"
             continue
         specs[plan.name] = feature_spec(engine, kept, plan.layers, probe_cfg.combine, probe_cfg.pooling, plan.role)
     for plan in plans:
@@ -303,7 +303,7 @@ def prepare_probes(ds, probe_cfg, models: Sequence[str], split_of: Callable[[np.
             check_row_set(sets["train"][name], "training", f" (for {plan.name})")
             check_row_set(sets["val"][name], "validation", f" (for {plan.name})")
         check_labels_vary([sets["train"][n] for n in plan.train_sets], plan)
-    return [p for p in plans if p.name in specs], specs, sets
+    return [p for p in plans if p.name in specs], specs, sets, skipped
 
 
 def train_probes(plans: list[ProbePlan], specs: dict, sets: dict[str, dict[str, RowSet]], probe_cfg,
