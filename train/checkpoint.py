@@ -186,18 +186,11 @@ def model_card(cfg, metrics: dict, components: list[str], manifest: dict, table:
         "", "## Components", "",
         *(f"- `{c}`" for c in components),
         "", "## Training", "",
-        f"- probes: 3-layer MLP, width {cfg.probe.hidden_dim}, dropout {cfg.probe.dropout}, loss {cfg.probe.loss}, "
-        f"AdamW lr {cfg.probe.lr} betas {tuple(cfg.probe.betas)} weight decay {cfg.probe.weight_decay}, "
-        f"≤ {cfg.probe.epochs} epochs, early stopping patience {cfg.probe.patience}, seed {cfg.probe.seed}; "
-        f"features `{cfg.probe.features}`, combine `{cfg.probe.combine}`, pooling `{cfg.probe.pooling}`; "
-        f"target probe also on draft steps via the target: {cfg.probe.target_with_draft}",
-        f"- embedding threshold: `{cfg.verifiers.embedding_model}`, target precision {cfg.verifiers.target_precision}",
-        f"- judge LoRA: base `{cfg.verifiers.judge_base}`, r {cfg.verifiers.judge_lora_r}, alpha "
-        f"{cfg.verifiers.judge_lora_alpha}, {cfg.verifiers.judge_steps} steps, lr {cfg.verifiers.judge_lr}, "
-        f"batch {cfg.verifiers.judge_batch_size}, ≤ {cfg.verifiers.judge_max_pairs} balanced pairs",
+        *_training_lines(cfg, components),
         "", "## Validation metrics", "", "```", table, "```", "",
-        "Probe metrics use the soft labels; AUROC/ECE rows treat 'this meaning is the majority' (label ≥ 0.5) as "
-        "the positive class. All numbers are in `metrics.json`.", "",
+        "Probe MAE, Spearman and ECE compare with the soft labels; AUROC scores 'this meaning is the majority' "
+        "(label ≥ 0.5). Pair verifiers: AUROC of the score, precision / recall / acceptance at each threshold. "
+        "All numbers are in `metrics.json`.", "",
         "## Limitations", "",
         "- Labels come from sampled meaning clusters: with N samples per context a probability is known only "
         "to about 1/N, and the equivalence judge's mistakes become label noise.",
@@ -210,6 +203,25 @@ def model_card(cfg, metrics: dict, components: list[str], manifest: dict, table:
         lines.append("- Offline tiny setting: one small LM plays both roles and an embedding judge replaces NLI; "
                      "numbers show the pipeline works, not what full-size models reach.")
     return "\n".join(lines) + "\n"
+
+
+def _training_lines(cfg, components: list[str]) -> list[str]:
+    p, v = cfg.probe, cfg.verifiers
+    lines = []
+    if "probe_target" in components or "probe_draft" in components:
+        lines.append(f"- probes: 3-layer MLP, width {p.hidden_dim}, dropout {p.dropout}, loss {p.loss}, AdamW lr {p.lr} "
+                     f"betas {tuple(p.betas)} weight decay {p.weight_decay}, ≤ {p.epochs} epochs, early stopping "
+                     f"patience {p.patience}, seed {p.seed}; features `{p.features}`, combine `{p.combine}`, pooling "
+                     f"`{p.pooling}`; target probe also on draft steps via the target: {p.target_with_draft}; "
+                     f"log-prob baseline: {p.logprob_baseline}")
+    if "embedding_threshold" in components:
+        lines.append(f"- embedding threshold: `{v.embedding_model}`, target precision {v.target_precision}")
+    if "judge" in components:
+        lines.append(f"- judge LoRA: base `{v.judge_base}`, r {v.judge_lora_r}, alpha {v.judge_lora_alpha}, "
+                     f"{'all' if v.judge_lora_layers is None else f'last {v.judge_lora_layers}'} layers, "
+                     f"{v.judge_steps} steps, lr {v.judge_lr}, batch {v.judge_batch_size}, ≤ {v.judge_max_pairs} "
+                     "balanced pairs")
+    return lines
 
 
 # ----------------------------------------------------------------------------- reading
