@@ -259,3 +259,16 @@ def test_default_report_folder():
 
     assert default_out(Path("runs/tiny/checkpoint")) == Path("runs/tiny/report")
     assert default_out(Path("checkpoints/r1-7b")) == Path("checkpoints/r1-7b-report")
+
+
+def test_split_is_recomputed_when_the_checkpoint_did_not_record_it(trained, report, tmp_path):
+    _, ckpt = trained
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(ckpt, copy)
+    metrics = json.loads((copy / "metrics.json").read_text())
+    del metrics["split"]
+    (copy / "metrics.json").write_text(json.dumps(metrics))
+    again = evaluate_checkpoint(copy, out=tmp_path / "r", overrides=QUICK + ["eval.verifiers=[]"], print_fn=quiet)
+    assert "recomputed" in again.metrics["heldout"]["how"]
+    assert again.metrics["heldout"]["questions"] == report.metrics["heldout"]["questions"]
+    assert again.skipped == [] and "verifiers" not in again.metrics["parts"]  # eval.verifiers=[]: not asked for

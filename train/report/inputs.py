@@ -168,7 +168,7 @@ class HeldOut:
                 "sides": self.sides, "questions": list(self.questions)}
 
 
-def recorded_split(ckpt: CheckpointFolderFolder) -> dict[str, list[str]] | None:
+def recorded_split(ckpt: CheckpointFolder) -> dict[str, list[str]] | None:
     """Question ids per side as probe-train recorded them (metrics.json "split"), when it did."""
     entry = ckpt.metrics.get("split")
     if isinstance(entry, dict) and isinstance(entry.get("train"), list):
@@ -209,7 +209,8 @@ def heldout_questions(ckpt: CheckpointFolder, ds, is_training_data: bool, which:
         note = ("all questions of the data folder not used in training" if split else
                 "all questions of the data folder (the checkpoint's training questions are unknown)")
         return HeldOut(chosen, sorted(train), note, {"heldout": len(chosen)})
-    sides = {s: [q for q in split[s] if q in set(questions)] for s in SIDES}
+    present = set(questions)
+    sides = {s: [q for q in split[s] if q in present] for s in SIDES}
     if which == "auto":
         which = "test" if sides["test"] else "val"
     chosen = sorted({q for s in which.split("+") for q in sides[s]})

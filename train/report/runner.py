@@ -100,7 +100,7 @@ def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list) -> tuple[
 
 
 def _run_parts(ctx: EvalContext, cfg, print_fn) -> tuple[dict[str, Any], list, dict[str, float]]:
-    enabled = {"layer_sweep": cfg.layer_sweep, "umap": cfg.umap}
+    enabled = {"layer_sweep": cfg.layer_sweep, "umap": cfg.umap, "verifiers": bool(cfg.verifiers)}
     results, figures, seconds = {}, [], {}
     for name, fn in PARTS.items():
         if not enabled.get(name, True):
