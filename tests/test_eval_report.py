@@ -272,3 +272,18 @@ def test_split_is_recomputed_when_the_checkpoint_did_not_record_it(trained, repo
     assert "recomputed" in again.metrics["heldout"]["how"]
     assert again.metrics["heldout"]["questions"] == report.metrics["heldout"]["questions"]
     assert again.skipped == [] and "verifiers" not in again.metrics["parts"]  # eval.verifiers=[]: not asked for
+
+
+def test_missing_data_folder_still_writes_a_report_saying_so(trained, tmp_path):
+    _, ckpt = trained
+    copy = tmp_path / "moved" / "checkpoint"
+    shutil.copytree(ckpt, copy)
+    meta = json.loads((copy / "checkpoint.json").read_text())
+    meta["data"]["folder"] = str(tmp_path / "gone" / "data")
+    meta["config"]["output_dir"] = str(tmp_path / "gone")
+    (copy / "checkpoint.json").write_text(json.dumps(meta))
+    report = evaluate_checkpoint(copy, print_fn=quiet)
+    assert report.folder == tmp_path / "moved" / "report"
+    assert [s["part"] for s in report.skipped] == ["data"] and "pass --data" in report.skipped[0]["reason"]
+    assert report.metrics["parts"] == {} and report.metrics["figures"] == []
+    assert "pass --data" in report.markdown.read_text()
