@@ -374,7 +374,8 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
                "acceptance": st.acceptance_rate, "acceptance_by_position": st.acceptance_by_position,
                "judged": st.judged, "mean_accepted_per_cycle": st.mean_accepted_per_cycle, "ratio": st.ratio,
                "target_forward_passes": st.target_forward_passes, "draft_forward_passes": st.draft_forward_passes,
-               "mean_target_rows": st.mean_target_rows, "spec_acceptance": st.spec_acceptance,
+               "mean_target_rows": st.mean_target_rows, "mean_rows_per_forward": st.mean_rows_per_forward,
+               "spec_acceptance": st.spec_acceptance,
                "stop_reasons": st.stop_reasons, "gamma": opts.gamma, "width": opts.width,
                "verifier": spec.overrides.get("verifier", env.verifier_kind) if spec.base not in ("target", "draft") else None}
         c = _div(_div(st.draft_time_s, st.draft_calls), t_step)

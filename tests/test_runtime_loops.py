@@ -108,11 +108,17 @@ def test_length_cut_drafts_are_never_accepted_by_lookahead(engines):
 
 
 # ----------------------------------------------------------------------------- statistics and seeds
+@pytest.fixture(scope="module")
+def tiny_pair():
+    tiny = HFStepEngine("random:llama-tiny", device="cpu", stop_at_eos=False)
+    return tiny, HFStepEngine("random:llama-tiny", model=tiny.model, tokenizer=tiny.tokenizer, stop_at_eos=False)
+
+
 @pytest.mark.parametrize("method", SPEC)
-def test_bernoulli_acceptance_matches_alpha(engines, method):
+def test_bernoulli_acceptance_matches_alpha(tiny_pair, method):
     alpha = 0.6
     opts = options(max_steps=160, max_new_tokens=10_000, target_params=SamplingParams(temperature=0.8, max_step_tokens=2))
-    res = run(method, engines, BernoulliVerifier(alpha), opts)
+    res = run(method, tiny_pair, BernoulliVerifier(alpha), opts)
     n = res.stats.judged
     assert n >= 100
     assert abs(res.stats.acceptance_rate - alpha) < 4 * np.sqrt(alpha * (1 - alpha) / n), (res.stats.acceptance_rate, n)
@@ -205,6 +211,7 @@ def test_metrics_are_filled(engines):
     assert st.draft_time_s > 0 and st.target_time_s > 0 and st.draft_time_per_token > 0
     assert st.target_tokens + st.draft_tokens == st.output_tokens
     assert 1 < st.mean_target_rows <= 4  # γ + 1 rows per target batch at most
+    assert 1 <= st.mean_rows_per_forward <= st.mean_target_rows
     assert st.stop_reasons == {"max_steps": 1}
     d = res.to_dict()
     assert d["stats"]["acceptance_rate"] == st.acceptance_rate and d["text"] == res.text

@@ -189,10 +189,12 @@ class GenState:
             iterations += 1
         dt = time.perf_counter() - t0
         steps = [results[i] for i in range(len(specs))]
-        self.book(role, dt, len(specs), sum(s.num_tokens for s in steps), iterations)
+        self.book(role, dt, len(specs), sum(s.num_tokens for s in steps), iterations,
+                  batch.row_iterations + len(specs))
         return steps
 
-    def book(self, role: str, seconds: float, rows: int, tokens: int, iterations: int) -> None:
+    def book(self, role: str, seconds: float, rows: int, tokens: int, iterations: int,
+             row_iterations: int | None = None) -> None:
         st = self.stats
         if role == "target":
             st.target_time_s += seconds
@@ -200,6 +202,7 @@ class GenState:
             st.target_rows += rows
             st.target_generated_tokens += tokens
             st.target_iterations += iterations
+            st.target_row_iterations += rows if row_iterations is None else row_iterations
         else:
             st.draft_time_s += seconds
             st.draft_calls += 1

@@ -338,6 +338,7 @@ class _AsyncRun:
                     stt = st.stats
                     stt.target_time_s += dt
                     stt.target_iterations += 1
+                    stt.target_row_iterations += rows
                     stt.target_rows += len(specs)
                     stt.target_calls += 1 if specs else 0
                     for key, step in finished:

@@ -46,6 +46,7 @@ class RunStats:
     target_rows: int = 0
     target_generated_tokens: int = 0
     target_iterations: int = 0
+    target_row_iterations: int = 0  # sum over target forwards of the rows in them
     target_forward_passes: int = 0
     draft_forward_passes: int = 0
     draft_abandoned: int = 0  # async: drafts cut short because a rejection made them useless
@@ -120,8 +121,13 @@ class RunStats:
 
     @property
     def mean_target_rows(self) -> float | None:
-        """Rows per target batch (k of the formulas, as run)."""
+        """Rows per target batch call (sync: k of the formulas, as run; async: rows per join)."""
         return self.target_rows / self.target_calls if self.target_calls else None
+
+    @property
+    def mean_rows_per_forward(self) -> float | None:
+        """Rows in an average target forward (the batch size the target actually ran at)."""
+        return self.target_row_iterations / self.target_iterations if self.target_iterations else None
 
     @property
     def spec_acceptance(self) -> float | None:
@@ -131,7 +137,7 @@ class RunStats:
         d = asdict(self)
         for name in ("judged", "accepted", "acceptance_rate", "acceptance_by_position", "mean_accepted_per_cycle",
                      "ratio", "tokens_per_second", "draft_time_per_token", "target_time_per_iteration",
-                     "mean_target_rows", "spec_acceptance"):
+                     "mean_target_rows", "mean_rows_per_forward", "spec_acceptance"):
             d[name] = getattr(self, name)
         return d
 
