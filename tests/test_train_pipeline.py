@@ -106,6 +106,7 @@ def test_checkpoint_has_no_pickle_and_plain_safetensors(run):
     assert find_pickles(folder) == []
     files = list(folder.rglob("*"))
     assert not [f for f in files if f.suffix in (".pt", ".pth", ".pkl", ".bin", ".ckpt")]
+    assert all(f.stat().st_mode & 0o044 == 0o044 for f in files), "checkpoint files must be readable by others"
     tensors = [f for f in files if f.suffix == ".safetensors"]
     assert len(tensors) == 5
     for path in tensors:

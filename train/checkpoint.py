@@ -130,7 +130,14 @@ def write_checkpoint(folder: str | os.PathLike, cfg, result, manifest: dict,
     return folder
 
 
+def _make_readable(folder: Path) -> None:
+    """Files 0644, folders 0755: checkpoints are meant to be shared (temporary files are created 0600)."""
+    for path in [folder, *folder.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
 def _swap_in(tmp: Path, folder: Path) -> None:
+    _make_readable(tmp)
     old = folder.with_name(f".{folder.name}.old{os.getpid()}")
     if folder.exists():
         os.replace(folder, old)
