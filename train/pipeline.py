@@ -69,7 +69,8 @@ class QuestionSplit:
         if not unique:
             raise TrainingDataError("the data folder holds no samples (no question ids): nothing to train on")
         try:
-            parts = group_split(unique, probe_cfg.val_fraction, probe_cfg.test_fraction, seed=probe_cfg.seed)
+            parts = group_split(unique, probe_cfg.val_fraction, probe_cfg.test_fraction, seed=probe_cfg.seed,
+                                exact_sizes=True)  # small sets: the fractions must hold
         except ValueError as err:
             raise TrainingDataError(f"cannot split {len(unique)} question(s) by question: {err}") from None
         side_of = {unique[i]: side for side, idx in zip(SIDES, parts) for i in idx}

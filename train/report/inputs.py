@@ -182,7 +182,7 @@ def split_questions(question_ids: list[str], probe_section: dict[str, Any]) -> d
     test = float(probe_section.get("test_fraction", 0.0))
     seed = int(probe_section.get("seed", 0))
     qids = sorted(set(question_ids))
-    sides = group_split(qids, val, test, seed)
+    sides = group_split(qids, val, test, seed, exact_sizes=True)  # as probe-train splits
     return {name: [qids[i] for i in idx] for name, idx in zip(SIDES, sides)}
 
 
