@@ -23,3 +23,15 @@ def smol_engine():
 def gsm_question():
     return ("A baker makes 12 muffins per tray and bakes 4 trays. She sells 30 muffins. "
             "How many muffins are left? Think step by step.")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module: on 2 cores shared with other jobs, torch's spin-waiting
+    threads made small-model tests ~20x slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

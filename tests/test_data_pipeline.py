@@ -26,6 +26,8 @@ from data_gen.store import DataFolderError, DataMismatchError, merge_parts, open
 
 REPO = Path(__file__).resolve().parents[1]
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
+
 
 # ----------------------------------------------------------------------------- pure parts
 def test_context_positions():
@@ -122,13 +124,6 @@ def test_pairs_are_unique_per_unordered_pair_and_judged_labels_win():
 
 
 # ----------------------------------------------------------------------------- real runs
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """2 contended cores: intra-op threads spin-wait; one thread is faster and reproducible."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,9 @@ import torch
 
 from infer.embedder import SentenceEmbedder, mean_pool
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The CI box has 2 cores shared with other jobs; intra-op threads then spin-wait (20x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -28,14 +28,9 @@ from infer.models import offline_model_folder
 STANDARD = {0: "ENTAILMENT", 1: "NEUTRAL", 2: "CONTRADICTION"}
 PERMUTED = {0: "contradiction", 1: "neutral", 2: "entailment"}
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The CI box has 2 cores shared with other jobs; intra-op threads then spin-wait (20x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+
 
 
 @pytest.fixture(scope="module")
