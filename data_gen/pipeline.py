@@ -19,7 +19,6 @@ judge's decisions are cached in the folder, so redone clustering costs no model 
 """
 from __future__ import annotations
 
-import importlib.metadata
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from data_gen.labels import ModelLabels, build_pairs, draft_under_target, is_emp
 from data_gen.store import (FORMAT, JUDGE_CACHE, DataFolderError, FolderLock, ShardData, check_same_data,
                             clean_temporaries, fingerprint, now, open_dataset, part_dir, read_manifest,
                             write_card, write_manifest, write_shard)
+from infer.versions import package_versions
 from probes.features import layers_from_option
 
 __all__ = ["generate_dataset", "DataResult", "RunStats", "layer_rows", "build_judge", "load_source_traces"]
@@ -74,16 +74,6 @@ def load_source_traces(source_cfg) -> list:
                        step_mode=source_cfg.step_mode, delimiter=source_cfg.delimiter,
                        trajectory=source_cfg.trajectory, domains=source_cfg.domains,
                        fields=source_cfg.fields, max_step_chars=source_cfg.max_step_chars)
-
-
-def _versions() -> dict[str, str]:
-    out = {}
-    for package in ("torch", "transformers", "specprobe", "datasets", "pyarrow", "safetensors"):
-        try:
-            out[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            out[package] = "not installed"
-    return out
 
 
 def _engine_info(engine) -> dict:
@@ -410,7 +400,7 @@ def _new_manifest(cfg_dict: dict, cfg, engines: dict, layers: dict, judge_name: 
             "engines": {r: _engine_info(e) for r, e in engines.items()}, "layers": layers,
             "layers_option": cfg.data.layers, "store_last_token": cfg.data.store_last_token,
             "feature_dtype": "float16", "num_samples": cfg.data.num_samples, "models": list(cfg.data.models),
-            "judge": judge_name, "versions": _versions(), "plan": plan,
+            "judge": judge_name, "versions": package_versions(), "plan": plan,
             "part": None if part is None else {"index": part[0], "count": part[1], "shards": my_shards},
             "shards": []}
 

@@ -10,7 +10,6 @@ the runtime's loader of the same files.
 """
 from __future__ import annotations
 
-import importlib.metadata
 import math
 import os
 import shutil
@@ -19,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from infer.versions import package_versions
 from probes.io import read_json, write_json
 from probes.mlp import SemanticProbe
 from train.baselines import ConstantBaseline, LogprobBaseline
@@ -45,16 +45,6 @@ def clean_json(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
-
-
-def _versions() -> dict[str, str]:
-    out = {}
-    for package in ("specprobe", "torch", "transformers", "peft", "safetensors", "scikit-learn"):
-        try:
-            out[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            out[package] = "not installed"
-    return out
 
 
 # ----------------------------------------------------------------------------- writing
@@ -116,7 +106,7 @@ def write_checkpoint(folder: str | os.PathLike, cfg, result, manifest: dict,
                 "data": {"folder": str(Path(data_folder).resolve()), "engines": manifest["engines"],
                          "layers": manifest["layers"], "created": manifest.get("created"),
                          "fingerprint": manifest.get("fingerprint")},
-                "config": to_dict(cfg), "versions": _versions()}
+                "config": to_dict(cfg), "versions": package_versions()}
         write_json(tmp / "checkpoint.json", clean_json(meta))
         meta["files"] = _components_meta(tmp)
         write_json(tmp / "checkpoint.json", clean_json(meta))
