@@ -215,3 +215,15 @@ def test_metrics_are_filled(engines):
     assert st.stop_reasons == {"max_steps": 1}
     d = res.to_dict()
     assert d["stats"]["acceptance_rate"] == st.acceptance_rate and d["text"] == res.text
+
+
+def test_committed_rows_are_not_encoded_again(engines):
+    """The KV of the row whose step is committed goes to the prefix cache: each new step encodes only the
+    last token of the previous step (never fed while decoding) and the seam, not the step again."""
+    target, _ = engines
+    prompt = len(target.encode_prefix(target.format_prefix(Q)))
+    target.clear_prefix_cache()
+    before = target.stats["prefill_tokens"]
+    res = run("target", engines, opts=options(max_steps=6))  # 6 steps of 4 tokens
+    encoded = target.stats["prefill_tokens"] - before
+    assert res.stats.output_tokens == 24 and encoded <= prompt + 2 * 5, (encoded, prompt)

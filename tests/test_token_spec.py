@@ -227,3 +227,26 @@ def test_sample_from_inverts_the_cdf():
     counts = torch.bincount(torch.tensor([sample_from(probs, gen) for _ in range(20000)]), minlength=5)
     assert counts[0] == 0 and counts[2] == 0  # zero-probability tokens are never drawn
     assert torch.allclose(counts / 20000.0, probs, atol=0.015)
+
+
+def test_prefix_reuse_survives_retokenisation(tiny):
+    """"...\\n\\n" is one token at the end of a text and two once text follows; the cached prefix is cut
+    back to the shared tokens instead of re-encoding everything."""
+    first = tiny.format_prefix("Question?", ["Step one is here.\n\n"])
+    second = tiny.format_prefix("Question?", ["Step one is here.\n\n", "Step two."])
+    a, b = tiny.encode_prefix(first), tiny.encode_prefix(second)
+    assert b[:len(a)] != a  # the situation: not a token prefix
+    tiny.clear_prefix_cache()
+    tiny._prefill(a)
+    before = dict(tiny.stats)
+    _, logits = tiny._prefill(b)
+    from infer.engines.hf import _common_prefix
+
+    shared = _common_prefix(a, b)
+    assert shared >= len(a) - 1
+    assert tiny.stats["prefill_tokens"] - before["prefill_tokens"] == len(b) - shared
+    tiny.clear_prefix_cache()
+    _, fresh = tiny._prefill(b)
+    assert torch.allclose(logits, fresh, atol=1e-4)
+    assert _common_prefix([1, 2, 3, 4], [1, 2, 9]) == 2 and _common_prefix([], [1]) == 0
+    assert _common_prefix([5, 6], [5, 6, 7]) == 2

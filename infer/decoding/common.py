@@ -176,11 +176,14 @@ class GenState:
     # ------------------------------------------------------------------ engine calls (timed)
     def generate(self, engine, role: str, prefixes: Sequence[str], seeds: Sequence[int], caps: Sequence[int],
                  params: SamplingParams) -> list[Step]:
-        """Run one batch on `engine` and book its time and size under `role` (target | draft)."""
+        """Run one batch on `engine` and book its time and size under `role` (target | draft).
+
+        The KV of every finished row is kept (`self.exports[i]`) until the next call, so the loop can hand
+        the row whose step it commits to the engine's prefix cache (`keep`)."""
         from infer.engines.decode import RowSpec
 
         t0 = time.perf_counter()
-        batch = engine.open_batch(params)
+        batch = engine.open_batch(params, export=True)
         specs = [RowSpec(i, engine.encode_prefix(p), int(c), s) for i, (p, s, c) in enumerate(zip(prefixes, seeds, caps))]
         results = dict(batch.add(specs))
         iterations = 1
@@ -191,7 +194,16 @@ class GenState:
         steps = [results[i] for i in range(len(specs))]
         self.book(role, dt, len(specs), sum(s.num_tokens for s in steps), iterations,
                   batch.row_iterations + len(specs))
+        self.exports = (engine, batch.exports)
         return steps
+
+    def keep(self, row: int) -> None:
+        """Put the KV of row `row` of the last `generate` call into its engine's prefix cache: the next
+        prefix starts with that row's prompt and step, so it is not encoded again."""
+        engine, exports = getattr(self, "exports", (None, {}))
+        if row in exports:
+            engine.remember_prefix(*exports[row])
+        self.exports = (None, {})
 
     def book(self, role: str, seconds: float, rows: int, tokens: int, iterations: int,
              row_iterations: int | None = None) -> None:

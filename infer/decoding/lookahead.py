@@ -72,6 +72,8 @@ def _draft_tree(state: GenState, draft, g: int, width: int) -> tuple[_Node, list
                 caps.append(state.cap(n.path_tokens))
                 parents.append((n, w))
         steps = state.generate(draft, "draft", prefixes, seeds, caps, opts.draft_params)
+        if len(steps) == 1:
+            state.keep(0)  # a chain: the next draft step extends this one
         frontier = []
         for (parent, w), step in zip(parents, steps):
             ntok = state.count_tokens(step, draft)
@@ -146,6 +148,7 @@ def _sync_cycle(state: GenState, target, draft, verifier: Verifier | None, gamma
                            [state.cap(n.path_tokens) for n in rows], params)
     for n, s in zip(rows, steps):
         n.target = s
+    exports = state.exports
     if nodes:
         if verifier.needs_features:
             _probe_features(state, target, draft, verifier, root, nodes)
@@ -164,6 +167,8 @@ def _sync_cycle(state: GenState, target, draft, verifier: Verifier | None, gamma
         if chosen is None:
             out = state.commit(node.target, target_role, state.count_tokens(node.target, target))
             committed.append(out.to_dict())
+            state.exports = exports
+            state.keep(next(i for i, n in enumerate(rows) if n is node))  # its KV is the new prefix
             break
         out = state.commit(chosen.draft, "draft", chosen.draft_tokens)
         committed.append(out.to_dict())

@@ -48,6 +48,7 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
         prefix = state.prefix(draft, [d.text for d in drafts])
         step = state.generate(draft, "draft", [prefix], [seed_for(opts.seed, "draft", prefix, 0)], [cap],
                               opts.draft_params)[0]
+        state.keep(0)  # the next draft step extends this one
         drafts.append(step)
         tokens.append(state.count_tokens(step, draft))
         if not state.acceptable(step) or step.stop_reason == "eos":
@@ -91,6 +92,7 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
             continue
         regen = state.generate(target, "target", [prefix], [seed_for(opts.seed, "target", prefix, 0)],
                                [state.cap()], opts.target_params)[0]
+        state.keep(0)
         committed.append(state.commit(regen, "target", state.count_tokens(regen, target)).to_dict())
         break
     stats.cycles += 1

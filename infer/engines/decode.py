@@ -49,6 +49,7 @@ class _Row:
     logprob: float = 0.0
     pos: int = 0  # position id of the next token fed to the model (= pending token)
     cols: list[int] = field(default_factory=list)  # cache column of each prompt token
+    gen_cols: list[int] = field(default_factory=list)  # cache column of each generated token fed so far
     donor: "_Row | None" = None  # row whose columns it copies at join time (None: the base)
     share: int = 0  # prompt tokens taken from the donor / base instead of being forwarded
 
@@ -81,9 +82,13 @@ class DecodeBatch:
     (cancel rows) or `run` (until every row is done). Not thread-safe: one thread drives a batch.
     """
 
-    def __init__(self, engine, params: SamplingParams):
+    def __init__(self, engine, params: SamplingParams, export: bool = False):
         self.engine = engine
         self.params = params
+        # export: keep each finished row's KV (prompt + step) so the caller can hand the committed one to
+        # the engine's prefix cache (`HFStepEngine.remember_prefix`) and the next step need not re-encode it
+        self.export = export
+        self.exports: dict[Hashable, tuple[list[int], Any, torch.Tensor]] = {}
         self.rows: list[_Row] = []
         self.cache = None
         self.mask: torch.Tensor | None = None  # (rows, cache columns) long
@@ -136,6 +141,7 @@ class DecodeBatch:
                 done = self._append(row, tok, float(torch.log_softmax(logits.float(), -1)[tok]))
                 if done is not None:
                     finished.append((row, done))
+                    self._export(row, logits)
             self._drop([r for r, _ in finished])
         return [(r.key, s) for r, s in finished]
 
@@ -185,11 +191,13 @@ class DecodeBatch:
                     eng.stats["spec_accepted"] += accepted
                     new_mask[i, 1 + accepted:] = 0  # rejected proposals become holes
                 r.pos += 1 + accepted
+                r.gen_cols.extend(range(self.ncols, self.ncols + 1 + accepted))
                 lsm = torch.log_softmax(row_logits[:accepted + 1], -1)
                 for j, tok in enumerate(new):
                     done = self._append(r, tok, float(lsm[j, tok]))
                     if done is not None:
                         finished.append((r, done))
+                        self._export(r, row_logits[j])
                         break
             self.mask = torch.cat([self.mask, new_mask], 1)
             self.ncols += width
@@ -328,6 +336,23 @@ class DecodeBatch:
         self.ncols = old_cols + m
         return logits
 
+    def _export(self, row: _Row, logits: torch.Tensor) -> None:
+        """Keep a finished row's KV of prompt + step (all but the last token, which was never fed) as a
+        1-row cache, with the logits its last token was drawn from."""
+        from infer.engines.hf import _clone_cache
+
+        if not self.export or self.cache is None:
+            return
+        _check_plain_cache(self.cache)
+        slot = next(i for i, r in enumerate(self.rows) if r is row)
+        fed = len(row.tokens) - 1
+        idx = torch.tensor(row.cols + row.gen_cols[:fed], dtype=torch.long, device=self.device)
+        cache = _clone_cache(self.cache)
+        for layer in cache.layers:
+            layer.keys = layer.keys[slot:slot + 1].index_select(2, idx)
+            layer.values = layer.values[slot:slot + 1].index_select(2, idx)
+        self.exports[row.key] = (row.ids + row.tokens[:fed], cache, logits.float())
+
     def _compact(self, min_cols: int = 256, max_hole_share: float = 0.5) -> None:
         """Drop columns no row attends to (async batches live long and accumulate holes); the base
         columns stay, later rows copy them."""
@@ -348,6 +373,7 @@ class DecodeBatch:
         self.mask = self.mask[:, keep]
         for r in self.rows:
             r.cols = remap[torch.tensor(r.cols, dtype=torch.long)].tolist()
+            r.gen_cols = remap[torch.tensor(r.gen_cols, dtype=torch.long)].tolist()
         self.ncols = len(keep)
 
     def _draw(self, proposal: list[int], logits: torch.Tensor, row: _Row) -> list[int]:

@@ -40,6 +40,24 @@ def _clone_cache(cache):
     return new
 
 
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _croppable(cache) -> bool:
+    return all(getattr(layer, "is_croppable", False) for layer in getattr(cache, "layers", [None]))
+
+
 def _eos_ids(model, tokenizer) -> set[int]:
     ids: set[int] = set()
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -175,14 +193,20 @@ class HFStepEngine:
             self.stats["reused_prefix_tokens"] += len(ids)
             cache, logits = self._prefix_cache[key]
             return _clone_cache(cache), logits
-        best: tuple[int, ...] = ()
+        # Reuse the cached prefix sharing the most leading tokens with `ids`, cut back to what they share:
+        # a text prefix need not tokenize to a token prefix ("...\n\n" is one token at the end of a text,
+        # two once another step follows), so exact-prefix matching alone would re-encode whole chains.
+        best, shared = None, 0
         for cached in self._prefix_cache:
-            if len(best) < len(cached) < len(key) and key[: len(cached)] == cached:
-                best = cached
-        if best:
+            n = min(_common_prefix(cached, key), len(key) - 1)  # >= 1 new token gives the logits
+            if n > shared and (n == len(cached) or _croppable(self._prefix_cache[cached][0])):
+                best, shared = cached, n
+        if best is not None:
             cache = _clone_cache(self._prefix_cache[best][0])
-            new = ids[len(best):]
-            self.stats["reused_prefix_tokens"] += len(best)
+            if shared < len(best):
+                cache.crop(shared - len(best))
+            new = ids[shared:]
+            self.stats["reused_prefix_tokens"] += shared
         else:
             cache, new = None, ids
         self.stats["prefill_tokens"] += len(new)
@@ -194,6 +218,17 @@ class HFStepEngine:
         while len(self._prefix_cache) > self._prefix_cache_size:
             self._prefix_cache.popitem(last=False)
         return _clone_cache(cache), logits
+
+    def remember_prefix(self, ids: Sequence[int], cache, logits: torch.Tensor) -> None:
+        """Add a computed KV cache of `ids` (with the logits after them) to the prefix cache, e.g. the row
+        of a DecodeBatch whose step was just committed, so that the next step reuses it."""
+        if not ids:
+            return
+        with self.lock:
+            self._prefix_cache[tuple(ids)] = (cache, logits)
+            self._prefix_cache.move_to_end(tuple(ids))
+            while len(self._prefix_cache) > self._prefix_cache_size:
+                self._prefix_cache.popitem(last=False)
 
     def clear_prefix_cache(self) -> None:
         self._prefix_cache.clear()
@@ -286,11 +321,11 @@ class HFStepEngine:
     def token_proposer(self):
         return self._proposer
 
-    def open_batch(self, params: SamplingParams):
+    def open_batch(self, params: SamplingParams, export: bool = False):
         """An empty DecodeBatch on this engine (rows can be added while it runs)."""
         from infer.engines.decode import DecodeBatch
 
-        return DecodeBatch(self, params)
+        return DecodeBatch(self, params, export=export)
 
     def generate_steps(self, prefixes: Sequence[str], params: SamplingParams, *,
                        seeds: Sequence[int | None] | None = None,
