@@ -16,13 +16,16 @@ the target step for a position the moment its prefix exists and adds it to its r
 (continuous batching, `DecodeBatch.add`); the main thread verifies positions in order. A rejection
 commits the target's step, drops every draft and cancels every target row (an epoch counter makes late
 results harmless). Because every generation and draw is keyed by its prefix (see common.seed_for), the
-output does not depend on thread timing — only the wall time does.
+output does not depend on thread timing — only the wall time does — up to the floating-point
+differences between batch compositions (in float32 these practically never change a token; in
+bfloat16 they can flip a near-tie, and with it the rest of the text).
 
 Target-only and draft-only baselines run through the same sync loop with γ = 0 (one target row per
 cycle, no drafts).
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,6 +49,9 @@ class _Node:
     target: Step | None = None
     verdict: Verdict | None = None
     target_prefix: str = ""
+
+
+ASYNC_SWITCH_INTERVAL = 0.0005  # seconds; Python's default is 0.005
 
 
 def _length_cut_verdict() -> Verdict:
@@ -431,6 +437,10 @@ def lookahead_async(question: str, target, draft, verifier: Verifier, opts: Deco
     run = _AsyncRun(state, target, draft, verifier)
     threads = [threading.Thread(target=run.draft_worker, name="lr-draft", daemon=True),
                threading.Thread(target=run.target_worker, name="lr-target", daemon=True)]
+    # torch releases the GIL inside its kernels, but the Python between them (most of a small draft
+    # model's time) holds it; a short switch interval keeps the target thread from waiting 5 ms for it
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, ASYNC_SWITCH_INTERVAL))
     for t in threads:
         t.start()
     try:
@@ -442,6 +452,7 @@ def lookahead_async(question: str, target, draft, verifier: Verifier, opts: Deco
             run.cond.notify_all()
         for t in threads:
             t.join()
+        sys.setswitchinterval(interval)
     if run.error is not None:
         raise run.error
     return result
