@@ -31,7 +31,7 @@ from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="probe-bench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="probe-bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="experiment YAML")
     p.add_argument("--checkpoint", help="checkpoint folder with trained verifiers")
@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"bench.num_problems={args.num_problems}")
     if args.system_speed:
         overrides.append("bench.system_speed=true")
+    from infer.models import ModelUnavailableError
+
     try:
         cfg = load_config(args.config, overrides)
         from infer import bench
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         methods = [m for m in args.methods.split(",") if m.strip()] if args.methods else None
         out = Path(args.out) if args.out else Path(cfg.bench.out_dir or Path(cfg.output_dir) / "bench")
         report = bench.run_benchmark(env, methods, out_dir=out, log=lambda s: print(s, file=sys.stderr))
-    except (ConfigError, ValueError, FileNotFoundError) as err:
+    except (ConfigError, ValueError, FileNotFoundError, ModelUnavailableError) as err:
         print(f"probe-bench: error: {err}", file=sys.stderr)
         return 2
     print(bench.format_markdown(report))
