@@ -154,17 +154,23 @@ def cluster_many(contexts: Sequence[str], samples_per_context: Sequence[Sequence
     if max_pairs_per_call is not None and max_pairs_per_call < 1:
         raise ValueError(f"max_pairs_per_call must be >= 1 or None, got {max_pairs_per_call}")
     states = [_ContextState(c, s) for c, s in zip(contexts, samples_per_context)]
+    _lockstep(states, lambda s: bool(s.unassigned), lambda s: s.open_cluster(), judge, max_pairs_per_call)
+    return [s.result() for s in states]
+
+
+def _lockstep(states, is_active, next_queries, judge: Judge, max_pairs_per_call: int | None) -> None:
+    """Advance every still-active state one round at a time; each round's queries of all states go to
+    the judge together, and each state absorbs its own slice of the decisions."""
     while True:
-        active = [s for s in states if s.unassigned]
+        active = [s for s in states if is_active(s)]
         if not active:
-            break
-        per_state = [s.open_cluster() for s in active]
+            return
+        per_state = [next_queries(s) for s in active]
         decisions = _judge_in_chunks(judge, [q for qs in per_state for q in qs], max_pairs_per_call)
         offset = 0
         for state, queries in zip(active, per_state):
             state.absorb(decisions[offset:offset + len(queries)])
             offset += len(queries)
-    return [s.result() for s in states]
 
 
 def cluster_samples(context: str, samples: Sequence[str], judge: Judge) -> list[int]:
@@ -249,16 +255,7 @@ def assign_many(contexts: Sequence[str], queries_per_context: Sequence[Sequence[
         raise ValueError("assign_many needs one query list, reference list and id list per context")
     states = [_AssignState(*args) for args in zip(contexts, queries_per_context, reference_samples_per_context,
                                                    reference_ids_per_context)]
-    while True:
-        active = [s for s in states if s.active]
-        if not active:
-            break
-        per_state = [s.round_queries() for s in active]
-        decisions = _judge_in_chunks(judge, [q for qs in per_state for q in qs], max_pairs_per_call)
-        offset = 0
-        for state, queries in zip(active, per_state):
-            state.absorb(decisions[offset:offset + len(queries)])
-            offset += len(queries)
+    _lockstep(states, lambda s: bool(s.active), lambda s: s.round_queries(), judge, max_pairs_per_call)
     return [s.result() for s in states]
 
 

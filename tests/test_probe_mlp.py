@@ -13,6 +13,8 @@ from probes.mlp import PROB_EPS, ProbeConfig, SemanticProbe, fit_probe
 NUM_LAYERS, HIDDEN = 4, 16
 SIGNAL_ROW = 3  # the planted relation lives in hidden-state row 3
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny MLPs: one thread is fastest
+
 
 def planted_data(n: int = 1200, seed: int = 1):
     """y = sigmoid(w . x[:, 3, :3]) on random [n, L+1, H] features; other rows and dims are noise."""
@@ -30,15 +32,6 @@ def make_spec(layers="all", combine="concat") -> FeatureSpec:
 
 
 FAST = ProbeConfig(hidden_dim=64, epochs=30, batch_size=64, patience=5)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """Tiny MLPs run fastest on one thread; on a shared 2-core machine, 2 threads can be ~30x slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

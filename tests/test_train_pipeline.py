@@ -16,13 +16,7 @@ from train import pipeline, probes_train
 from train.checkpoint import find_pickles, read_checkpoint
 from train.pipeline import QuestionSplit, train_all
 
-
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny MLPs: one thread is fastest
 
 
 @pytest.fixture(scope="module")
