@@ -28,7 +28,7 @@ CONFIG = {
               "val_fraction": 0.4},
     "verifiers": {"train": ["probes", "embedding", "judge"], "embedding_model": "offline:minilm",
                   "target_precision": 0.8, "judge_base": SMOL, "judge_steps": 2, "judge_batch_size": 2,
-                  "judge_max_pairs": 8, "judge_eval_pairs": 200, "judge_lora_r": 4, "judge_lora_alpha": 8},
+                  "judge_max_pairs": 8, "judge_eval_pairs": 16, "judge_lora_r": 4, "judge_lora_alpha": 8},
     "eval": {"n_boot": 50, "umap_max_points": 200, "judge_max_pairs": 30, "sweep_epochs": 5},
 }
 FIGURES = {"reliability_probe_target_draft_via_target.png", "reliability_probe_target_target_own.png",
