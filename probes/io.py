@@ -24,20 +24,25 @@ def _atomic_target(path: Path) -> tuple[int, str]:
     return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
 
 
-def write_json(path: PathLike, obj: Any) -> Path:
-    """Write `obj` as indented JSON, atomically. Non-finite floats are refused (they are not JSON)."""
-    path = Path(path)
-    text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"
+def _write_atomically(path: Path, write) -> Path:
+    """Call write(tmp_path) on a temp file beside `path`, then rename it over `path` (never half-written)."""
     fd, tmp = _atomic_target(path)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return path
+
+
+def write_json(path: PathLike, obj: Any) -> Path:
+    """Write `obj` as indented JSON, atomically. Non-finite floats are refused (they are not JSON)."""
+    path = Path(path)
+    text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    return _write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def read_json(path: PathLike) -> Any:
@@ -60,16 +65,7 @@ def save_tensors(path: PathLike, tensors: Mapping[str, torch.Tensor],
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"save_tensors: entry {key!r} is {type(value).__name__}, not a torch.Tensor")
     plain = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    fd, tmp = _atomic_target(path)
-    os.close(fd)
-    try:
-        save_file(plain, tmp, metadata=dict(metadata) if metadata else None)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return _write_atomically(path, lambda tmp: save_file(plain, tmp, metadata=dict(metadata) if metadata else None))
 
 
 def load_tensors(path: PathLike) -> dict[str, torch.Tensor]:

@@ -9,14 +9,13 @@ Small limits (3 steps of <= 24 tokens) keep this CI-sized.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from infer.decoding import DecodeOptions, decode
 from infer.engines import HFStepEngine, SamplingParams
 from infer.engines.token_spec import TokenSpecConfig
 from infer.verifiers import build_verifier, load_verifier
-from probes.features import FeatureSpec
-from probes.mlp import ProbeConfig, SemanticProbe
+
+from _probe_fixtures import make_probe
 
 pytestmark = pytest.mark.slow
 
@@ -73,20 +72,10 @@ def test_accept_all_sync_writes_the_draft_chain_then_the_target_step(smol):
     assert res.stats.acceptance_by_position == [1.0, 1.0] and res.stats.cycles == 1
 
 
-def _probe(engine, bias, seed):
-    spec = FeatureSpec(engine.info.model_id, engine.info.num_layers, engine.info.hidden_size, layers="last")
-    torch.manual_seed(seed)
-    probe = SemanticProbe(spec, ProbeConfig(hidden_dim=8, dropout=0.0)).eval()
-    with torch.no_grad():
-        probe.mlp[-1].weight.mul_(0.01)
-        probe.mlp[-1].bias.fill_(bias)
-    return probe
-
-
 def test_probe_acceptance_draws_are_reproducible(smol, tmp_path):
     target, plain, _ = smol
-    _probe(target, -0.85, 0).save(tmp_path, "probe_target")  # p ~ 0.3
-    _probe(plain, 0.4, 1).save(tmp_path, "probe_draft")  # q ~ 0.6: accept with prob ~ 0.5
+    make_probe(target, -0.85, 0, layers="last").save(tmp_path, "probe_target")  # p ~ 0.3
+    make_probe(plain, 0.4, 1, layers="last").save(tmp_path, "probe_draft")  # q ~ 0.6: accept with prob ~ 0.5
     verifier = load_verifier(tmp_path, "probe", target_engine=target, draft_engine=plain)
     o = opts(max_steps=4, seed=3)
     a = decode("semanticspec", Q, target, plain, verifier, o)

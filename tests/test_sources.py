@@ -281,8 +281,7 @@ def test_iter_traces_is_lazy_and_stops_at_limit(tmp_path):
 def test_hub_dataset_without_network_gives_clear_error():
     import huggingface_hub.constants
 
-    if not huggingface_hub.constants.HF_HUB_OFFLINE:
-        pytest.skip("hub offline mode is not active in this process (set by tests/conftest.py)")
+    assert huggingface_hub.constants.HF_HUB_OFFLINE, "tests/conftest.py sets HF_HUB_OFFLINE before any import"
     with pytest.raises(RuntimeError) as info:
         load_traces("s1k", name="specprobe-test/no-such-dataset")
     message = str(info.value)

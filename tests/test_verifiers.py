@@ -13,8 +13,8 @@ from infer.judge_prompt import (PREFILL, PROMPT_VERSION, answer_token_ids, build
 from infer.verifiers import (AcceptAll, BernoulliVerifier, CheckpointError, ExactMatch, StepContext, VerifyItem,
                              build_verifier, load_verifier, normalize_exact)
 from probes.acceptance import semantic_accept_prob
-from probes.features import FeatureSpec
-from probes.mlp import ProbeConfig, SemanticProbe
+
+from _probe_fixtures import make_probe
 
 CTX = StepContext("What is 6 * 7?", ("We multiply the numbers.\n\n",))
 
@@ -29,14 +29,6 @@ def small():
     return HFStepEngine("random:llama-20m", device="cpu", use_chat_template=False)
 
 
-def make_probe(engine, bias: float, seed: int = 0) -> SemanticProbe:
-    spec = FeatureSpec(engine.info.model_id, engine.info.num_layers, engine.info.hidden_size, layers="all")
-    torch.manual_seed(seed)
-    probe = SemanticProbe(spec, ProbeConfig(hidden_dim=8, dropout=0.0)).eval()
-    with torch.no_grad():
-        probe.mlp[-1].weight.mul_(0.01)
-        probe.mlp[-1].bias.fill_(bias)
-    return probe
 
 
 def write_probe_checkpoint(folder, target_engine, draft_engine, p_bias=-0.85, q_bias=0.4):
