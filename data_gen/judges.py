@@ -371,7 +371,9 @@ class CachedJudge(EquivalenceJudge):
         if self.symmetric and b < a:
             a, b = b, a
         payload = json.dumps([self.inner.name, q.context, a, b], ensure_ascii=False)
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+        # surrogatepass: text read from JSON may hold a lone surrogate, which strict UTF-8 refuses; valid
+        # text encodes as before, so existing caches keep their keys.
+        return hashlib.sha256(payload.encode("utf-8", errors="surrogatepass")).hexdigest()
 
     def judge(self, items: Sequence[PairQuery]) -> list[bool]:
         items = list(items)
