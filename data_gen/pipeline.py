@@ -73,7 +73,8 @@ def load_source_traces(source_cfg) -> list:
                        limit=source_cfg.limit, seed=source_cfg.seed, size=source_cfg.size,
                        step_mode=source_cfg.step_mode, delimiter=source_cfg.delimiter,
                        trajectory=source_cfg.trajectory, domains=source_cfg.domains,
-                       fields=source_cfg.fields, max_step_chars=source_cfg.max_step_chars)
+                       fields=source_cfg.fields, max_step_chars=source_cfg.max_step_chars,
+                       strip_calculator=source_cfg.strip_calculator)
 
 
 def _engine_info(engine) -> dict:

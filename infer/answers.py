@@ -1,8 +1,9 @@
 """Final-answer extraction and comparison for math benchmarks (pass@1).
 
 Extraction order: the last \\boxed{...} (or \\fbox{...}), then a GSM8K-style "#### n" line, then
-"the answer is X", then the last number in the text. Comparison: numerically when both sides parse as
-numbers (commas, $, %, units of the form "12 apples" and fractions a/b, \\frac{a}{b} are handled), else
+"the answer is X", then the last number in the text; a number's thousands separators are removed
+("1,234" -> "1234"; trace sources clean their reference answers the same way). Comparison: numerically
+when both sides parse as numbers (commas, $, %, units of the form "12 apples" and fractions a/b, \\frac{a}{b} are handled), else
 as normalised strings (LaTeX spacing, \\left/\\right, \\text{}, dfrac/tfrac, trailing period removed).
 """
 from __future__ import annotations
@@ -12,6 +13,17 @@ import re
 
 _NUMBER = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
 _NUMBER_RE = re.compile(_NUMBER)
+_GROUPED = re.compile(r"(-?\$?)(\d{1,3}(?:,\d{3})+)(\.\d+)?")
+
+
+def strip_thousands_separators(answer: str) -> str:
+    """'1,234' -> '1234', '-$12,345.5' -> '-$12345.5'; anything that is not one grouped number is kept as is
+    (so '(1,2)' or '1,2,3' stay)."""
+    match = _GROUPED.fullmatch(answer.strip())
+    if match is None:
+        return answer
+    sign, digits, frac = match.groups()
+    return f"{sign}{digits.replace(',', '')}{frac or ''}"
 
 
 def extract_boxed(text: str) -> str | None:
@@ -28,7 +40,12 @@ def extract_boxed(text: str) -> str | None:
 
 
 def extract_answer(text: str) -> str | None:
-    """The final answer a model wrote, or None."""
+    """The final answer a model wrote (thousands separators removed), or None."""
+    answer = _find_answer(text)
+    return None if answer is None else strip_thousands_separators(answer)
+
+
+def _find_answer(text: str) -> str | None:
     if not text:
         return None
     boxed = extract_boxed(text)

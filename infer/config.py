@@ -72,6 +72,9 @@ class SourceConfig:
     domains: list[str] | None = opt(None, "keep only these domains (e.g. [math])")
     fields: dict | None = opt(None, "jsonl source: field names, e.g. {question: prompt, steps: reasoning, answer: label}")
     max_step_chars: int | None = opt(None, "skip (with a warning) traces that have a step longer than this")
+    strip_calculator: bool = opt(
+        True, "gsm8k / reasoning_gym: remove GSM8K's calculator annotations (<<48/2=24>>) from the steps; "
+              "false keeps the rationale exactly as written")
 
     def __post_init__(self) -> None:
         _positive(self, "size")
