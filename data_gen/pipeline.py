@@ -38,7 +38,7 @@ from data_gen.store import (FORMAT, JUDGE_CACHE, DataFolderError, FolderLock, Sh
 from infer.versions import package_versions
 from probes.features import layers_from_option
 
-__all__ = ["generate_dataset", "DataResult", "RunStats", "layer_rows", "build_judge", "load_source_traces"]
+__all__ = ["generate_dataset", "DataResult", "DataGenStats", "layer_rows", "build_judge", "load_source_traces"]
 
 ROLES = ("target", "draft")
 
@@ -108,7 +108,7 @@ class _RecordingJudge:
 
 # ----------------------------------------------------------------------------- results
 @dataclass
-class RunStats:
+class DataGenStats:
     """What this call did (a resumed run counts only its own work)."""
 
     contexts: int = 0
@@ -132,7 +132,7 @@ class DataResult:
     data_dir: Path
     manifest: dict
     reused: bool
-    run: RunStats
+    run: DataGenStats
 
     @property
     def complete(self) -> bool:
@@ -145,7 +145,7 @@ class DataResult:
         return format_summary(self.manifest, self.run, self.reused, self.data_dir)
 
 
-def format_summary(manifest: dict, run: RunStats, reused: bool, folder: Path) -> str:
+def format_summary(manifest: dict, run: DataGenStats, reused: bool, folder: Path) -> str:
     c = manifest["counts"]
     n = manifest["num_samples"]
     plan = manifest["plan"]
@@ -431,7 +431,7 @@ def _reuse(folder: Path, cfg_dict: dict) -> DataResult | None:
         return None
     check_same_data(folder, manifest, cfg_dict)
     if manifest["status"] == "complete":
-        return DataResult(folder, manifest, True, RunStats())
+        return DataResult(folder, manifest, True, DataGenStats())
     return None
 
 
@@ -480,7 +480,7 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
         engines = build_engine_pair(cfg.models)
     engine_map = dict(zip(ROLES, engines))
     layers = {r: layer_rows(cfg.data.layers, e.info.num_layers) for r, e in engine_map.items()}
-    run = RunStats()
+    run = DataGenStats()
     with FolderLock(folder):
         manifest = read_manifest(folder)
         if manifest is None:
@@ -502,7 +502,7 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
 
 
 def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_shards: list[int],
-                runner: _ShardRunner, run: RunStats, progress: bool) -> None:
+                runner: _ShardRunner, run: DataGenStats, progress: bool) -> None:
     from tqdm.auto import tqdm
 
     done = {s["index"] for s in manifest["shards"]}

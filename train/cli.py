@@ -49,11 +49,11 @@ def run_data_stage(cfg, shard: str | None, progress: bool) -> int:
 
 
 def run_merge(cfg) -> int:
-    from data_gen.pipeline import DataResult, RunStats
+    from data_gen.pipeline import DataResult, DataGenStats
     from data_gen.store import merge_parts
 
     manifest = merge_parts(cfg.data_dir)
-    print(DataResult(cfg.data_dir, manifest, False, RunStats()).summary())
+    print(DataResult(cfg.data_dir, manifest, False, DataGenStats()).summary())
     if manifest["status"] != "complete":
         missing = manifest["plan"]["num_shards"] - len(manifest["shards"])
         print(f"{missing} shard(s) are in no finished part; run the data stage without --shard to finish them")

@@ -29,7 +29,7 @@ import torch
 
 from probes.features import FeatureSpec, layers_from_option
 from probes.metrics import probe_report
-from probes.mlp import FitHistory, ProbeConfig as MLPConfig, SemanticProbe, fit_probe
+from probes.mlp import FitHistory, ProbeMLPConfig as MLPConfig, SemanticProbe, fit_probe
 from train.baselines import ConstantBaseline, LogprobBaseline
 
 LogFn = Callable[[dict[str, Any]], None]
@@ -159,7 +159,7 @@ def feature_spec(engine: dict, kept_layers: Sequence[int], option: str, combine:
 
 
 def mlp_config(probe_cfg) -> MLPConfig:
-    """The experiment's `probe` section as the probes package's ProbeConfig."""
+    """The experiment's `probe` section as the probes package's ProbeMLPConfig."""
     return MLPConfig(hidden_dim=probe_cfg.hidden_dim, dropout=probe_cfg.dropout, loss=probe_cfg.loss,
                      lr=probe_cfg.lr, betas=tuple(probe_cfg.betas), weight_decay=probe_cfg.weight_decay,
                      epochs=probe_cfg.epochs, batch_size=probe_cfg.batch_size, patience=probe_cfg.patience,
