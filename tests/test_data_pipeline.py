@@ -298,8 +298,7 @@ def test_manifest_card_datasets_and_splits(tiny, tmp_path):
         assert f"`{name}`" in card
     import datasets
 
-    loaded = datasets.load_dataset("parquet", data_files=str(result.data_dir / "shards" / "samples-*.parquet"),
-                                   split="train", cache_dir=str(tmp_path / "hf"))
+    loaded = datasets.load_dataset(str(result.data_dir), split="train", cache_dir=str(tmp_path / "hf"))  # card configs
     assert loaded.num_rows == len(ds) and "prob_under_target" in loaded.column_names
     questions = ds.question_ids()
     mask = ds.question_mask(questions[:1])
