@@ -21,20 +21,42 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
 from data_gen.cluster import Clustering, PairQuery, assign_many, cluster_many
-from data_gen.contexts import (Context, DataWarning, build_contexts, coerce_traces, context_seed, part_shards,
-                               plan_shards)
+from data_gen.contexts import (
+    Context,
+    DataWarning,
+    build_contexts,
+    coerce_traces,
+    context_seed,
+    part_shards,
+    plan_shards,
+)
 from data_gen.judges import CachedJudge, EquivalenceJudge, make_judge
 from data_gen.labels import ModelLabels, build_pairs, draft_under_target, is_empty_step, model_labels, pair_key
-from data_gen.store import (FORMAT, JUDGE_CACHE, DataFolderError, FolderLock, ShardData, check_same_data,
-                            clean_temporaries, fingerprint, now, open_dataset, part_dir, read_manifest,
-                            write_card, write_manifest, write_shard)
+from data_gen.store import (
+    FORMAT,
+    JUDGE_CACHE,
+    DataFolderError,
+    FolderLock,
+    ShardData,
+    check_same_data,
+    clean_temporaries,
+    fingerprint,
+    now,
+    open_dataset,
+    part_dir,
+    read_manifest,
+    write_card,
+    write_manifest,
+    write_shard,
+)
 from infer.versions import package_versions
 from probes.features import layers_from_option
 
@@ -314,7 +336,7 @@ class _ShardRunner:
         return {"draft_ids": ids, "draft_probs": probs}
 
     def _model_rows(self, work: _ContextWork, role: str, lab: ModelLabels, under: dict, shard: ShardData,
-                    feats: "_FeatureRows", stats: dict) -> None:
+                    feats: _FeatureRows, stats: dict) -> None:
         ctx = work.context
         probs = lab.semantic_probs
         entropy = lab.semantic_entropy
@@ -356,7 +378,7 @@ class _ShardRunner:
             row["draft_mass_under_target"] = sum(probs) / len(probs)
         return row
 
-    def _features(self, feats: "_FeatureRows") -> dict[str, torch.Tensor]:
+    def _features(self, feats: _FeatureRows) -> dict[str, torch.Tensor]:
         def stack(role: str, pooling: str) -> torch.Tensor:
             rows = feats.rows[role][pooling]
             if rows:

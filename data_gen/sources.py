@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import errno
 import functools
-import json
 import os
 import re
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from data_gen.steps import MODES, normalise_text, split_steps
 from infer.answers import extract_boxed, strip_thousands_separators
@@ -92,7 +90,7 @@ class Trace:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Trace":
+    def from_dict(cls, d: dict) -> Trace:
         """Inverse of ``to_dict``."""
         return cls(id=d["id"], domain=d["domain"], question=d["question"], steps=list(d["steps"]),
                    answer=d["answer"], meta=dict(d.get("meta") or {}))

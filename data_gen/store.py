@@ -20,10 +20,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,8 +33,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from probes.io import stage_file, write_text
 from data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, render_card, schema
+from probes.io import stage_file, write_text
 
 __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "FolderLock", "shard_path",
            "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
@@ -165,7 +166,7 @@ class FolderLock:
         self.path = Path(folder) / LOCK
         self._fd: int | None = None
 
-    def __enter__(self) -> "FolderLock":
+    def __enter__(self) -> FolderLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:

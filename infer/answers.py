@@ -95,13 +95,42 @@ def normalize_answer(s: str) -> str:
 
 
 def answers_match(pred: str | None, gold: str | None) -> bool:
-    """True when the extracted prediction equals the reference answer."""
+    """True when the extracted prediction equals the reference answer: equal as numbers or normalised
+    strings, else mathematically equivalent by math-verify (MATH / AIME style: "\\frac{1}{2}" = "0.5",
+    "\\sqrt{2}/2" = "\\frac{\\sqrt{2}}{2}", sets, intervals). Answers with no digit and no LaTeX command
+    are compared as strings only (math-verify would read "Paris" as the product P*a*r*i*s)."""
     if pred is None or gold is None:
         return False
     a, b = to_number(pred), to_number(gold)
     if a is not None and b is not None:
         return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
-    return normalize_answer(pred) == normalize_answer(gold)
+    if normalize_answer(pred) == normalize_answer(gold):
+        return True
+    return _looks_mathematical(pred) and _looks_mathematical(gold) and math_equivalent(pred, gold)
+
+
+def _looks_mathematical(answer: str) -> bool:
+    return bool(re.search(r"\d|\\[a-zA-Z]", answer))
+
+
+def math_equivalent(pred: str, gold: str) -> bool:
+    """math-verify's verdict on two final answers, each read as one LaTeX math expression."""
+    import logging
+    import threading
+
+    from math_verify import parse, verify
+
+    # math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere the short
+    # inputs here (one final answer each) are parsed without one.
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # it warns on every call made without a timeout
+    try:
+        parsed_gold = parse(f"${gold.strip().strip('$')}$", parsing_timeout=timeout)
+        parsed_pred = parse(f"${pred.strip().strip('$')}$", parsing_timeout=timeout)
+        return bool(parsed_gold and parsed_pred and verify(parsed_gold, parsed_pred, timeout_seconds=timeout))
+    finally:
+        logging.disable(previous)
 
 
 def grade(output_text: str, gold: str | None) -> tuple[str | None, bool]:

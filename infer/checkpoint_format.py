@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 import os
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from probes.io import model_paths, read_json, write_json
 

@@ -9,12 +9,12 @@ may import `infer`.
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 

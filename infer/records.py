@@ -12,9 +12,9 @@ import errno
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 DEFAULT_HUB_CONFIGS = {"openai/gsm8k": "main", "gsm8k": "main"}
 FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
@@ -122,10 +122,11 @@ def iter_file(path: str | os.PathLike) -> Iterator[Record]:
 
 
 def _warn_if_empty(path: Path, records: Iterator[Record]) -> Iterator[Record]:
-    count = 0
-    for count, record in enumerate(records, start=1):
+    empty = True
+    for record in records:
+        empty = False
         yield record
-    if count == 0:
+    if empty:
         _warn(f"{path}: no records read (the file is empty or every line was skipped); check the path")
 
 

@@ -19,9 +19,9 @@ draws happened before it (the async runtime verifies in a timing-dependent order
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import torch
 

@@ -132,7 +132,7 @@ class FeatureSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "FeatureSpec":
+    def from_dict(cls, data: dict[str, Any]) -> FeatureSpec:
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -11,8 +11,9 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -68,7 +69,7 @@ class ProbeMLPConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ProbeMLPConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ProbeMLPConfig:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(data) - known)
         if unknown:
@@ -178,7 +179,7 @@ class SemanticProbe(nn.Module):
                                 format_name=FORMAT_NAME, format_version=FORMAT_VERSION)
 
     @classmethod
-    def load(cls, directory, name: str, map_location: str | torch.device = "cpu") -> "SemanticProbe":
+    def load(cls, directory, name: str, map_location: str | torch.device = "cpu") -> SemanticProbe:
         tensors, config = load_model_files(directory, name, format_name=FORMAT_NAME,
                                            supported_versions=(FORMAT_VERSION,))
         probe = cls(FeatureSpec.from_dict(config["feature_spec"]), ProbeMLPConfig.from_dict(config["probe_config"]))

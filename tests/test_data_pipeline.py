@@ -15,14 +15,23 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from _data_fixtures import HIDDEN, LAYERS, BlankingEngine, assert_same_data, dataset_arrays, write_config
 from data_gen.cluster import normalise_step
-from data_gen.contexts import (DataWarning, build_contexts, coerce_traces, context_positions, context_seed,
-                               parse_part, part_shards, plan_shards)
+from data_gen.contexts import (
+    DataWarning,
+    build_contexts,
+    coerce_traces,
+    context_positions,
+    context_seed,
+    parse_part,
+    part_shards,
+    plan_shards,
+)
 from data_gen.labels import build_pairs, draft_under_target, model_labels, pair_key
 from data_gen.pipeline import generate_dataset, layer_rows
 from data_gen.sources import Trace
 from data_gen.store import DataFolderError, DataMismatchError, merge_parts, open_dataset, read_manifest
+
+from _data_fixtures import HIDDEN, LAYERS, BlankingEngine, assert_same_data, dataset_arrays, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -128,8 +137,8 @@ def test_pairs_are_unique_per_unordered_pair_and_judged_labels_win():
 
 @pytest.fixture(scope="module")
 def engines():
-    from infer.engines import build_engine_pair
     from infer.config import ModelsConfig
+    from infer.engines import build_engine_pair
 
     return build_engine_pair(ModelsConfig(device="cpu", dtype="float32"))
 
@@ -162,7 +171,7 @@ def test_labels_follow_the_clusters(tiny):
     for r in rows:
         groups[(r["context_id"], r["model"])].append(r)
     assert len(groups) == 6
-    for (cid, model), members in groups.items():
+    for (_context, model), members in groups.items():
         sizes = defaultdict(int)
         for r in members:
             sizes[r["cluster_id"]] += 1

@@ -297,7 +297,7 @@ def test_unsupported_extension(tmp_path):
 
 
 def test_iter_traces_is_lazy_and_stops_at_limit(tmp_path):
-    path = _write_lines(tmp_path / "g.jsonl", [json.loads(l) for l in (DATA / "gsm8k.jsonl").read_text().splitlines()]
+    path = _write_lines(tmp_path / "g.jsonl", [json.loads(line) for line in (DATA / "gsm8k.jsonl").read_text().splitlines()]
                         + ["{bad json"])
     with warnings.catch_warnings():
         warnings.simplefilter("error", SourceWarning)  # the bad last line is never reached

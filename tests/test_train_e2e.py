@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from _data_fixtures import write_config
 from infer.checkpoint_format import find_pickles
 from train.checkpoint import load_checkpoint
+
+from _data_fixtures import write_config
 
 pytestmark = pytest.mark.slow
 

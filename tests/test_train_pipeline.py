@@ -10,12 +10,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from _train_fixtures import synthetic_config, write_synthetic_data
 from data_gen.store import open_dataset
 from infer.checkpoint_format import find_pickles
-from train import pipeline, probes_train
+from train import pipeline
 from train.checkpoint import load_checkpoint
 from train.pipeline import QuestionSplit, train_all
+
+from _train_fixtures import synthetic_config, write_synthetic_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny MLPs: one thread is fastest
 

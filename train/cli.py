@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 STAGES = ("data", "train", "all")
 
@@ -49,7 +49,7 @@ def run_data_stage(cfg, shard: str | None, progress: bool) -> int:
 
 
 def run_merge(cfg) -> int:
-    from data_gen.pipeline import DataResult, DataGenStats
+    from data_gen.pipeline import DataGenStats, DataResult
     from data_gen.store import merge_parts
 
     manifest = merge_parts(cfg.data_dir)

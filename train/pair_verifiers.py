@@ -18,8 +18,9 @@ Validation metrics of both: AUROC, and precision / recall / acceptance at the ch
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,7 +48,7 @@ class PairSet:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def take(self, index: Any) -> "PairSet":
+    def take(self, index: Any) -> PairSet:
         idx = np.flatnonzero(index) if np.asarray(index).dtype == bool else np.asarray(index, dtype=np.int64)
         return PairSet(self.context_ids[idx], self.questions[idx], self.a[idx], self.b[idx], self.labels[idx],
                        self.source[idx], self.contexts)

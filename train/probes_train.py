@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from probes.features import FeatureSpec, layers_from_option
 from probes.metrics import probe_report
-from probes.mlp import FitHistory, ProbeMLPConfig as MLPConfig, SemanticProbe, fit_probe
+from probes.mlp import FitHistory, SemanticProbe, fit_probe
+from probes.mlp import ProbeMLPConfig as MLPConfig
 from train.baselines import ConstantBaseline, LogprobBaseline
 
 LogFn = Callable[[dict[str, Any]], None]
@@ -71,7 +73,7 @@ class RowSet:
     def __len__(self) -> int:
         return len(self.sample_ids)
 
-    def take(self, mask: np.ndarray) -> "RowSet":
+    def take(self, mask: np.ndarray) -> RowSet:
         idx = np.flatnonzero(mask)
         t = torch.from_numpy(idx)
         return RowSet(self.name, self.sample_ids[idx], self.questions[idx], self.x[t], self.y[t], self.logprob[idx])
