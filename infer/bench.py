@@ -21,11 +21,12 @@ import json
 import math
 import platform
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from infer.answers import grade
+from infer.answers import extract_boxed, grade, strip_thousands_separators
 from infer.config import ConfigError, ExperimentConfig, SourceConfig, to_dict
 from infer.decoding import METHODS, DecodeOptions, RunStats, decode, fast_thread_switching, write_trace
 from infer.decoding.analytic import predict, token_level_factor
@@ -53,8 +54,11 @@ class Problem:
 
 
 def _gold(record: dict) -> str | None:
-    from infer.answers import extract_boxed
+    answer = _find_gold(record)
+    return None if answer is None else strip_thousands_separators(answer)
 
+
+def _find_gold(record: dict) -> str | None:
     for key in ANSWER_KEYS:
         value = record.get(key)
         if value is None:
@@ -70,41 +74,27 @@ def _gold(record: dict) -> str | None:
 
 def _from_records(records, stem: str, limit: int) -> list[Problem]:
     problems = []
-    for i, rec in enumerate(records):
-        question = next((rec[k] for k in QUESTION_KEYS if isinstance(rec.get(k), str) and rec[k].strip()), None)
+    for rec in records:
+        record = rec.record
+        question = next((record[k] for k in QUESTION_KEYS if isinstance(record.get(k), str) and record[k].strip()),
+                        None)
         if question is None:
-            raise ConfigError(f"{stem}: record {i} has no question field (looked for {list(QUESTION_KEYS)})")
-        problems.append(Problem(str(rec.get("id", rec.get("unique_id", f"{stem}-{i}"))), question, _gold(rec)))
+            raise ConfigError(f"{rec.where}: no question field (looked for {list(QUESTION_KEYS)})")
+        default_id = f"{stem}-{rec.index}"
+        problems.append(Problem(str(record.get("id", record.get("unique_id", default_id))), question, _gold(record)))
         if len(problems) >= limit:
             break
     return problems
 
 
-def _read_local(path: str) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"problem file not found: {p}")
-    if p.suffix == ".parquet":
-        import pyarrow.parquet as pq
+def _records(path: str | None, name: str | None, config: str | None, split: str):
+    from infer.records import iter_records
 
-        return pq.read_table(p).to_pylist()
-    if p.suffix == ".json":
-        data = json.loads(p.read_text(encoding="utf-8"))
-        return data if isinstance(data, list) else data.get("data", [])
-    with p.open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def _read_hub(name: str, config: str | None, split: str) -> list[dict]:
     try:
-        import datasets
-
-        return list(datasets.load_dataset(name, config, split=split))
-    except Exception as err:  # noqa: BLE001 - any failure means the data set is not reachable here
-        raise ConfigError(
-            f"could not load the data set {name!r} (split {split}) with `datasets`: {type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}\nWith no hub access, download it elsewhere and "
-            "point bench.source.path at a local .jsonl/.parquet file (kind: jsonl).") from None
+        return iter_records(path, name, config, split)
+    except (FileNotFoundError, RuntimeError) as err:
+        raise ConfigError(f"bench.source: {err}\nWith no hub access, point bench.source.path at a local "
+                          ".jsonl/.parquet file (kind: jsonl).") from None
 
 
 def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
@@ -117,7 +107,7 @@ def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
                 for i, item in zip(range(limit), data)]
     if src.kind in ("gsm8k", "jsonl"):
         if src.path:
-            return _from_records(_read_local(src.path), Path(src.path).stem, limit)
+            return _from_records(_records(src.path, None, None, src.split), Path(src.path).stem, limit)
         name = src.name or ("gsm8k" if src.kind == "gsm8k" else None)
         if name is None:
             raise ConfigError("bench.source kind jsonl needs a path (local file) or a name "
@@ -125,7 +115,7 @@ def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
         hub, config, split = HUB_ALIASES.get(name, (name, None, src.split))
         if name not in HUB_ALIASES:
             split = src.split
-        return _from_records(_read_hub(hub, config, split), name.replace("/", "_"), limit)
+        return _from_records(_records(None, hub, config, split), name.replace("/", "_"), limit)
     raise ConfigError(f"probe-bench reads reasoning_gym, gsm8k or jsonl problems, not {src.kind!r} "
                       f"(MATH-500 / AIME24 / AMC23: kind jsonl with a local path or name {sorted(HUB_ALIASES)})")
 

@@ -9,12 +9,12 @@ may import `infer`.
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
@@ -72,6 +72,9 @@ class SourceConfig:
     domains: list[str] | None = opt(None, "keep only these domains (e.g. [math])")
     fields: dict | None = opt(None, "jsonl source: field names, e.g. {question: prompt, steps: reasoning, answer: label}")
     max_step_chars: int | None = opt(None, "skip (with a warning) traces that have a step longer than this")
+    strip_calculator: bool = opt(
+        True, "gsm8k / reasoning_gym: remove GSM8K's calculator annotations (<<48/2=24>>) from the steps; "
+              "false keeps the rationale exactly as written")
 
     def __post_init__(self) -> None:
         _positive(self, "size")
@@ -135,9 +138,7 @@ class DataConfig:
         if bad or not self.models or len(set(self.models)) != len(self.models):
             raise ConfigError(f"data.models must be a non-empty subset of [target, draft] without repeats, "
                               f"got {self.models}")
-        if not _LAYER_OPTION.match(self.layers.strip().lower().replace(" ", "")):
-            raise ConfigError(f"data.layers: {self.layers!r} is not 'all', 'last', 'range:a-b' or a comma "
-                              "list of layer indices like '0,4,8' (0 = embeddings)")
+        _check_layer_option(self.layers, "data.layers")
 
 
 @dataclass
@@ -182,9 +183,7 @@ class ProbeConfig:
             raise ConfigError(f"probe.dropout must be in [0, 1), got {self.dropout}")
         if not self.lr > 0 or self.weight_decay < 0:
             raise ConfigError(f"probe.lr must be > 0 and probe.weight_decay >= 0, got {self.lr}, {self.weight_decay}")
-        if not _LAYER_OPTION.match(self.features.strip().lower().replace(" ", "")):
-            raise ConfigError(f"probe.features: {self.features!r} is not 'all', 'last', 'range:a-b' or a comma "
-                              "list of layer indices like '0,4,8' (0 = embeddings)")
+        _check_layer_option(self.features, "probe.features")
 
 
 _VERIFIERS = ("probes", "embedding", "judge")
@@ -381,7 +380,13 @@ class ExperimentConfig:
         return Path(self.output_dir) / "checkpoint"
 
 
-_LAYER_OPTION = re.compile(r"^(all|last|range:\d+-\d+|\d+(,\d+)*)$")
+def _check_layer_option(option: str, key: str) -> None:
+    from probes.features import parse_layer_option
+
+    try:
+        parse_layer_option(option)
+    except ValueError as err:
+        raise ConfigError(f"{key}: {err}") from None
 
 
 def _positive(obj: Any, name: str) -> None:

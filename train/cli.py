@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 STAGES = ("data", "train", "all")
 
@@ -49,11 +49,11 @@ def run_data_stage(cfg, shard: str | None, progress: bool) -> int:
 
 
 def run_merge(cfg) -> int:
-    from data_gen.pipeline import DataResult, RunStats
+    from data_gen.pipeline import DataGenStats, DataResult
     from data_gen.store import merge_parts
 
     manifest = merge_parts(cfg.data_dir)
-    print(DataResult(cfg.data_dir, manifest, False, RunStats()).summary())
+    print(DataResult(cfg.data_dir, manifest, False, DataGenStats()).summary())
     if manifest["status"] != "complete":
         missing = manifest["plan"]["num_shards"] - len(manifest["shards"])
         print(f"{missing} shard(s) are in no finished part; run the data stage without --shard to finish them")
