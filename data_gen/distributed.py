@@ -127,12 +127,14 @@ class RayShardWorkers(ShardWorkers):
         self.replicas: list = []
         self.judges: list = []
         self.cache: CachedJudge | None = None
+        self.described: list[dict] = []  # per replica: engines, judge name, pid
 
     def start(self, judge_cache: Path) -> dict:
         ray = import_ray()
         rc = self.cfg.ray
         self.cache = CachedJudge(_DecisionStore(), judge_cache)
-        known = ray.put(self.cache.decisions())
+        # held for the run: a restarted replica is rebuilt from its constructor arguments
+        self._known = known = ray.put(self.cache.decisions())
         if rc.judge == "actors":
             judge_cls = ray.remote(_JudgeActor).options(**actor_options(rc.judge_cpus, rc.judge_gpus, rc.max_restarts))
             self.judges = [judge_cls.remote(self.cfg) for _ in range(rc.judge_replicas)]
@@ -140,6 +142,7 @@ class RayShardWorkers(ShardWorkers):
             **actor_options(rc.cpus_per_replica, rc.gpus_per_replica, rc.max_restarts))
         self.replicas = [replica_cls.remote(self.cfg, self.judges, i, known) for i in range(rc.replicas)]
         described = ray.get([r.describe.remote() for r in self.replicas])  # waits for the models to load
+        self.described = described
         first = described[0]
         for i, d in enumerate(described[1:], 1):
             if d["engines"] != first["engines"] or d["judge"] != first["judge"]:

@@ -76,14 +76,20 @@ def connect(ray_cfg, address: str | None = None) -> str:
     if address:
         _probe(address, ray_cfg.connect_timeout_s)
         # something answered, but it may not be Ray: bound Ray's own retries (1 s each, default 20)
-        retries = os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(max(1, int(ray_cfg.connect_timeout_s))))
+        key = "RAY_gcs_server_port_wait_time_s"
+        ours = key not in os.environ
+        retries = os.environ.setdefault(key, str(max(1, int(ray_cfg.connect_timeout_s))))
         try:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
         except (ConnectionError, RuntimeError, ValueError) as err:
             raise ClusterError(f"could not join the Ray cluster at {address} (tried for about {retries}s): {err}. "
                                "Is `ray start --head` running there, and is this the GCS port it printed?") from None
+        finally:
+            if ours:
+                os.environ.pop(key, None)
         return f"Ray cluster at {address}"
-    ray.init(num_cpus=ray_cfg.local_cpus, include_dashboard=False, runtime_env=runtime_env)
+    # "local": a new instance even when `ray start` runs on this machine (joining it needs its address)
+    ray.init(address="local", num_cpus=ray_cfg.local_cpus, include_dashboard=False, runtime_env=runtime_env)
     return f"local Ray instance ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
 
 
