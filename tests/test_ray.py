@@ -192,3 +192,50 @@ def test_driver_killed_mid_run_then_the_same_command_finishes(reference, tmp_pat
     for entry in before["shards"]:  # what the killed driver wrote was kept, not redone
         assert after["shards"][entry["index"]] == entry
     assert_same_data(dataset_arrays(data_dir), dataset_arrays(reference.data_dir))
+
+
+# ----------------------------------------------------------------------------- probe-bench --ray
+def test_problems_are_dealt_round_robin_and_results_merge():
+    from infer.bench import MethodResult, merge_results, parse_method
+    from infer.bench_ray import deal_problems
+    from infer.decoding import RunStats
+
+    assert deal_problems(list("abcde"), 2) == [["a", "c", "e"], ["b", "d"]]
+    assert deal_problems(list("ab"), 4) == [["a"], ["b"]]  # no idle replica holds an empty share
+    spec = parse_method("lr_sync")
+    one = MethodResult(spec, RunStats(problems=1, output_tokens=10), correct=1, answered=1, latencies=[2.0])
+    two = MethodResult(spec, RunStats(problems=2, output_tokens=5), correct=0, answered=2, latencies=[1.0, 3.0])
+    failed = MethodResult(spec, error="RuntimeError: boom")
+    merged = merge_results([{"lr_sync": one}, {"lr_sync": two}, {"lr_sync": failed}])["lr_sync"]
+    assert (merged.correct, merged.answered, merged.latencies) == (1, 3, [2.0, 1.0, 3.0])
+    assert merged.stats.problems == 3 and merged.stats.output_tokens == 15
+    assert merged.error == "RuntimeError: boom"
+
+
+BENCH = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "models.device=cpu",
+         "runtime.max_steps=3", "sampling.max_step_tokens=6", "runtime.accept_length_cut=true",
+         "bench.num_problems=2", "bench.warmup=false", "ray.local_cpus=2"]
+
+
+@pytest.mark.slow
+def test_bench_on_two_replicas_gives_the_single_process_table(local_ray, tmp_path, capsys):
+    import json
+
+    from infer.bench_cli import main
+
+    methods = ["--methods", "target,lr_sync,semanticspec", "--verifier", "bernoulli"]
+    assert main(["--config", "configs/tiny.yaml", *methods, "--out", str(tmp_path / "single"), *BENCH]) == 0
+    assert main(["--config", "configs/tiny.yaml", *methods, "--out", str(tmp_path / "ray"), "--ray",
+                 *BENCH, "ray.replicas=2"]) == 0
+    assert "| lr_sync |" in capsys.readouterr().out
+    single = json.loads((tmp_path / "single" / "results.json").read_text())
+    spread = json.loads((tmp_path / "ray" / "results.json").read_text())
+    assert spread["replicas"] == 2 and spread["problems"] == single["problems"]
+    assert [r["method"] for r in spread["rows"]] == ["target", "lr_sync", "semanticspec"]
+    for a, b in zip(spread["rows"], single["rows"]):
+        # every problem decoded by every method, with the same seeded draws as in one process
+        assert a["problems"] == 2 and not a["error"]
+        assert (a["output_tokens"], a["judged"], a["correct"]) == (b["output_tokens"], b["judged"], b["correct"])
+        assert a["speedup"] is not None and a["speedup"] > 0
+    traced = {json.loads(line)["problem"] for line in (tmp_path / "ray" / "traces" / "lr_sync.jsonl").open()}
+    assert traced == set(single["problems"])
