@@ -104,6 +104,17 @@ def _set_threads(cpus: float, gpus: float) -> None:
         torch.set_num_threads(int(cpus))  # Ray reserved this many cores for the actor
 
 
+def _started(ray, actors: list) -> list:
+    """Each actor's describe(), once its constructor (model loading) finished; a constructor that
+    failed (a model missing on that node, out of memory) is a ClusterError that says which."""
+    from ray.exceptions import RayActorError
+
+    try:
+        return ray.get([a.describe.remote() for a in actors])
+    except RayActorError as err:
+        raise ClusterError(f"a Ray actor could not start (models missing or not loadable on its node?): {err}") from None
+
+
 class _DecisionStore(EquivalenceJudge):
     """The driver's side of the judge cache: it stores the replicas' decisions and judges nothing."""
 
@@ -141,7 +152,7 @@ class RayShardWorkers(ShardWorkers):
         replica_cls = ray.remote(_DataReplica).options(
             **actor_options(rc.cpus_per_replica, rc.gpus_per_replica, rc.max_restarts))
         self.replicas = [replica_cls.remote(self.cfg, self.judges, i, known) for i in range(rc.replicas)]
-        described = ray.get([r.describe.remote() for r in self.replicas])  # waits for the models to load
+        described = _started(ray, self.replicas + self.judges)[: len(self.replicas)]  # waits for the models
         self.described = described
         first = described[0]
         for i, d in enumerate(described[1:], 1):

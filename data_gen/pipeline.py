@@ -16,6 +16,9 @@ contexts each); within a shard:
 
 A killed run is resumed by running the same command: complete shards are kept, the rest redone; the
 judge's decisions are cached in the folder, so redone clustering costs no model calls.
+
+Who processes the shards is a `ShardWorkers` (this process by default; ``data_gen.distributed`` spreads
+them over Ray replicas); whoever does, only the process that called `generate_dataset` writes them.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from infer import bench
 from infer.config import ConfigError
-from infer.ray_cluster import actor_options, check_resources, connect, import_ray, replica_demands
+from infer.ray_cluster import ClusterError, actor_options, check_resources, connect, import_ray, replica_demands
 
 __all__ = ["run_benchmark_on_ray", "deal_problems"]
 
@@ -64,6 +64,8 @@ def run_benchmark_on_ray(cfg, methods: Sequence[str] | None = None, *, checkpoin
     """`infer.bench.run_benchmark` with the problems spread over Ray replicas; same report, plus
     ``replicas``."""
     ray = import_ray()
+    from ray.exceptions import RayActorError
+
     where = connect(cfg.ray, address)
     check_resources(replica_demands(cfg.ray))
     specs = bench.method_specs(methods or cfg.bench.methods)
@@ -77,7 +79,10 @@ def run_benchmark_on_ray(cfg, methods: Sequence[str] | None = None, *, checkpoin
                                                                     rc.max_restarts))
     replicas = [replica_cls.remote(cfg, checkpoint, verifier, share) for share in shares]
     try:
-        info = ray.get(replicas[0].describe.remote())  # a bad checkpoint fails here, before decoding
+        try:  # a missing model or bad checkpoint fails here, before any decoding
+            info = ray.get([r.describe.remote() for r in replicas])[0]
+        except RayActorError as err:
+            raise ClusterError(f"a bench replica could not start: {err}") from None
         parts = ray.get([r.run.remote(specs) for r in replicas])
     finally:
         for r in replicas:

@@ -108,6 +108,18 @@ def test_too_many_gpus_is_refused_before_loading_anything(local_ray, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_replica_that_cannot_load_its_model_is_a_clear_error(local_ray, tmp_path):
+    from data_gen.distributed import generate_dataset_on_ray
+
+    _, cfg = write_config(tmp_path, tmp_path / "run", **SMALL, ray={"local_cpus": 2},
+                          models={"target": str(tmp_path / "no-such-model")})
+    with pytest.raises(ClusterError, match=r"could not start.*no-such-model"):
+        generate_dataset_on_ray(cfg, progress=False)
+    manifest = read_manifest(cfg.data_dir)
+    assert manifest is None  # nothing was planned into the folder
+
+
+@pytest.mark.slow
 def test_two_replicas_write_the_single_process_dataset(local_ray, reference, tmp_path):
     from data_gen.distributed import generate_dataset_on_ray
 
