@@ -366,8 +366,8 @@ class RayConfig:
                            "shards (data) or a share of the problems (bench)")
     cpus_per_replica: float = opt(1.0, "CPUs reserved per replica (also its torch threads on CPU)")
     gpus_per_replica: float = opt(0.0, "GPUs per replica: 1 = one GPU each, 0.5 = two replicas share a GPU, "
-                                       "k > 1 = a replica whose engine splits the target over k GPUs "
-                                       "(tensor parallel)")
+                                       "k > 1 = k GPUs for a tensor-parallel engine (vLLM with "
+                                       "models.vllm.tensor_parallel_size = k; transformers uses one)")
     judge: Literal["colocated", "actors"] = opt(
         "colocated", "data stage: where the equivalence judge runs: colocated = in every replica beside the "
                      "models, actors = on judge_replicas actors of its own that every replica calls")
