@@ -16,6 +16,9 @@ contexts each); within a shard:
 
 A killed run is resumed by running the same command: complete shards are kept, the rest redone; the
 judge's decisions are cached in the folder, so redone clustering costs no model calls.
+
+Who processes the shards is a `ShardWorkers` (this process by default; ``data_gen.distributed`` spreads
+them over Ray replicas); whoever does, only the process that called `generate_dataset` writes them.
 """
 from __future__ import annotations
 
@@ -60,7 +63,8 @@ from data_gen.store import (
 from infer.versions import package_versions
 from probes.features import layers_from_option
 
-__all__ = ["generate_dataset", "DataResult", "DataGenStats", "layer_rows", "build_judge", "load_source_traces"]
+__all__ = ["generate_dataset", "DataResult", "DataGenStats", "layer_rows", "build_judge", "load_source_traces",
+           "engine_info", "process_shard", "ShardWorkers"]
 
 ROLES = ("target", "draft")
 
@@ -99,7 +103,8 @@ def load_source_traces(source_cfg) -> list:
                        strip_calculator=source_cfg.strip_calculator)
 
 
-def _engine_info(engine) -> dict:
+def engine_info(engine) -> dict:
+    """What the manifest records of an engine (and what a resumed run must match)."""
     info = engine.info
     return {"model_id": info.model_id, "revision": info.revision, "num_layers": info.num_layers,
             "hidden_size": info.hidden_size, "vocab_size": info.vocab_size, "name": info.extra.get("name")}
@@ -420,12 +425,48 @@ class _ShardRunner:
         return shard, entry
 
 
+def process_shard(cfg, engines: dict[str, Any], judge: EquivalenceJudge, index: int, contexts: list[Context],
+                  on_context: Callable[[], None] | None = None) -> tuple[ShardData, dict]:
+    """The rows of shard `index` from its contexts, written by nobody: the caller writes the shard and
+    its manifest entry. engines: {"target": ..., "draft": ...}. A context's rows depend only on the
+    context and the config (its seeds and a cleared prefix cache), so any process can run any shard."""
+    layers = {r: layer_rows(cfg.data.layers, e.info.num_layers) for r, e in engines.items()}
+    return _ShardRunner(cfg, engines, judge, layers).run(index, contexts, on_context or (lambda: None))
+
+
+class ShardWorkers:
+    """Who processes the shards of a run for `generate_dataset`, whose process alone writes them.
+
+    ``start(judge_cache)`` loads what is needed and returns ``{"engines": {role: engine_info},
+    "judge": judge name}``; ``run(todo, on_context)`` yields ``(ShardData, manifest entry)`` for each
+    ``(index, contexts)`` of `todo`, in any order, calling ``on_context()`` once per context done.
+    This class runs them one by one in this process; ``data_gen.distributed`` spreads them over Ray.
+    """
+
+    def __init__(self, cfg, engines: tuple | None, judge: EquivalenceJudge):
+        self.cfg = cfg
+        self.engines = engines
+        self.judge = judge
+
+    def start(self, judge_cache: Path) -> dict:
+        if self.engines is None:
+            from infer.engines import build_engine_pair
+
+            self.engines = build_engine_pair(self.cfg.models)
+        self.engine_map = dict(zip(ROLES, self.engines))
+        return {"engines": {r: engine_info(e) for r, e in self.engine_map.items()}, "judge": self.judge.name}
+
+    def run(self, todo: list[tuple[int, list[Context]]], on_context: Callable[[], None]):
+        for index, contexts in todo:
+            yield process_shard(self.cfg, self.engine_map, self.judge, index, contexts, on_context)
+
+
 # ----------------------------------------------------------------------------- the stage
-def _new_manifest(cfg_dict: dict, cfg, engines: dict, layers: dict, judge_name: str, plan: dict,
+def _new_manifest(cfg_dict: dict, cfg, engines: dict[str, dict], layers: dict, judge_name: str, plan: dict,
                   part: tuple[int, int] | None, my_shards: list[int]) -> dict:
     return {"format": FORMAT, "status": "in_progress", "created": now(), "updated": now(), "completed": None,
             "config": cfg_dict, "fingerprint": fingerprint(cfg_dict),
-            "engines": {r: _engine_info(e) for r, e in engines.items()}, "layers": layers,
+            "engines": engines, "layers": layers,
             "layers_option": cfg.data.layers, "store_last_token": cfg.data.store_last_token,
             "feature_dtype": "float16", "num_samples": cfg.data.num_samples, "models": list(cfg.data.models),
             "judge": judge_name, "versions": package_versions(), "plan": plan,
@@ -433,9 +474,9 @@ def _new_manifest(cfg_dict: dict, cfg, engines: dict, layers: dict, judge_name: 
             "shards": []}
 
 
-def _check_engines(folder: Path, manifest: dict, engines: dict) -> None:
-    for role, engine in engines.items():
-        old, new = manifest["engines"][role], _engine_info(engine)
+def _check_engines(folder: Path, manifest: dict, engines: dict[str, dict]) -> None:
+    for role, new in engines.items():
+        old = manifest["engines"][role]
         keys = ("model_id", "num_layers", "hidden_size", "vocab_size")
         if any(old[k] != new[k] for k in keys):
             raise DataFolderError(f"{folder} was made with {role} {old['model_id']} ({old['num_layers']} layers, "
@@ -464,7 +505,7 @@ def _reuse(folder: Path, cfg_dict: dict) -> DataResult | None:
 
 def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | None = None,
                      judge: EquivalenceJudge | None = None, part: tuple[int, int] | None = None,
-                     progress: bool = True) -> DataResult:
+                     progress: bool = True, workers: ShardWorkers | None = None) -> DataResult:
     """Generate (or resume, or reuse) the training data of `cfg` in ``<output_dir>/data``.
 
     traces: Trace objects or dicts instead of the configured source (malformed ones are skipped with
@@ -472,7 +513,8 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
     configured one (it is wrapped in a CachedJudge persisted in the folder). part: (i, n) to process
     every n-th shard from i into ``data/part-i-of-n`` (join with `data_gen.store.merge_parts`).
     A complete folder made with the same settings is reused as is; one made with other models or
-    settings is a DataMismatchError.
+    settings is a DataMismatchError. workers: who processes the shards (default: this process, with
+    `engines` and `judge`; ``data_gen.distributed`` passes Ray actors); this process writes them.
     """
     from infer.config import to_dict
 
@@ -487,10 +529,12 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
     if part is None and read_manifest(folder) is None and any(Path(cfg.data_dir).glob("part-*-of-*")):
         _warn(f"{cfg.data_dir} holds part-i-of-n folders but no merged data: run with --merge to join them "
               "instead of generating everything again")
-    device = cfg.models.resolved_device()
     cache = folder / JUDGE_CACHE
-    judge = build_judge(cfg.data, cache, device) if judge is None else (
-        judge if isinstance(judge, CachedJudge) else CachedJudge(judge, cache))
+    if workers is None:
+        device = cfg.models.resolved_device()
+        judge = build_judge(cfg.data, cache, device) if judge is None else (
+            judge if isinstance(judge, CachedJudge) else CachedJudge(judge, cache))
+        workers = ShardWorkers(cfg, engines, judge)
     items = load_source_traces(cfg.source) if traces is None else traces
     contexts = build_contexts(coerce_traces(items), cfg.data.contexts_per_trace, cfg.data.context_positions,
                               cfg.data.max_context_steps)
@@ -501,25 +545,23 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
                               f"(source.kind={cfg.source.kind!r}); see the warnings above")
     shards, plan = _plan(contexts, cfg.data.contexts_per_shard)
     my_shards = list(range(len(shards))) if part is None else part_shards(len(shards), *part)
-    if engines is None:
-        from infer.engines import build_engine_pair
-
-        engines = build_engine_pair(cfg.models)
-    engine_map = dict(zip(ROLES, engines))
-    layers = {r: layer_rows(cfg.data.layers, e.info.num_layers) for r, e in engine_map.items()}
+    started_workers = workers.start(cache)
+    engine_infos = started_workers["engines"]
+    layers = {r: layer_rows(cfg.data.layers, info["num_layers"]) for r, info in engine_infos.items()}
     run = DataGenStats()
     with FolderLock(folder):
         manifest = read_manifest(folder)
         if manifest is None:
-            manifest = _new_manifest(cfg_dict, cfg, engine_map, layers, judge.name, plan, part, my_shards)
+            manifest = _new_manifest(cfg_dict, cfg, engine_infos, layers, started_workers["judge"], plan, part,
+                                     my_shards)
         else:
             check_same_data(folder, manifest, cfg_dict)
-            _check_engines(folder, manifest, engine_map)
+            _check_engines(folder, manifest, engine_infos)
             if manifest["plan"] != plan:
                 raise DataFolderError(f"{folder}: the context plan changed since this folder was started "
                                       f"({manifest['plan']} vs {plan}); the source data differ. Use another output_dir.")
         clean_temporaries(folder)
-        _run_shards(folder, manifest, shards, my_shards, _ShardRunner(cfg, engine_map, judge, layers), run, progress)
+        _run_shards(folder, manifest, shards, my_shards, workers, run, progress)
         if len(manifest["shards"]) == len(my_shards) and manifest["status"] != "complete":
             manifest["status"], manifest["completed"] = "complete", now()
             write_manifest(folder, manifest)
@@ -529,7 +571,7 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
 
 
 def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_shards: list[int],
-                runner: _ShardRunner, run: DataGenStats, progress: bool) -> None:
+                workers: ShardWorkers, run: DataGenStats, progress: bool) -> None:
     from tqdm.auto import tqdm
 
     done = {s["index"] for s in manifest["shards"]}
@@ -537,8 +579,8 @@ def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_sh
     total = sum(len(shards[k]) for k in my_shards)
     initial = total - sum(len(shards[k]) for k in todo)
     with tqdm(total=total, initial=initial, unit="ctx", desc="data", disable=not progress, dynamic_ncols=True) as bar:
-        for k in todo:
-            shard, entry = runner.run(k, shards[k], lambda: bar.update(1))
+        for shard, entry in workers.run([(k, shards[k]) for k in todo], lambda: bar.update(1)):
+            k = shard.index
             start = time.perf_counter()
             entry["files"] = write_shard(folder, shard, metadata={"format": FORMAT, "shard": str(k)})
             entry["timing"]["seconds"]["writing"] = time.perf_counter() - start

@@ -21,7 +21,7 @@ import json
 import math
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -290,30 +290,39 @@ def _run_one(env: BenchEnv, spec: MethodSpec, question: str, opts: DecodeOptions
         env.draft.set_token_spec(None)
 
 
-def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: str | Path | None = None,
-                  log: Callable[[str], None] = print) -> dict:
-    """Decode every problem with every method; returns the report (see `format_markdown`)."""
-    specs = [parse_method(m) for m in (methods or env.cfg.bench.methods)]
+def method_specs(methods: Sequence[str]) -> list[MethodSpec]:
+    """The parsed methods, target-only first when missing: the baseline of every speedup, measured in
+    the same run."""
+    specs = [parse_method(m) for m in methods]
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"methods listed twice: {labels}")
-    if "target" not in labels:  # speedups are measured against target-only in the same run
+    if "target" not in labels:
         specs.insert(0, parse_method("target"))
+    return specs
+
+
+def warm_up(env: BenchEnv, specs: Sequence[MethodSpec], log: Callable[[str], None] = print) -> dict[str, MethodResult]:
+    """Fresh results per method; with bench.warmup, one untimed one-step generation per method first
+    (a method failing there is marked and skipped)."""
     results = {s.label: MethodResult(s) for s in specs}
-    out = Path(out_dir) if out_dir else None
-    if out is not None:
-        (out / "traces").mkdir(parents=True, exist_ok=True)
-        for s in specs:
-            (out / "traces" / f"{_safe(s.label)}.jsonl").write_text("")
-    suffix = env.cfg.bench.prompt_suffix
     if env.cfg.bench.warmup:
         for s in specs:
             try:
-                _run_one(env, s, env.problems[0].question + suffix, _method_options(env, s).replace(max_steps=1))
+                _run_one(env, s, env.problems[0].question + env.cfg.bench.prompt_suffix,
+                         _method_options(env, s).replace(max_steps=1))
             except (ValueError, RuntimeError) as err:
                 results[s.label].error = f"{type(err).__name__}: {err}"
                 log(f"[{s.label}] skipped: {results[s.label].error}")
-    started = time.perf_counter()
+    return results
+
+
+def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, MethodResult],
+                 log: Callable[[str], None] = print,
+                 on_trace: Callable[[str, Iterable[dict]], None] | None = None) -> None:
+    """Decode every problem of `env` with every method, adding to `results`; on_trace(label, records)
+    receives each generation's per-cycle trace."""
+    suffix = env.cfg.bench.prompt_suffix
     for i, prob in enumerate(env.problems):
         for s in specs:
             res = results[s.label]
@@ -333,14 +342,54 @@ def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: 
             log(f"[{i + 1}/{len(env.problems)}] {s.label:22s} {gen.stats.latency_s:7.2f}s "
                 f"{gen.stats.output_tokens:5d} tok  stop={gen.stop_reason:14s} answer={pred!r} gold={prob.answer!r}"
                 + (f"  accept={gen.stats.acceptance_rate:.2f}" if gen.stats.acceptance_rate is not None else ""))
-            if out is not None and env.cfg.bench.trace:
-                write_trace(out / "traces" / f"{_safe(s.label)}.jsonl",
-                            ({"problem": prob.id, "method": s.label, **rec} for rec in gen.trace), mode="a")
+            if on_trace is not None:
+                on_trace(s.label, ({"problem": prob.id, "method": s.label, **rec} for rec in gen.trace))
+
+
+def merge_results(parts: Sequence[dict[str, MethodResult]]) -> dict[str, MethodResult]:
+    """One result per method from results over disjoint problem sets (e.g. one per Ray replica):
+    counts, stats and latencies add up; a method that failed anywhere keeps the first error."""
+    merged: dict[str, MethodResult] = {}
+    for part in parts:
+        for label, res in part.items():
+            if label not in merged:
+                merged[label] = MethodResult(res.spec)
+            out = merged[label]
+            if res.stats.problems:
+                out.stats = out.stats.merge(res.stats) if out.stats.problems else res.stats
+            out.correct += res.correct
+            out.answered += res.answered
+            out.latencies += res.latencies
+            out.error = out.error or res.error
+    return merged
+
+
+def trace_files(out: Path, specs: Sequence[MethodSpec]) -> Callable[[str, Iterable[dict]], None]:
+    """Empty traces/<method>.jsonl under `out`; returns the writer that appends to them."""
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    for s in specs:
+        (out / "traces" / f"{_safe(s.label)}.jsonl").write_text("")
+    return lambda label, records: write_trace(out / "traces" / f"{_safe(label)}.jsonl", records, mode="a")
+
+
+def write_report(report: dict, out: Path) -> None:
+    (out / "results.json").write_text(json.dumps(report, indent=2, default=_json_default))
+    (out / "results.md").write_text(format_markdown(report) + "\n")
+
+
+def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: str | Path | None = None,
+                  log: Callable[[str], None] = print) -> dict:
+    """Decode every problem with every method; returns the report (see `format_markdown`)."""
+    specs = method_specs(methods or env.cfg.bench.methods)
+    out = Path(out_dir) if out_dir else None
+    on_trace = trace_files(out, specs) if out is not None else None
+    results = warm_up(env, specs, log)
+    started = time.perf_counter()
+    run_problems(env, specs, results, log, on_trace if env.cfg.bench.trace else None)
     report = summarize(env, results)
     report["wall_s"] = time.perf_counter() - started
     if out is not None:
-        (out / "results.json").write_text(json.dumps(report, indent=2, default=_json_default))
-        (out / "results.md").write_text(format_markdown(report) + "\n")
+        write_report(report, out)
     return report
 
 

@@ -357,6 +357,40 @@ class WandbConfig:
 
 
 @dataclass
+class RayConfig:
+    address: str | None = opt(None, "Ray cluster to join: host:port of `ray start --head` (default port 6379), "
+                                    "ray://host:10001 or auto; null = start a local instance. `--ray ADDRESS` "
+                                    "overrides it")
+    replicas: int = opt(1, "engine replicas: actors that each load the target and draft and process whole "
+                           "shards (data) or a share of the problems (bench)")
+    cpus_per_replica: float = opt(1.0, "CPUs reserved per replica (also its torch threads on CPU)")
+    gpus_per_replica: float = opt(0.0, "GPUs per replica: 1 = one GPU each, 0.5 = two replicas share a GPU, "
+                                       "k > 1 = k GPUs for a tensor-parallel engine (vLLM with "
+                                       "models.vllm.tensor_parallel_size = k; transformers uses one)")
+    judge: Literal["colocated", "actors"] = opt(
+        "colocated", "data stage: where the equivalence judge runs: colocated = in every replica beside the "
+                     "models, actors = on judge_replicas actors of its own that every replica calls")
+    judge_replicas: int = opt(1, "judge actors when judge = actors")
+    judge_cpus: float = opt(1.0, "CPUs per judge actor")
+    judge_gpus: float = opt(0.0, "GPUs per judge actor (e.g. 0.25: four NLI judges share a GPU)")
+    local_cpus: int | None = opt(None, "CPUs of a local instance (null = all of this machine)")
+    max_restarts: int = opt(3, "how often Ray restarts a crashed replica; its unfinished work is redone")
+    connect_timeout_s: float = opt(10.0, "seconds to wait for a cluster address to answer before failing")
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "judge_replicas", "local_cpus"):
+            _positive(self, name)
+        for name in ("cpus_per_replica", "gpus_per_replica", "judge_cpus", "judge_gpus", "max_restarts"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"ray.{name} must be >= 0, got {getattr(self, name)}")
+        if self.gpus_per_replica > 1 and self.gpus_per_replica != int(self.gpus_per_replica):
+            raise ConfigError(f"ray.gpus_per_replica above 1 must be a whole number of GPUs, got "
+                              f"{self.gpus_per_replica}")
+        if not self.connect_timeout_s > 0:
+            raise ConfigError("ray.connect_timeout_s must be > 0")
+
+
+@dataclass
 class ExperimentConfig:
     name: str = opt("tiny", "run name; checkpoints go to <output_dir>/checkpoint")
     output_dir: str = opt("runs/tiny", "where this run writes its data, checkpoint and reports")
@@ -370,6 +404,7 @@ class ExperimentConfig:
     runtime: RuntimeConfig = section(RuntimeConfig, "decoding runtime")
     bench: BenchConfig = section(BenchConfig, "probe-bench")
     wandb: WandbConfig = section(WandbConfig, "experiment tracking")
+    ray: RayConfig = section(RayConfig, "scale-out on Ray (probe-train --stage data --ray, probe-bench --ray)")
 
     @property
     def data_dir(self) -> Path:
