@@ -38,7 +38,7 @@ from typing import Sequence
 import torch
 
 from infer.engines.base import (DEFAULT_STEP_DELIMITER, EngineInfo, EngineStats, Generation, Prefix, PrefixStep,
-                                PromptTooLongError, SamplingParams, ScoredStep, Scoring, SerialStream, Step,
+                                PromptTooLongError, SamplingParams, ScoredStep, Scoring, SerialStream,
                                 StepRequest)
 from infer.engines.token_spec import TokenSpecConfig
 from infer.engines.tokens import StepTokenizer
@@ -205,6 +205,10 @@ class VLLMStepEngine:
         return self._core.start_seconds
 
     @property
+    def lora_enabled(self) -> bool:
+        return self._core.settings.enable_lora
+
+    @property
     def token_spec(self) -> TokenSpecConfig | None:
         return self._core.token_spec
 
@@ -322,7 +326,8 @@ class VLLMStepEngine:
         from vllm import SamplingParams as VSP
 
         t0 = time.perf_counter()
-        outs, _ = self._run(prompts, [VSP(max_tokens=1, temperature=0, prompt_logprobs=0, detokenize=False)] * len(prompts))
+        once = VSP(max_tokens=1, temperature=0, prompt_logprobs=0, detokenize=False)
+        outs, _ = self._run(prompts, [once] * len(prompts))
         result = []
         for prompt, start, out in zip(prompts, starts, outs):
             table = out.prompt_logprobs  # position j: {token id: Logprob} incl. prompt[j]; None at j = 0
@@ -365,6 +370,45 @@ class VLLMStepEngine:
             out.append(ScoredStep(s, lp[offset:offset + len(s)]))
             offset += len(s)
         return Scoring(out, stats)
+
+
+class VLLMJudge:
+    """The one-token judge (`infer.judge_prompt`) on a vLLM engine: P(aligned) from the log-probabilities of the
+    two answer tokens at the answer position, optionally through a LoRA adapter (the judge-LoRA verifier;
+    the engine must be started with enable_lora)."""
+
+    def __init__(self, engine: VLLMStepEngine, adapter: str | None = None):
+        from infer.judge_prompt import answer_token_ids
+
+        if adapter is not None and not engine._core.settings.enable_lora:
+            raise ValueError(f"serving the LoRA adapter {adapter} needs a vLLM engine started with LoRA on: set "
+                             "models.vllm.enable_lora: true (and models.vllm.max_lora_rank >= the adapter's rank)")
+        self.engine, self.adapter = engine, adapter
+        self.answer_ids = list(answer_token_ids(engine.tokenizer))
+        self._lora = None
+        if adapter is not None:
+            from vllm.lora.request import LoRARequest
+
+            self._lora = LoRARequest("judge", 1 + int(hashlib.sha1(adapter.encode()).hexdigest()[:6], 16), adapter)
+
+    def probability(self, batch: Sequence[tuple[str, str, str]]) -> torch.Tensor:
+        """P(aligned) for each (context, step_a, step_b)."""
+        from vllm import SamplingParams as VSP
+        from vllm.inputs import TokensPrompt
+
+        from infer.judge_prompt import build_judge_prompt, uses_chat_template
+
+        if not batch:
+            return torch.empty(0)
+        tok = self.engine.tokenizer
+        prompts = [tok(build_judge_prompt(tok, c, a, b), add_special_tokens=not uses_chat_template(tok))["input_ids"]
+                   for c, a, b in batch]
+        params = VSP(max_tokens=1, temperature=0, logprob_token_ids=self.answer_ids, detokenize=False)
+        with self.engine._core.lock:
+            outs = self.engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                                            use_tqdm=False, lora_request=self._lora)
+        pair = torch.tensor([[out.outputs[0].logprobs[0][t].logprob for t in self.answer_ids] for out in outs])
+        return torch.softmax(pair, -1)[:, 0]
 
 
 def _sampled_logprob(completion) -> float:
