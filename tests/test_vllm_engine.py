@@ -120,7 +120,9 @@ def test_reject_all_runtime_equals_target_only(vllm_pair):
     base = decode("target", Q, target, None, None, opts)
     assert len(base.steps) == 3
     reject = build_verifier("reject_all")
-    for method, kw in (("lr_sync", {}), ("lr_async", {}), ("lr_sync", {"width": 2}), ("semanticspec", {})):
+    hot = SamplingParams(temperature=0.8, max_step_tokens=24)  # multi-branch drafting needs a sampling draft
+    for method, kw in (("lr_sync", {}), ("lr_async", {}), ("lr_sync", {"width": 2, "draft_params": hot}),
+                       ("semanticspec", {})):
         res = decode(method, Q, target, draft, reject, opts.replace(**kw))
         assert res.step_texts == base.step_texts, (method, kw)
 
@@ -178,3 +180,24 @@ def test_tiny_data_stage_on_vllm_feeds_the_train_stage(vllm_pair, tmp_path):
     assert len(ds.contexts.to_pylist()) == 2 and len(ds.samples.to_pylist()) == 2 * 2 * 4
     assert train_main(["--config", str(path), "--stage", "train"]) == 0
     assert (cfg.checkpoint_dir / "probe_target").exists() or any(cfg.checkpoint_dir.iterdir())
+
+
+def test_one_token_judge_on_vllm_matches_transformers(vllm_pair, hf_pair):
+    from infer.engines.vllm_engine import VLLMJudge
+    from infer.judge_prompt import judge_probability
+    from infer.verifiers import VLLMJudgeVerifier, build_verifier
+
+    (vt, _), (ht, _) = vllm_pair, hf_pair
+    batch = [("Tom has 3 apples.", "He buys 2 more, so he has 5.", "3 + 2 = 5 apples."),
+             ("Tom has 3 apples.", "The sky is blue.", "He has 5 apples.")]
+    got = VLLMJudge(vt).probability(batch)
+    want = judge_probability(ht.model, ht.tokenizer, batch)
+    assert got.shape == (2,) and torch_allclose(got, want, 1e-3)
+    verifier = build_verifier("llm_judge", llm_judge_engine=vt)
+    assert isinstance(verifier, VLLMJudgeVerifier)
+    with pytest.raises(ValueError, match="enable_lora"):
+        VLLMJudge(vt, "some/adapter")  # this engine was started without LoRA
+
+
+def torch_allclose(a, b, tol):
+    return bool((a - b).abs().max() <= tol)

@@ -28,6 +28,7 @@ vLLM's spec-decode metrics, read before and after each call.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -115,7 +116,8 @@ class _Core:
         kw = dict(model=folder, revision=revision, tokenizer=folder, dtype=dtype,
                   max_model_len=settings.max_model_len, tensor_parallel_size=settings.tensor_parallel_size,
                   gpu_memory_utilization=settings.gpu_memory_utilization, enforce_eager=settings.enforce_eager,
-                  enable_prefix_caching=True, seed=settings.seed, disable_log_stats=False)
+                  enable_prefix_caching=True, seed=settings.seed,
+                  disable_log_stats=token_spec is None)  # the speculation counters come from its stats
         kv = settings.kv_cache_gib
         if kv is None and _on_cpu():
             kv = 1.0  # the CPU default reserves a fraction of all RAM and refuses to start when it is in use
@@ -274,7 +276,7 @@ class VLLMStepEngine:
             ids = self.prefix_ids(req.prefix)
             self._check_length(len(ids) + req.cap(params), "the prompt plus one step")
             seed = req.seed if req.seed is not None else params.seed
-            for k in range(req.n):
+            for k in range(1 if params.temperature == 0 else req.n):  # greedy samples are all the same
                 pending.append((i, k, ids, [], 0.0, None if seed is None else sample_seed(seed, k)))
         stats = EngineStats()
         longest = 0
@@ -299,6 +301,8 @@ class VLLMStepEngine:
                 else:
                     steps[i][k] = step
             pending = still
+        if params.temperature == 0:
+            steps = [[dataclasses.replace(row[0], token_ids=list(row[0].token_ids)) for _ in row] for row in steps]
         stats.generated_tokens = sum(s.num_tokens for row in steps for s in row)
         # an estimate (vLLM reports no per-call iteration count): one prefill plus one iteration per token of
         # the longest sample; with token speculation the real count is lower
