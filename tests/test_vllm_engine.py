@@ -11,6 +11,8 @@ import pytest
 from infer.engines import Prefix, SamplingParams, StepRequest
 from infer.engines.vllm_engine import INSTALL_HINT, VLLMSettings, sample_seed, vllm_available
 
+from _margins import assert_same_greedy
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 SMOL = "offline:smollm2-135m-instruct"
@@ -45,19 +47,30 @@ def one_step(engine, prefix, params=GREEDY):
     return engine.generate([StepRequest(prefix)], params).steps[0][0]
 
 
+def ids_of(result):
+    return [t for s in result.steps for t in s.token_ids]
+
+
 def test_greedy_steps_equal_the_transformers_engine(vllm_pair, hf_pair):
     (vt, vd), (ht, hd) = vllm_pair, hf_pair
     assert vt.info.tokenizer_id == ht.info.tokenizer_id  # steps of one are ids to the other
     assert (vt.info.num_layers, vt.info.hidden_size) == (ht.info.num_layers, ht.info.hidden_size)
+    whole = 0
     for engine_v, engine_h in ((vt, ht), (vd, hd)):
         prefixes = [Prefix(q) for q in QUESTIONS]
-        got = engine_v.generate([StepRequest(p) for p in prefixes], GREEDY)
+        got = engine_v.generate([StepRequest(p, n=2) for p in prefixes], GREEDY)
         want = engine_h.generate([StepRequest(p) for p in prefixes], GREEDY)
-        assert [s[0].text for s in got.steps] == [s[0].text for s in want.steps]
-        assert [s[0].stop_reason for s in got.steps] == [s[0].stop_reason for s in want.steps]
-        for gv, gh in zip(got.steps, want.steps):
-            assert gv[0].logprob == pytest.approx(gh[0].logprob, abs=1e-3)
-        assert got.stats.generated_tokens == sum(s[0].num_tokens for s in got.steps) > 0
+        assert got.stats.generated_tokens == sum(s.num_tokens for row in got.steps for s in row) > 0
+        for prefix, gv, gh in zip(prefixes, got.steps, want.steps):
+            assert gv[0].token_ids == gv[1].token_ids  # greedy samples of one request are the same
+            # the engines' kernels round differently: compare up to the first near-tie of the reference
+            n = assert_same_greedy(ht.model, engine_h.prefix_ids(prefix), gv[0].token_ids, gh[0].token_ids,
+                                   at_least=5)
+            if n == gh[0].num_tokens:
+                whole += 1
+                assert (gv[0].text, gv[0].stop_reason) == (gh[0].text, gh[0].stop_reason)
+                assert gv[0].logprob == pytest.approx(gh[0].logprob, abs=1e-3)
+    assert whole >= 2  # most of the 4 steps have no near-tie, so whole texts were compared
 
 
 def test_scored_logprobs_agree_with_the_transformers_engine(vllm_pair, hf_pair):
@@ -111,7 +124,7 @@ def test_seeded_sampling_reproduces_and_seeds_matter(vllm_pair):
     assert sample_seed(1, 1) != sample_seed(2, 0)  # vLLM's own n > 1 would give both seed 2
 
 
-def test_reject_all_runtime_equals_target_only(vllm_pair):
+def test_reject_all_runtime_equals_target_only(vllm_pair, hf_pair):
     from infer.decoding import DecodeOptions, decode
     from infer.verifiers import build_verifier
 
@@ -121,13 +134,15 @@ def test_reject_all_runtime_equals_target_only(vllm_pair):
     assert len(base.steps) == 3
     reject = build_verifier("reject_all")
     hot = SamplingParams(temperature=0.8, max_step_tokens=24)  # multi-branch drafting needs a sampling draft
+    prompt = target.prefix_ids(Prefix(Q))
     for method, kw in (("lr_sync", {}), ("lr_async", {}), ("lr_sync", {"width": 2, "draft_params": hot}),
                        ("semanticspec", {})):
         res = decode(method, Q, target, draft, reject, opts.replace(**kw))
-        assert res.step_texts == base.step_texts, (method, kw)
+        assert [s.source for s in res.steps] == ["target"] * len(res.steps)
+        assert_same_greedy(hf_pair[0].model, prompt, ids_of(res), ids_of(base), at_least=20)
 
 
-def test_accept_all_sync_is_the_draft_chain_then_the_target_step(vllm_pair):
+def test_accept_all_sync_is_the_draft_chain_then_the_target_step(vllm_pair, hf_pair):
     from infer.decoding import DecodeOptions, decode
     from infer.verifiers import build_verifier
 
@@ -139,8 +154,16 @@ def test_accept_all_sync_is_the_draft_chain_then_the_target_step(vllm_pair):
     assert one_step(target, Prefix(Q)).text != d0.text  # the two chains differ
     opts = DecodeOptions(gamma=2, max_steps=3, max_new_tokens=200, target_params=GREEDY)
     res = decode("lr_sync", Q, target, draft, build_verifier("accept_all"), opts)
-    assert res.step_texts == [d0.text, d1.text, s2.text]
     assert [s.source for s in res.steps] == ["draft", "draft", "target"]
+    assert res.stats.acceptance_by_position == [1.0, 1.0] and res.stats.cycles == 1
+    # the batched LR pass against each step decoded alone, up to the first near-tie
+    model = hf_pair[0].model
+    for got, want, prompt in ((res.steps[0], d0, draft.prefix_ids(Prefix(Q))),
+                              (res.steps[1], d1, draft.prefix_ids(Prefix(Q, (d0,)))),
+                              (res.steps[2], s2, target.prefix_ids(Prefix(Q, (d0, d1))))):
+        n = assert_same_greedy(model, prompt, got.token_ids, want.token_ids)
+        if n < len(want.token_ids):
+            break
 
 
 def test_speculation_is_fixed_at_start(vllm_pair):
@@ -177,9 +200,10 @@ def test_tiny_data_stage_on_vllm_feeds_the_train_stage(vllm_pair, tmp_path):
     result = generate_dataset(cfg, engines=(target, draft), judge=judge, progress=False)
     assert result.complete
     ds = open_dataset(result.data_dir)
-    assert len(ds.contexts.to_pylist()) == 2 and len(ds.samples.to_pylist()) == 2 * 2 * 4
+    assert ds.contexts.num_rows == 2 and 0 < ds.samples.num_rows <= 2 * 2 * 4  # empty steps are dropped
+    assert ds.manifest["engines"]["target"]["name"] == SMOL
     assert train_main(["--config", str(path), "--stage", "train"]) == 0
-    assert (cfg.checkpoint_dir / "probe_target").exists() or any(cfg.checkpoint_dir.iterdir())
+    assert (cfg.checkpoint_dir / "metrics.json").is_file()
 
 
 def test_one_token_judge_on_vllm_matches_transformers(vllm_pair, hf_pair):
