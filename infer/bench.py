@@ -30,7 +30,7 @@ from infer.answers import extract_boxed, grade, strip_thousands_separators
 from infer.config import ConfigError, ExperimentConfig, SourceConfig, to_dict
 from infer.decoding import METHODS, DecodeOptions, RunStats, decode, fast_thread_switching, write_trace
 from infer.decoding.analytic import predict, token_level_factor
-from infer.engines import build_engine, sampling_params
+from infer.engines import build_engine_pair, sampling_params
 from infer.engines.token_spec import TokenSpecConfig
 from infer.verifiers import VERIFIER_KINDS, build_verifier
 
@@ -215,12 +215,8 @@ def prepare(cfg: ExperimentConfig, *, checkpoint: str | None = None, verifier: s
     else:
         models = cfg.models
         names = (cfg.bench.system_target, cfg.bench.system_draft) if system else (models.target, models.draft)
-        target = build_engine(names[0], models, stop_at_eos=not system)
-        if names[1] == names[0]:
-            draft = build_engine(names[1], models, model=target.model, tokenizer=target.tokenizer,
-                                 stop_at_eos=not system)
-        else:
-            draft = build_engine(names[1], models, stop_at_eos=not system)
+        target, draft = build_engine_pair(models, names, token_spec=start_token_spec(cfg.runtime),
+                                          stop_at_eos=not system)
     kind = "bernoulli" if system else (verifier or cfg.runtime.verifier)
     if kind not in VERIFIER_KINDS:
         raise ConfigError(f"unknown verifier {kind!r}; choose one of {', '.join(VERIFIER_KINDS)}")
@@ -250,6 +246,11 @@ class MethodResult:
 def _method_options(env: BenchEnv, spec: MethodSpec) -> DecodeOptions:
     ov = {k: v for k, v in spec.overrides.items() if k in ("gamma", "width", "max_steps", "max_new_tokens", "seed")}
     return env.opts.replace(**ov) if ov else env.opts
+
+
+def start_token_spec(rt) -> TokenSpecConfig | None:
+    """Token speculation an engine must be started with (vLLM fixes it at start): runtime.token_spec ngram."""
+    return TokenSpecConfig("ngram", rt.num_speculative_tokens, rt.ngram_size) if rt.token_spec == "ngram" else None
 
 
 def _set_token_spec(env: BenchEnv, spec: MethodSpec) -> None:

@@ -36,6 +36,34 @@ def section(cls: type, help: str) -> Any:
 
 # ----------------------------------------------------------------------------- sections
 @dataclass
+class VLLMConfig:
+    """Engine-start settings of models served by vLLM (`models.engine: vllm`)."""
+
+    max_model_len: int = opt(4096, "context window vLLM reserves per sequence (prompt + step), in tokens")
+    tensor_parallel_size: int = opt(1, "GPUs one model is split over")
+    gpu_memory_utilization: float = opt(0.45, "fraction of GPU memory each vLLM engine takes; draft and target on "
+                                              "one GPU must sum to < 1 (CPU build: ignored when kv_cache_gib is set)")
+    kv_cache_gib: float | None = opt(None, "explicit KV-cache size in GiB (default: vLLM's on GPU, 1 GiB on CPU)")
+    enforce_eager: bool = opt(False, "skip CUDA-graph / torch.compile capture: starts faster, decodes slower")
+    block_size: int | None = opt(None, "KV-cache block size in tokens (default: vLLM's); prefix-cache hits come in "
+                                       "whole blocks, so short prompts need small blocks")
+    enable_lora: bool = opt(False, "let the engine serve LoRA adapters (the judge-LoRA verifier on the target)")
+    max_lora_rank: int = opt(16, "largest LoRA rank served when enable_lora is on")
+    hidden_states: Literal["transformers", "vllm"] = opt(
+        "transformers", "where hidden states (probe features) come from: a transformers engine on the same weights "
+                        "(built on first use; a second copy of the weights), or vllm (not implemented: needs a GPU "
+                        "to test extract_hidden_states)")
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "tensor_parallel_size", "max_lora_rank", "block_size"):
+            _positive(self, name)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"models.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
+            raise ConfigError(f"models.vllm.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+
+
+@dataclass
 class ModelsConfig:
     target: str = opt("offline:smollm2-135m-instruct",
                       "target model (large, p): hub id, local folder, .gguf file, offline:<name> or random:<size>")
@@ -47,9 +75,19 @@ class ModelsConfig:
     use_chat_template: bool = opt(True, "wrap questions in each model's own chat template")
     system_prompt: str | None = opt(None, "optional system message for both models")
     max_batch_rows: int = opt(32, "most sequences decoded or scored in one batch")
+    engine: Literal["hf", "vllm"] = opt("hf", "step engine of the target (and of the draft unless draft_engine is "
+                                              "set): hf (transformers) or vllm (pip install -e \".[vllm]\")")
+    draft_engine: Literal["hf", "vllm"] | None = opt(None, "step engine of the draft (default: models.engine)")
+    vllm: VLLMConfig = section(VLLMConfig, "settings of the models served by vLLM")
 
     def __post_init__(self) -> None:
         _positive(self, "max_batch_rows")
+
+    def engine_of(self, role: str) -> str:
+        """The engine kind ("hf" / "vllm") of the "target" or "draft" model."""
+        if role == "draft" and self.draft_engine is not None:
+            return self.draft_engine
+        return self.engine
 
     def resolved_device(self) -> str | None:
         return None if self.device == "auto" else self.device

@@ -221,6 +221,26 @@ class JudgeVerifier(Verifier):
         return {"name": self.name, "model": self.model_id, "threshold": self.threshold}
 
 
+class VLLMJudgeVerifier(JudgeVerifier):
+    """The same one-token judge served by a vLLM engine (`infer.engines.vllm_engine.VLLMJudge`), with the
+    judge-LoRA adapter applied per request through vLLM's LoRA support when one is given."""
+
+    def __init__(self, judge, threshold: float = 0.5, name: str = "llm_judge", model_id: str | None = None):
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"judge threshold must be in [0, 1], got {threshold}")
+        self.judge, self.model, self.tokenizer = judge, None, judge.engine.tokenizer
+        self.threshold, self.name, self.batch_size, self.model_id = float(threshold), name, 0, model_id
+
+    def _score(self, items):
+        probs = self.judge.probability([(it.context.text(), it.target, it.draft) for it in items]).tolist()
+        return [(p, float(p >= self.threshold), {}) for p in probs]
+
+
+def _is_vllm(engine) -> bool:
+    info = getattr(engine, "info", None)
+    return info is not None and info.extra.get("engine") == "vllm"
+
+
 # ----------------------------------------------------------------------------- probe pair
 class ProbePairVerifier(Verifier):
     """SemanticSpec: p = target probe on the target's hidden states of the draft step, q = draft probe on
@@ -326,23 +346,33 @@ def load_embedding_threshold(path: str | Path, *, device: str | None = None, emb
 
 
 def load_judge_lora(path: str | Path, *, device: str | None = None, threshold: float | None = None,
-                    cache_dir: str | None = None) -> JudgeVerifier:
+                    cache_dir: str | None = None, vllm_engine=None) -> JudgeVerifier:
+    """The judge-LoRA verifier of a checkpoint: PEFT on transformers, or, with `vllm_engine` (a vLLM engine on
+    the adapter's base model, started with enable_lora), the adapter served by vLLM."""
     from peft import PeftModel
 
     from infer.judge_prompt import PROMPT_VERSION, answer_token_ids
-    from infer.models import load_model
+    from infer.models import describe_source, load_model
 
     entry = ckpt.read_judge(path)
     if entry.prompt_version is not None and entry.prompt_version != PROMPT_VERSION:
         raise CheckpointError(f"the judge adapter was trained with judge prompt version {entry.prompt_version}, "
                               f"this runtime builds version {PROMPT_VERSION}; retrain the judge or use a matching "
                               "specprobe")
+    thr = entry.threshold if threshold is None else threshold
+    if vllm_engine is not None:
+        from infer.engines.vllm_engine import VLLMJudge
+
+        if describe_source(entry.base_model) != vllm_engine.info.model_id:
+            raise CheckpointError(f"the judge adapter's base model is {entry.base_model}, but the vLLM engine serves "
+                                  f"{vllm_engine.info.model_id}; LoRA adapters only apply to their own base model")
+        return VLLMJudgeVerifier(VLLMJudge(vllm_engine, str(entry.adapter_dir)), thr, name="judge",
+                                 model_id=f"{entry.base_model} + LoRA {entry.adapter_dir} (vLLM)")
     model, tok = load_model(entry.base_model, device=device, cache_dir=cache_dir)
     model = PeftModel.from_pretrained(model, str(entry.adapter_dir)).eval()
     if entry.answer_tokens is not None and entry.answer_tokens != tuple(answer_token_ids(tok)):
         raise CheckpointError(f"judge.json records answer tokens {list(entry.answer_tokens)}, but the base tokenizer "
                               f"gives {list(answer_token_ids(tok))}: the adapter was trained with another tokenizer")
-    thr = entry.threshold if threshold is None else threshold
     return JudgeVerifier(model, tok, thr, name="judge", model_id=f"{entry.base_model} + LoRA {entry.adapter_dir}")
 
 
@@ -382,7 +412,9 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
         if kind == "embedding":
             verifier = load_embedding_threshold(checkpoint, device=device)
         else:
-            verifier = load_judge_lora(checkpoint, device=device)
+            # a vLLM target started with LoRA on serves the adapter itself (when it is the adapter's base)
+            lora_engine = target_engine if _is_vllm(target_engine) and target_engine.lora_enabled else None
+            verifier = load_judge_lora(checkpoint, device=device, vllm_engine=lora_engine)
         if threshold is not None:
             verifier.threshold = float(threshold)
         return verifier
@@ -395,6 +427,11 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
     if kind == "exact":
         return ExactMatch()
     # llm_judge
+    if _is_vllm(llm_judge_engine):
+        from infer.engines.vllm_engine import VLLMJudge
+
+        return VLLMJudgeVerifier(VLLMJudge(llm_judge_engine), 0.5 if threshold is None else threshold,
+                                 name="llm_judge", model_id=llm_judge_engine.model_name)
     if llm_judge_engine is not None:
         model, tok, name = llm_judge_engine.model, llm_judge_engine.tokenizer, llm_judge_engine.model_name
     else:
