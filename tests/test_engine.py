@@ -195,7 +195,7 @@ def test_engine_modules_import_one_way():
         deps = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         deps |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         graph[f"infer.engines.{path.stem}"] = {d for d in deps if d.startswith("infer.engines.")}
-    seen, done = set(), set()
+    done = set()
 
     def visit(mod, stack):
         assert mod not in stack, f"import cycle: {' -> '.join(stack + [mod])}"
