@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from infer.engines.base import (EngineInfo, EngineStats, Generation, Prefix, PromptTooLongError, SamplingParams,
-                                ScoredStep, Scoring, SerialStream, Step, StepRequest)
+                                ScoredStep, Scoring, SerialStream, StepRequest)
 from infer.engines.tokens import StepTokenizer
 
 WORDS = [" one", " two", " plus", " is", " so", "."]

@@ -6,8 +6,8 @@ draw for the draft at the position after P uses `seed_for(seed, "accept", P, bra
 reproducible from one seed whatever the thread timing (async), and two methods that reach the same
 prefix make the same target step there: with reject-all every method asks the target for exactly the
 steps target-only asks for (same prefix token ids, same seed), under sampling as well as greedy. The
-outputs are then equal up to the floating-point differences of batched kernels (see
-`infer.engines.hf_kv`).
+outputs are then equal up to the floating-point differences of an engine's batched kernels (exactly
+equal on an engine whose rows do not depend on their batch; tests/test_runtime_toy.py).
 
 Limits. A step is cut at min(max_step_tokens, tokens left), so no output exceeds max_new_tokens
 (counted in target tokens); after max_steps steps the generation stops. The stop reason is "eos",

@@ -358,7 +358,7 @@ class _AsyncRun:
 
     # ---------------------------------------------------------------- commit loop (main thread)
     def run(self) -> None:
-        st, verifier = self.state, self.verifier
+        st = self.state
         while not st.done:
             with self.cond:
                 n = len(st.steps)

@@ -21,8 +21,10 @@ encoded) followed by each step's ids in order.
 
 Results carry their own counters (`EngineStats`): callers add them up; nothing is read from a shared
 dict. Seeds: a request's `seed` makes its n samples reproducible whatever else is in the batch (an
-engine derives one generator per sample from it). Threads: one engine is driven by one thread at a time;
-two engines (draft, target) may run concurrently in two threads.
+engine derives one generator per sample from it). Threads: async Lookahead Reasoning drives the draft and
+the target engine from two threads at once, and scores probe features on either from a third; an engine
+must therefore serialise its own model calls (a lock around them is enough). A `StepStream` is driven by
+one thread.
 
 A new engine (e.g. vLLM) implements `StepEngine`; `infer.engines.tokens.StepTokenizer` gives it the
 chat template, prefix ids and the step stop rule for any Hugging Face tokenizer, and `SerialStream`

@@ -36,7 +36,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
