@@ -1,12 +1,38 @@
-"""The step-engine interface: what every backend (transformers now, vLLM later) provides.
+"""The step-engine interface: everything a caller may use of an engine, and all an engine author needs.
 
-Callers only ever see these types. Steps travel between models as text, so draft and target may
-use different tokenizers; token ids in a result belong to the engine that produced it.
+Every caller (the decoding runtime in `infer.decoding`, the data pipeline, the verifiers, the benchmarks)
+uses only what this module defines. An engine is one model behind four calls:
+
+    generate(requests, params) -> Generation   n one-step continuations per request (batched)
+    open_stream(params)        -> StepStream   the same, with requests added while it runs (async LR)
+    score(prefix, steps)       -> Scoring      teacher-forced log-probabilities / pooled hidden states
+    score_chain(prefix, steps) -> Scoring      the same for steps[0] ⊕ steps[1] ⊕ ... in one pass
+
+plus `info`, `format_prefix` (text view), `check_fits` (capacity) and `count_tokens`.
+
+Prefixes. A `Prefix` is the question plus the steps written so far. A step is either a `str` (a given
+reference step, e.g. from a dataset: the engine follows it by the delimiter unless it ends with one) or
+a generated `Step`, used exactly as it was generated: when the step carries token ids of this engine's
+tokenizer (`Step.tokenizer_id == engine.info.tokenizer_id`) the engine conditions on those ids, so a
+committed step is never re-tokenised and prefix/KV reuse is exact; otherwise it encodes the step's text
+as is (no delimiter added: a step cut by the token cap is continued mid-sentence, as it was written).
+The token ids an engine builds for a prefix are: the chat-formatted question (`format_prefix(question)`
+encoded) followed by each step's ids in order.
+
+Results carry their own counters (`EngineStats`): callers add them up; nothing is read from a shared
+dict. Seeds: a request's `seed` makes its n samples reproducible whatever else is in the batch (an
+engine derives one generator per sample from it). Threads: one engine is driven by one thread at a time;
+two engines (draft, target) may run concurrently in two threads.
+
+A new engine (e.g. vLLM) implements `StepEngine`; `infer.engines.tokens.StepTokenizer` gives it the
+chat template, prefix ids and the step stop rule for any Hugging Face tokenizer, and `SerialStream`
+gives it a `StepStream` on top of `generate` when it has no continuous batching of its own.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal, Protocol, Sequence, runtime_checkable
+import time
+from dataclasses import dataclass, field, fields
+from typing import Hashable, Literal, Protocol, Sequence, Union, runtime_checkable
 
 import torch
 
@@ -14,10 +40,14 @@ StopReason = Literal["delimiter", "eos", "length"]
 DEFAULT_STEP_DELIMITER = "\n\n"
 
 
+class PromptTooLongError(ValueError):
+    """A prompt (plus the tokens asked for after it) does not fit the model's context window."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one step is sampled. Defaults follow Lookahead Reasoning (temperature 0.6, top-p 0.95,
-    100 tokens per step). temperature == 0 means greedy."""
+    """How steps are sampled. Defaults follow Lookahead Reasoning (temperature 0.6, top-p 0.95, 100 tokens
+    per step). temperature == 0 means greedy. `seed` is the default seed of requests that give none."""
 
     temperature: float = 0.6
     top_p: float = 0.95
@@ -38,28 +68,142 @@ class SamplingParams:
 
 @dataclass
 class Step:
-    """One generated step. `text` includes the delimiter when stop_reason == "delimiter"."""
+    """One generated step.
+
+    text: the decoded `token_ids` (without a final EOS token). A step that stopped on the delimiter
+      contains it after some non-whitespace text and ends with it (a final token may add whitespace
+      after it, e.g. one "\\n\\n\\n" token); a "length" step is cut wherever the cap fell.
+    token_ids: every token sampled, in the tokenizer named by `tokenizer_id` (EOS included when
+      stop_reason == "eos").
+    stop_reason: "delimiter" | "eos" | "length" (hit the request's token cap).
+    logprob: sum of the sampled tokens' log-probabilities under the model's unmodified distribution.
+    """
 
     text: str
     token_ids: list[int]
     stop_reason: StopReason
-    logprob: float  # sum of the sampled tokens' log-probabilities (under the unmodified distribution)
+    logprob: float
+    tokenizer_id: str = ""  # `EngineInfo.tokenizer_id` of the engine that wrote token_ids
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
 
+PrefixStep = Union[str, Step]
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """What a model conditions on: a question (the engine applies its chat template) and the steps so far.
+
+    A `str` step is a given reference step (followed by the delimiter unless it ends with one); a `Step`
+    is used as generated (its token ids when they are in this engine's tokenizer). See the module doc.
+    """
+
+    question: str
+    steps: tuple[PrefixStep, ...] = ()
+    delimiter: str = DEFAULT_STEP_DELIMITER
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.question, str) or not self.question.strip():
+            raise ValueError("empty prompt: the question text is empty")
+        object.__setattr__(self, "steps", tuple(self.steps))
+        bad = [i for i, s in enumerate(self.steps) if not isinstance(s, (str, Step))]
+        if bad:
+            raise TypeError(f"Prefix steps {bad} are neither str nor Step")
+
+    def extend(self, *steps: PrefixStep) -> "Prefix":
+        """This prefix followed by more steps."""
+        return Prefix(self.question, self.steps + tuple(steps), self.delimiter)
+
+    def step_texts(self) -> list[str]:
+        """The steps as text, each as it appears in the prefix (given steps with their delimiter)."""
+        return [s.text if isinstance(s, Step) else with_delimiter(s, self.delimiter) for s in self.steps]
+
+
+def with_delimiter(text: str, delimiter: str) -> str:
+    """A given (reference) step as it appears in a prefix: followed by the delimiter."""
+    return text if text.endswith(delimiter) else text + delimiter
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """n one-step continuations of one prefix.
+
+    seed: makes the n samples reproducible whatever else shares the batch (None: params.seed; when that
+      is None too, unseeded). max_tokens: this request's token cap (None: params.max_step_tokens; larger
+      values are clipped to it).
+    """
+
+    prefix: Prefix
+    n: int = 1
+    seed: int | None = None
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prefix, Prefix):
+            raise TypeError(f"StepRequest.prefix must be a Prefix, got {type(self.prefix).__name__}")
+        if self.n < 1:
+            raise ValueError(f"StepRequest.n must be >= 1, got {self.n}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"StepRequest.max_tokens must be >= 1, got {self.max_tokens}")
+
+    def cap(self, params: SamplingParams) -> int:
+        return params.max_step_tokens if self.max_tokens is None else min(self.max_tokens, params.max_step_tokens)
+
+
+@dataclass
+class EngineStats:
+    """Work done by one engine call, returned with its result. Add them with `+` / `+=`.
+
+    forward_passes: model calls; iterations: decoding iterations (one forward of a batch, however many
+    rows); row_iterations: sum over those of the rows in them; prefill_tokens: prompt / teacher-forced
+    tokens run through the model; reused_prefix_tokens: prompt tokens served from a cache instead;
+    decode_tokens: tokens fed during decoding; generated_tokens: tokens in the returned steps;
+    spec_*: token-level speculation inside steps (rounds with a proposal, tokens proposed / accepted);
+    seconds: wall time of the call.
+    """
+
+    forward_passes: int = 0
+    iterations: int = 0
+    row_iterations: int = 0
+    prefill_tokens: int = 0
+    reused_prefix_tokens: int = 0
+    decode_tokens: int = 0
+    generated_tokens: int = 0
+    spec_rounds: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    seconds: float = 0.0
+
+    def __add__(self, other: "EngineStats") -> "EngineStats":
+        return EngineStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class Generation:
+    """Result of `generate`: steps[i][k] is sample k of request i."""
+
+    steps: list[list[Step]]
+    stats: EngineStats
+
+
 @dataclass
 class ScoredStep:
     """Teacher-forced view of one given step after a prefix.
 
-    mean_hidden / last_hidden: (num_layers + 1, hidden) float32 on CPU; index 0 is the embedding
-    output, index L the final layer (after the final norm, as transformers reports it).
+    token_ids: the step's tokens (the engine's tokenizer); token_logprobs: (num_tokens,) log p of each.
+    mean_hidden / last_hidden: (len(layers), hidden) float32 on CPU, mean over the step's tokens and at
+    its last token; layer index 0 is the embedding output, num_layers the final layer (after the final
+    norm, as transformers reports it). None when hidden states were not asked for.
     """
 
     token_ids: list[int]
-    token_logprobs: torch.Tensor  # (num_tokens,)
+    token_logprobs: torch.Tensor
     mean_hidden: torch.Tensor | None = None
     last_hidden: torch.Tensor | None = None
 
@@ -73,50 +217,139 @@ class ScoredStep:
 
 
 @dataclass
+class Scoring:
+    """Result of `score` / `score_chain`: one ScoredStep per given step."""
+
+    steps: list[ScoredStep]
+    stats: EngineStats
+
+
+@dataclass
 class EngineInfo:
-    """What a checkpoint records about the model whose hidden states it was trained on."""
+    """What a checkpoint records about a model, and what callers may rely on.
+
+    tokenizer_id: equal for two engines exactly when their token ids are interchangeable (same
+    vocabulary), so a Step of one can be fed to the other as ids. max_length: the context window in
+    tokens (None: unknown / unlimited).
+    """
 
     model_id: str
     revision: str | None
     num_layers: int
     hidden_size: int
     vocab_size: int
+    tokenizer_id: str = ""
+    max_length: int | None = None
     extra: dict = field(default_factory=dict)
 
 
 @runtime_checkable
-class StepEngine(Protocol):
-    """One model behind a step-level API.
+class StepStream(Protocol):
+    """Continuous batching: requests join while others decode (async Lookahead Reasoning).
 
-    `prompt` arguments are raw user questions; the engine applies its own chat template.
-    `prefix` = chat-formatted prompt + the steps so far (as text), built by `format_prefix`.
+    Each request yields exactly one Step (n == 1). Driven by one thread; `take_stats` returns the
+    work done since its last call (and resets it).
     """
+
+    def add(self, requests: Sequence[tuple[Hashable, StepRequest]]) -> list[tuple[Hashable, Step]]:
+        """Add keyed requests (n must be 1; keys unique among live ones); returns any finished at once."""
+        ...
+
+    def step(self) -> list[tuple[Hashable, Step]]:
+        """Advance every live request by one decoding iteration; returns those that finished."""
+        ...
+
+    def cancel(self, keys: Sequence[Hashable]) -> None:
+        """Drop live requests; their results are never produced."""
+        ...
+
+    def __len__(self) -> int:
+        """Number of live requests."""
+        ...
+
+    def take_stats(self) -> EngineStats:
+        ...
+
+
+@runtime_checkable
+class StepEngine(Protocol):
+    """One model behind the step-level API (see the module doc for prefixes, seeds and stats)."""
 
     info: EngineInfo
 
-    def format_prefix(self, question: str, steps: Sequence[str] = ()) -> str:
-        """The text the model conditions on: chat template applied to `question`, then the steps."""
+    def format_prefix(self, question: str, steps: Sequence[PrefixStep] = (),
+                      delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
+        """The prefix as text (chat template applied to the question, then the steps as in
+        `Prefix.step_texts`). For display and datasets; engines condition on token ids (see Prefix)."""
         ...
 
-    def sample(
-        self, prefixes: Sequence[str], n: int, params: SamplingParams
-    ) -> list[list[Step]]:
-        """n one-step continuations for each prefix; result[i][k] is sample k of prefix i."""
+    def check_fits(self, prefix: Prefix, extra_tokens: int = 0) -> None:
+        """Raise PromptTooLongError when the prefix plus `extra_tokens` exceeds `info.max_length`."""
         ...
 
-    def score(
-        self,
-        prefix: str,
-        steps: Sequence[str],
-        *,
-        hidden: bool = True,
-        layers: Sequence[int] | None = None,
-    ) -> list[ScoredStep]:
-        """Teacher-force each step after `prefix` (independently, sharing the prefix's encoding)."""
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text` as a step (no special tokens) in this engine's tokenizer."""
         ...
 
-    def score_chain(
-        self, prefix: str, steps: Sequence[str], *, hidden: bool = True, layers: Sequence[int] | None = None
-    ) -> list[ScoredStep]:
-        """Teacher-force steps[0] ⊕ steps[1] ⊕ ... after `prefix` in one pass (SemanticSpec step 2)."""
+    def generate(self, requests: Sequence[StepRequest], params: SamplingParams) -> Generation:
+        """One step per sample for every request, decoded together. A step ends after the first
+        `params.delimiter` that follows non-whitespace text, at EOS, or at the request's token cap.
+        Greedy (temperature 0) samples of one request are identical. Raises PromptTooLongError."""
         ...
+
+    def open_stream(self, params: SamplingParams) -> StepStream:
+        """An empty StepStream on this engine."""
+        ...
+
+    def score(self, prefix: Prefix, steps: Sequence[str], *, hidden: bool = True,
+              layers: Sequence[int] | None = None) -> Scoring:
+        """Teacher-force each step (text, encoded as is) after `prefix`, independently. layers: which
+        hidden-state layers to pool (negative counts from the end; None: all num_layers + 1)."""
+        ...
+
+    def score_chain(self, prefix: Prefix, steps: Sequence[str], *, hidden: bool = True,
+                    layers: Sequence[int] | None = None) -> Scoring:
+        """Teacher-force steps[0] ⊕ steps[1] ⊕ ... after `prefix` in one pass; result i is step i
+        conditioned on the steps before it (SemanticSpec's single target pass)."""
+        ...
+
+
+class SerialStream:
+    """A StepStream for engines without continuous batching: `step` runs the pending requests to the
+    end with one `generate` call. Results are the same as from `generate`; only the overlap is lost."""
+
+    def __init__(self, engine: StepEngine, params: SamplingParams):
+        self.engine, self.params = engine, params
+        self._pending: dict[Hashable, StepRequest] = {}
+        self._stats = EngineStats()
+
+    def add(self, requests: Sequence[tuple[Hashable, StepRequest]]) -> list[tuple[Hashable, Step]]:
+        for key, req in requests:
+            if req.n != 1:
+                raise ValueError(f"stream request {key!r}: n must be 1, got {req.n}")
+            if key in self._pending:
+                raise ValueError(f"stream request key {key!r} is already live")
+            self._pending[key] = req
+        return []
+
+    def step(self) -> list[tuple[Hashable, Step]]:
+        if not self._pending:
+            return []
+        keys, reqs = list(self._pending), list(self._pending.values())
+        self._pending.clear()
+        t0 = time.perf_counter()
+        out = self.engine.generate(reqs, self.params)
+        out.stats.seconds = time.perf_counter() - t0
+        self._stats += out.stats
+        return [(k, s[0]) for k, s in zip(keys, out.steps)]
+
+    def cancel(self, keys: Sequence[Hashable]) -> None:
+        for k in keys:
+            self._pending.pop(k, None)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def take_stats(self) -> EngineStats:
+        stats, self._stats = self._stats, EngineStats()
+        return stats

@@ -21,15 +21,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from infer.engines.base import EngineInfo, SamplingParams, ScoredStep, Step
+from infer.engines.base import EngineInfo, PromptTooLongError, SamplingParams, ScoredStep, Step
 from infer.engines.token_spec import AssistantProposer, NgramProposer, TokenSpecConfig
 from infer.models import describe_source, load_model
 
 log = logging.getLogger(__name__)
-
-
-class PromptTooLongError(ValueError):
-    """A prompt does not fit the model's context window."""
 
 
 def _clone_cache(cache):
