@@ -77,19 +77,20 @@ def bench_probes(cfg, info, repeats: int) -> dict:
 
 
 def bench_target_step(cfg, engine, repeats: int) -> dict:
-    from infer.engines import SamplingParams
+    from infer.engines import Prefix, SamplingParams, StepRequest
 
-    prefix = engine.format_prefix(QUESTION, STEPS)
+    prefix = Prefix(QUESTION, tuple(STEPS))
     params = dict(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
                   max_step_tokens=cfg.sampling.max_step_tokens)
     tokens, times = [], []
     for r in range(repeats):
         engine.clear_prefix_cache()
         start = time.perf_counter()
-        step = engine.sample([prefix], 1, SamplingParams(seed=r, **params))[0][0]
+        step = engine.generate([StepRequest(prefix)], SamplingParams(seed=r, **params)).steps[0][0]
         times.append(time.perf_counter() - start)
         tokens.append(step.num_tokens)
-    drafts = [s.text for s in engine.sample([prefix], 8, SamplingParams(seed=99, **params))[0] if s.text.strip()]
+    drafts = [s.text for s in engine.generate([StepRequest(prefix, 8)], SamplingParams(seed=99, **params)).steps[0]
+              if s.text.strip()]
     layers = layers_from_option(cfg.probe.features, engine.info.num_layers)
     score = median_seconds(lambda: engine.score(prefix, drafts, hidden=True, layers=layers), max(1, repeats // 2), 1)
     return {"model": cfg.models.target, "step_seconds": statistics.median(times),

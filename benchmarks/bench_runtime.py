@@ -31,22 +31,22 @@ sys.path.insert(0, str(ROOT))
 
 from infer import bench  # noqa: E402
 from infer.config import load_config  # noqa: E402
-from infer.engines import HFStepEngine, SamplingParams  # noqa: E402
+from infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest  # noqa: E402
 
 
 def batch_cost(engine: HFStepEngine, question: str, ks: list[int], tokens: int = 12, repeats: int = 3) -> dict:
     """b(k): time of one step decoded for k rows (each after a different prefix, as in an LR batch) over
     the time for one row. Best of `repeats`, greedy, no delimiter (every row runs `tokens` tokens)."""
     params = SamplingParams(temperature=0.0, max_step_tokens=tokens, delimiter="\x00\x00")
-    base = engine.format_prefix(question)
-    engine.generate_steps([base], params)
+    base = Prefix(question)
+    engine.generate([StepRequest(base)], params)
     times = {}
     for k in ks:
-        prefixes = [base + " step" * j for j in range(k)]
+        requests = [StepRequest(base.extend(*["step"] * j)) for j in range(k)]
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            engine.generate_steps(prefixes, params)
+            engine.generate(requests, params)
             best = min(best, time.perf_counter() - t0)
         times[k] = best
     return {k: times[k] / times[ks[0]] for k in ks} | {"seconds_per_row_step": times[ks[0]]}

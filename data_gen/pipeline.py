@@ -4,7 +4,7 @@
 too, passing its own traces, engines or judge). Work goes shard by shard (``data.contexts_per_shard``
 contexts each); within a shard:
 
-1. per context and model: N one-step samples from ``engine.sample`` with a seed derived from
+1. per context and model: N one-step samples from ``engine.generate`` with a seed derived from
    (sampling.seed, context id, role), the engine's prefix cache cleared first, so a context's samples
    and features never depend on what ran before it (resumed, sharded and single runs agree);
 2. per context: hidden states with ONE ``score`` call per model while the prefix's KV cache is still
@@ -199,12 +199,14 @@ class _ShardRunner:
         self.delimiter = cfg.source.delimiter
 
     # -- sampling and recording
-    def _prefix(self, role: str, ctx: Context) -> str:
-        return self.engines[role].format_prefix(ctx.question, list(ctx.steps), delimiter=self.delimiter)
+    def _prefix(self, ctx: Context):
+        from infer.engines import Prefix
+
+        return Prefix(ctx.question, tuple(ctx.steps), self.delimiter)  # reference steps: delimiter after each
 
     def sample(self, ctx: Context, timing: dict) -> _ContextWork | str:
         """The context's samples, or the reason it must be skipped."""
-        from infer.engines import PromptTooLongError, sampling_params
+        from infer.engines import PromptTooLongError, StepRequest, sampling_params
 
         work = _ContextWork(ctx, {r: context_seed(self.cfg.sampling.seed, ctx.id, r) for r in self.models})
         for engine in {id(e): e for e in self.engines.values()}.values():
@@ -214,7 +216,7 @@ class _ShardRunner:
         try:
             for role in self.models:
                 params = sampling_params(self.cfg.sampling, role, self.delimiter, work.seeds[role])
-                drawn = self.engines[role].sample([self._prefix(role, ctx)], self.n, params)[0]
+                drawn = self.engines[role].generate([StepRequest(self._prefix(ctx), self.n)], params).steps[0]
                 kept = [(k, s) for k, s in enumerate(drawn) if not is_empty_step(s.text)]
                 work.steps[role] = [s for _, s in kept]
                 work.indices[role] = [k for k, _ in kept]
@@ -238,13 +240,11 @@ class _ShardRunner:
         timing["recording"] = timing.get("recording", 0.0) + time.perf_counter() - start
 
     def _score(self, role: str, ctx: Context, texts: list[str], timing: dict) -> list:
-        engine = self.engines[role]
-        stats = getattr(engine, "stats", {})
-        passes, reused = stats.get("forward_passes", 0), stats.get("reused_prefix_tokens", 0)
-        scored = engine.score(self._prefix(role, ctx), texts, hidden=True, layers=self.layers[role])
-        timing["recording_passes"][role] += stats.get("forward_passes", 0) - passes
+        out = self.engines[role].score(self._prefix(ctx), texts, hidden=True, layers=self.layers[role])
+        scored = out.steps
+        timing["recording_passes"][role] += out.stats.forward_passes
         timing["recording_calls"][role] += 1
-        timing["prefix_reused"][role] += int(stats.get("reused_prefix_tokens", 0) > reused)
+        timing["prefix_reused"][role] += int(out.stats.reused_prefix_tokens > 0)
         if len(scored) != len(texts):
             raise RuntimeError(f"{role} engine scored {len(scored)} of {len(texts)} steps of context {ctx.id}")
         return scored

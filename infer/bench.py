@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 from infer.answers import grade
 from infer.config import ConfigError, ExperimentConfig, SourceConfig, to_dict
-from infer.decoding import METHODS, DecodeOptions, RunStats, decode, write_trace
+from infer.decoding import METHODS, DecodeOptions, RunStats, decode, fast_thread_switching, write_trace
 from infer.decoding.analytic import predict, token_level_factor
 from infer.engines import build_engine, sampling_params
 from infer.engines.token_spec import TokenSpecConfig
@@ -280,6 +280,9 @@ def _run_one(env: BenchEnv, spec: MethodSpec, question: str, opts: DecodeOptions
         verifier = env.verifier(spec.overrides.get("verifier"), spec.overrides.get("alpha"))
     _set_token_spec(env, spec)
     try:
+        if spec.base == "lr_async":  # shorter GIL hand-overs between the draft and target threads
+            with fast_thread_switching():
+                return decode(spec.base, question, env.target, env.draft, verifier, opts)
         return decode(spec.base, question, env.target, env.draft, verifier, opts)
     finally:
         env.target.set_token_spec(None)

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
+from infer.engines.base import Prefix
 from probes.acceptance import DEFAULT_EPS, bernoulli, make_rng, semantic_accept_prob
 
 VERIFIER_KINDS = ("probe", "embedding", "judge", "llm_judge", "exact", "accept_all", "reject_all", "bernoulli")
@@ -292,8 +293,8 @@ class ProbePairVerifier(Verifier):
         ctx = item.context
         feats = []
         for role, engine in (("target", self.target_engine), ("draft", self.draft_engine)):
-            prefix = engine.format_prefix(ctx.question, ctx.steps)
-            scored = engine.score(prefix, [item.draft], hidden=True, layers=self.layers(role))[0]
+            prefix = Prefix(ctx.question, ctx.steps)  # given steps: each followed by the delimiter
+            scored = engine.score(prefix, [item.draft], hidden=True, layers=self.layers(role)).steps[0]
             feats.append(self.pooled(scored, role))
         return feats[0], feats[1]
 

@@ -10,7 +10,7 @@ import yaml
 
 from data_gen.store import open_dataset
 from infer.config import load_config
-from infer.engines import Step
+from infer.engines import EngineStats, Generation, Step
 
 # 3 reasoning-gym problems x 1 context, N = 4 per model, short steps, 4 layers; one context per
 # shard so that a run has 3 shards to kill and resume between.
@@ -48,18 +48,22 @@ class BlankingEngine:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def sample(self, prefixes, n, params):
+    def generate(self, requests, params):
         out = []
-        for prefix in prefixes:
+        stats = EngineStats()
+        for req in requests:
             eos = next(iter(self.engine.eos_ids))
-            if "EMPTY-ALL" in prefix:
+            question, n = req.prefix.question, req.n
+            if "EMPTY-ALL" in question:
                 out.append([Step("", [eos], "eos", -0.5) for _ in range(n)])
                 continue
-            steps = self.engine.sample([prefix], n, params)[0]
-            if "EMPTY-HALF" in prefix:
+            got = self.engine.generate([req], params)
+            stats += got.stats
+            steps = got.steps[0]
+            if "EMPTY-HALF" in question:
                 steps = [Step("  ", [eos], "eos", -0.5) if k < n // 2 else s for k, s in enumerate(steps)]
             out.append(steps)
-        return out
+        return Generation(out, stats)
 
 
 def dataset_arrays(folder) -> dict:

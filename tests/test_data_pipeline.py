@@ -21,6 +21,7 @@ from data_gen.contexts import (DataWarning, build_contexts, coerce_traces, conte
                                parse_part, part_shards, plan_shards)
 from data_gen.labels import build_pairs, draft_under_target, model_labels, pair_key
 from data_gen.pipeline import generate_dataset, layer_rows
+from infer.engines import Prefix
 from data_gen.sources import Trace
 from data_gen.store import DataFolderError, DataMismatchError, merge_parts, open_dataset, read_manifest
 
@@ -271,8 +272,9 @@ def test_features_on_disk_and_through_the_loader(tiny, engines):
     i = next(k for k, r in enumerate(rows) if r["model"] == "draft")
     r = rows[i]
     ctx = next(c for c in ds.contexts.to_pylist() if c["context_id"] == r["context_id"])
-    via_target = target.score(target.format_prefix(ctx["question"], ctx["steps"]), [r["text"]], layers=LAYERS)[0]
-    via_draft = draft.score(draft.format_prefix(ctx["question"], ctx["steps"]), [r["text"]], layers=LAYERS)[0]
+    prefix = Prefix(ctx["question"], tuple(ctx["steps"]))
+    via_target = target.score(prefix, [r["text"]], layers=LAYERS).steps[0]
+    via_draft = draft.score(prefix, [r["text"]], layers=LAYERS).steps[0]
     tol = dict(rtol=1e-2, atol=2e-2)
     torch.testing.assert_close(ds.target_view_features([i])[0], via_target.mean_hidden, **tol)
     torch.testing.assert_close(ds.target_view_features([i], pooling="last")[0], via_target.last_hidden, **tol)

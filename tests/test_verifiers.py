@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from infer.engines import HFStepEngine
+from infer.engines import HFStepEngine, Prefix
 from infer.judge_prompt import (PREFILL, PROMPT_VERSION, answer_token_ids, build_judge_prompt, judge_answer_logits,
                                 judge_probability)
 from infer.verifiers import (AcceptAll, BernoulliVerifier, CheckpointError, ExactMatch, StepContext, VerifyItem,
@@ -79,8 +79,9 @@ def test_probe_pair_loads_checks_and_applies_min_p_over_q(tmp_path, tiny, small)
     v = load_verifier(tmp_path, "probe", target_engine=small, draft_engine=tiny)
     assert v.needs_features and not v.needs_target_step
     # features given explicitly: the decision probability is exactly min(1, p/q)
-    tf = small.score(small.format_prefix(CTX.question, CTX.steps), ["6 * 7 = 42.\n\n"])[0].mean_hidden
-    df = tiny.score(tiny.format_prefix(CTX.question, CTX.steps), ["6 * 7 = 42.\n\n"])[0].mean_hidden
+    prefix = Prefix(CTX.question, CTX.steps)
+    tf = small.score(prefix, ["6 * 7 = 42.\n\n"]).steps[0].mean_hidden
+    df = tiny.score(prefix, ["6 * 7 = 42.\n\n"]).steps[0].mean_hidden
     verdict = v.verify([VerifyItem(CTX, "6 * 7 = 42.\n\n", None, df, tf, seed=3)])[0]
     p, q = float(v.p(tf[None])[0]), float(v.q(df[None])[0])
     assert 0.2 < p < 0.4 and 0.5 < q < 0.7

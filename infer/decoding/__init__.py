@@ -8,14 +8,14 @@ target-only / draft-only baselines, all with the same options, metrics and per-c
 from __future__ import annotations
 
 from infer.decoding.common import DecodeOptions, GenerationResult, OutputStep, seed_for
-from infer.decoding.lookahead import draft_only, lookahead_async, lookahead_sync, target_only
+from infer.decoding.lookahead import draft_only, fast_thread_switching, lookahead_async, lookahead_sync, target_only
 from infer.decoding.metrics import RunStats, read_trace, replay_text, stats_from_trace, write_trace
 from infer.decoding.semanticspec import semanticspec
 
 METHODS = ("target", "draft", "semanticspec", "lr_sync", "lr_async")
 
 __all__ = ["DecodeOptions", "GenerationResult", "OutputStep", "RunStats", "METHODS", "decode", "seed_for",
-           "target_only", "draft_only", "lookahead_sync", "lookahead_async", "semanticspec",
+           "fast_thread_switching", "target_only", "draft_only", "lookahead_sync", "lookahead_async", "semanticspec",
            "write_trace", "read_trace", "replay_text", "stats_from_trace"]
 
 

@@ -4,8 +4,10 @@ Seeding. Every random choice is keyed by what it is about, not by how many draws
 generated after prefix text P by role R uses seed `seed_for(seed, R, P, branch)`, and the acceptance
 draw for the draft at the position after P uses `seed_for(seed, "accept", P, branch)`. Hence a run is
 reproducible from one seed whatever the thread timing (async), and two methods that reach the same
-prefix make the same target step there — with reject-all every method writes exactly the target-only
-output, under sampling as well as greedy.
+prefix make the same target step there: with reject-all every method asks the target for exactly the
+steps target-only asks for (same prefix token ids, same seed), under sampling as well as greedy. The
+outputs are then equal up to the floating-point differences of batched kernels (see
+`infer.engines.hf_kv`).
 
 Limits. A step is cut at min(max_step_tokens, tokens left), so no output exceeds max_new_tokens
 (counted in target tokens); after max_steps steps the generation stops. The stop reason is "eos",
@@ -18,9 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from infer.engines.base import SamplingParams, Step
-from infer.engines.token_spec import same_tokenizer
+from infer.answers import extract_boxed
+from infer.engines.base import EngineStats, Prefix, SamplingParams, Step, StepRequest
 from infer.decoding.metrics import RunStats, join_steps
+from infer.verifiers import Verdict
 
 STOP_REASONS = ("eos", "max_new_tokens", "max_steps")
 
@@ -56,6 +59,11 @@ class DecodeOptions:
             self.draft_params = self.target_params
         if self.draft_params.delimiter != self.target_params.delimiter:
             raise ValueError("draft and target must split steps on the same delimiter")
+        if self.width > 1 and self.draft_params.temperature == 0:
+            raise ValueError(
+                f"multi-branch drafting (width={self.width}) needs a sampling draft: at temperature 0 all "
+                f"{self.width} branches would be the same step. Set the draft temperature above 0 "
+                "(sampling.draft_temperature) or use width=1")
 
     @property
     def delimiter(self) -> str:
@@ -90,7 +98,7 @@ class GenerationResult:
 
     @property
     def text(self) -> str:
-        return join_steps([s.text for s in self.steps], self.delimiter)
+        return join_steps([s.text for s in self.steps])
 
     @property
     def step_texts(self) -> list[str]:
@@ -102,35 +110,43 @@ class GenerationResult:
 
 
 class GenState:
-    """The committed output of one generation and its limits."""
+    """The committed output of one generation, its limits and its statistics.
+
+    Committed steps are kept as the engines generated them (`Step`, with token ids), so each engine
+    conditions on its own tokens for the steps it wrote and never re-tokenises them (see
+    `infer.engines.base.Prefix`)."""
 
     def __init__(self, question: str, target, draft, opts: DecodeOptions, method: str):
         if not isinstance(question, str) or not question.strip():
             raise ValueError("empty prompt: the question text is empty")
-        for engine in (target, draft):
-            if engine is not None:  # fail before any work when the prompt does not fit
-                ids = engine.encode_prefix(engine.format_prefix(question))
-                engine._check_fits(len(ids) + 1, "the prompt")
         self.question, self.target, self.draft, self.opts = question, target, draft, opts
         self.steps: list[OutputStep] = []
+        self.committed: list[Step] = []
+        for engine in (target, draft):
+            if engine is not None:  # fail before any work when the prompt does not fit
+                engine.check_fits(self.prefix(), 1)
         self.tokens_used = 0
         self.stop_reason: str | None = None
         self.stats = RunStats(method=method, problems=1)
         self.trace: list[dict] = []
-        self._same_tok = draft is None or same_tokenizer(draft.tokenizer, target.tokenizer)
+        self._same_tok = draft is None or draft.info.tokenizer_id == target.info.tokenizer_id
         self._t0 = time.perf_counter()
-        self._fp0 = {id(e): dict(e.stats) for e in (target, draft) if e is not None}
 
     # ------------------------------------------------------------------ views
     @property
     def done(self) -> bool:
         return self.stop_reason is not None
 
-    def texts(self, extra: Sequence[str] = ()) -> list[str]:
-        return [s.text for s in self.steps] + list(extra)
+    def texts(self, extra: Sequence[Step] = ()) -> list[str]:
+        return [s.text for s in self.steps] + [s.text for s in extra]
 
-    def prefix(self, engine, extra: Sequence[str] = ()) -> str:
-        return engine.format_prefix(self.question, self.texts(extra), self.opts.delimiter)
+    def prefix(self, extra: Sequence[Step] = ()) -> Prefix:
+        """The committed output followed by `extra` (uncommitted draft steps), as the engines see it."""
+        return Prefix(self.question, tuple(self.committed) + tuple(extra), self.opts.delimiter)
+
+    def key(self, prefix: Prefix) -> str:
+        """What seeds are keyed by: the prefix's text (the same for every method that reaches it)."""
+        return "\x1e".join([prefix.question] + prefix.step_texts())
 
     @property
     def steps_left(self) -> int:
@@ -144,7 +160,7 @@ class GenState:
         """A step's length in target tokens."""
         if engine is self.target or self._same_tok:
             return step.num_tokens
-        return len(self.target.encode_step(step.text))
+        return self.target.count_tokens(step.text)
 
     # ------------------------------------------------------------------ commit
     def commit(self, step: Step, source: str, tokens: int) -> OutputStep:
@@ -152,6 +168,7 @@ class GenState:
             raise RuntimeError("commit after the generation ended")
         out = OutputStep(step.text, source, tokens, step.stop_reason)
         self.steps.append(out)
+        self.committed.append(step)
         self.tokens_used += tokens
         st = self.stats
         st.output_steps += 1
@@ -168,79 +185,98 @@ class GenState:
             self.stop_reason = "max_steps"
         return out
 
+    def unacceptable(self, step: Step) -> str | None:
+        """Why this draft step may not be accepted whatever the verifier says, or None.
+
+        "length": cut by the token cap (LR's rule; allowed with accept_length_cut, for system-speed runs
+        where random-weight models rarely write the delimiter). "ends answer": it ends the answer (EOS or a
+        boxed final answer) — the answer always ends on the target's own step at that position."""
+        if step.stop_reason == "length" and not self.opts.accept_length_cut:
+            return "length"
+        if ends_answer(step):
+            return "ends answer"
+        return None
+
     def acceptable(self, step: Step) -> bool:
-        """May this draft step be accepted at all? Never when cut by the token cap (LR's rule), unless
-        accept_length_cut (system-speed runs, where random-weight models rarely write the delimiter)."""
-        return step.stop_reason != "length" or self.opts.accept_length_cut
+        return self.unacceptable(step) is None
 
     # ------------------------------------------------------------------ engine calls (timed)
-    def generate(self, engine, role: str, prefixes: Sequence[str], seeds: Sequence[int], caps: Sequence[int],
+    def generate(self, engine, role: str, prefixes: Sequence[Prefix], seeds: Sequence[int], caps: Sequence[int],
                  params: SamplingParams) -> list[Step]:
-        """Run one batch on `engine` and book its time and size under `role` (target | draft).
-
-        The KV of every finished row is kept (`self.exports[i]`) until the next call, so the loop can hand
-        the row whose step it commits to the engine's prefix cache (`keep`)."""
-        from infer.engines.decode import RowSpec
-
-        t0 = time.perf_counter()
-        batch = engine.open_batch(params, export=True)
-        specs = [RowSpec(i, engine.encode_prefix(p), int(c), s) for i, (p, s, c) in enumerate(zip(prefixes, seeds, caps))]
-        results = dict(batch.add(specs))
-        iterations = 1
-        while len(batch):
-            results.update(batch.step())
-            iterations += 1
-        dt = time.perf_counter() - t0
-        steps = [results[i] for i in range(len(specs))]
-        self.book(role, dt, len(specs), sum(s.num_tokens for s in steps), iterations,
-                  batch.row_iterations + len(specs))
-        self.exports = (engine, batch.exports)
+        """One step after each prefix in one engine call; its work is booked under `role` (target | draft)."""
+        requests = [StepRequest(p, 1, s, int(c)) for p, s, c in zip(prefixes, seeds, caps)]
+        out = engine.generate(requests, params)
+        steps = [r[0] for r in out.steps]
+        self.book(role, out.stats, len(requests), calls=1)
         return steps
 
-    def keep(self, row: int) -> None:
-        """Put the KV of row `row` of the last `generate` call into its engine's prefix cache: the next
-        prefix starts with that row's prompt and step, so it is not encoded again."""
-        engine, exports = getattr(self, "exports", (None, {}))
-        if row in exports:
-            engine.remember_prefix(*exports[row])
-        self.exports = (None, {})
+    def score(self, engine, role: str, prefix: Prefix, texts: Sequence[str], *, chain: bool = False,
+              hidden: bool = True, layers=None) -> list:
+        """Teacher-forced pass (`score` or `score_chain`) booked as scoring time and `role`'s forward passes."""
+        call = engine.score_chain if chain else engine.score
+        out = call(prefix, texts, hidden=hidden, layers=layers)
+        self.stats.score_time_s += out.stats.seconds
+        self._book_passes(role, out.stats)
+        return out.steps
 
-    def book(self, role: str, seconds: float, rows: int, tokens: int, iterations: int,
-             row_iterations: int | None = None) -> None:
+    def _book_passes(self, role: str, es: EngineStats) -> None:
         st = self.stats
         if role == "target":
+            st.target_forward_passes += es.forward_passes
+            st.draft_forward_passes += es.proposer_forward_passes  # the assistant is the draft model
+            st.spec_rounds += es.spec_rounds
+            st.spec_proposed += es.spec_proposed
+            st.spec_accepted += es.spec_accepted
+        else:
+            st.draft_forward_passes += es.forward_passes + es.proposer_forward_passes
+
+    def book(self, role: str, es: EngineStats, rows: int, calls: int, seconds: float | None = None) -> None:
+        """Add one engine call's (or stream iteration's) work under `role`."""
+        st = self.stats
+        seconds = es.seconds if seconds is None else seconds
+        if role == "target":
             st.target_time_s += seconds
-            st.target_calls += 1
+            st.target_calls += calls
             st.target_rows += rows
-            st.target_generated_tokens += tokens
-            st.target_iterations += iterations
-            st.target_row_iterations += rows if row_iterations is None else row_iterations
+            st.target_generated_tokens += es.generated_tokens
+            st.target_iterations += es.iterations
+            st.target_row_iterations += es.row_iterations
         else:
             st.draft_time_s += seconds
-            st.draft_calls += 1
+            st.draft_calls += calls
             st.draft_steps += rows
-            st.draft_generated_tokens += tokens
-            st.draft_iterations += iterations
+            st.draft_generated_tokens += es.generated_tokens
+            st.draft_iterations += es.iterations
+        self._book_passes(role, es)
 
     def finish(self, method: str) -> GenerationResult:
         st = self.stats
         st.latency_s = time.perf_counter() - self._t0
         st.stop_reasons = {self.stop_reason: 1}
-        for engine, key in ((self.target, "target_forward_passes"), (self.draft, "draft_forward_passes")):
-            if engine is None:
-                continue
-            before = self._fp0[id(engine)]
-            setattr(st, key, engine.stats["forward_passes"] - before["forward_passes"])
-            if engine is self.target:
-                st.spec_rounds = engine.stats["spec_rounds"] - before["spec_rounds"]
-                st.spec_proposed = engine.stats["spec_proposed"] - before["spec_proposed"]
-                st.spec_accepted = engine.stats["spec_accepted"] - before["spec_accepted"]
         return GenerationResult(method, self.question, self.steps, self.stop_reason, st, self.trace,
                                 self.opts.delimiter)
 
     def add_trace(self, record: dict) -> None:
         if self.opts.keep_trace:
             self.trace.append(record)
+
+
+def check_verifier(verifier, draft) -> None:
+    """Speculative methods need a verifier and a draft engine."""
+    if verifier is None:
+        raise ValueError("speculative decoding needs a verifier (see infer.verifiers.build_verifier)")
+    if draft is None:
+        raise ValueError("speculative decoding needs a draft engine")
+
+
+def refused(reason: str) -> Verdict:
+    """The verdict on a draft step that may not be accepted whatever the verifier says."""
+    return Verdict(False, float("nan"), 0.0, {"reason": reason})
+
+
+def ends_answer(step: Step) -> bool:
+    """Does this step end the answer: EOS, or a boxed final answer?"""
+    return step.stop_reason == "eos" or extract_boxed(step.text) is not None
 
 
 def step_record(step: Step, tokens: int | None = None, **extra) -> dict:

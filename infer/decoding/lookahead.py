@@ -1,4 +1,4 @@
-"""Lookahead Reasoning (paper 000): step-level speculation checked against the target's own steps.
+"""Lookahead Reasoning: step-level speculation checked against the target's own steps.
 
 Sync cycle (their Alg. 1, with W >= 1 branches):
 1. The draft writes a tree of depth g = min(γ, steps left − 1): W candidate steps after the committed
@@ -9,7 +9,9 @@ Sync cycle (their Alg. 1, with W >= 1 branches):
 3. The verifier judges every (draft child, target step at its parent) pair in one call. Walking from the
    root, the first accepted branch at each position is kept; at the first position with none, the
    target's step there is appended; when the walk reaches a leaf, that leaf's target step is a bonus.
-   A draft cut by the step-token cap is never accepted.
+   A draft cut by the step-token cap is never accepted, and neither is a draft that ends the answer
+   (EOS or a boxed final answer): the answer always ends on the target's own step at that position.
+   Multi-branch drafting needs a sampling draft (W greedy branches would be identical).
 
 Async (W = 1): a draft thread keeps up to γ drafts beyond the committed output; a target thread starts
 the target step for a position the moment its prefix exists and adds it to its running batch
@@ -17,8 +19,10 @@ the target step for a position the moment its prefix exists and adds it to its r
 commits the target's step, drops every draft and cancels every target row (an epoch counter makes late
 results harmless). Because every generation and draw is keyed by its prefix (see common.seed_for), the
 output does not depend on thread timing — only the wall time does — up to the floating-point
-differences between batch compositions (in float32 these practically never change a token; in
-bfloat16 they can flip a near-tie, and with it the rest of the text).
+differences between batch compositions (in float32 these rarely change a token; in bfloat16 they can
+flip a near-tie, and with it the rest of the text). The two threads use one engine each. Python's
+thread switch interval is left alone; `fast_thread_switching()` is a context manager a benchmark or CLI
+may use around async runs (the draft thread's Python holds the GIL between torch kernels).
 
 Target-only and draft-only baselines run through the same sync loop with γ = 0 (one target row per
 cycle, no drafts).
@@ -28,10 +32,12 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from infer.engines.base import Step
-from infer.decoding.common import DecodeOptions, GenerationResult, GenState, seed_for, step_record
+from infer.engines.base import Prefix, Step, StepRequest
+from infer.decoding.common import (DecodeOptions, GenerationResult, GenState, check_verifier, refused, seed_for,
+                                   step_record)
 from infer.verifiers import StepContext, Verdict, Verifier, VerifyItem
 
 
@@ -42,20 +48,31 @@ class _Node:
     parent: "_Node | None"
     draft: Step | None = None  # None at the root
     draft_tokens: int = 0  # in target tokens
-    path: list[str] = field(default_factory=list)  # draft texts from the root to this node
+    path: list[Step] = field(default_factory=list)  # draft steps from the root to this node
     path_tokens: int = 0
     branches: list[int] = field(default_factory=list)  # branch index at every depth from the root
     children: list["_Node"] = field(default_factory=list)
     target: Step | None = None
     verdict: Verdict | None = None
-    target_prefix: str = ""
+    target_key: str = ""  # seed key of the target's step after this node
+    target_features: object = None  # pooled hidden states of this node's draft (probe verifier)
+    draft_features: object = None
 
 
 ASYNC_SWITCH_INTERVAL = 0.0005  # seconds; Python's default is 0.005
 
 
-def _length_cut_verdict() -> Verdict:
-    return Verdict(False, float("nan"), 0.0, {"reason": "length"})
+@contextmanager
+def fast_thread_switching(interval: float = ASYNC_SWITCH_INTERVAL):
+    """Shorten Python's thread switch interval for the duration (restored afterwards). Opt-in for async
+    runs: torch releases the GIL inside its kernels, but the Python between them (most of a small draft
+    model's time) holds it, and the target thread would wait up to the default 5 ms for it."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, interval))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 # ----------------------------------------------------------------------------- sync
@@ -65,25 +82,22 @@ def _draft_tree(state: GenState, draft, g: int, width: int) -> tuple[_Node, list
     frontier = [root]
     opts = state.opts
     for depth in range(1, g + 1):
-        expand = [n for n in frontier if n is root or (state.acceptable(n.draft) and n.draft.stop_reason != "eos")]
-        expand = [n for n in expand if state.cap(n.path_tokens) >= 1]
+        expand = [n for n in frontier if (n is root or state.acceptable(n.draft)) and state.cap(n.path_tokens) >= 1]
         if not expand:
             break
         prefixes, seeds, caps, parents = [], [], [], []
         for n in expand:
-            prefix = state.prefix(draft, n.path)
+            prefix = state.prefix(n.path)
             for w in range(width):
                 prefixes.append(prefix)
-                seeds.append(seed_for(opts.seed, "draft", prefix, w))
+                seeds.append(seed_for(opts.seed, "draft", state.key(prefix), w))
                 caps.append(state.cap(n.path_tokens))
                 parents.append((n, w))
         steps = state.generate(draft, "draft", prefixes, seeds, caps, opts.draft_params)
-        if len(steps) == 1:
-            state.keep(0)  # a chain: the next draft step extends this one
         frontier = []
         for (parent, w), step in zip(parents, steps):
             ntok = state.count_tokens(step, draft)
-            child = _Node(depth, w, parent, step, ntok, parent.path + [step.text], parent.path_tokens + ntok,
+            child = _Node(depth, w, parent, step, ntok, parent.path + [step], parent.path_tokens + ntok,
                           parent.branches + [w])
             parent.children.append(child)
             frontier.append(child)
@@ -93,7 +107,6 @@ def _draft_tree(state: GenState, draft, g: int, width: int) -> tuple[_Node, list
 
 def _probe_features(state: GenState, target, draft, verifier, root: _Node, nodes: list[_Node]) -> None:
     """Teacher-forced hidden states of every draft node under both models (probe verifier)."""
-    t0 = time.perf_counter()
     parents = [root] + [n for n in nodes if n.children]
     for parent in parents:
         kids = [c for c in parent.children if state.acceptable(c.draft) and c.draft.text]
@@ -101,10 +114,12 @@ def _probe_features(state: GenState, target, draft, verifier, root: _Node, nodes
             continue
         texts = [c.draft.text for c in kids]
         for role, engine in (("target", target), ("draft", draft)):
-            scored = engine.score(state.prefix(engine, parent.path), texts, hidden=True, layers=verifier.layers(role))
+            scored = state.score(engine, role, state.prefix(parent.path), texts, layers=verifier.layers(role))
             for c, sc in zip(kids, scored):
-                setattr(c, f"_{role}_features", verifier.pooled(sc, role))
-    state.stats.score_time_s += time.perf_counter() - t0
+                if role == "target":
+                    c.target_features = verifier.pooled(sc, role)
+                else:
+                    c.draft_features = verifier.pooled(sc, role)
 
 
 def _verify_tree(state: GenState, verifier: Verifier, root: _Node, nodes: list[_Node]) -> None:
@@ -114,15 +129,16 @@ def _verify_tree(state: GenState, verifier: Verifier, root: _Node, nodes: list[_
             continue
         ctx = StepContext(state.question, tuple(state.texts(parent.path)))
         for child in parent.children:
-            if not state.acceptable(child.draft):
-                child.verdict = _length_cut_verdict()
+            reason = state.unacceptable(child.draft)
+            if reason is not None:
+                child.verdict = refused(reason)
                 continue
             if verifier.needs_features and not child.draft.text:
                 child.verdict = Verdict(False, float("nan"), 0.0, {"reason": "empty"})
                 continue
-            items.append(VerifyItem(ctx, child.draft.text, parent.target.text,
-                                    getattr(child, "_draft_features", None), getattr(child, "_target_features", None),
-                                    seed_for(state.opts.seed, "accept", parent.target_prefix, child.branch),
+            items.append(VerifyItem(ctx, child.draft.text, parent.target.text, child.draft_features,
+                                    child.target_features, seed_for(state.opts.seed, "accept", parent.target_key,
+                                                                    child.branch),
                                     {"position": parent.depth, "branch": child.branch}))
             owners.append(child)
     if not items:
@@ -143,18 +159,16 @@ def _sync_cycle(state: GenState, target, draft, verifier: Verifier | None, gamma
     else:
         root, nodes = _Node(0, 0, None), []
     # one target batch: the root and every node whose draft could be accepted (and is not EOS)
-    rows = [root] + [n for n in nodes if state.acceptable(n.draft) and n.draft.stop_reason != "eos"
-                     and state.cap(n.path_tokens) >= 1]
+    rows = [root] + [n for n in nodes if state.acceptable(n.draft) and state.cap(n.path_tokens) >= 1]
     params = opts.target_params if target_role == "target" else opts.draft_params
-    for n in rows:
-        n.target_prefix = state.prefix(target, n.path)
-    steps = state.generate(target, "target" if target_role == "target" else "draft",
-                           [n.target_prefix for n in rows],
-                           [seed_for(opts.seed, target_role, n.target_prefix, 0) for n in rows],
+    prefixes = [state.prefix(n.path) for n in rows]
+    for n, prefix in zip(rows, prefixes):
+        n.target_key = state.key(prefix)
+    steps = state.generate(target, "target" if target_role == "target" else "draft", prefixes,
+                           [seed_for(opts.seed, target_role, n.target_key, 0) for n in rows],
                            [state.cap(n.path_tokens) for n in rows], params)
     for n, s in zip(rows, steps):
         n.target = s
-    exports = state.exports
     if nodes:
         if verifier.needs_features:
             _probe_features(state, target, draft, verifier, root, nodes)
@@ -173,8 +187,6 @@ def _sync_cycle(state: GenState, target, draft, verifier: Verifier | None, gamma
         if chosen is None:
             out = state.commit(node.target, target_role, state.count_tokens(node.target, target))
             committed.append(out.to_dict())
-            state.exports = exports
-            state.keep(next(i for i, n in enumerate(rows) if n is node))  # its KV is the new prefix
             break
         out = state.commit(chosen.draft, "draft", chosen.draft_tokens)
         committed.append(out.to_dict())
@@ -199,13 +211,6 @@ def _sync_loop(question: str, target, draft, verifier: Verifier | None, opts: De
     return state.finish(method)
 
 
-def _check_verifier(verifier: Verifier | None, draft) -> None:
-    if verifier is None:
-        raise ValueError("speculative decoding needs a verifier (see infer.verifiers.build_verifier)")
-    if draft is None:
-        raise ValueError("speculative decoding needs a draft engine")
-
-
 def target_only(question: str, target, opts: DecodeOptions) -> GenerationResult:
     """The baseline: the target writes every step (the sync loop with no drafts)."""
     return _sync_loop(question, target, None, None, opts, 0, 1, "target")
@@ -218,7 +223,7 @@ def draft_only(question: str, draft, opts: DecodeOptions) -> GenerationResult:
 
 def lookahead_sync(question: str, target, draft, verifier: Verifier, opts: DecodeOptions) -> GenerationResult:
     """Sync Lookahead Reasoning with γ = opts.gamma and W = opts.width branches per position."""
-    _check_verifier(verifier, draft)
+    check_verifier(verifier, draft)
     method = "lr_sync" if opts.width == 1 else f"lr_sync_w{opts.width}"
     return _sync_loop(question, target, draft, verifier, opts, opts.gamma, opts.width, method)
 
@@ -234,7 +239,7 @@ class _AsyncRun:
         self.drafts: list[tuple[Step, int]] = []  # speculative chain beyond the committed output
         self.results: dict[tuple[int, int], Step] = {}  # (epoch, absolute position) -> target step
         self.launched: set[tuple[int, int]] = set()
-        self.prefixes: dict[tuple[int, int], str] = {}
+        self.keys: dict[tuple[int, int], str] = {}  # seed key of the prefix of each launched target step
         self.stop = False
         self.error: BaseException | None = None
         self.stage_position = 0  # position within the current stage (since the last rejection)
@@ -247,13 +252,13 @@ class _AsyncRun:
         st, opts = self.state, self.state.opts
         if self.stop or st.done or len(self.drafts) >= opts.gamma:
             return False
-        if self.drafts and (not st.acceptable(self.drafts[-1][0]) or self.drafts[-1][0].stop_reason == "eos"):
+        if self.drafts and not st.acceptable(self.drafts[-1][0]):
             return False
         if len(st.steps) + len(self.drafts) >= opts.max_steps:
             return False
         return st.cap(self._draft_tokens()) >= 1
 
-    def _pending_target_jobs(self) -> list[tuple[tuple[int, int], str, int]]:
+    def _pending_target_jobs(self) -> list[tuple[tuple[int, int], StepRequest]]:
         st = self.state
         base = len(st.steps)
         jobs = []
@@ -262,15 +267,14 @@ class _AsyncRun:
             key = (self.epoch, n)
             if key in self.launched or n >= st.opts.max_steps:
                 continue
-            if j > 0:
-                d = self.drafts[j - 1][0]
-                if not st.acceptable(d) or d.stop_reason == "eos":
-                    break
+            if j > 0 and not st.acceptable(self.drafts[j - 1][0]):
+                break
             cap = st.cap(self._draft_tokens(j))
             if cap < 1:
                 break
-            prefix = st.prefix(self.target, [d.text for d, _ in self.drafts[:j]])
-            jobs.append((key, prefix, cap))
+            prefix = st.prefix([d for d, _ in self.drafts[:j]])
+            self.keys[key] = st.key(prefix)
+            jobs.append((key, StepRequest(prefix, 1, seed_for(st.opts.seed, "target", self.keys[key], 0), cap)))
         return jobs
 
     def _fail(self, err: BaseException) -> None:
@@ -281,8 +285,6 @@ class _AsyncRun:
 
     # ---------------------------------------------------------------- workers
     def draft_worker(self) -> None:
-        from infer.engines.decode import RowSpec
-
         st, opts = self.state, self.state.opts
         try:
             while True:
@@ -292,68 +294,61 @@ class _AsyncRun:
                     if self.stop:
                         return
                     epoch, n = self.epoch, len(st.steps) + len(self.drafts)
-                    prefix = st.prefix(self.draft, [d.text for d, _ in self.drafts])
+                    prefix = st.prefix([d for d, _ in self.drafts])
                     cap = st.cap(self._draft_tokens())
                 t0 = time.perf_counter()
-                batch = self.draft.open_batch(opts.draft_params)
-                result = dict(batch.add([RowSpec(0, self.draft.encode_prefix(prefix), cap,
-                                                 seed_for(opts.seed, "draft", prefix, 0))]))
-                iterations, stale = 1, False
-                while len(batch):
+                stream = self.draft.open_stream(opts.draft_params)
+                result = dict(stream.add([(0, StepRequest(prefix, 1, seed_for(opts.seed, "draft", st.key(prefix), 0),
+                                                          cap))]))
+                while len(stream):
                     with self.cond:  # abandon a draft that a rejection made useless
                         stale = self.stop or epoch != self.epoch
                     if stale:
+                        stream.cancel([0])
                         break
-                    result.update(batch.step())
-                    iterations += 1
+                    result.update(stream.step())
                 dt = time.perf_counter() - t0
+                work = stream.take_stats()
                 with self.cond:
                     step = result.get(0)
                     if step is None or self.stop or epoch != self.epoch or n != len(st.steps) + len(self.drafts):
                         st.stats.draft_abandoned += 1
                         st.stats.draft_abandoned_s += dt
+                        st.stats.draft_forward_passes += work.forward_passes
                         continue
-                    st.book("draft", dt, 1, step.num_tokens, iterations)
+                    st.book("draft", work, 1, calls=1, seconds=dt)
                     self.drafts.append((step, st.count_tokens(step, self.draft)))
                     self.cond.notify_all()
         except BaseException as err:  # noqa: BLE001 - re-raised in the main thread
             self._fail(err)
 
     def target_worker(self) -> None:
-        from infer.engines.decode import RowSpec
-
         st, opts = self.state, self.state.opts
-        batch = self.target.open_batch(opts.target_params)
+        stream = self.target.open_stream(opts.target_params)
+        live: set[tuple[int, int]] = set()
         try:
             while True:
                 with self.cond:
-                    while not self.stop and not len(batch) and not self._pending_target_jobs():
+                    while not self.stop and not live and not self._pending_target_jobs():
                         self.cond.wait()
                     if self.stop:
                         return
-                    stale = [k for k in batch.keys if k[0] != self.epoch]
+                    stale = [k for k in live if k[0] != self.epoch]
                     jobs = self._pending_target_jobs()
-                    for key, prefix, _ in jobs:
-                        self.launched.add(key)
-                        self.prefixes[key] = prefix
+                    self.launched.update(key for key, _ in jobs)
                 t0 = time.perf_counter()
-                batch.remove(stale)
-                specs = [RowSpec(key, self.target.encode_prefix(prefix), cap, seed_for(opts.seed, "target", prefix, 0))
-                         for key, prefix, cap in jobs]
-                finished = batch.add(specs) if specs else []
-                rows = len(batch)
-                if rows:
-                    finished += batch.step()
+                stream.cancel(stale)
+                live.difference_update(stale)
+                live.update(key for key, _ in jobs)
+                finished = stream.add(jobs) if jobs else []
+                if len(stream):
+                    finished += stream.step()
+                live.difference_update(key for key, _ in finished)
                 dt = time.perf_counter() - t0
+                work = stream.take_stats()
                 with self.cond:
-                    stt = st.stats
-                    stt.target_time_s += dt
-                    stt.target_iterations += 1
-                    stt.target_row_iterations += rows
-                    stt.target_rows += len(specs)
-                    stt.target_calls += 1 if specs else 0
+                    st.book("target", work, len(jobs), calls=1 if jobs else 0, seconds=dt)
                     for key, step in finished:
-                        stt.target_generated_tokens += step.num_tokens
                         if key[0] == self.epoch:
                             self.results[key] = step
                     if finished:
@@ -375,28 +370,11 @@ class _AsyncRun:
                 s = self.results.pop(key)
                 d = self.drafts[0] if self.drafts else None
                 context = StepContext(st.question, tuple(st.texts()))
-                prefix = self.prefixes[key]
+                seed_key = self.keys[key]
                 position = self.stage_position
             verdict = None
             if d is not None:
-                dstep = d[0]
-                if not st.acceptable(dstep):
-                    verdict = _length_cut_verdict()
-                elif verifier.needs_features and not dstep.text:
-                    verdict = Verdict(False, float("nan"), 0.0, {"reason": "empty"})
-                else:
-                    item = VerifyItem(context, dstep.text, s.text, seed=seed_for(st.opts.seed, "accept", prefix, 0),
-                                      meta={"position": position, "branch": 0})
-                    if verifier.needs_features:
-                        t0 = time.perf_counter()
-                        for role, engine in (("target", self.target), ("draft", self.draft)):
-                            pre = engine.format_prefix(st.question, context.steps, st.opts.delimiter)
-                            sc = engine.score(pre, [dstep.text], hidden=True, layers=verifier.layers(role))[0]
-                            setattr(item, f"{role}_features", verifier.pooled(sc, role))
-                        st.stats.score_time_s += time.perf_counter() - t0
-                    t0 = time.perf_counter()
-                    verdict = verifier.verify([item])[0]
-                    st.stats.verify_time_s += time.perf_counter() - t0
+                verdict = self._judge(d[0], s, context, seed_key, position)
             with self.cond:
                 record = {"cycle": st.stats.cycles, "start_step": n, "positions": [], "targets": [step_record(s)],
                           "drafts": [] if d is None else [step_record(d[0], d[1], depth=position, branch=0,
@@ -422,6 +400,33 @@ class _AsyncRun:
                     self.stop = True
                 self.cond.notify_all()
 
+    def _judge(self, dstep: Step, target_step: Step, context: StepContext, seed_key: str, position: int) -> Verdict:
+        """The verdict on the first pending draft (main thread, without the lock)."""
+        st, verifier = self.state, self.verifier
+        reason = st.unacceptable(dstep)
+        if reason is not None:
+            return refused(reason)
+        if verifier.needs_features and not dstep.text:
+            return refused("empty")
+        item = VerifyItem(context, dstep.text, target_step.text, seed=seed_for(st.opts.seed, "accept", seed_key, 0),
+                          meta={"position": position, "branch": 0})
+        if verifier.needs_features:
+            prefix = Prefix(st.question, tuple(st.committed), st.opts.delimiter)
+            for role, engine in (("target", self.target), ("draft", self.draft)):
+                # scoring runs beside the worker threads: its passes are booked as scoring time only
+                sc = engine.score(prefix, [dstep.text], hidden=True, layers=verifier.layers(role))
+                with self.cond:
+                    st.stats.score_time_s += sc.stats.seconds
+                if role == "target":
+                    item.target_features = verifier.pooled(sc.steps[0], role)
+                else:
+                    item.draft_features = verifier.pooled(sc.steps[0], role)
+        t0 = time.perf_counter()
+        verdict = verifier.verify([item])[0]
+        with self.cond:
+            st.stats.verify_time_s += time.perf_counter() - t0
+        return verdict
+
     def _draft_expected(self) -> bool:
         """Will the draft thread produce the draft for the first uncommitted position?"""
         return self._can_draft()
@@ -429,18 +434,17 @@ class _AsyncRun:
 
 def lookahead_async(question: str, target, draft, verifier: Verifier, opts: DecodeOptions) -> GenerationResult:
     """Async Lookahead Reasoning (W = 1): drafting, target steps and verification overlap."""
-    _check_verifier(verifier, draft)
+    check_verifier(verifier, draft)
     if opts.width != 1:
         raise ValueError("async Lookahead Reasoning runs one branch per position (width = 1); "
                          "use lr_sync for multi-branch drafting")
+    if target is draft:
+        raise ValueError("async Lookahead Reasoning drives the draft and target engines from two threads; "
+                         "give it two engine objects (they may share the model weights)")
     state = GenState(question, target, draft, opts, "lr_async")
     run = _AsyncRun(state, target, draft, verifier)
     threads = [threading.Thread(target=run.draft_worker, name="lr-draft", daemon=True),
                threading.Thread(target=run.target_worker, name="lr-target", daemon=True)]
-    # torch releases the GIL inside its kernels, but the Python between them (most of a small draft
-    # model's time) holds it; a short switch interval keeps the target thread from waiting 5 ms for it
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(min(interval, ASYNC_SWITCH_INTERVAL))
     for t in threads:
         t.start()
     try:
@@ -452,7 +456,6 @@ def lookahead_async(question: str, target, draft, verifier: Verifier, opts: Deco
             run.cond.notify_all()
         for t in threads:
             t.join()
-        sys.setswitchinterval(interval)
     if run.error is not None:
         raise run.error
     return result

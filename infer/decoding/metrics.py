@@ -157,17 +157,17 @@ def read_trace(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def join_steps(texts: Sequence[str], delimiter: str = "\n\n") -> str:
-    """The output text as the models condition on it: every step but the last ends with the delimiter."""
-    parts = [t if (i == len(texts) - 1 or t.endswith(delimiter)) else t + delimiter for i, t in enumerate(texts)]
-    return "".join(parts)
+def join_steps(texts: Sequence[str]) -> str:
+    """The output text: the steps as they were written, one after the other (a step that stopped on the
+    delimiter ends with it; a step cut by the token cap is continued as it is)."""
+    return "".join(texts)
 
 
-def replay_text(records: Sequence[dict], delimiter: str = "\n\n", problem: str | None = None) -> str:
+def replay_text(records: Sequence[dict], problem: str | None = None) -> str:
     """Rebuild the output of one generation from its trace (records of one problem, in order)."""
     texts = [c["text"] for rec in records if problem is None or rec.get("problem") == problem
              for c in rec["committed"]]
-    return join_steps(texts, delimiter)
+    return join_steps(texts)
 
 
 def stats_from_trace(records: Sequence[dict]) -> RunStats:

@@ -1,4 +1,4 @@
-"""SemanticSpec decoding (paper 003, Alg. 1): probes decide, the target only regenerates on rejection.
+"""SemanticSpec decoding (Alg. 1 of the SemanticSpec paper): probes decide, the target only regenerates on rejection.
 
 One cycle:
 1. The draft writes γ' = min(γ, steps left) steps s̃₁..s̃_γ' one after the other (it stops early at an
@@ -10,7 +10,8 @@ One cycle:
    from the draft probe; the draw is seeded by the prefix, see common.seed_for). At the first rejection
    the target writes that step itself and the remaining drafts are dropped. When every draft passes the
    next cycle starts from the new prefix (no bonus step: the target pass wrote nothing).
-A draft cut by the step-token cap or empty is treated as rejected (the target rewrites it). Any
+A draft cut by the step-token cap, empty, or ending the answer (EOS or a boxed final answer) is treated
+as rejected (the target rewrites it: the answer always ends on a target step). Any
 verifier that judges a draft without the target's own step also plugs in (bernoulli, accept_all,
 reject_all); then no hidden states are read, but the target pass still runs, as in the algorithm.
 """
@@ -18,13 +19,13 @@ from __future__ import annotations
 
 import time
 
-from infer.decoding.common import DecodeOptions, GenerationResult, GenState, seed_for, step_record
-from infer.decoding.lookahead import _check_verifier, _length_cut_verdict
+from infer.decoding.common import (DecodeOptions, GenerationResult, GenState, check_verifier, refused, seed_for,
+                                   step_record)
 from infer.verifiers import StepContext, Verdict, Verifier, VerifyItem
 
 
 def semanticspec(question: str, target, draft, verifier: Verifier, opts: DecodeOptions) -> GenerationResult:
-    _check_verifier(verifier, draft)
+    check_verifier(verifier, draft)
     if verifier.needs_target_step:
         raise ValueError(f"SemanticSpec judges a draft step without the target's own step; the {verifier.name} "
                          "verifier needs one. Use probe (or bernoulli / accept_all / reject_all), or run "
@@ -41,28 +42,25 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
     g = min(opts.gamma, state.steps_left)  # >= 1 and cap() >= 1 while the generation runs
     drafts, tokens = [], []
     for _ in range(g):
-        used = sum(tokens)
-        cap = state.cap(used)
+        cap = state.cap(sum(tokens))
         if cap < 1:
             break
-        prefix = state.prefix(draft, [d.text for d in drafts])
-        step = state.generate(draft, "draft", [prefix], [seed_for(opts.seed, "draft", prefix, 0)], [cap],
+        prefix = state.prefix(drafts)
+        step = state.generate(draft, "draft", [prefix], [seed_for(opts.seed, "draft", state.key(prefix), 0)], [cap],
                               opts.draft_params)[0]
-        state.keep(0)  # the next draft step extends this one
         drafts.append(step)
         tokens.append(state.count_tokens(step, draft))
-        if not state.acceptable(step) or step.stop_reason == "eos":
+        if not state.acceptable(step):
             break
     texts = [d.text for d in drafts]
     # one teacher-forced target pass over all drafts (and the draft's own pass when probes need it)
-    t0 = time.perf_counter()
     scorable = [i for i, t in enumerate(texts) if t]
     need = verifier.needs_features
-    t_scored = target.score_chain(state.prefix(target), [texts[i] for i in scorable], hidden=need,
-                                  layers=verifier.layers("target") if need else None) if scorable else []
-    d_scored = draft.score_chain(state.prefix(draft), [texts[i] for i in scorable], hidden=True,
-                                 layers=verifier.layers("draft")) if need and scorable else []
-    stats.score_time_s += time.perf_counter() - t0
+    chosen = [texts[i] for i in scorable]
+    t_scored = state.score(target, "target", state.prefix(), chosen, chain=True, hidden=need,
+                           layers=verifier.layers("target") if need else None) if scorable else []
+    d_scored = state.score(draft, "draft", state.prefix(), chosen, chain=True,
+                           layers=verifier.layers("draft")) if need and scorable else []
     feats = {}
     if need:
         for i, ts, ds in zip(scorable, t_scored, d_scored):
@@ -70,15 +68,14 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
     # decide in order; only the decisions the walk reaches are drawn
     committed, positions, verdicts = [], [], []
     for i, step in enumerate(drafts):
-        prefix = state.prefix(target)
-        if not state.acceptable(step):
-            verdict = _length_cut_verdict()
-        elif not step.text:
-            verdict = Verdict(False, float("nan"), 0.0, {"reason": "empty"})
+        prefix = state.prefix()
+        reason = state.unacceptable(step) or (None if step.text else "empty")
+        if reason is not None:
+            verdict = refused(reason)
         else:
             tf, df = feats.get(i, (None, None))
             item = VerifyItem(StepContext(state.question, tuple(state.texts())), step.text, None, df, tf,
-                              seed_for(opts.seed, "accept", prefix, 0), {"position": i, "branch": 0})
+                              seed_for(opts.seed, "accept", state.key(prefix), 0), {"position": i, "branch": 0})
             t0 = time.perf_counter()
             verdict = verifier.verify([item])[0]
             stats.verify_time_s += time.perf_counter() - t0
@@ -90,9 +87,8 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
             if state.done:
                 break
             continue
-        regen = state.generate(target, "target", [prefix], [seed_for(opts.seed, "target", prefix, 0)],
+        regen = state.generate(target, "target", [prefix], [seed_for(opts.seed, "target", state.key(prefix), 0)],
                                [state.cap()], opts.target_params)[0]
-        state.keep(0)
         committed.append(state.commit(regen, "target", state.count_tokens(regen, target)).to_dict())
         break
     stats.cycles += 1

@@ -1,11 +1,13 @@
-"""Step engines: one interface (`StepEngine`), implemented with transformers; vLLM can follow."""
+"""Step engines: one interface (`StepEngine`, see `infer.engines.base`), implemented with transformers."""
 from __future__ import annotations
 
-from infer.engines.base import EngineInfo, SamplingParams, ScoredStep, Step, StepEngine
-from infer.engines.hf import HFStepEngine, PromptTooLongError
+from infer.engines.base import (EngineInfo, EngineStats, Generation, Prefix, PromptTooLongError, SamplingParams,
+                                ScoredStep, Scoring, SerialStream, Step, StepEngine, StepRequest, StepStream)
+from infer.engines.hf import HFStepEngine
 
-__all__ = ["EngineInfo", "SamplingParams", "ScoredStep", "Step", "StepEngine", "HFStepEngine",
-           "PromptTooLongError", "build_engine", "build_engine_pair", "sampling_params"]
+__all__ = ["EngineInfo", "EngineStats", "Generation", "Prefix", "PromptTooLongError", "SamplingParams",
+           "ScoredStep", "Scoring", "SerialStream", "Step", "StepEngine", "StepRequest", "StepStream",
+           "HFStepEngine", "build_engine", "build_engine_pair", "sampling_params"]
 
 
 def build_engine(name: str, models_cfg, **kw) -> HFStepEngine:

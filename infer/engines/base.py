@@ -162,7 +162,7 @@ class EngineStats:
     tokens run through the model; reused_prefix_tokens: prompt tokens served from a cache instead;
     decode_tokens: tokens fed during decoding; generated_tokens: tokens in the returned steps;
     spec_*: token-level speculation inside steps (rounds with a proposal, tokens proposed / accepted);
-    seconds: wall time of the call.
+    proposer_forward_passes: forward passes of an assistant model proposing those tokens; seconds: wall time of the call.
     """
 
     forward_passes: int = 0
@@ -175,6 +175,7 @@ class EngineStats:
     spec_rounds: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0
+    proposer_forward_passes: int = 0
     seconds: float = 0.0
 
     def __add__(self, other: "EngineStats") -> "EngineStats":

@@ -12,8 +12,10 @@ assistant model that shares the target's tokenizer), which gives a simple exact 
   P(x) = p(x), and P(y) = (1 − p(x)) · p(y) / (1 − p(x)) = p(y) for y ≠ x.
 
 `p` is the distribution the engine samples from (temperature, then top-p), so speculation and plain
-sampling target the same distribution. The functions here are pure (tensors in, token lists out) and are
-unit-tested on tiny arrays; `infer.engines.decode.DecodeBatch` calls them.
+sampling target the same distribution: `draw_tokens` is the one sampling rule of the transformers engine,
+with or without a proposal (no proposal: one draw from p, or the argmax under greedy). The functions here
+are pure (tensors in, token lists out) and are unit-tested on tiny arrays;
+`infer.engines.hf_kv.DecodeBatch` calls them.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, Sequence
 
 import torch
+
+from infer.engines.base import EngineStats
 
 TokenSpecMethod = Literal["ngram", "assistant"]
 
@@ -62,8 +66,9 @@ def ngram_propose(context: Sequence[int], max_ngram: int, k: int, min_ngram: int
 
 
 class Proposer(Protocol):
-    def propose(self, context: Sequence[int], k: int) -> list[int]:
-        """Up to k tokens that might follow `context` (token ids of the target's tokenizer)."""
+    def propose(self, context: Sequence[int], k: int, stats: EngineStats) -> list[int]:
+        """Up to k tokens that might follow `context` (token ids of the target's tokenizer); model work
+        is added to `stats.proposer_forward_passes`."""
         ...
 
 
@@ -73,15 +78,8 @@ class NgramProposer:
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def propose(self, context: Sequence[int], k: int) -> list[int]:
+    def propose(self, context: Sequence[int], k: int, stats: EngineStats | None = None) -> list[int]:
         return ngram_propose(context, self.max_ngram, k, self.min_ngram)
-
-
-def same_tokenizer(tok_a, tok_b) -> bool:
-    """True when two tokenizers map every token to the same id (assistant speculation needs that)."""
-    if tok_a is tok_b:
-        return True
-    return tok_a.get_vocab() == tok_b.get_vocab()
 
 
 class AssistantProposer:
@@ -91,15 +89,19 @@ class AssistantProposer:
     round are encoded before the k greedy tokens are decoded.
     """
 
-    def __init__(self, assistant, target_tokenizer):
-        if not same_tokenizer(assistant.tokenizer, target_tokenizer):
+    def __init__(self, assistant, target_tokenizer_id: str):
+        if assistant.info.tokenizer_id != target_tokenizer_id:
             raise ValueError(
                 f"assistant speculation needs the draft and target to share a tokenizer; "
-                f"{assistant.model_name!r} has a different vocabulary. Use token_spec=ngram instead.")
+                f"{assistant.info.model_id!r} has a different vocabulary. Use token_spec=ngram instead.")
         self.assistant = assistant
 
-    def propose(self, context: Sequence[int], k: int) -> list[int]:
-        return self.assistant.greedy_continue(list(context), k)
+    def propose(self, context: Sequence[int], k: int, stats: EngineStats | None = None) -> list[int]:
+        own = EngineStats()
+        out = self.assistant.greedy_continue(list(context), k, own)
+        if stats is not None:
+            stats.proposer_forward_passes += own.forward_passes
+        return out
 
 
 # ----------------------------------------------------------------------------- distributions
@@ -174,3 +176,13 @@ def sample_accept(proposal: Sequence[int], probs: torch.Tensor, generator: torch
         return out
     out.append(sample_from(probs[len(proposal)], generator))
     return out
+
+
+def draw_tokens(proposal: Sequence[int], logits: torch.Tensor, temperature: float, top_p: float,
+                generator: torch.Generator | None) -> list[int]:
+    """The accepted proposal prefix plus one new token, from one row's logits (len(proposal) + 1, vocab):
+    argmax at temperature 0, else the nucleus distribution with one uniform draw per token from the
+    row's own generator (so a row's draws never depend on the other rows of a batch)."""
+    if temperature == 0:
+        return greedy_accept(proposal, logits.argmax(-1).tolist())
+    return sample_accept(proposal, filtered_probs(logits, temperature, top_p), generator)

@@ -1,57 +1,59 @@
-"""Batched step decoding where every row has its own prefix, seed and token cap.
+"""Everything of the transformers engine that touches the model call and its KV cache.
 
-`DecodeBatch` is the unit of work of the decoding runtime: Lookahead Reasoning's γ+1 target steps
-(each after a different prefix x ⊕ ŝ₀..ŝ_{j-1}) run as one batch, and the async runtime adds rows to a
-running batch as soon as their prefixes exist (continuous batching).
+`ModelRunner` owns the model, its lock and the prefix cache: every forward pass of `HFStepEngine`
+goes through `ModelRunner.forward`, and every transformers-internal detail (DynamicCache layers,
+cropping, batch ops, hidden-state outputs) lives in this module.
+
+Prefix reuse. A prompt's KV cache is computed once and shared by every row decoded after it; the
+last few prefixes are kept (LRU), and so is the KV of every one-sample step of the latest decoding
+call on this runner (`DecodeBatch(keep_finished=True)`), so a growing chain (the decoding runtime) only
+encodes its new tokens. Prefixes are token ids built from the steps' own ids
+(`infer.engines.tokens.StepTokenizer.prefix_ids`), so a committed step is found again exactly.
+
+`DecodeBatch` is the unit of decoding: rows with their own prefix, seed and token cap decode in one
+batch, one forward per iteration, and rows can join a running batch (continuous batching).
 
 Layout. The batch KV cache has one slot per row and a common set of columns. Every row knows which
 column holds each of its prompt tokens (`cols`); columns a row does not use are *holes* (attention mask
 0), and every row carries its own position ids, so rows of different lengths decode side by side with
 no re-padding. A new row is not re-encoded from scratch:
 - the *base* (the longest token prefix common to the rows the batch started with) is encoded once,
-  through the engine's prefix cache, and sits in columns 0..len(base)-1;
+  through the prefix cache, and sits in columns 0..len(base)-1;
 - a joining row copies the K/V columns of the row (or base) it shares the longest token prefix with
   (the KV of a token depends only on the tokens before it), and only its own tail is forwarded, into
   new columns (holes for every other row). The γ+1 prefixes of an LR batch are nested, so the longest
   is encoded once and the others add a token or two; an async row reuses the row before it.
 Token speculation adds a few proposed tokens per row to each forward; the columns of rejected proposals
-become holes. Columns no row uses any more are dropped from time to time (`_compact`). The result is
-what decoding each row alone computes, up to floating-point differences of batched kernels.
+become holes. Columns no row uses any more are dropped from time to time (`_compact`).
+
+Sampling. Each row draws from its own generator, one uniform per token by inverting the CDF of its own
+distribution (`token_spec.draw_tokens`), so which random numbers a row uses never depends on the other
+rows. The logits themselves come from batched kernels: rows of different batches agree up to
+floating-point rounding, not bit for bit.
 """
 from __future__ import annotations
 
+import copy
+import hashlib
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
 import torch
 
-from infer.engines.base import SamplingParams, Step
-from infer.engines.token_spec import filtered_probs, greedy_accept, sample_accept
+from infer.engines.base import EngineStats, PromptTooLongError, SamplingParams, ScoredStep, Step
+from infer.engines.token_spec import draw_tokens
+from infer.engines.tokens import StepTokenizer
 
 
-@dataclass
-class RowSpec:
-    """One row to decode: `key` identifies it in the results."""
-
-    key: Hashable
-    ids: list[int]
-    cap: int
-    seed: int | None = None
-
-
-@dataclass(eq=False)  # rows are compared by identity
-class _Row:
-    key: Hashable
-    ids: list[int]
-    cap: int
-    generator: torch.Generator | None
-    tokens: list[int] = field(default_factory=list)
-    logprob: float = 0.0
-    pos: int = 0  # position id of the next token fed to the model (= pending token)
-    cols: list[int] = field(default_factory=list)  # cache column of each prompt token
-    gen_cols: list[int] = field(default_factory=list)  # cache column of each generated token fed so far
-    donor: "_Row | None" = None  # row whose columns it copies at join time (None: the base)
-    share: int = 0  # prompt tokens taken from the donor / base instead of being forwarded
+def clone_cache(cache):
+    """Cheap copy of a DynamicCache: layers are copied, tensors shared. DynamicLayer.update and
+    batch ops rebind (never write into) their tensors, so the original stays valid."""
+    new = copy.copy(cache)
+    new.layers = [copy.copy(layer) for layer in cache.layers]
+    return new
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
@@ -67,12 +69,196 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
     return n
 
 
+def _croppable(cache) -> bool:
+    return all(getattr(layer, "is_croppable", False) for layer in getattr(cache, "layers", [None]))
+
+
 def _check_plain_cache(cache) -> None:
     for layer in getattr(cache, "layers", []):
         if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
             raise NotImplementedError(
                 f"rows can only join a running batch with a plain DynamicCache; this model uses "
                 f"{type(layer).__name__} layers")
+
+
+def sample_seed(seed: int | None, k: int) -> int | None:
+    """Seed of sample k of a request with `seed`: the seed itself for k = 0, a hash of (seed, k) else."""
+    if seed is None or k == 0:
+        return seed
+    digest = hashlib.blake2b(repr((int(seed), int(k))).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+class ModelRunner:
+    """The model, a lock around its calls, and the prefix cache (see the module doc)."""
+
+    def __init__(self, model, pad_id: int, prefix_cache_size: int = 4):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.pad_id = pad_id
+        self.lock = threading.RLock()
+        self._prefix_cache: OrderedDict[tuple[int, ...], tuple[object, torch.Tensor]] = OrderedDict()
+        self._prefix_cache_size = prefix_cache_size
+        self._recent: dict[tuple[int, ...], tuple[object, torch.Tensor]] = {}  # finished rows of the last batch
+
+    # ---------------------------------------------------------------- forward and prefix cache
+    def forward(self, stats: EngineStats, **kw):
+        with self.lock, torch.inference_mode():
+            stats.forward_passes += 1
+            return self.model(**kw)
+
+    def clear(self) -> None:
+        with self.lock:
+            self._prefix_cache.clear()
+            self._recent = {}
+
+    def prefill(self, ids: list[int], stats: EngineStats):
+        """KV cache (a private copy) and final logits of one prefix, reusing the longest cached prefix."""
+        with self.lock:
+            return self._prefill_locked(list(ids), stats)
+
+    def _entries(self):
+        yield from self._recent.items()
+        yield from self._prefix_cache.items()
+
+    def _prefill_locked(self, ids: list[int], stats: EngineStats):
+        key = tuple(ids)
+        hit = self._prefix_cache.get(key) or self._recent.get(key)
+        if hit is not None:
+            if key in self._prefix_cache:
+                self._prefix_cache.move_to_end(key)
+            stats.reused_prefix_tokens += len(ids)
+            return clone_cache(hit[0]), hit[1]
+        # reuse the cached prefix sharing the most leading tokens, cut back to what they share
+        best, shared = None, 0
+        for cached, (cache, _) in self._entries():
+            n = min(common_prefix_len([cached, key]), len(key) - 1)  # >= 1 new token gives the logits
+            if n > shared and (n == len(cached) or _croppable(cache)):
+                best, shared = cache, n
+                best_len = len(cached)
+        if best is not None:
+            cache = clone_cache(best)
+            if shared < best_len:
+                cache.crop(shared - best_len)
+            new = ids[shared:]
+            stats.reused_prefix_tokens += shared
+        else:
+            cache, new = None, ids
+        stats.prefill_tokens += len(new)
+        inp = torch.tensor([new], device=self.device)
+        pos = torch.arange(len(ids) - len(new), len(ids), device=self.device)[None]
+        out = self.forward(stats, input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=True,
+                           logits_to_keep=1)
+        cache, logits = out.past_key_values, out.logits[0, -1].float()
+        self._prefix_cache[key] = (cache, logits)
+        while len(self._prefix_cache) > self._prefix_cache_size:
+            self._prefix_cache.popitem(last=False)
+        return clone_cache(cache), logits
+
+    def keep_recent(self, rows: dict[tuple[int, ...], tuple[object, torch.Tensor]]) -> None:
+        """Replace the finished rows kept from the last decoding call."""
+        with self.lock:
+            self._recent = rows
+
+    # ---------------------------------------------------------------- greedy proposals (assistant)
+    def greedy_continue(self, ids: list[int], k: int, eos_ids: set[int], stats: EngineStats) -> list[int]:
+        """k greedy tokens after `ids`; stops early at EOS."""
+        out: list[int] = []
+        if k < 1:
+            return out
+        with self.lock:
+            cache, logits = self.prefill(list(ids), stats)
+            position = len(ids)
+            while True:
+                tok = int(logits.argmax(-1))
+                out.append(tok)
+                if len(out) >= k or tok in eos_ids:
+                    return out
+                inp = torch.tensor([[tok]], device=self.device)
+                pos = torch.tensor([[position]], device=self.device)
+                res = self.forward(stats, input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=True)
+                stats.decode_tokens += 1
+                cache, logits = res.past_key_values, res.logits[0, -1]
+                position += 1
+
+    # ---------------------------------------------------------------- teacher forcing
+    def score_rows(self, ids: list[int], chunk: list[list[int]], hidden: bool, chosen: list[int],
+                   stats: EngineStats) -> list[ScoredStep]:
+        """Each step of `chunk` teacher-forced after `ids`; the prefix cache is repeated across the rows
+        (right-padded)."""
+        cache, last_logits = self.prefill(ids, stats)
+        rows, width = len(chunk), max(map(len, chunk))
+        cache.batch_repeat_interleave(rows)
+        inp = torch.full((rows, width), self.pad_id, device=self.device)
+        mask = torch.zeros((rows, len(ids) + width), dtype=torch.long, device=self.device)
+        mask[:, : len(ids)] = 1
+        for r, s in enumerate(chunk):
+            inp[r, : len(s)] = torch.tensor(s)
+            mask[r, len(ids): len(ids) + len(s)] = 1
+        pos = torch.arange(len(ids), len(ids) + width, device=self.device)[None].expand(rows, -1)
+        out = self.forward(stats, input_ids=inp, past_key_values=cache, attention_mask=mask, position_ids=pos,
+                           use_cache=False, output_hidden_states=hidden)
+        stats.prefill_tokens += int(sum(map(len, chunk)))
+        # token t of a step is predicted by the position before it: the prefix's last logits for t = 0
+        pred = torch.cat([last_logits[None, None].expand(rows, 1, -1), out.logits[:, :-1].float()], 1)
+        lp = torch.log_softmax(pred, -1).gather(-1, inp[..., None]).squeeze(-1)
+        hs = torch.stack([out.hidden_states[i] for i in chosen], 1).float() if hidden else None  # (rows, L, T, H)
+        results = []
+        for r, s in enumerate(chunk):
+            n = len(s)
+            mean = hs[r, :, :n].mean(1).cpu() if hidden else None
+            last = hs[r, :, n - 1].cpu() if hidden else None
+            results.append(ScoredStep(list(s), lp[r, :n].cpu(), mean, last))
+        return results
+
+    def score_chain(self, ids: list[int], step_ids: list[list[int]], hidden: bool, chosen: list[int],
+                    stats: EngineStats) -> list[ScoredStep]:
+        """steps[0] ⊕ steps[1] ⊕ ... teacher-forced after `ids` in one pass."""
+        flat = [t for s in step_ids for t in s]
+        cache, last_logits = self.prefill(ids, stats)
+        inp = torch.tensor([flat], device=self.device)
+        pos = torch.arange(len(ids), len(ids) + len(flat), device=self.device)[None]
+        out = self.forward(stats, input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=False,
+                           output_hidden_states=hidden)
+        stats.prefill_tokens += len(flat)
+        pred = torch.cat([last_logits[None], out.logits[0, :-1].float()], 0)
+        lp = torch.log_softmax(pred, -1).gather(-1, inp[0, :, None]).squeeze(-1)
+        hs = torch.stack([out.hidden_states[i][0] for i in chosen], 0).float() if hidden else None  # (L, T, H)
+        results, offset = [], 0
+        for s in step_ids:
+            sl = slice(offset, offset + len(s))
+            mean = hs[:, sl].mean(1).cpu() if hidden and s else None
+            last = hs[:, offset + len(s) - 1].cpu() if hidden and s else None
+            results.append(ScoredStep(list(s), lp[sl].cpu(), mean, last))
+            offset += len(s)
+        return results
+
+
+@dataclass
+class RowSpec:
+    """One row to decode: `key` identifies it in the results."""
+
+    key: Hashable
+    ids: list[int]
+    cap: int
+    seed: int | None = None
+    keep: bool = False  # keep its KV when it finishes (a step the caller may continue)
+
+
+@dataclass(eq=False)  # rows are compared by identity
+class _Row:
+    key: Hashable
+    ids: list[int]
+    cap: int
+    generator: torch.Generator | None
+    keep: bool = False
+    tokens: list[int] = field(default_factory=list)
+    logprob: float = 0.0
+    pos: int = 0  # position id of the next token fed to the model (= pending token)
+    cols: list[int] = field(default_factory=list)  # cache column of each prompt token
+    gen_cols: list[int] = field(default_factory=list)  # cache column of each generated token fed so far
+    donor: "_Row | None" = None  # row whose columns it copies at join time (None: the base)
+    share: int = 0  # prompt tokens taken from the donor / base instead of being forwarded
 
 
 class DecodeBatch:
@@ -82,13 +268,15 @@ class DecodeBatch:
     (cancel rows) or `run` (until every row is done). Not thread-safe: one thread drives a batch.
     """
 
-    def __init__(self, engine, params: SamplingParams, export: bool = False):
-        self.engine = engine
-        self.params = params
-        # export: keep each finished row's KV (prompt + step) so the caller can hand the committed one to
-        # the engine's prefix cache (`HFStepEngine.remember_prefix`) and the next step need not re-encode it
-        self.export = export
-        self.exports: dict[Hashable, tuple[list[int], Any, torch.Tensor]] = {}
+    def __init__(self, runner: ModelRunner, text: StepTokenizer, params: SamplingParams, *,
+                 max_length: int | None = None, proposer=None, spec_tokens: int = 0):
+        self.runner, self.text, self.params = runner, text, params
+        self.max_length = max_length
+        self.proposer, self.spec_tokens = proposer, spec_tokens if proposer is not None else 0
+        self.stats = EngineStats()
+        # KV (prompt + step) of finished rows with `keep`: the runner keeps them so that the next prefix
+        # that continues one of these steps is not encoded again
+        self.finished_kv: dict[tuple[int, ...], tuple[Any, torch.Tensor]] = {}
         self.rows: list[_Row] = []
         self.cache = None
         self.mask: torch.Tensor | None = None  # (rows, cache columns) long
@@ -96,9 +284,7 @@ class DecodeBatch:
         self.base_cache = None  # 1-row cache of base_ids, the prefix shared by the rows the batch began with
         self.base_logits: torch.Tensor | None = None
         self.ncols = 0  # columns of the batch cache
-        self.device = engine.device
-        self.iterations = 0
-        self.row_iterations = 0  # sum over iterations of the rows in the batch
+        self.device = runner.device
         self.shared_tokens = 0  # prompt tokens copied from another row instead of being encoded
 
     # ------------------------------------------------------------------ public API
@@ -122,7 +308,10 @@ class DecodeBatch:
                 raise ValueError(f"row {s.key!r}: token cap must be >= 1, got {s.cap}")
             if not s.ids:
                 raise ValueError(f"row {s.key!r}: empty prompt (no tokens)")
-            self.engine._check_fits(len(s.ids) + s.cap, "prompt plus one step")
+            if self.max_length and len(s.ids) + s.cap > self.max_length:
+                raise PromptTooLongError(
+                    f"row {s.key!r}: prompt plus one step has {len(s.ids) + s.cap} tokens, more than the "
+                    f"context window ({self.max_length}); shorten the prompt or lower the number of steps kept in it")
         with torch.inference_mode():
             creating = not self.rows
             if creating:
@@ -130,10 +319,12 @@ class DecodeBatch:
             new_rows = []
             for s in specs:
                 gen = torch.Generator(device="cpu").manual_seed(s.seed) if s.seed is not None else None
-                new_rows.append(_Row(s.key, list(s.ids), s.cap, gen, pos=len(s.ids)))
+                new_rows.append(_Row(s.key, list(s.ids), s.cap, gen, s.keep, pos=len(s.ids)))
             first_logits: dict[int, torch.Tensor] = {}
             for wave in self._plan(new_rows, creating):
                 first_logits.update(self._join_wave(wave))
+            self.stats.iterations += 1
+            self.stats.row_iterations += len(new_rows)
             finished = []
             for row in new_rows:
                 logits = first_logits[id(row)]
@@ -154,16 +345,14 @@ class DecodeBatch:
         """One forward for all rows (with token speculation when the engine has it on)."""
         if not self.rows:
             return []
-        eng = self.engine
-        proposer, k_cfg = eng.token_proposer(), (eng.token_spec.num_tokens if eng.token_spec else 0)
         proposals: list[list[int]] = []
         for r in self.rows:
-            k = min(k_cfg, r.cap - len(r.tokens) - 1)
-            prop = proposer.propose(r.ids + r.tokens, k) if proposer is not None and k > 0 else []
+            k = min(self.spec_tokens, r.cap - len(r.tokens) - 1)
+            prop = self.proposer.propose(r.ids + r.tokens, k, self.stats) if k > 0 else []
             proposals.append(list(prop)[:max(k, 0)])
         width = 1 + max(len(p) for p in proposals)
         rows = len(self.rows)
-        pad = eng.tokenizer.pad_token_id or 0
+        pad = self.runner.pad_id
         with torch.inference_mode():
             inp = torch.full((rows, width), pad, dtype=torch.long)
             new_mask = torch.zeros((rows, width), dtype=torch.long)
@@ -175,20 +364,20 @@ class DecodeBatch:
                 new_mask[i, :1 + len(prop)] = 1
                 pos[i] = torch.arange(r.pos, r.pos + width)
             attn = torch.cat([self.mask, new_mask], 1)
-            out = eng._forward(input_ids=inp.to(self.device), past_key_values=self.cache,
+            out = self.runner.forward(self.stats, input_ids=inp.to(self.device), past_key_values=self.cache,
                                attention_mask=attn.to(self.device), position_ids=pos.to(self.device), use_cache=True)
             self.cache = out.past_key_values
             logits = out.logits.float()
-            eng.stats["decode_tokens"] += rows
+            self.stats.decode_tokens += int(new_mask.sum())
             finished = []
             for i, (r, prop) in enumerate(zip(self.rows, proposals)):
                 row_logits = logits[i, :1 + len(prop)]
                 new = self._draw(prop, row_logits, r)
                 accepted = len(new) - 1
                 if prop:
-                    eng.stats["spec_rounds"] += 1
-                    eng.stats["spec_proposed"] += len(prop)
-                    eng.stats["spec_accepted"] += accepted
+                    self.stats.spec_rounds += 1
+                    self.stats.spec_proposed += len(prop)
+                    self.stats.spec_accepted += accepted
                     new_mask[i, 1 + accepted:] = 0  # rejected proposals become holes
                 r.pos += 1 + accepted
                 r.gen_cols.extend(range(self.ncols, self.ncols + 1 + accepted))
@@ -201,8 +390,8 @@ class DecodeBatch:
                         break
             self.mask = torch.cat([self.mask, new_mask], 1)
             self.ncols += width
-            self.iterations += 1
-            self.row_iterations += rows
+            self.stats.iterations += 1
+            self.stats.row_iterations += rows
             self._drop([r for r, _ in finished])
             self._compact()
         return [(r.key, s) for r, s in finished]
@@ -216,13 +405,11 @@ class DecodeBatch:
     # ------------------------------------------------------------------ internals
     def _new_base(self, ids_list: list[list[int]]) -> None:
         """A fresh batch: encode the prefix common to its first rows once (engine prefix cache)."""
-        from infer.engines.hf import _clone_cache
-
         lcp = common_prefix_len(ids_list)
         self.base_ids = list(ids_list[0][:lcp])
         if lcp:
-            cache, logits = self.engine._prefill(self.base_ids)
-            self.base_cache, self.base_logits = _clone_cache(cache), logits
+            cache, logits = self.runner.prefill(self.base_ids, self.stats)
+            self.base_cache, self.base_logits = cache, logits
         else:  # nothing in common (different questions)
             self.base_cache, self.base_logits = None, None
         self.cache, self.mask, self.ncols = None, None, lcp
@@ -257,8 +444,6 @@ class DecodeBatch:
 
     def _join_wave(self, rows: list[_Row]) -> dict[int, torch.Tensor]:
         """Give `rows` their cache slots (copied shared columns + forwarded tails); returns first logits."""
-        from infer.engines.hf import _clone_cache
-
         n, old_cols = len(rows), self.ncols
         tails = [r.ids[r.share:] for r in rows]
         m = max(len(t) for t in tails)
@@ -267,10 +452,10 @@ class DecodeBatch:
         if old_cols:
             template = self.cache if self.cache is not None else self.base_cache
             if n == 1 and self.cache is None and rows[0].donor is None and rows[0].share == len(self.base_ids):
-                cache = _clone_cache(self.base_cache)  # the common single-row case: no copying at all
+                cache = clone_cache(self.base_cache)  # the common single-row case: no copying at all
             else:
                 _check_plain_cache(template)
-                cache = _clone_cache(template)
+                cache = clone_cache(template)
                 index = {id(r): i for i, r in enumerate(self.rows)}
                 nb = len(self.base_ids)
                 for li, layer in enumerate(cache.layers):
@@ -292,11 +477,11 @@ class DecodeBatch:
             r.cols = shared
             if r.donor is not None:
                 self.shared_tokens += r.share
-                self.engine.stats["shared_prefix_tokens"] = self.engine.stats.get("shared_prefix_tokens", 0) + r.share
+                self.stats.reused_prefix_tokens += r.share
         logits: dict[int, torch.Tensor] = {}
         if m:
             right = all(r.share > 0 for r in rows)  # a left hole needs something visible to its query
-            pad = self.engine.tokenizer.pad_token_id or 0
+            pad = self.runner.pad_id
             inp = torch.full((n, m), pad, dtype=torch.long)
             pos = torch.zeros((n, m), dtype=torch.long)
             for i, (r, t) in enumerate(zip(rows, tails)):
@@ -308,10 +493,10 @@ class DecodeBatch:
                     r.cols = r.cols + list(range(old_cols + start, old_cols + start + len(t)))
                 pos[i, :start] = r.share
                 pos[i, start + len(t):] = r.share + len(t)
-            out = self.engine._forward(input_ids=inp.to(self.device), past_key_values=cache,
+            out = self.runner.forward(self.stats, input_ids=inp.to(self.device), past_key_values=cache,
                                        attention_mask=mask.to(self.device), position_ids=pos.to(self.device),
                                        use_cache=True, **({"logits_to_keep": 1} if right else {}))
-            self.engine.stats["prefill_tokens"] += sum(len(t) for t in tails)
+            self.stats.prefill_tokens += sum(len(t) for t in tails)
             cache = out.past_key_values
             for i, (r, t) in enumerate(zip(rows, tails)):
                 if t:
@@ -339,19 +524,17 @@ class DecodeBatch:
     def _export(self, row: _Row, logits: torch.Tensor) -> None:
         """Keep a finished row's KV of prompt + step (all but the last token, which was never fed) as a
         1-row cache, with the logits its last token was drawn from."""
-        from infer.engines.hf import _clone_cache
-
-        if not self.export or self.cache is None:
+        if not row.keep or self.cache is None:
             return
         _check_plain_cache(self.cache)
         slot = next(i for i, r in enumerate(self.rows) if r is row)
         fed = len(row.tokens) - 1
         idx = torch.tensor(row.cols + row.gen_cols[:fed], dtype=torch.long, device=self.device)
-        cache = _clone_cache(self.cache)
+        cache = clone_cache(self.cache)
         for layer in cache.layers:
             layer.keys = layer.keys[slot:slot + 1].index_select(2, idx)
             layer.values = layer.values[slot:slot + 1].index_select(2, idx)
-        self.exports[row.key] = (row.ids + row.tokens[:fed], cache, logits.float())
+        self.finished_kv[tuple(row.ids + row.tokens[:fed])] = (cache, logits.float())
 
     def _compact(self, min_cols: int = 256, max_hole_share: float = 0.5) -> None:
         """Drop columns no row attends to (async batches live long and accumulate holes); the base
@@ -378,28 +561,16 @@ class DecodeBatch:
 
     def _draw(self, proposal: list[int], logits: torch.Tensor, row: _Row) -> list[int]:
         """Accepted proposal tokens + one new token, from logits (len(proposal) + 1, vocab)."""
-        p = self.params
-        if p.temperature == 0:
-            return greedy_accept(proposal, logits.argmax(-1).tolist())
-        probs = filtered_probs(logits, p.temperature, p.top_p)
-        return sample_accept(proposal, probs, row.generator)
+        return draw_tokens(proposal, logits, self.params.temperature, self.params.top_p, row.generator)
 
     def _append(self, row: _Row, tok: int, logprob: float) -> Step | None:
         """Add one token to a row; returns its Step when the row is finished."""
-        from infer.engines.hf import find_step_end
-
         row.tokens.append(int(tok))
         row.logprob += logprob
-        eng = self.engine
-        if eng.stop_at_eos and tok in eng.eos_ids:
-            return Step(eng.tokenizer.decode(row.tokens[:-1]), list(row.tokens), "eos", row.logprob)
-        text = eng.tokenizer.decode(row.tokens)
-        end = find_step_end(text, self.params.delimiter)
-        if end is not None:
-            return Step(text[:end], list(row.tokens), "delimiter", row.logprob)
-        if len(row.tokens) >= row.cap:
-            return Step(text, list(row.tokens), "length", row.logprob)
-        return None
+        step = self.text.make_step(row.tokens, row.logprob, row.cap, self.params.delimiter)
+        if step is not None:
+            self.stats.generated_tokens += step.num_tokens
+        return step
 
     def _drop(self, rows: Sequence[_Row]) -> None:
         if not rows:
@@ -416,18 +587,3 @@ class DecodeBatch:
         self.mask = self.mask[idx]
 
 
-def make_row_specs(engine, prefixes: Sequence[str], params: SamplingParams, seeds: Sequence[int | None] | None,
-                   caps: Sequence[int] | None) -> list[RowSpec]:
-    """RowSpecs for `generate_steps`: key = index; seed per row (params.seed + i when none given)."""
-    n = len(prefixes)
-    if seeds is not None and len(seeds) != n or caps is not None and len(caps) != n:
-        raise ValueError(f"seeds and caps must have one entry per prefix ({n})")
-    specs = []
-    for i, prefix in enumerate(prefixes):
-        if seeds is not None:
-            seed: Any = seeds[i]
-        else:
-            seed = None if params.seed is None else params.seed + i
-        cap = params.max_step_tokens if caps is None else min(int(caps[i]), params.max_step_tokens)
-        specs.append(RowSpec(i, engine.encode_prefix(prefix), cap, seed))
-    return specs
