@@ -22,6 +22,7 @@ is the loop over the step-engine interface (`generate`, `score`).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -98,8 +99,13 @@ class ProbeReward:
         self.layers = verifier.layers("target")
 
     def rewards(self, prefix, steps, scored, seed):
-        feats = torch.stack([self.verifier.pooled(s, "target") for s in scored])
-        return [float(x) for x in self.verifier.p(feats).reshape(-1).tolist()]
+        have = [i for i, s in enumerate(scored) if s is not None]
+        out = [0.0] * len(steps)  # an empty step earns nothing
+        if have:
+            feats = torch.stack([self.verifier.pooled(scored[i], "target") for i in have])
+            for i, p in zip(have, self.verifier.p(feats).reshape(-1).tolist()):
+                out[i] = float(p)
+        return out
 
 
 class VerifierReward:
@@ -141,3 +147,60 @@ def reward_from_verifier(verifier) -> StepReward:
     if name == "bernoulli":
         return BernoulliReward(verifier.alpha)
     return VerifierReward(verifier)
+
+
+# ----------------------------------------------------------------------------- the loop
+def specs(question: str, target, draft, reward: StepReward, opts, cfg: SpecSConfig | None = None,
+          method: str = "specs"):
+    """Generate an answer with SpecS. `reward`: a StepReward (see reward_from_verifier). With
+    cfg.tau >= 1 (above any reward in [0, 1]) every round is the target's: target beam search with soft
+    selection, the paper's τ → 1 end and this method's baseline."""
+    from infer.decoding.common import GenState
+
+    cfg = cfg or SpecSConfig()
+    if draft is None and cfg.tau < 1:
+        raise ValueError("SpecS switches to a draft model; pass a draft engine (or tau >= 1 for target beam search)")
+    state = GenState(question, target, draft, opts, method)
+    beta = cfg.resolved_beta(opts.target_params.max_step_tokens)
+    role = TARGET
+    while not state.done:
+        role = _round(state, target, draft, reward, cfg, beta, role)
+    return state.finish(method)
+
+
+def _round(state, target, draft, reward: StepReward, cfg: SpecSConfig, beta: float, role: str) -> str:
+    from infer.decoding.common import seed_for
+    from infer.engines.base import StepRequest
+
+    opts, stats = state.opts, state.stats
+    engine, params = (target, opts.target_params) if role == TARGET else (draft, opts.draft_params)
+    prefix = state.prefix()
+    key = state.key(prefix)
+    out = engine.generate([StepRequest(prefix, cfg.n, seed_for(opts.seed, role, key, "specs"), state.cap())],
+                          params)
+    cands = out.steps[0]
+    state.book(role, out.stats, cfg.n, calls=1)
+    texts = [c.text for c in cands]
+    # one teacher-forced target pass: π_target of draft candidates, and the probe's hidden states
+    full = [i for i, t in enumerate(texts) if t]  # an empty step has nothing to score
+    scored: list = [None] * len(cands)
+    if (role == DRAFT or reward.layers is not None) and full:
+        got = state.score(target, TARGET, prefix, [texts[i] for i in full], hidden=reward.layers is not None,
+                          layers=reward.layers)
+        for i, s in zip(full, got):
+            scored[i] = s
+    log_ratio = [s.logprob - c.logprob if role == DRAFT and s is not None else 0.0
+                 for s, c in zip(scored, cands)]
+    t0 = time.perf_counter()
+    r = reward.rewards(prefix, cands, scored, seed_for(opts.seed, "reward", key))
+    stats.verify_time_s += time.perf_counter() - t0
+    scores = specs_scores(log_ratio, [0.0] * len(cands), r, beta)
+    pick = subsample(scores, torch.Generator().manual_seed(seed_for(opts.seed, "select", key)))
+    stats.record_position(0, role == DRAFT)  # "acceptance" of SpecS: share of rounds the draft wrote
+    committed = state.commit(cands[pick], role, state.count_tokens(cands[pick], engine))
+    nxt = next_generator(r, cfg.tau)
+    stats.cycles += 1
+    state.add_trace({"cycle": stats.cycles - 1, "generator": role, "rewards": r,
+                     "scores": [float(s) for s in scores], "picked": pick, "next": nxt,
+                     "committed": [committed.to_dict()]})
+    return nxt
