@@ -81,6 +81,7 @@ class OutputStep:
     source: str  # "target" | "draft"
     tokens: int  # in target tokens
     stop_reason: str  # the step's own: delimiter | eos | length
+    token_ids: list[int] = field(default_factory=list)  # as written, in the writer's tokenizer
 
     def to_dict(self) -> dict:
         return {"text": self.text, "source": self.source, "tokens": self.tokens, "stop": self.stop_reason}
@@ -166,7 +167,7 @@ class GenState:
     def commit(self, step: Step, source: str, tokens: int) -> OutputStep:
         if self.done:
             raise RuntimeError("commit after the generation ended")
-        out = OutputStep(step.text, source, tokens, step.stop_reason)
+        out = OutputStep(step.text, source, tokens, step.stop_reason, list(step.token_ids))
         self.steps.append(out)
         self.committed.append(step)
         self.tokens_used += tokens

@@ -1,0 +1,138 @@
+"""Exactness relations of the decoding runtime, bit for bit, on toy engines (tests/_toy_engine.py).
+
+The toy engines decide every token with integer arithmetic, so these relations hold on any machine:
+reject-all = target-only (greedy and sampling, every method), accept-all = the draft's chain (+ the
+target's bonus step in sync LR), LR's pairing of draft j with the target step after the same prefix,
+a capped step continued as written (target-only = plain autoregressive output), the answer ending on
+the target's own step, and multi-branch drafting refusing a greedy draft.
+"""
+from __future__ import annotations
+
+import pytest
+
+from infer.decoding import DecodeOptions, decode
+from infer.engines import Prefix, SamplingParams, StepRequest
+from infer.verifiers import BernoulliVerifier, Verifier, build_verifier
+
+from _toy_engine import ToyEngine
+
+Q = "What is one plus two?"
+SPEC = ["lr_sync", "lr_async", "semanticspec"]
+
+
+def options(temperature=0.0, cap=6, **kw) -> DecodeOptions:
+    base = dict(gamma=3, max_steps=8, max_new_tokens=400, seed=5,
+                target_params=SamplingParams(temperature=temperature, max_step_tokens=cap))
+    base.update(kw)
+    return DecodeOptions(**base)
+
+
+def greedy_step(engine, steps=(), cap=6):
+    return engine.generate([StepRequest(Prefix(Q, tuple(steps)))], SamplingParams(temperature=0, max_step_tokens=cap)).steps[0][0]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_reject_all_every_method_writes_the_target_only_output(temperature):
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    opts = options(temperature)
+    base = decode("target", Q, target, None, None, opts)
+    assert len(base.steps) == 8
+    for method in SPEC:
+        res = decode(method, Q, target, draft, build_verifier("reject_all"), opts)
+        assert res.text == base.text and res.stats.accepted == 0 and res.stats.judged > 0, method
+        assert [s.token_ids for s in res.steps] == [s.token_ids for s in base.steps], method
+    wide = opts.replace(width=2, draft_params=SamplingParams(temperature=0.8, max_step_tokens=6))
+    assert decode("lr_sync", Q, target, draft, build_verifier("reject_all"), wide).text == base.text
+
+
+def test_capped_steps_continue_as_written_target_only_is_plain_autoregression():
+    """Steps cut by a small cap get no invented delimiter: target-only's tokens are exactly one long
+    greedy generation."""
+    target = ToyEngine("target", delimiter_weight=45)
+    res = decode("target", Q, target, None, None, options(cap=3, max_steps=30, max_new_tokens=40))
+    assert {s.stop_reason for s in res.steps} >= {"length", "delimiter"}  # both kinds of step occur
+    written = [t for s in res.steps for t in s.token_ids]
+    head = target.text.prefix_ids(Prefix(Q))
+    assert written == target.continue_ids(head, 40)
+    assert res.text == target.tokenizer.decode(written)
+
+
+def test_accept_all_writes_the_draft_chain():
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    opts = options(accept_length_cut=True)
+    draft_only = decode("draft", Q, target, draft, None, opts)
+    for method in ("lr_async", "semanticspec"):
+        res = decode(method, Q, target, draft, build_verifier("accept_all"), opts)
+        assert res.text == draft_only.text and res.stats.ratio == 0.0, method
+    # sync: gamma drafts, then the target's step after them (the bonus), then the next cycle
+    res = decode("lr_sync", Q, target, draft, build_verifier("accept_all"), opts)
+    chain = []
+    for _ in range(3):
+        chain.append(greedy_step(draft, chain))
+    bonus = greedy_step(target, chain)
+    assert res.step_texts[:4] == [s.text for s in chain] + [bonus.text]
+    assert [s.source for s in res.steps][:4] == ["draft"] * 3 + ["target"]
+
+
+class AcceptFirstPosition(Verifier):
+    """Accepts the draft at lookahead position 0 only."""
+    name = "first_only"
+
+    def _score(self, items):
+        return [(float(it.meta["position"] == 0),) * 2 + ({},) for it in items]
+
+
+def test_lr_pairs_each_draft_with_the_target_step_after_the_same_prefix():
+    # draft = target (same model, greedy): every draft equals the target's step at its position
+    target, same = ToyEngine("target"), ToyEngine("target")
+    opts = options(accept_length_cut=True)
+    base = decode("target", Q, target, None, None, opts)
+    for method in ("lr_sync", "lr_async"):
+        res = decode(method, Q, target, same, build_verifier("exact"), opts)
+        assert res.stats.acceptance_rate == 1.0 and res.text == base.text, method
+    # accepting position 0 only: d0, then the target's step after d0 (not after x, not after d0 d1)
+    draft = ToyEngine("draft")
+    for method in ("lr_sync", "lr_async"):
+        res = decode(method, Q, target, draft, AcceptFirstPosition(), options(accept_length_cut=True, max_steps=2))
+        d0 = greedy_step(draft)
+        t1 = greedy_step(target, [d0])
+        assert res.step_texts == [d0.text, t1.text] and [s.source for s in res.steps] == ["draft", "target"], method
+
+
+def test_the_answer_ends_on_the_targets_own_step():
+    """A draft step that ends the answer (EOS) is never accepted, whatever the verifier says: the
+    target's step at that position is committed instead, and only it can end the answer."""
+    target = ToyEngine("target", eos_weight=41)
+    draft = ToyEngine("draft", eos_weight=60)  # the draft ends the answer early
+    opts = options(accept_length_cut=True, max_steps=40)
+    base = decode("target", Q, target, None, None, opts)
+    assert base.stop_reason == "eos"
+    for method in SPEC:
+        res = decode(method, Q, target, draft, build_verifier("accept_all"), opts)
+        drafts = [s for s in res.steps if s.source == "draft"]
+        assert res.steps[-1].source == "target", method
+        assert all(s.stop_reason != "eos" for s in drafts), method
+        reasons = {d["verdict"]["reason"] for c in res.trace for d in c["drafts"]
+                   if d["verdict"] and "reason" in d["verdict"]}
+        assert "ends answer" in reasons, method
+    # draft = target: the EOS step the draft proposes is the target's own, so the output is target-only's
+    same = decode("lr_sync", Q, target, ToyEngine("target", eos_weight=41), build_verifier("accept_all"), opts)
+    assert same.text == base.text and same.stop_reason == "eos"
+
+
+def test_multi_branch_needs_a_sampling_draft():
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    with pytest.raises(ValueError, match="width=2.*temperature"):
+        options(width=2)  # greedy draft: both branches would be the same step
+    opts = options(width=2, gamma=2, draft_params=SamplingParams(temperature=0.8, max_step_tokens=6))
+    res = decode("lr_sync", Q, target, draft, BernoulliVerifier(0.3), opts)
+    first = [d["text"] for d in res.trace[0]["drafts"] if d["depth"] == 0]
+    assert len(first) == 2 and first[0] != first[1]
+
+
+def test_async_output_does_not_depend_on_lookahead_depth():
+    """Every generation and draw is keyed by its prefix: γ changes how far the draft runs ahead, not
+    what is written."""
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    outs = {decode("lr_async", Q, target, draft, BernoulliVerifier(0.5), options(0.8, gamma=g)).text for g in (1, 2, 4)}
+    assert len(outs) == 1
