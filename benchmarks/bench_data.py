@@ -6,7 +6,10 @@
 Always generates into a fresh temporary output folder (a reused folder would measure nothing) unless
 --output-dir is given. Prints contexts per minute; judge pairs per context next to the all-pairs count
 N(N-1)/2 per model (and N(N-1), the directed NLI evaluations that pairwise bidirectional entailment would
-take); the share of time in sampling, clustering, hidden-state recording and writing; and the forward
+take); judge pairs per context of both clustering schemes side by side (the reference last-match
+scheme and first-match, re-clustering the stored samples through the folder's judge cache, so only
+pairs the run did not ask reach the judge model); the share of time in sampling, clustering,
+hidden-state recording and writing; and the forward
 passes per context and model spent recording hidden states (the design: one batched pass per context
 and model, the prefix's KV cache reused from sampling instead of encoding it again).
 """
@@ -33,7 +36,8 @@ def report(result, load_seconds: float) -> str:
     total = sum(run.seconds.values()) or 1.0
     lines = [
         f"config: N = {n}, models {models}, layers {manifest['layers_option']} "
-        f"({len(manifest['layers']['target'])} rows), judge {manifest['judge']}",
+        f"({len(manifest['layers']['target'])} rows), judge {manifest['judge']}, "
+        f"clustering {manifest.get('config', {}).get('data', {}).get('cluster_scheme', '?')}",
         f"contexts: {run.contexts} done ({run.skipped} skipped) in {run.wall_seconds:.1f}s "
         f"(+ {load_seconds:.1f}s loading models and judge) -> {60 * run.contexts / max(run.wall_seconds, 1e-9):.2f} "
         "contexts/min",
@@ -50,6 +54,46 @@ def report(result, load_seconds: float) -> str:
                          f"in {calls / contexts:.2f} score call(s); prefix KV reused from sampling in "
                          f"{run.prefix_reused[role]} of {calls} calls (else +1 prefix encode)")
     return "\n".join(lines)
+
+
+class _PairCounter:
+    """Counts the pairs a clustering asks (cache hits included), passing them to the cached judge."""
+
+    def __init__(self, judge):
+        self.judge_, self.pairs = judge, 0
+
+    def judge(self, items):
+        self.pairs += len(items)
+        return self.judge_.judge(items)
+
+
+def scheme_comparison(data_dir, inner_judge) -> str:
+    """Judge pairs per context of the reference and first-match schemes on the stored samples."""
+    from collections import defaultdict
+
+    from data_gen.cluster import SCHEMES, cluster_many
+    from data_gen.judges import CachedJudge
+    from data_gen.store import JUDGE_CACHE, open_dataset
+
+    ds = open_dataset(data_dir)
+    context_text = {r["context_id"]: r["context_text"] for r in ds.contexts.to_pylist()}
+    groups = defaultdict(list)
+    for r in ds.samples.to_pylist():
+        groups[(r["context_id"], r["model"])].append((int(r["sample_id"].rsplit("/", 1)[1]), r["text"]))
+    keys = sorted(groups)
+    contexts = [context_text[c] for c, _ in keys]
+    texts = [[t for _, t in sorted(groups[k])] for k in keys]
+    cached = CachedJudge(inner_judge, Path(data_dir) / JUDGE_CACHE)
+    lines, ids = [], {}
+    num_contexts = max(len(context_text), 1)
+    for scheme in SCHEMES:
+        counter, calls_before = _PairCounter(cached), cached.misses
+        ids[scheme] = [c.cluster_ids for c in cluster_many(contexts, texts, counter, scheme=scheme)]
+        lines.append(f"  {scheme}: {counter.pairs / num_contexts:.1f} judge pairs per context "
+                     f"({cached.misses - calls_before} not in the run's cache)")
+    differ = sum(a != b for a, b in zip(ids["reference"], ids["first_match"]))
+    return ("clustering schemes on the stored samples (all models):\n" + "\n".join(lines)
+            + f"\n  clusters differ in {differ} of {len(keys)} (context, model) groups")
 
 
 def main(argv=None) -> int:
@@ -80,6 +124,7 @@ def main(argv=None) -> int:
         return 1
     print(f"output: {result.data_dir}")
     print(report(result, load_seconds))
+    print(scheme_comparison(result.data_dir, judge))
     return 0
 
 

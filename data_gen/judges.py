@@ -339,9 +339,9 @@ class EmbeddingNumberJudge(EquivalenceJudge):
 class CachedJudge(EquivalenceJudge):
     """Memoises another judge's decisions, optionally persisted as append-only JSONL.
 
-    Key: sha256 of (inner.name, context, normalised a, normalised b); the pair is sorted first when
-    the inner judge is symmetric, so (a, b) and (b, a) share one entry. Steps that differ only in case
-    or whitespace share a decision (clustering treats them as duplicates too).
+    Key: sha256 of (inner.name, context, whitespace-normalised a, b); the pair is sorted first when
+    the inner judge is symmetric, so (a, b) and (b, a) share one entry. Steps that differ only in
+    whitespace share a decision (clustering treats them as duplicates too); letter case is kept.
 
     The file holds one ``{"key": ..., "equivalent": ...}`` per line. Loading skips malformed lines and
     cuts off a partial last line (a crash mid-write), so a resumed run reuses everything written whole.
@@ -371,7 +371,9 @@ class CachedJudge(EquivalenceJudge):
         if self.symmetric and b < a:
             a, b = b, a
         payload = json.dumps([self.inner.name, q.context, a, b], ensure_ascii=False)
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+        # surrogatepass: text read from JSON may hold a lone surrogate, which strict UTF-8 refuses; valid
+        # text encodes as before, so existing caches keep their keys.
+        return hashlib.sha256(payload.encode("utf-8", errors="surrogatepass")).hexdigest()
 
     def judge(self, items: Sequence[PairQuery]) -> list[bool]:
         items = list(items)

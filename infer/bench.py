@@ -274,11 +274,22 @@ def _set_token_spec(env: BenchEnv, spec: MethodSpec) -> None:
     engine.set_token_spec(cfg, assistant=env.draft if mode == "assistant" else None)
 
 
+def _same_cache_state(env: BenchEnv) -> None:
+    """Empty both engines' prompt-prefix caches, so every method (the baseline included) starts each
+    problem cold and pays its own prompt prefill; otherwise a method run after another on the same
+    question reuses the prefill that the earlier one paid for."""
+    for engine in (env.target, env.draft):
+        clear = getattr(engine, "clear_prefix_cache", None)
+        if clear is not None:
+            clear()
+
+
 def _run_one(env: BenchEnv, spec: MethodSpec, question: str, opts: DecodeOptions):
     verifier = None
     if spec.base not in ("target", "draft"):
         verifier = env.verifier(spec.overrides.get("verifier"), spec.overrides.get("alpha"))
     _set_token_spec(env, spec)
+    _same_cache_state(env)
     try:
         if spec.base == "lr_async":  # shorter GIL hand-overs between the draft and target threads
             with fast_thread_switching():
@@ -372,7 +383,8 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
         row = {"method": label, "problems": res.answered, "error": res.error,
                "pass@1": _div(res.correct, res.answered), "correct": res.correct,
                "latency_total_s": latency, "latency_mean_s": _div(latency, res.answered),
-               "speedup": _div(base_latency, latency) if latency else None,
+               # a method (or baseline) that failed mid-run timed fewer problems: no speedup
+               "speedup": _div(base_latency, latency) if latency and not res.error and not base.error else None,
                "output_tokens": st.output_tokens, "tokens_per_s": st.tokens_per_second,
                "acceptance": st.acceptance_rate, "acceptance_by_position": st.acceptance_by_position,
                "judged": st.judged, "mean_accepted_per_cycle": st.mean_accepted_per_cycle, "ratio": st.ratio,

@@ -322,10 +322,27 @@ def test_cache_second_run_makes_no_inner_calls(tmp_path):
     assert resumed.judge(PAIRS) == [True, False, True] and inner2.model_calls == 0
 
 
+def test_cache_with_lone_surrogates_resumes(tmp_path):
+    """Input lines read from JSON can hold a lone surrogate ("\\ud800"); the cache must key, write and
+    reload such pairs, and keep pairs that differ only in the surrogate apart."""
+    path = tmp_path / "cache.jsonl"
+    pairs = [PairQuery("ctx \ud800", "abc", "xyz"), PairQuery("ctx \udfff", "abc", "xyz"),
+             PairQuery("ctx", "a\ud83d", "longer")]
+    first = CachedJudge(CountingJudge(), path)
+    assert first.judge(pairs) == [True, True, False] and first.inner.model_calls == 3
+    path.read_text(encoding="utf-8")  # the file itself is valid UTF-8
+    inner = CountingJudge()
+    resumed = CachedJudge(inner, path)
+    assert len(resumed) == 3 and resumed.skipped_lines == 0
+    assert resumed.judge(pairs) == [True, True, False] and inner.model_calls == 0
+
+
 def test_cache_keys_are_order_free_only_for_symmetric_judges():
     sym = CachedJudge(CountingJudge(symmetric=True))
-    sym.judge([PairQuery("c", "abc", "xyz"), PairQuery("c", "XYZ ", "abc")])  # swapped + normalised
+    sym.judge([PairQuery("c", "abc", "xyz"), PairQuery("c", " xyz\n", "abc")])  # swapped + whitespace
     assert sym.inner.model_calls == 1 and sym.hits == 1
+    sym.judge([PairQuery("c", "abc", "XYZ")])  # letter case may change the meaning: not a cache hit
+    assert sym.inner.model_calls == 2
     asym = CachedJudge(CountingJudge(symmetric=False))
     asym.judge([PairQuery("c", "abc", "xyz"), PairQuery("c", "xyz", "abc")])
     assert asym.inner.model_calls == 2
@@ -365,5 +382,5 @@ def test_cache_survives_a_truncated_last_line(tmp_path, caplog):
 def test_cache_dedupes_within_a_batch():
     inner = CountingJudge()
     cached = CachedJudge(inner)
-    assert cached.judge([PAIRS[0], PAIRS[0], PairQuery("ctx", "ABC", "xyz")]) == [True, True, True]
+    assert cached.judge([PAIRS[0], PAIRS[0], PairQuery("ctx", "abc ", " xyz")]) == [True, True, True]
     assert inner.model_calls == 1 and cached.hits == 2 and cached.misses == 1

@@ -1,0 +1,133 @@
+"""benchmarks/bench_runtime.py explains itself: α's interval and the problems it needs, predictions with
+the independently measured b(k), no speedup for a failed method, the same prefix-cache state for all."""
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from infer import bench
+from infer.config import load_config
+from infer.decoding import RunStats
+from infer.decoding.analytic import predict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("bench_runtime", REPO / "benchmarks" / "bench_runtime.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+br = _script()
+
+
+def test_wilson_interval():
+    lo, hi = br.wilson_interval(60, 100)
+    assert lo == pytest.approx(0.502, abs=1e-3) and hi == pytest.approx(0.691, abs=1e-3)
+    assert br.wilson_interval(0, 0) is None
+    lo0, hi0 = br.wilson_interval(0, 20)
+    assert lo0 == 0.0 and 0 < hi0 < 0.2
+    # the positions_needed count gives a half-width of about the target
+    n = br.positions_needed(0.6, 0.05)
+    lo, hi = br.wilson_interval(round(0.6 * n), n)
+    assert (hi - lo) / 2 == pytest.approx(0.05, abs=0.002)
+
+
+def test_judged_per_step_matches_simulated_sync_cycles():
+    rng = random.Random(0)
+    for alpha, gamma in ((0.6, 3), (0.9, 2), (0.3, 4)):
+        judged = committed = 0
+        for _ in range(40000):
+            j = 0
+            while j < gamma and rng.random() < alpha:
+                j += 1
+            judged += min(j + 1, gamma)  # positions up to the first failure, or all γ
+            committed += j + 1  # accepted drafts plus the target's (or bonus) step
+        assert judged / committed == pytest.approx(br.judged_per_step(alpha, gamma), abs=0.01)
+    assert br.problems_needed(0.6, 3, 24, 0.05) == 18  # ceil(369 / (0.90 * 24))
+    assert br.problems_needed(0.6, 3, 48, 0.05) == 9
+    with pytest.raises(ValueError, match="half_width"):
+        br.positions_needed(0.5, 0)
+
+
+def _row(method, **kw):
+    row = {"method": method, "error": None, "acceptance": 0.6, "judged": 100, "c": 0.1, "b": 1.1, "k": 4,
+           "speedup": 1.2, "analytic_ideal": 1.7, "analytic_adjusted": 1.25, "stats": {"accepted": 60}}
+    return row | kw
+
+
+def test_predictions_use_the_independent_batch_cost():
+    b_of_k = {1: 1.0, 2: 1.2, 3: 1.5, 4: 2.0}
+    for method in ("lr_sync", "lr_async"):
+        got = br.predict_with_batch_cost(_row(method), 3, b_of_k)
+        assert got == pytest.approx(predict(method, 0.6, 0.1, 3, 2.0)["adjusted"])
+        assert got != pytest.approx(predict(method, 0.6, 0.1, 3, 1.1)["adjusted"])  # not the run's own b
+    assert br.predict_with_batch_cost(_row("draft"), 3, b_of_k) is None
+    rows = br.explained_rows({"rows": [_row("target", speedup=1.0), _row("lr_sync")]}, 3, b_of_k)
+    (r,) = rows
+    assert r["over_b_k"] == pytest.approx(1.2 / predict("lr_sync", 0.6, 0.1, 3, 2.0)["adjusted"])
+    assert r["over_ideal"] == pytest.approx(1.2 / 1.7)
+    assert r["alpha_ci"] == pytest.approx(br.wilson_interval(60, 100))
+    assert "0.60 [0.50, 0.69]" in br.format_explained(rows, 3, b_of_k)
+
+
+def test_failed_methods_get_no_speedup():
+    b_of_k = {4: 2.0}
+    report = {"rows": [_row("target", speedup=1.0), _row("lr_sync", error="RuntimeError: boom"), _row("lr_async")]}
+    failed, ok = br.explained_rows(report, 3, b_of_k)
+    assert failed["speedup"] is None and failed["over_b_k"] is None and "boom" in failed["error"]
+    assert ok["speedup"] == 1.2
+    text = br.format_explained([failed, ok], 3, b_of_k)
+    assert "| lr_sync | failed: RuntimeError: boom |" in text
+    report["rows"][0]["error"] = "RuntimeError: baseline died"
+    failed, ok = br.explained_rows(report, 3, b_of_k)
+    assert failed["speedup"] is None and ok["speedup"] is None and "baseline failed" in ok["error"]
+
+
+def _stats(latency):
+    st = RunStats()
+    st.problems, st.latency_s, st.target_time_s, st.target_rows, st.target_iterations = 1, latency, latency, 4, 4
+    return st
+
+
+def test_summary_gives_no_speedup_to_a_method_that_failed_mid_run():
+    cfg = load_config(REPO / "configs" / "tiny.yaml", [])
+    env = SimpleNamespace(cfg=cfg, opts=bench.options_from_config(cfg), verifier_kind="bernoulli", system_speed=True,
+                          checkpoint=None, target=SimpleNamespace(model_name="t"),
+                          draft=SimpleNamespace(model_name="d"), problems=[])
+    results = {label: bench.MethodResult(bench.parse_method(label)) for label in ("target", "lr_sync", "lr_async")}
+    for res in results.values():
+        res.stats, res.latencies, res.answered = _stats(2.0), [2.0, 2.0], 2
+    results["lr_sync"].latencies, results["lr_sync"].error = [1.0], "RuntimeError: failed on p2"
+    rows = {r["method"]: r for r in bench.summarize(env, results)["rows"]}
+    assert rows["lr_sync"]["speedup"] is None and rows["lr_async"]["speedup"] == pytest.approx(1.0)
+    results["target"].error = "RuntimeError: failed on p2"
+    rows = {r["method"]: r for r in bench.summarize(env, results)["rows"]}
+    assert all(r["speedup"] is None for r in rows.values())
+
+
+@pytest.mark.slow
+def test_every_method_starts_with_the_same_prefix_cache_state():
+    """Target-only run after another method on the same question reuses none of its prompt prefill."""
+    cfg = load_config(REPO / "configs" / "tiny.yaml", [
+        "bench.system_speed=true", "bench.system_target=random:llama-20m", "bench.system_draft=random:llama-tiny",
+        "models.device=cpu", "runtime.max_steps=2", "sampling.max_step_tokens=4", "bench.num_problems=1"])
+    env = bench.prepare(cfg)
+    question = env.problems[0].question
+    target = bench.parse_method("target")
+
+    def prefill_and_reuse(spec):
+        before = dict(env.target.stats)
+        bench._run_one(env, spec, question, bench._method_options(env, spec))
+        return {k: env.target.stats[k] - before.get(k, 0) for k in ("prefill_tokens", "reused_prefix_tokens")}
+
+    cold = prefill_and_reuse(target)
+    prefill_and_reuse(bench.parse_method("lr_sync"))
+    again = prefill_and_reuse(target)
+    assert again == cold and cold["prefill_tokens"] > 0
