@@ -484,12 +484,8 @@ def tot_search(question: str, target, draft, reward, opts, cfg: SeedConfig | Non
         prefixes = [state.prefix(b[0]) for b in open_beams]
         caps = [min(opts.target_params.max_step_tokens, opts.max_new_tokens - b[1]) for b in open_beams]
         seeds = [seed_for(opts.seed, "thought", state.key(p)) for p in prefixes]
-        t0 = time.perf_counter()
         thoughts = write(prefixes, cfg.thoughts, caps, seeds)
-        dt = time.perf_counter() - t0
-        if use_seed:
-            state.stats.target_time_s += dt
-        else:
+        if not use_seed:
             state.book("target", write.stats, len(prefixes) * cfg.thoughts, calls=1)
         children = []
         for b, pre, group in zip(open_beams, prefixes, thoughts):
@@ -532,9 +528,33 @@ def _book_seed(state, st: SeedStats) -> None:
     """SEED's token-level work in RunStats: draft/target forward passes and the token acceptance."""
     rs = state.stats
     rs.draft_time_s += st.draft_s
+    rs.target_time_s += st.target_s  # verification passes (drafting overlaps them when threaded)
+    rs.draft_calls += st.rounds
+    rs.target_calls += st.rounds
+    rs.target_rows += st.rounds
     rs.target_forward_passes += st.target_forward_passes
     rs.draft_forward_passes += st.draft_forward_passes
     rs.target_iterations += st.target_forward_passes
     rs.spec_rounds += st.rounds
     rs.spec_proposed += st.positions
     rs.spec_accepted += st.accepted
+
+
+def seed_predicted_speedup(stats, k_config: Sequence[int]) -> dict:
+    """Token SD's g(k) = (1 − α^{k+1}) / ((1 − α)(1 + c·k)) at SEED's measured per-position acceptance α
+    (accepted draft tokens / drafted positions) and c = one draft forward / one target verification pass,
+    k = tree depth: the speedup of one sequence's thoughts over target decoding, before the overlap of
+    drafting and verification that the scheduler adds (the SEED paper gives no formula; its Table 2 pairs
+    α = 0.37 / 0.41 with 1.32x / 1.51x)."""
+    from probes.speedup import token_sd_speedup
+
+    out = {"ideal": None, "adjusted": None, "k": len(k_config), "formula": "g(k) token SD vs tot_target"}
+    if not stats.spec_proposed or not stats.draft_forward_passes or not stats.target_forward_passes:
+        return out
+    alpha = min(stats.spec_accepted / stats.spec_proposed, 1.0)
+    k = len(k_config)
+    c = (stats.draft_time_s / stats.draft_forward_passes) / (stats.target_time_s / stats.target_forward_passes) \
+        if stats.target_time_s > 0 else None
+    if c is not None:
+        out["ideal"] = float(token_sd_speedup(alpha, c, k))
+    return out

@@ -204,3 +204,23 @@ def _round(state, target, draft, reward: StepReward, cfg: SpecSConfig, beta: flo
                      "scores": [float(s) for s in scores], "picked": pick, "next": nxt,
                      "committed": [committed.to_dict()]})
     return nxt
+
+
+def specs_predicted_speedup(stats) -> dict:
+    """SpecS over target beam search from its latency model (Observation 1 of the paper: a draft round =
+    drafting n candidates + one target scoring pass, a target round = the target writing n candidates):
+    1 / ((1 − a) + a·ρ), a = share of rounds drafted, ρ = draft-round time / target-round time, both
+    measured in the same run. Scoring time is charged to draft rounds (true for rewards without hidden
+    states; with a probe reward target rounds score too, and the prediction is slightly optimistic)."""
+    out = {"ideal": None, "adjusted": None, "k": None, "formula": "1/((1-a)+a*rho) vs beam_target"}
+    a = stats.acceptance_rate
+    if a is None or not stats.target_calls or not stats.draft_calls:
+        if a is not None and a == 0:
+            out["ideal"] = 1.0
+        return out
+    t_round = stats.target_time_s / stats.target_calls
+    d_round = (stats.draft_time_s + stats.score_time_s + stats.verify_time_s) / stats.draft_calls
+    rho = d_round / t_round if t_round > 0 else None
+    if rho is not None:
+        out["ideal"] = 1.0 / ((1.0 - a) + a * rho)
+    return out

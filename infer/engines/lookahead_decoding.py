@@ -186,6 +186,16 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- decoder
+def _chunk_logprob(cur: torch.Tensor, verify_logits, cands, chunk: list[int], i: int) -> float:
+    """log p of chunk[i]: row 0 is the current token's output; later rows come from a candidate that
+    matches chunk[:i] (all such candidates share that prefix, hence that distribution)."""
+    row = cur
+    if i > 0:
+        c = next(j for j, cand in enumerate(cands) if list(cand[:i]) == chunk[:i])
+        row = verify_logits[c, i - 1]
+    return float(torch.log_softmax(row.float(), -1)[chunk[i]])
+
+
 def _crop_to(cache, length: int) -> None:
     """Drop cached positions beyond `length` (a negative count: the form every transformers 5 accepts)."""
     extra = cache.get_seq_length() - length
@@ -201,6 +211,7 @@ class LookaheadStats:
     accepted: int = 0  # candidate tokens accepted (the extra token per step not counted)
     steps_with_candidates: int = 0
     accepted_per_step: list[int] = field(default_factory=list)
+    logprob: float = 0.0  # of the generated tokens under the model's unmodified distribution
 
     @property
     def compression(self) -> float | None:
@@ -215,6 +226,7 @@ class LookaheadDecoder:
         self.model, self.cfg = model, cfg or LookaheadConfig()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self._last = None  # (token ids, cache holding exactly them) of the previous call
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, *, temperature: float = 0.0,
@@ -237,8 +249,9 @@ class LookaheadDecoder:
                 pool.add(ids[s:s + cfg.ngram])
         pick = torch.randint(len(ids), (cfg.window,), generator=gen)
         levels: list[list[int]] = [[ids[int(i)] for i in pick]]
-        cache = DynamicCache(config=self.model.config)
-        cached = 0
+        cache, cached = self._reuse(ids)
+        if cache is None:
+            cache, cached = DynamicCache(config=self.model.config), 0
         out: list[int] = []
         stats = LookaheadStats()
         while len(out) < max_new_tokens:
@@ -264,13 +277,35 @@ class LookaheadDecoder:
                 stats.proposed += len(cands) * n_cand
             stats.accepted += len(chunk) - 1
             stats.accepted_per_step.append(len(chunk) - 1)
-            for t in chunk:
+            for i, t in enumerate(chunk):
+                stats.logprob += _chunk_logprob(logits[len(fresh) - 1], verify_logits, cands, chunk, i)
                 out.append(t)
                 ids.append(t)
                 if len(out) >= max_new_tokens or (stop is not None and stop(out)):
-                    stats.tokens = len(out)
-                    return out, stats
+                    return self._finish(out, stats, ids, cache, cached)
+        return self._finish(out, stats, ids, cache, cached)
+
+    def _reuse(self, ids: list[int]):
+        """The cache of the previous call, cropped to the longest prefix it shares with `ids` (one token
+        at least is left to feed): consecutive steps of one answer are not encoded again."""
+        if self._last is None:
+            return None, 0
+        prev, cache = self._last
+        self._last = None
+        common = 0
+        for a, b in zip(prev, ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)
+        if common < 1:
+            return None, 0
+        _crop_to(cache, common)
+        return cache, common
+
+    def _finish(self, out, stats, ids, cache, cached):
         stats.tokens = len(out)
+        self._last = (ids[:cached], cache)
         return out, stats
 
     def _advance_window(self, levels: list[list[int]], look_logits: torch.Tensor, pool: NgramPool) -> list[list[int]]:
@@ -296,3 +331,60 @@ class LookaheadDecoder:
             return greedy_verify(cands, rows.argmax(-1).tolist())
         probs = filtered_probs(rows, temperature, top_p)
         return sample_verify(cands, list(probs), gen)
+
+
+# ----------------------------------------------------------------------------- step engine
+class LookaheadStepEngine:
+    """A StepEngine whose steps are written by Lookahead Decoding on another engine's transformers model.
+
+    Generation goes through the interface (`generate`, `open_stream` via SerialStream); scoring, prefixes,
+    the tokenizer and the step stop rule are the base engine's. One sequence at a time: lookahead
+    decoding spends its parallelism inside one sequence (n samples of a request run one after another).
+    """
+
+    def __init__(self, base, cfg: LookaheadConfig | None = None):
+        if getattr(base, "model", None) is None or getattr(base, "text", None) is None:
+            raise ValueError(f"lookahead decoding needs a transformers engine; {type(base).__name__} has no model")
+        self.base, self.cfg = base, cfg or LookaheadConfig()
+        self.decoder = LookaheadDecoder(base.model, self.cfg)
+        self.info = base.info
+
+    def __getattr__(self, name):  # format_prefix, check_fits, count_tokens, score, score_chain, prefix_ids, ...
+        return getattr(self.base, name)
+
+    def generate(self, requests, params):
+        import time
+
+        from infer.engines.base import EngineStats, Generation
+        from infer.engines.hf_kv import sample_seed
+
+        t0 = time.perf_counter()
+        stats = EngineStats()
+        steps = []
+        for req in requests:
+            ids = self.base.prefix_ids(req.prefix)
+            cap = req.cap(params)
+            seed = params.seed if req.seed is None else req.seed
+            row = []
+            for k in range(req.n):
+                def stop(tokens, cap=cap):
+                    return self.base.text.finished(tokens, cap, params.delimiter) is not None
+
+                tokens, st = self.decoder.generate(ids, cap, temperature=params.temperature, top_p=params.top_p,
+                                                   stop=stop, seed=sample_seed(seed, k) or 0)
+                row.append(self.base.text.make_step(tokens, st.logprob, cap, params.delimiter))
+                stats.forward_passes += st.forward_passes
+                stats.iterations += st.forward_passes
+                stats.row_iterations += st.forward_passes
+                stats.generated_tokens += st.tokens
+                stats.spec_rounds += st.steps_with_candidates
+                stats.spec_proposed += st.proposed
+                stats.spec_accepted += st.accepted
+            steps.append(row)
+        stats.seconds = time.perf_counter() - t0
+        return Generation(steps, stats)
+
+    def open_stream(self, params):
+        from infer.engines.base import SerialStream
+
+        return SerialStream(self, params)
