@@ -196,6 +196,7 @@ class SeedStats:
         return self.accepted / self.positions if self.positions else None
 
     positions: int = 0  # tree depth per round, summed
+    accepted_per_round: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -328,7 +329,9 @@ class SeedGenerator:
         self.stats.rounds += 1
         self.stats.proposed += len(prop.tokens)
         self.stats.positions += len(self.k_config)
-        self.stats.accepted += sum(1 for n in nodes if n >= 0)
+        accepted = sum(1 for n in nodes if n >= 0)
+        self.stats.accepted += accepted
+        self.stats.accepted_per_round.append(accepted)
         prev = -1
         for tok, node in zip(chunk, nodes):
             s.logprob += float(torch.log_softmax(rows[prev], -1)[tok])
@@ -538,20 +541,24 @@ def _book_seed(state, st: SeedStats) -> None:
     rs.spec_rounds += st.rounds
     rs.spec_proposed += st.positions
     rs.spec_accepted += st.accepted
+    depth = st.positions // st.rounds if st.rounds else 0
+    for a in st.accepted_per_round:  # α by tree depth: position i judged when the first i were accepted
+        for i in range(min(a + 1, depth)):
+            rs.record_position(i, i < a)
 
 
 def seed_predicted_speedup(stats, k_config: Sequence[int]) -> dict:
     """Token SD's g(k) = (1 − α^{k+1}) / ((1 − α)(1 + c·k)) at SEED's measured per-position acceptance α
-    (accepted draft tokens / drafted positions) and c = one draft forward / one target verification pass,
+    (accepted / judged tree positions, a position being judged when all before it were accepted) and c = one draft forward / one target verification pass,
     k = tree depth: the speedup of one sequence's thoughts over target decoding, before the overlap of
     drafting and verification that the scheduler adds (the SEED paper gives no formula; its Table 2 pairs
     α = 0.37 / 0.41 with 1.32x / 1.51x)."""
     from probes.speedup import token_sd_speedup
 
     out = {"ideal": None, "adjusted": None, "k": len(k_config), "formula": "g(k) token SD vs tot_target"}
-    if not stats.spec_proposed or not stats.draft_forward_passes or not stats.target_forward_passes:
+    if stats.acceptance_rate is None or not stats.draft_forward_passes or not stats.target_forward_passes:
         return out
-    alpha = min(stats.spec_accepted / stats.spec_proposed, 1.0)
+    alpha = min(stats.acceptance_rate, 1.0)
     k = len(k_config)
     c = (stats.draft_time_s / stats.draft_forward_passes) / (stats.target_time_s / stats.target_forward_passes) \
         if stats.target_time_s > 0 else None
