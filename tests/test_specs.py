@@ -113,3 +113,31 @@ def test_rewards_from_verifiers(engines):
     res = specs(Q, *engines, reward_from_verifier(build_verifier("accept_all")), options(max_steps=3),
                 SpecSConfig(n=2, tau=0.5))
     assert [s.source for s in res.steps] == ["target", "draft", "draft"]  # reward 1 > 0.5 after round 1
+
+
+def test_probe_reward_is_the_target_probes_semantic_probability(engines):
+    """A real probe pair on the tiny models: r is the target probe's p of each candidate, read from the
+    same teacher-forced target pass that gives log π_target; p ≈ 0.88 > τ switches to the draft."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _probe_fixtures import make_probe
+
+    from infer.decoding.specs import ProbeReward
+    from infer.verifiers import ProbePairVerifier
+
+    target, draft = engines
+    verifier = ProbePairVerifier(make_probe(target, 2.0, 0, layers="last"), make_probe(draft, 0.0, 1, layers="last"),
+                                 target_engine=target, draft_engine=draft)
+    reward = reward_from_verifier(verifier)
+    assert isinstance(reward, ProbeReward) and reward.layers == verifier.layers("target")
+    res = specs(Q, target, draft, reward, options(max_steps=3), SpecSConfig(n=2, tau=0.8))
+    first = res.trace[0]
+    assert all(0.85 < r < 0.9 for r in first["rewards"])  # sigmoid(2) = 0.881 for any input
+    from infer.engines.base import Prefix
+
+    scored = target.score(Prefix(Q), [res.steps[0].text], hidden=True, layers=reward.layers).steps
+    direct = float(verifier.p(verifier.pooled(scored[0], "target")[None]).reshape(-1)[0])
+    assert direct == pytest.approx(first["rewards"][first["picked"]], abs=1e-4)
+    assert [s.source for s in res.steps] == ["target", "draft", "draft"]
