@@ -36,7 +36,8 @@ def test_run_stats_derived_values_and_merge():
 
 
 def test_trace_helpers():
-    assert join_steps(["a\n\n", "b", "c"]) == "a\n\nb\n\nc"
+    # steps are joined as written: a step cut by the token cap ("b") is continued, no delimiter invented
+    assert join_steps(["a\n\n", "b", "c"]) == "a\n\nbc"
     recs = [{"cycle": 0, "positions": [{"position": 0, "accepted": True}],
              "committed": [{"text": "x\n\n", "source": "draft", "tokens": 2}, {"text": "y", "source": "target", "tokens": 3}]}]
     assert replay_text(recs) == "x\n\ny"
