@@ -69,3 +69,23 @@ def test_bench_runs_the_three_methods_with_their_baselines(engines, tmp_path):
     assert rows["seed_tot"]["speedup_vs_baseline"] > 0 and rows["seed_tot"]["acceptance"] is not None
     assert rows["target+lookahead"]["analytic_ideal"] >= 1.0  # tokens per target forward
     assert "specs" in (tmp_path / "results.md").read_text()
+
+
+def test_predictions_of_the_search_methods():
+    from infer.decoding.metrics import RunStats
+    from infer.decoding.seed import seed_predicted_speedup
+    from infer.decoding.specs import specs_predicted_speedup
+    from probes.speedup import token_sd_speedup
+
+    st = RunStats(target_calls=2, draft_calls=6, target_time_s=4.0, draft_time_s=1.2, score_time_s=0.6)
+    for i in range(8):
+        st.record_position(0, i >= 2)  # 6 of 8 rounds drafted
+    rho = (1.8 / 6) / (4.0 / 2)
+    assert specs_predicted_speedup(st)["ideal"] == pytest.approx(1 / (0.25 + 0.75 * rho))
+    sd = RunStats(draft_forward_passes=30, target_forward_passes=10, draft_time_s=3.0, target_time_s=10.0)
+    for a in (3, 1, 0, 2):  # accepted tokens per round, tree depth 3
+        for i in range(min(a + 1, 3)):
+            sd.record_position(i, i < a)
+    alpha = sd.acceptance_rate
+    assert alpha == pytest.approx(6 / 9)
+    assert seed_predicted_speedup(sd, (2, 2, 1))["ideal"] == pytest.approx(float(token_sd_speedup(alpha, 0.1, 3)))
