@@ -189,12 +189,14 @@ def _round(state, target, draft, reward: StepReward, cfg: SpecSConfig, beta: flo
                           layers=reward.layers)
         for i, s in zip(full, got):
             scored[i] = s
-    log_ratio = [s.logprob - c.logprob if role == DRAFT and s is not None else 0.0
-                 for s, c in zip(scored, cands)]
+    # generator == target: the ratio is 1 (no pass needed); an empty step keeps ratio 1 as well
+    ratio_known = [role == DRAFT and s is not None for s in scored]
+    logp_target = [s.logprob if k else 0.0 for s, k in zip(scored, ratio_known)]
+    logp_gen = [c.logprob if k else 0.0 for c, k in zip(cands, ratio_known)]
     t0 = time.perf_counter()
     r = reward.rewards(prefix, cands, scored, seed_for(opts.seed, "reward", key))
     stats.verify_time_s += time.perf_counter() - t0
-    scores = specs_scores(log_ratio, [0.0] * len(cands), r, beta)
+    scores = specs_scores(logp_target, logp_gen, r, beta)
     pick = subsample(scores, torch.Generator().manual_seed(seed_for(opts.seed, "select", key)))
     stats.record_position(0, role == DRAFT)  # "acceptance" of SpecS: share of rounds the draft wrote
     committed = state.commit(cands[pick], role, state.count_tokens(cands[pick], engine))
