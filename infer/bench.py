@@ -11,7 +11,9 @@ measured speedup the analytic one at the α and c measured in that run (`infer.d
 
 Problems and methods are interleaved (problem 1 with every method, then problem 2, ...), so a change of
 machine load during the run hits every method alike. Methods: target, draft, semanticspec, lr_sync,
-lr_async, with optional "+ngram" / "+assistant" (token speculation inside target steps) and
+lr_async, specs / beam_target (SpecS and its target beam-search baseline), seed_tot / tot_target (SEED
+tree of thoughts and its target-only baseline), with optional "+ngram" / "+assistant" / "+lookahead"
+(token speculation inside target steps; lookahead = Lookahead Decoding) and
 ":key=value" options overrides (gamma, width, max_steps, max_new_tokens, seed, verifier, alpha), e.g.
 "lr_sync:width=2:gamma=2" or "semanticspec:verifier=probe".
 """
@@ -125,7 +127,7 @@ def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
 class MethodSpec:
     label: str
     base: str
-    token_spec: str = "none"  # none | ngram | assistant
+    token_spec: str = "none"  # none | ngram | assistant | lookahead
     overrides: dict = field(default_factory=dict)
 
 
@@ -140,11 +142,11 @@ def parse_method(text: str) -> MethodSpec:
     base, *mods = head.split("+")
     if base not in METHODS:
         raise ConfigError(f"unknown method {base!r} in {text!r}; methods: {', '.join(METHODS)} "
-                          "(optionally +ngram / +assistant and :key=value...)")
+                          "(optionally +ngram / +assistant / +lookahead and :key=value...)")
     token_spec = "none"
     for mod in mods:
-        if mod not in ("ngram", "assistant"):
-            raise ConfigError(f"unknown method suffix +{mod} in {text!r}; use +ngram or +assistant")
+        if mod not in ("ngram", "assistant", "lookahead"):
+            raise ConfigError(f"unknown method suffix +{mod} in {text!r}; use +ngram, +assistant or +lookahead")
         token_spec = mod
     overrides = {}
     for part in filter(None, (p.strip() for p in opts.split(":"))):
@@ -256,7 +258,7 @@ def start_token_spec(rt) -> TokenSpecConfig | None:
 def _set_token_spec(env: BenchEnv, spec: MethodSpec) -> None:
     rt = env.cfg.runtime
     mode = spec.token_spec if spec.token_spec != "none" else rt.token_spec
-    if mode == "none":
+    if mode in ("none", "lookahead"):  # Lookahead Decoding wraps the engine instead (_engines)
         env.target.set_token_spec(None)
         env.draft.set_token_spec(None)
         return
@@ -275,17 +277,52 @@ def _same_cache_state(env: BenchEnv) -> None:
             clear()
 
 
+def _engines(env: BenchEnv, spec: MethodSpec) -> tuple:
+    """(target, draft) for one generation: with +lookahead the engine that writes the steps (the draft
+    for draft-only, else the target) is wrapped by Lookahead Decoding, fresh for every generation so
+    that it starts cold like the others (see _same_cache_state)."""
+    mode = spec.token_spec if spec.token_spec != "none" else env.cfg.runtime.token_spec
+    if mode != "lookahead":
+        return env.target, env.draft
+    from infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
+
+    la = env.cfg.runtime.lookahead
+    cfg = LookaheadConfig(la.window, la.ngram, la.max_verify, env.cfg.runtime.seed)
+    if spec.base == "draft":
+        return env.target, LookaheadStepEngine(env.draft, cfg)
+    return LookaheadStepEngine(env.target, cfg), env.draft
+
+
+def _settings(env: BenchEnv, spec: MethodSpec):
+    """SpecSConfig / SeedConfig of the search methods from runtime.specs / runtime.tree."""
+    rt = env.cfg.runtime
+    if spec.base in ("specs", "beam_target"):
+        from infer.decoding.specs import SpecSConfig
+
+        return SpecSConfig(rt.specs.n, rt.specs.beta, rt.specs.tau)
+    if spec.base in ("seed_tot", "tot_target"):
+        from infer.decoding.seed import SeedConfig
+
+        t = rt.tree
+        return SeedConfig(t.thoughts, t.keep, t.depth, tuple(int(k) for k in t.k_config), t.threaded)
+    return None
+
+
 def _run_one(env: BenchEnv, spec: MethodSpec, question: str, opts: DecodeOptions):
     verifier = None
     if spec.base not in ("target", "draft"):
         verifier = env.verifier(spec.overrides.get("verifier"), spec.overrides.get("alpha"))
     _set_token_spec(env, spec)
     _same_cache_state(env)
+    target, draft = _engines(env, spec)
+    settings = _settings(env, spec)
     try:
         if spec.base == "lr_async":  # shorter GIL hand-overs between the draft and target threads
             with fast_thread_switching():
-                return decode(spec.base, question, env.target, env.draft, verifier, opts)
-        return decode(spec.base, question, env.target, env.draft, verifier, opts)
+                return decode(spec.base, question, target, draft, verifier, opts)
+        if settings is not None:
+            return decode(spec.base, question, target, draft, verifier, opts, settings)
+        return decode(spec.base, question, target, draft, verifier, opts)
     finally:
         env.target.set_token_spec(None)
         env.draft.set_token_spec(None)
@@ -300,6 +337,8 @@ def method_specs(methods: Sequence[str]) -> list[MethodSpec]:
         raise ConfigError(f"methods listed twice: {labels}")
     if "target" not in labels:
         specs.insert(0, parse_method("target"))
+    for base in sorted({SEARCH_BASELINES[s.base] for s in specs if s.base in SEARCH_BASELINES} - set(labels)):
+        specs.append(parse_method(base))  # and a search method against its paper's baseline
     return specs
 
 
@@ -439,17 +478,29 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
         kind = spec.base
         if kind == "target":
             pred = {"ideal": None, "adjusted": None, "k": None, "formula": "baseline"}
+        elif kind in SEARCH_BASELINES.values():
+            pred = {"ideal": None, "adjusted": None, "k": None, "formula": "search baseline"}
+        elif kind in SEARCH_BASELINES:
+            pred = _search_prediction(env, kind, st)
+            row["baseline"] = SEARCH_BASELINES[kind]
+            row["speedup_vs_baseline"] = _search_speedup(results, label, SEARCH_BASELINES[kind])
         else:
             pred = predict(kind, st.acceptance_rate, c, opts.gamma, b, tau)
-        if spec.token_spec != "none":  # token level: multiply by g at the measured token acceptance
+        if spec.token_spec == "lookahead":  # the paper's step compression S = tokens / decoding steps
+            comp = _div(st.target_generated_tokens if kind != "draft" else st.draft_generated_tokens,
+                        st.target_forward_passes if kind != "draft" else st.draft_forward_passes)
+            pred = {**pred, "ideal": comp, "adjusted": _div(comp, b) if kind == "target" else None,
+                    "formula": "S (lookahead compression)"}
+        elif spec.token_spec != "none":  # token level: multiply by g at the measured token acceptance
             g = token_level_factor(st.spec_accepted, st.spec_proposed, st.spec_rounds)
             step_level = 1.0 if kind == "target" else pred["ideal"]
             pred = {**pred, "ideal": step_level * g if g and step_level else None, "adjusted": None,
                     "formula": ("" if kind == "target" else f"{pred['formula']} x ") + "g_token"}
         row.update({"c": c, "b": b, "tau": tau, "k": pred.get("k"), "formula": pred.get("formula"),
                     "analytic_ideal": pred.get("ideal"), "analytic_adjusted": pred.get("adjusted"),
-                    "measured_over_ideal": _div(row["speedup"], pred.get("ideal")),
-                    "measured_over_adjusted": _div(row["speedup"], pred.get("adjusted")),
+                    "measured_over_ideal": _div(row.get("speedup_vs_baseline", row["speedup"]), pred.get("ideal")),
+                    "measured_over_adjusted": _div(row.get("speedup_vs_baseline", row["speedup"]),
+                                                   pred.get("adjusted")),
                     "stats": st.to_dict()})
         rows.append(row)
     return {"rows": rows, "system_speed": env.system_speed, "verifier": env.verifier_kind,
@@ -457,6 +508,29 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
             "models": {"target": env.target.model_name, "draft": env.draft.model_name},
             "problems": [p.id for p in env.problems], "config": to_dict(env.cfg),
             "host": {"platform": platform.platform(), "python": platform.python_version()}}
+
+
+SEARCH_BASELINES = {"specs": "beam_target", "seed_tot": "tot_target"}  # the paper's own baseline
+
+
+def _search_speedup(results: dict, label: str, baseline: str):
+    """Latency of the baseline search (same problems, same run) over the method's."""
+    mine, base = results[label], results.get(baseline)
+    if base is None or base.error or mine.error or not mine.latencies or not base.latencies:
+        return None
+    return _div(sum(base.latencies), sum(mine.latencies))
+
+
+def _search_prediction(env: BenchEnv, kind: str, st: RunStats) -> dict:
+    """SpecS: its latency model over target beam search at the measured share of draft rounds; SEED:
+    token SD's g(k) at the measured per-position acceptance and draft/target forward cost."""
+    if kind == "specs":
+        from infer.decoding.specs import specs_predicted_speedup
+
+        return specs_predicted_speedup(st)
+    from infer.decoding.seed import seed_predicted_speedup
+
+    return seed_predicted_speedup(st, env.cfg.runtime.tree.k_config)
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -489,6 +563,9 @@ def format_markdown(report: dict) -> str:
         f"models: target {report['models']['target']}, draft {report['models']['draft']}; verifier "
         f"{report['verifier']}{' (system-speed mode: random weights)' if report['system_speed'] else ''}; "
         f"{len(report['problems'])} problems.",
+        "specs / seed_tot: meas/analytic compares their speedup over their own search baseline "
+        "(beam_target / tot_target, same run) with the prediction; +lookahead: analytic = tokens per target "
+        "forward (the paper's compression S). "
         "speedup = target-only latency / method latency, same run. analytic = the paper's formula at the "
         "measured α and c (f_sync(k=γ+1) for lr_sync, S₁/S₂ for lr_async, S_ss for semanticspec, 1/c for "
         "draft); batch-adj. = same formula with one target forward of the method's batch costing b target "

@@ -313,9 +313,56 @@ class EvalConfig:
 
 
 @dataclass
+class SpecSSettings:
+    n: int = opt(4, "SpecS: candidate steps per round (beam width n; the paper's tables use 4, 8, 16)")
+    beta: float | None = opt(None, "SpecS: inverse temperature β of the soft verification "
+                                   "(null: 2 x sampling.max_step_tokens, the paper's robust choice)")
+    tau: float = opt(0.8, "SpecS: switch to the draft when some candidate's reward exceeds τ (the paper: "
+                          "0.7 / 0.8 / 0.9); beam_target never switches")
+
+    def __post_init__(self) -> None:
+        _positive(self, "n")
+        if self.beta is not None and self.beta < 0:
+            raise ConfigError(f"runtime.specs.beta must be >= 0 or null, got {self.beta}")
+
+
+@dataclass
+class TreeSearchSettings:
+    thoughts: int = opt(3, "tree of thoughts (seed_tot, tot_target): thoughts (steps) per kept state, n")
+    keep: int = opt(1, "tree of thoughts: best states kept per level, b")
+    depth: int = opt(4, "tree of thoughts: levels T (the SEED paper: 4 for GSM8K)")
+    k_config: list[int] = opt([2, 2, 1], "SEED: draft token tree, candidates per position ([1,1,1] is a chain, "
+                                         "the paper's base setting; [2,2,1] its tree-attention setting)")
+    threaded: bool = opt(True, "SEED: draft in a thread while the target verifies (false: one-thread rounds)")
+
+    def __post_init__(self) -> None:
+        for name in ("thoughts", "keep", "depth"):
+            _positive(self, name)
+        if not self.k_config or any(int(k) < 1 for k in self.k_config):
+            raise ConfigError(f"runtime.tree.k_config must be a non-empty list of ints >= 1, got {self.k_config}")
+
+
+@dataclass
+class LookaheadDecodingSettings:
+    window: int = opt(15, "Lookahead Decoding (+lookahead): window W of future positions (paper: 15 for 7B)")
+    ngram: int = opt(5, "Lookahead Decoding: n-gram size N, i.e. N-1 past Jacobi iterations (paper: 5)")
+    max_verify: int | None = opt(None, "Lookahead Decoding: n-grams verified per step G (null: G = W)")
+
+    def __post_init__(self) -> None:
+        _positive(self, "window")
+        if self.ngram < 2:
+            raise ConfigError(f"runtime.lookahead.ngram must be >= 2, got {self.ngram}")
+        if self.max_verify is not None and self.max_verify < 0:
+            raise ConfigError(f"runtime.lookahead.max_verify must be >= 0 or null, got {self.max_verify}")
+
+
+@dataclass
 class RuntimeConfig:
-    method: Literal["target", "draft", "semanticspec", "lr_sync", "lr_async"] = opt(
-        "lr_sync", "decoding method: target / draft (baselines), semanticspec, lr_sync, lr_async")
+    method: Literal["target", "draft", "semanticspec", "lr_sync", "lr_async", "specs", "beam_target", "seed_tot",
+                    "tot_target"] = opt(
+        "lr_sync", "decoding method: target / draft (baselines), semanticspec, lr_sync, lr_async, specs "
+                   "(SpecS), beam_target (its target beam-search baseline), seed_tot (SEED tree of thoughts), "
+                   "tot_target (target-only tree of thoughts)")
     gamma: int = opt(3, "draft steps per cycle (lookahead depth γ); sync LR runs γ+1 target steps in one batch")
     width: int = opt(1, "draft branches per position (multi-branch LR, sync only; the tree has W^γ leaves)")
     verifier: str = opt("probe", "probe | embedding | judge | llm_judge | exact | accept_all | reject_all | bernoulli")
@@ -331,12 +378,17 @@ class RuntimeConfig:
     max_steps: int = opt(40, "step limit of one generation; stop reason max_steps")
     accept_length_cut: bool = opt(False, "allow accepting a draft step cut by the step-token cap (LR never does; "
                                          "system-speed runs set it, random models rarely write the delimiter)")
-    token_spec: Literal["none", "ngram", "assistant"] = opt(
-        "none", "token-level speculation inside each target step: ngram (prompt lookup) or assistant "
-                "(the draft model, same tokenizer only); a method suffix +ngram/+assistant sets it per method")
+    token_spec: Literal["none", "ngram", "assistant", "lookahead"] = opt(
+        "none", "token-level speculation inside each target step: ngram (prompt lookup), assistant "
+                "(the draft model, same tokenizer only) or lookahead (Lookahead Decoding, runtime.lookahead); "
+                "a method suffix +ngram/+assistant/+lookahead sets it per method")
     ngram_size: int = opt(3, "prompt-lookup n-gram size (longest n tried first, down to 1)")
     num_speculative_tokens: int = opt(8, "tokens proposed per token-level speculation round")
     seed: int = opt(0, "seed of sampling and acceptance draws")
+    specs: SpecSSettings = section(SpecSSettings, "SpecS soft verification and switching (method specs)")
+    tree: TreeSearchSettings = section(TreeSearchSettings, "tree-of-thoughts search (methods seed_tot, tot_target)")
+    lookahead: LookaheadDecodingSettings = section(LookaheadDecodingSettings,
+                                                   "Lookahead Decoding inside steps (token_spec lookahead)")
 
     def __post_init__(self) -> None:
         if self.gamma < 1:
