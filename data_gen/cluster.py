@@ -3,16 +3,25 @@
 Semantic probability (SemanticSpec, papers.md §1): sample N continuations of a context, cluster them by
 meaning, label each sample of cluster C_k with |C_k| / N.
 
-Clustering is the greedy scheme of the semantic-uncertainty code: each sample not yet assigned opens a
-cluster whose representative is its first member; a later sample joins the first cluster whose
-representative the judge calls equivalent. We run it in *rounds* so the judge sees batches: a round
-compares the current representative with every still-unassigned sample in one judge call, the first
-sample left over opens the next cluster. This gives exactly the clusters of the one-at-a-time greedy
-loop and the same number of comparisons, with K judge calls for K clusters instead of O(N^2).
-`cluster_many` runs the rounds of many contexts in lockstep, so one judge call holds the pairs of all
-contexts (what the data pipeline uses).
+Two greedy schemes (``scheme``):
 
-Exact duplicates after `normalise_step` share a cluster without any judge call.
+- ``"reference"`` (default): the scheme of the semantic-uncertainty code (``get_semantic_ids``). Walk the
+  samples in order; each sample still without a cluster opens the next one as its representative and is
+  compared with EVERY later sample, those already placed included; each one the judge calls equivalent
+  moves to the new cluster. With a non-transitive judge a later equivalent representative therefore
+  takes a sample over ("last match"). A representative is always its cluster's first member.
+- ``"first_match"``: each sample is placed once, in the first cluster whose representative the judge
+  calls equivalent (a representative is compared only with samples still unplaced: fewer judge pairs).
+
+Both give the same clusters when the judge is an equivalence relation. Either runs in *rounds* so the
+judge sees batches: a round compares the newest representative with all its candidates in one judge
+call, so K clusters cost K calls (not O(N^2)); `cluster_many` runs the rounds of many contexts in
+lockstep, so one judge call holds the pairs of all contexts (what the data pipeline uses).
+
+Texts equal after `normalise_step` (whitespace only: "X = 5" and "x = 5" still go to the judge) are
+judged once per round: a sample with the representative's own text joins it without a call (the judge
+is taken to be reflexive), and several candidates with one text share one decision. With a judge whose
+decisions depend only on the two texts, this gives exactly the clusters of the one-pair-at-a-time loop.
 
 The judge is anything with ``judge(items: Sequence[PairQuery]) -> list[bool]`` (see data_gen.judges).
 In every query ``a`` is the cluster representative (or reference) and ``b`` the sample being placed.
@@ -23,7 +32,10 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Literal, Protocol, Sequence
+
+Scheme = Literal["reference", "first_match"]
+SCHEMES: tuple[str, ...] = ("reference", "first_match")
 
 
 @dataclass(frozen=True)
@@ -43,8 +55,11 @@ _WHITESPACE = re.compile(r"\s+")
 
 
 def normalise_step(text: str) -> str:
-    """Lowercase, collapse runs of whitespace to one space, strip. Equal results = same step."""
-    return _WHITESPACE.sub(" ", text.lower()).strip()
+    """Collapse runs of whitespace to one space and strip; equal results = the same step text.
+
+    Letter case is kept: "X = 5" and "x = 5" may differ in meaning, so only the judge can merge them.
+    """
+    return _WHITESPACE.sub(" ", text).strip()
 
 
 @dataclass
@@ -55,7 +70,7 @@ class ClusterStats:
     num_samples: int = 0
     num_clusters: int = 0
     judge_pairs: int = 0
-    duplicates: int = 0  # samples placed by exact (normalised) match, no judge call
+    duplicates: int = 0  # samples whose normalised text repeats an earlier sample's
     all_pairs: int = 0
 
     def __add__(self, other: "ClusterStats") -> "ClusterStats":
@@ -86,46 +101,64 @@ def _dedupe(samples: Sequence[str]) -> tuple[list[int], list[int]]:
     return firsts, unique_of_sample
 
 
-class _ContextState:
-    """Greedy rounds of one context over its distinct samples."""
+def check_scheme(scheme: str) -> None:
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown clustering scheme {scheme!r}; use one of {', '.join(SCHEMES)}")
 
-    def __init__(self, context: str, samples: Sequence[str]):
+
+class _ContextState:
+    """Greedy rounds of one context: round k compares representative k with its candidates."""
+
+    def __init__(self, context: str, samples: Sequence[str], scheme: str):
+        check_scheme(scheme)
         self.context = context
         self.samples = list(samples)
-        self.firsts, self.unique_of_sample = _dedupe(self.samples)
-        self.unique_cluster: list[int | None] = [None] * len(self.firsts)
-        self.unassigned = list(range(len(self.firsts)))  # indices into firsts, in sample order
+        self.reference = scheme == "reference"
+        self.firsts, self.text_of = _dedupe(self.samples)
+        self.ids: list[int | None] = [None] * len(self.samples)
+        self.rep = -1  # sample index of the newest representative
+        self.asked: list[int] = []  # distinct texts asked in the open round
+        self.candidates: dict[int, list[int]] = {}  # distinct text -> candidate samples with it
         self.num_clusters = 0
         self.judge_pairs = 0
 
+    def has_round(self) -> bool:
+        return any(c is None for c in self.ids[self.rep + 1:])
+
     def open_cluster(self) -> list[PairQuery]:
-        """Open a cluster for the first unassigned sample; queries for all others still unassigned."""
-        rep = self.unassigned.pop(0)
-        self.unique_cluster[rep] = self.num_clusters
+        """Open a cluster for the next unplaced sample; one query per distinct text among its candidates."""
+        self.rep = next(i for i in range(self.rep + 1, len(self.samples)) if self.ids[i] is None)
+        cluster = self.num_clusters
         self.num_clusters += 1
-        rep_text = self.samples[self.firsts[rep]]
-        return [PairQuery(self.context, rep_text, self.samples[self.firsts[u]]) for u in self.unassigned]
+        self.ids[self.rep] = cluster
+        rep_text = self.text_of[self.rep]
+        self.candidates = {}
+        for j in range(self.rep + 1, len(self.samples)):
+            if self.reference or self.ids[j] is None:
+                if self.text_of[j] == rep_text:
+                    self.ids[j] = cluster  # same text as the representative: no judge call
+                else:
+                    self.candidates.setdefault(self.text_of[j], []).append(j)
+        self.asked = list(self.candidates)
+        rep = self.samples[self.rep]
+        return [PairQuery(self.context, rep, self.samples[self.firsts[t]]) for t in self.asked]
 
     def absorb(self, decisions: Sequence[bool]) -> None:
-        """Samples the judge called equivalent to the newest representative join its cluster."""
-        if len(decisions) != len(self.unassigned):
-            raise RuntimeError(f"judge returned {len(decisions)} decisions for {len(self.unassigned)} pairs")
+        """Candidates the judge called equivalent to the newest representative move to its cluster."""
+        if len(decisions) != len(self.asked):
+            raise RuntimeError(f"judge returned {len(decisions)} decisions for {len(self.asked)} pairs")
         self.judge_pairs += len(decisions)
         cluster = self.num_clusters - 1
-        left = []
-        for u, same in zip(self.unassigned, decisions):
+        for t, same in zip(self.asked, decisions):
             if same:
-                self.unique_cluster[u] = cluster
-            else:
-                left.append(u)
-        self.unassigned = left
+                for j in self.candidates[t]:
+                    self.ids[j] = cluster
 
     def result(self) -> Clustering:
-        ids = [self.unique_cluster[u] for u in self.unique_of_sample]
         stats = ClusterStats(num_samples=len(self.samples), num_clusters=self.num_clusters,
                              judge_pairs=self.judge_pairs, duplicates=len(self.samples) - len(self.firsts),
                              all_pairs=len(self.samples) * (len(self.samples) - 1) // 2)
-        return Clustering(ids, stats)  # type: ignore[arg-type]  # every id is set once rounds end
+        return Clustering(list(self.ids), stats)  # type: ignore[arg-type]  # every id is set once rounds end
 
 
 def _judge_in_chunks(judge: Judge, queries: list[PairQuery], max_pairs_per_call: int | None) -> list[bool]:
@@ -143,9 +176,10 @@ def _judge_in_chunks(judge: Judge, queries: list[PairQuery], max_pairs_per_call:
 
 
 def cluster_many(contexts: Sequence[str], samples_per_context: Sequence[Sequence[str]], judge: Judge,
-                 max_pairs_per_call: int | None = None) -> list[Clustering]:
+                 max_pairs_per_call: int | None = None, scheme: Scheme = "reference") -> list[Clustering]:
     """Cluster the samples of many contexts; each round's pairs of all contexts go in one judge call.
 
+    scheme: "reference" (semantic-uncertainty's last match) or "first_match" (see the module docstring).
     max_pairs_per_call: split a round into several judge calls of at most this many pairs (bounds the
     work lost if a run dies mid-call when the judge persists its decisions); None = one call per round.
     """
@@ -153,8 +187,8 @@ def cluster_many(contexts: Sequence[str], samples_per_context: Sequence[Sequence
         raise ValueError(f"{len(contexts)} contexts but {len(samples_per_context)} sample lists")
     if max_pairs_per_call is not None and max_pairs_per_call < 1:
         raise ValueError(f"max_pairs_per_call must be >= 1 or None, got {max_pairs_per_call}")
-    states = [_ContextState(c, s) for c, s in zip(contexts, samples_per_context)]
-    _lockstep(states, lambda s: bool(s.unassigned), lambda s: s.open_cluster(), judge, max_pairs_per_call)
+    states = [_ContextState(c, s, scheme) for c, s in zip(contexts, samples_per_context)]
+    _lockstep(states, lambda s: s.has_round(), lambda s: s.open_cluster(), judge, max_pairs_per_call)
     return [s.result() for s in states]
 
 
@@ -173,9 +207,9 @@ def _lockstep(states, is_active, next_queries, judge: Judge, max_pairs_per_call:
             offset += len(queries)
 
 
-def cluster_samples(context: str, samples: Sequence[str], judge: Judge) -> list[int]:
+def cluster_samples(context: str, samples: Sequence[str], judge: Judge, scheme: Scheme = "reference") -> list[int]:
     """Cluster ids (0..K-1, in order of first appearance) of one context's samples."""
-    return cluster_many([context], [samples], judge)[0].cluster_ids
+    return cluster_many([context], [samples], judge, scheme=scheme)[0].cluster_ids
 
 
 def semantic_probabilities(cluster_ids: Sequence[int]) -> list[float]:

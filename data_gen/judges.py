@@ -339,9 +339,9 @@ class EmbeddingNumberJudge(EquivalenceJudge):
 class CachedJudge(EquivalenceJudge):
     """Memoises another judge's decisions, optionally persisted as append-only JSONL.
 
-    Key: sha256 of (inner.name, context, normalised a, normalised b); the pair is sorted first when
-    the inner judge is symmetric, so (a, b) and (b, a) share one entry. Steps that differ only in case
-    or whitespace share a decision (clustering treats them as duplicates too).
+    Key: sha256 of (inner.name, context, whitespace-normalised a, b); the pair is sorted first when
+    the inner judge is symmetric, so (a, b) and (b, a) share one entry. Steps that differ only in
+    whitespace share a decision (clustering treats them as duplicates too); letter case is kept.
 
     The file holds one ``{"key": ..., "equivalent": ...}`` per line. Loading skips malformed lines and
     cuts off a partial last line (a crash mid-write), so a resumed run reuses everything written whole.

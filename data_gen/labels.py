@@ -9,6 +9,12 @@ its ``num_empty`` sum to N; ``num_clusters`` and the entropy include the empty g
 A draft sample's probability under the TARGET's meaning distribution is |C_t| / N_target for the
 target cluster C_t it was assigned to (compared with each target cluster's first member), else 0.
 
+The two scales differ by design (SemanticSpec's |C_k| / N kept as the paper defines it): a target
+sample is one of the N it is counted among, so its label is at least 1 / N and, for a meaning the target
+says with probability pi, averages pi + (1 - pi) / N; a draft step is not among the target's samples,
+so its label under the target averages pi and is 0 for a meaning no target sample has. A draft step
+textually equal to a target sample gets exactly that sample's label.
+
 Pairs for verifier training: every distinct sample against every cluster representative of the same
 model, and every distinct draft sample against every target representative. Each unordered pair of
 texts (after `normalise_step`) is stored once per context, so equivalence is symmetric by

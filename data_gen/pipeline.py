@@ -258,7 +258,8 @@ class _ShardRunner:
         contexts = [w.context.text for w in works]
         clusterings: dict[str, list[Clustering]] = {}
         for role in self.models:
-            clusterings[role] = cluster_many(contexts, [w.texts(role) for w in works], recorder, per_call)
+            clusterings[role] = cluster_many(contexts, [w.texts(role) for w in works], recorder, per_call,
+                                             scheme=self.cfg.data.cluster_scheme)
         cluster_pairs = recorder.pairs_asked
         matches: list = [None] * len(works)
         if "target" in self.models and "draft" in self.models:

@@ -107,6 +107,12 @@ class DataConfig:
     nli_strict: bool = opt(True, "strict: both directions entailment; else no contradiction and not neutral both ways")
     nli_batch_size: int = opt(16, "pairs per NLI batch")
     nli_max_length: int = opt(512, "token limit of premise + hypothesis; the context is trimmed from the left")
+    cluster_scheme: Literal["reference", "first_match"] = opt(
+        "reference", "greedy clustering: reference = semantic-uncertainty's get_semantic_ids (each new "
+                     "representative is compared with every later sample, placed ones included, so a later "
+                     "equivalent representative takes a sample over); first_match = each sample joins the first "
+                     "cluster whose representative is equivalent (fewer judge pairs; same clusters when the "
+                     "judge is transitive)")
     embedding_model: str = opt("offline:minilm", "sentence embedder of the embedding judge")
     embedding_threshold: float = opt(0.8, "cosine threshold of the embedding judge (numbers must also match)")
     layers: str = opt("all", "hidden-state rows to store: all, last, range:a-b or a comma list (0 = embeddings)")

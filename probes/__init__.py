@@ -2,19 +2,7 @@
 
 Pure torch / numpy / scipy / scikit-learn: nothing here imports language-model code.
 """
-from .acceptance import (
-    accept_all,
-    bernoulli,
-    choose_branch,
-    first_failure,
-    first_passing_branch,
-    make_rng,
-    reject_all,
-    semantic_accept,
-    semantic_accept_prob,
-    semantic_accept_run,
-    sync_cycle_output,
-)
+from .acceptance import DEFAULT_EPS, bernoulli, make_rng, semantic_accept_prob
 from .features import FeatureSpec, layers_from_option
 from .metrics import (
     BootstrapCI,
@@ -52,8 +40,7 @@ __all__ = [
     "ece", "mce", "brier", "brier_skill", "log_loss", "label_noise_floor", "mae", "spearman", "auroc", "auprc",
     "reliability_bins", "ReliabilityBins",
     "bootstrap_ci", "BootstrapCI", "probe_report",
-    "semantic_accept_prob", "semantic_accept", "semantic_accept_run", "make_rng", "bernoulli",
-    "first_failure", "first_passing_branch", "choose_branch", "sync_cycle_output", "accept_all", "reject_all",
+    "semantic_accept_prob", "make_rng", "bernoulli", "DEFAULT_EPS",
     "token_sd_speedup", "sync_speedup", "async_speedup", "step_speedup", "combined_speedup", "best_allocation",
     "group_split",
 ]

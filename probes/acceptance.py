@@ -1,10 +1,11 @@
-"""The runtime's acceptance rules as small pure functions.
+"""SemanticSpec's acceptance rule as pure functions; the runtime's verifiers call exactly these.
 
-- SemanticSpec: accept draft step i with probability min(1, p_i / q_i), where p_i / q_i are the target /
-  draft probes' semantic probabilities; stop at the first rejection (the target regenerates that step).
-- Lookahead Reasoning: verdicts V(s_j, ŝ_j) per position; the cycle keeps drafts up to the first failure,
-  then the target's own step there (or a bonus target step when all pass).
-- Multi-branch: W candidate steps per position; a position passes if any branch passes.
+Accept draft step i with probability min(1, p_i / q_i), where p_i / q_i are the target / draft probes'
+semantic probabilities (`semantic_accept_prob`, then one `bernoulli` draw from a `make_rng` generator);
+the decoding loop stops at the first rejection (the target regenerates that step). Lookahead
+Reasoning's walk over verdicts (first accepted branch per position, the target's step at the first
+position with none, a bonus target step after a full accept) lives in infer.decoding.lookahead, its
+only user.
 """
 from __future__ import annotations
 
@@ -41,69 +42,3 @@ def bernoulli(prob: float, rng: np.random.Generator) -> bool:
     if not 0.0 <= prob <= 1.0:
         raise ValueError(f"prob must be in [0, 1], got {prob}")
     return bool(rng.random() < prob)
-
-
-def semantic_accept(p: float, q: float, rng: np.random.Generator, eps: float = DEFAULT_EPS) -> bool:
-    """One SemanticSpec decision for one draft step."""
-    return bernoulli(semantic_accept_prob(float(p), float(q), eps), rng)
-
-
-def semantic_accept_run(p: Sequence[float], q: Sequence[float], rng: np.random.Generator,
-                        eps: float = DEFAULT_EPS) -> int:
-    """Number of leading draft steps accepted; draws stop at the first rejection, as at run time."""
-    if len(p) != len(q):
-        raise ValueError(f"p and q must have the same length, got {len(p)} and {len(q)}")
-    for i, (pi, qi) in enumerate(zip(p, q)):
-        if not semantic_accept(pi, qi, rng, eps):
-            return i
-    return len(p)
-
-
-def accept_all(n: int) -> list[bool]:
-    """Decisions of a verifier that accepts everything (an upper bound on speed)."""
-    return [True] * n
-
-
-def reject_all(n: int) -> list[bool]:
-    """Decisions of a verifier that accepts nothing (the target-only baseline's output)."""
-    return [False] * n
-
-
-def first_failure(accepts: Sequence[bool]) -> int:
-    """Index of the first False, or len(accepts) when every step passes."""
-    for i, ok in enumerate(accepts):
-        if not ok:
-            return i
-    return len(accepts)
-
-
-def first_passing_branch(verdicts: Sequence[bool]) -> int | None:
-    """At one position: the first of the W branches the verifier accepts (the paper keeps that one)."""
-    for w, ok in enumerate(verdicts):
-        if ok:
-            return w
-    return None
-
-
-def choose_branch(branch_accepts: Sequence[Sequence[bool]]) -> int | None:
-    """Pick a candidate path among several; branch_accepts[w] holds path w's verdicts, step by step.
-
-    The path with the longest accepted prefix wins, ties going to the lowest index (so with one
-    position this is `first_passing_branch`). None when no path gets its first step accepted.
-    """
-    best, best_len = None, 0
-    for w, verdicts in enumerate(branch_accepts):
-        length = first_failure(verdicts)
-        if length > best_len:
-            best, best_len = w, length
-    return best
-
-
-def sync_cycle_output(accepts: Sequence[bool]) -> tuple[int, int]:
-    """Lookahead Reasoning's sync cycle: (drafts kept, index of the target step appended).
-
-    With γ drafts and γ+1 target steps s_0..s_γ, the output is ŝ_0..ŝ_{j*-1} ⊕ s_{j*}, j* = first failure
-    (j* = γ: all drafts accepted plus a bonus target step).
-    """
-    j = first_failure(accepts)
-    return j, j

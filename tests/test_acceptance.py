@@ -1,22 +1,15 @@
-"""Acceptance rules: SemanticSpec's min(1, p/q), first-failure cut, branch choice."""
+"""SemanticSpec's acceptance rule min(1, p/q) and the seeded Bernoulli draw the runtime takes."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from probes.acceptance import (
-    accept_all,
-    bernoulli,
-    choose_branch,
-    first_failure,
-    first_passing_branch,
-    make_rng,
-    reject_all,
-    semantic_accept,
-    semantic_accept_prob,
-    semantic_accept_run,
-    sync_cycle_output,
-)
+from probes.acceptance import bernoulli, make_rng, semantic_accept_prob
+
+
+def semantic_accept(p, q, rng):
+    """One SemanticSpec decision, composed as the runtime's probe verifier composes it."""
+    return bernoulli(semantic_accept_prob(p, q), rng)
 
 
 def test_accept_prob_values_and_vectorised():
@@ -60,33 +53,3 @@ def test_bernoulli_bounds():
     assert all(bernoulli(1.0, rng) for _ in range(500)) and not any(bernoulli(0.0, rng) for _ in range(500))
     with pytest.raises(ValueError):
         bernoulli(1.5, rng)
-
-
-def test_semantic_accept_run_stops_at_first_rejection():
-    assert semantic_accept_run([0.5, 0.5, 0.5], [0.1, 0.1, 0.1], make_rng(0)) == 3
-    assert semantic_accept_run([0.5, 0.0, 0.5], [0.1, 0.1, 0.1], make_rng(0)) == 1
-    # expected accepted length with per-step prob 0.5 and 3 drafts: 0.5 + 0.25 + 0.125
-    rng = make_rng(5)
-    lengths = [semantic_accept_run([0.2] * 3, [0.4] * 3, rng) for _ in range(20000)]
-    assert np.mean(lengths) == pytest.approx(0.875, abs=0.03)
-    with pytest.raises(ValueError, match="same length"):
-        semantic_accept_run([0.1], [0.1, 0.2], rng)
-
-
-def test_first_failure_and_sync_cycle():
-    assert first_failure([]) == 0
-    assert first_failure([True, True, False, True]) == 2
-    assert first_failure([False]) == 0
-    assert first_failure(accept_all(4)) == 4 and first_failure(reject_all(4)) == 0
-    assert sync_cycle_output([True, False, True]) == (1, 1)  # ŝ_0 ⊕ s_1
-    assert sync_cycle_output([True, True]) == (2, 2)  # all pass: bonus target step s_γ
-
-
-def test_branch_choice():
-    assert first_passing_branch([False, True, True]) == 1
-    assert first_passing_branch([False, False]) is None
-    assert choose_branch([[False, True], [True, False], [True, True, False]]) == 2  # longest accepted prefix
-    assert choose_branch([[True, False], [True, False]]) == 0  # tie: first branch
-    assert choose_branch([[False], [False, True]]) is None
-    assert choose_branch([[False], [True], [True]]) == first_passing_branch([False, True, True]) == 1
-    assert choose_branch([]) is None

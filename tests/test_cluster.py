@@ -63,16 +63,18 @@ def sequential_greedy(samples, same) -> tuple[list[int], int]:
 
 
 def test_normalise_step():
-    assert normalise_step("  The  Answer\n\nis 72. ") == "the answer is 72."
+    assert normalise_step("  The  Answer\n\nis 72. ") == "The Answer is 72."  # case is kept
     assert normalise_step("\t") == ""
 
 
-def test_known_clusters_in_order_of_first_appearance():
+@pytest.mark.parametrize("scheme, round_sizes", [("reference", [4, 3, 1]), ("first_match", [4, 2])])
+def test_known_clusters_in_order_of_first_appearance(scheme, round_sizes):
     judge = FirstWordJudge()
     samples = ["b one", "a two", "b three", "c four", "a five"]
-    assert cluster_samples("ctx", samples, judge) == [0, 1, 0, 2, 1]
-    # Round 1: rep "b one" vs the 4 others; round 2: "a two" vs 2 left; round 3: "c four" alone.
-    assert [len(c) for c in judge.calls] == [4, 2]
+    assert cluster_samples("ctx", samples, judge, scheme=scheme) == [0, 1, 0, 2, 1]
+    # Round 1: rep "b one" vs the 4 others; round 2: "a two" vs the 3 after it (reference) or the 2 still
+    # unplaced (first match); round 3: "c four" vs the placed "a five" (reference) or nothing (first match).
+    assert [len(c) for c in judge.calls] == round_sizes
     assert all(q.context == "ctx" for c in judge.calls for q in c)
     assert judge.calls[0][0] == PairQuery("ctx", "b one", "a two")  # a = representative, b = candidate
 
@@ -93,19 +95,35 @@ def test_all_different():
 
 def test_exact_duplicates_cost_no_model_call():
     judge = FirstWordJudge()
-    samples = ["The answer is 72.", "the  answer is 72.  ", "THE ANSWER IS 72."]
+    samples = ["The answer is 72.", "The  answer is 72.  ", "The answer\nis 72."]
     result = cluster_many(["c"], [samples], judge)[0]
     assert result.cluster_ids == [0, 0, 0]
     assert judge.model_calls == 0 and judge.calls == []
     assert result.stats.duplicates == 2 and result.stats.judge_pairs == 0
 
 
-def test_duplicates_join_the_cluster_of_their_first_copy():
+@pytest.mark.parametrize("scheme, pairs", [("reference", 4), ("first_match", 3)])
+def test_duplicates_join_the_cluster_of_their_first_copy(scheme, pairs):
     judge = FirstWordJudge()
-    samples = ["x a", "y b", "X  A", "y b", "z c"]
-    assert cluster_samples("c", samples, judge) == [0, 1, 0, 1, 2]
-    # Only the 3 distinct texts reach the judge: 2 + 1 pairs.
-    assert judge.model_calls == 3
+    samples = ["x a", "y b", "x  a", "y b", "z c"]
+    assert cluster_samples("c", samples, judge, scheme=scheme) == [0, 1, 0, 1, 2]
+    # One query per distinct text per round. Reference: "x a" vs {y b, z c}, then "y b" vs {x a, z c}
+    # (the placed "x  a" is asked again); first match: 2 + 1 ("y b" vs "z c" only).
+    assert judge.model_calls == pairs
+
+
+def test_texts_differing_in_case_go_to_the_judge():
+    for scheme in ("reference", "first_match"):
+        judge = FirstWordJudge()
+        result = cluster_many(["c"], [["X = 5", "x = 5", "X  =  5"]], judge, scheme=scheme)[0]
+        assert judge.calls == [[PairQuery("c", "X = 5", "x = 5")]]
+        assert result.cluster_ids == [0, 0, 0] and result.stats.duplicates == 1
+
+        class NeverSame:
+            def judge(self, items):
+                return [False] * len(items)
+
+        assert cluster_samples("c", ["X = 5", "x = 5"], NeverSame(), scheme=scheme) == [0, 1]
 
 
 def test_one_sample_and_empty():
@@ -122,13 +140,98 @@ def test_rounds_equal_sequential_greedy_for_a_non_transitive_judge():
     for _ in range(30):
         samples = [str(rng.randint(0, 8)) for _ in range(rng.randint(1, 15))]
         judge = NearNumberJudge()
-        got = cluster_many(["c"], [samples], judge)[0]
+        got = cluster_many(["c"], [samples], judge, scheme="first_match")[0]
         # Sequential greedy over distinct texts (duplicates are free in ours).
         distinct = list(dict.fromkeys(samples))
         ids, comparisons = sequential_greedy(distinct, lambda a, b: abs(int(a) - int(b)) <= 1)
         by_text = dict(zip(distinct, ids))
         assert got.cluster_ids == [by_text[s] for s in samples]
         assert judge.pairs == got.stats.judge_pairs == comparisons
+
+
+def reference_semantic_ids(samples, equivalent) -> tuple[list[int], int]:
+    """semantic-uncertainty's get_semantic_ids re-stated: (ids, comparisons). Each sample without an id
+    opens a cluster and is compared with every later sample, placed or not; a match moves it over."""
+    ids = [-1] * len(samples)
+    next_id = comparisons = 0
+    for i in range(len(samples)):
+        if ids[i] != -1:
+            continue
+        ids[i] = next_id
+        for j in range(i + 1, len(samples)):
+            comparisons += 1
+            if equivalent(samples[i], samples[j]):
+                ids[j] = next_id
+        next_id += 1
+    return ids, comparisons
+
+
+class RelationJudge:
+    """Judge by a fixed set of ordered (representative, sample) pairs: asymmetric, not transitive."""
+
+    def __init__(self, related: set[tuple[str, str]]):
+        self.related = related
+        self.calls: list[list[PairQuery]] = []
+
+    def related_pair(self, a, b):
+        return (a, b) in self.related
+
+    def judge(self, items):
+        self.calls.append(list(items))
+        return [self.related_pair(q.a, q.b) for q in items]
+
+
+def random_relation(texts, rng, p):
+    return {(a, b) for a in texts for b in texts if a != b and rng.random() < p}
+
+
+def test_reference_scheme_equals_get_semantic_ids_on_random_relations():
+    differs = 0
+    for seed in range(300):
+        rng = random.Random(seed)
+        texts = [f"s{i}" for i in range(rng.randint(1, 12))]
+        judge = RelationJudge(random_relation(texts, rng, rng.choice([0.1, 0.3, 0.5])))
+        got = cluster_many(["c"], [texts], judge)[0]
+        want, comparisons = reference_semantic_ids(texts, judge.related_pair)
+        assert got.cluster_ids == want, seed
+        assert got.stats.judge_pairs == comparisons == sum(len(c) for c in judge.calls)
+        # a = the representative, b = a later sample
+        assert all(texts.index(q.a) < texts.index(q.b) for c in judge.calls for q in c)
+        first = cluster_samples("c", texts, RelationJudge(judge.related), scheme="first_match")
+        differs += first != want
+    assert differs > 30  # the relations are non-transitive enough to tell the schemes apart
+
+
+class NormalisedRelationJudge(RelationJudge):
+    """Reflexive on whitespace-normalised text, else the relation on normalised texts."""
+
+    def related_pair(self, a, b):
+        x, y = normalise_step(a), normalise_step(b)
+        return x == y or (x, y) in self.related
+
+    def judge(self, items):
+        self.calls.append(list(items))
+        return [self.related_pair(q.a, q.b) for q in items]
+
+
+def test_reference_scheme_with_duplicates_and_lockstep_contexts():
+    """Repeated and whitespace-variant texts: the same clusters as get_semantic_ids with a reflexive judge
+    that sees normalised text, fewer judge pairs, and one judge call per round for all contexts."""
+    for seed in range(100):
+        rng = random.Random(1000 + seed)
+        base = [f"t{i}" for i in range(rng.randint(1, 6))]
+        related = random_relation(base, rng, 0.4)
+        sample_lists = [[rng.choice(base) + rng.choice(["", " ", "\n"]) for _ in range(rng.randint(0, 10))]
+                        for _ in range(3)]
+        judge = NormalisedRelationJudge(related)
+        got = cluster_many(["a", "b", "c"], sample_lists, judge)
+        for result, samples in zip(got, sample_lists):
+            want, comparisons = reference_semantic_ids(samples, judge.related_pair)
+            assert result.cluster_ids == want, seed
+            assert result.stats.judge_pairs <= comparisons
+        assert len(judge.calls) <= max((r.stats.num_clusters for r in got), default=0)
+        split = cluster_many(["a", "b", "c"], sample_lists, NormalisedRelationJudge(related), max_pairs_per_call=2)
+        assert [r.cluster_ids for r in split] == [r.cluster_ids for r in got]
 
 
 def test_cluster_many_equals_per_context_clustering_and_batches_rounds():
@@ -168,15 +271,17 @@ def test_max_pairs_per_call_splits_rounds_without_changing_results():
 
 
 def test_far_fewer_judge_pairs_than_all_pairs_when_few_clusters():
-    judge = FirstWordJudge()
     samples = [f"{['x', 'y', 'z'][i % 3]} variant {i}" for i in range(20)]
-    result = cluster_many(["c"], [samples], judge)[0]
-    stats = result.stats
-    assert stats.num_clusters == 3 and stats.num_samples == 20
+    judge, first = FirstWordJudge(), FirstWordJudge()
+    stats = cluster_many(["c"], [samples], judge)[0].stats
+    first_stats = cluster_many(["c"], [samples], first, scheme="first_match")[0].stats
+    assert stats.num_clusters == first_stats.num_clusters == 3 and stats.num_samples == 20
     assert stats.all_pairs == 190
-    # rep x vs the 19 others, rep y vs the 12 left after it, rep z vs its 5 fellows
-    assert stats.judge_pairs == 19 + 12 + 5 == judge.model_calls
-    assert stats.judge_pairs < stats.all_pairs / 5
+    # reference: each rep vs every later sample (19 + 18 + 17)
+    assert stats.judge_pairs == 19 + 18 + 17 == judge.model_calls
+    # first match: rep x vs the 19 others, rep y vs the 12 left after it, rep z vs its 5 fellows
+    assert first_stats.judge_pairs == 19 + 12 + 5 == first.model_calls
+    assert first_stats.judge_pairs < stats.judge_pairs < stats.all_pairs / 3
     total = sum((r.stats for r in cluster_many(["a", "b"], [samples, samples[:4]], FirstWordJudge())),
                 ClusterStats())
     assert total.num_samples == 24 and total.all_pairs == 190 + 6
@@ -221,9 +326,10 @@ def test_assign_to_clusters():
     queries = ["c new", "A THREE", "d none", "b other", "c new", "a  three"]
     got = assign_to_clusters("c", queries, refs, ref_ids, judge)
     assert got == [2, 0, None, 1, 2, 0]
-    # "A THREE" matched a reference sample textually: no call. Distinct unmatched queries: c new, d none,
-    # b other -> vs "a one" (3 pairs), vs "b two" (3; b other matches), vs "c four" (2; c new matches).
-    assert judge.model_calls == 3 + 3 + 2
+    # "a  three" matched a reference sample textually: no call; "A THREE" differs in case, so it is asked.
+    # Distinct unmatched queries: c new, A THREE, d none, b other -> vs "a one" (4 pairs; A THREE
+    # matches), vs "b two" (3; b other matches), vs "c four" (2; c new matches).
+    assert judge.model_calls == 4 + 3 + 2
     assert all(q.a in ("a one", "b two", "c four") for c in judge.calls for q in c)
 
 

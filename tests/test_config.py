@@ -52,6 +52,7 @@ def test_unknown_key_names_key_and_file(tmp_path):
     ("models=3", r"models: expected a section"),
     ("nokey", r"key=value"),
     ("data.models=[target, oracle]", r"data\.models"),
+    ("data.cluster_scheme=last", r"data\.cluster_scheme: 'last' is not one of"),
 ])
 def test_bad_values_are_errors(override, pattern):
     with pytest.raises(ConfigError, match=pattern):

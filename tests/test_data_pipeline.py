@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -98,6 +99,28 @@ def test_labels_with_empty_draws():
     assert ids == [1, -1, 0] and probs == [1 / 8, 0.0, 3 / 8]
     with pytest.raises(ValueError, match="0..K-1"):
         model_labels([0, 2], 4)
+
+
+def test_target_labels_count_the_sample_itself_draft_labels_do_not():
+    """The documented scale (labels.py, data card): for a meaning with target probability pi, a target
+    sample's |C_k| / N averages pi + (1 - pi) / N, a draft step's label under the target averages pi."""
+    rng = random.Random(0)
+    meanings, weights, n = ["m0", "m1", "m2"], [0.6, 0.3, 0.1], 5
+    target_sums, draft_sums = defaultdict(list), defaultdict(list)
+    for _ in range(20000):
+        drawn = rng.choices(meanings, weights, k=n)
+        ids = [sorted(set(drawn), key=drawn.index).index(m) for m in drawn]  # 0..K-1 by first appearance
+        lab = model_labels(ids, n)
+        target_sums[drawn[0]].append(lab.semantic_probs[0])  # the first target sample's own label
+        draft = rng.choices(meanings, weights)[0]  # a draft step with the target's meaning distribution
+        match = ids[drawn.index(draft)] if draft in drawn else None
+        draft_sums[draft].append(draft_under_target([match], lab)[1][0])
+    for m, pi in zip(meanings, weights):
+        assert sum(target_sums[m]) / len(target_sums[m]) == pytest.approx(pi + (1 - pi) / n, abs=0.01)
+        assert sum(draft_sums[m]) / len(draft_sums[m]) == pytest.approx(pi, abs=0.01)
+    # a draft step equal to a target sample gets exactly that sample's label
+    lab = model_labels([0, 1, 0], 3)
+    assert draft_under_target([0, 1], lab)[1] == [lab.semantic_probs[0], lab.semantic_probs[1]]
 
 
 def test_pairs_are_unique_per_unordered_pair_and_judged_labels_win():

@@ -324,8 +324,10 @@ def test_cache_second_run_makes_no_inner_calls(tmp_path):
 
 def test_cache_keys_are_order_free_only_for_symmetric_judges():
     sym = CachedJudge(CountingJudge(symmetric=True))
-    sym.judge([PairQuery("c", "abc", "xyz"), PairQuery("c", "XYZ ", "abc")])  # swapped + normalised
+    sym.judge([PairQuery("c", "abc", "xyz"), PairQuery("c", " xyz\n", "abc")])  # swapped + whitespace
     assert sym.inner.model_calls == 1 and sym.hits == 1
+    sym.judge([PairQuery("c", "abc", "XYZ")])  # letter case may change the meaning: not a cache hit
+    assert sym.inner.model_calls == 2
     asym = CachedJudge(CountingJudge(symmetric=False))
     asym.judge([PairQuery("c", "abc", "xyz"), PairQuery("c", "xyz", "abc")])
     assert asym.inner.model_calls == 2
@@ -365,5 +367,5 @@ def test_cache_survives_a_truncated_last_line(tmp_path, caplog):
 def test_cache_dedupes_within_a_batch():
     inner = CountingJudge()
     cached = CachedJudge(inner)
-    assert cached.judge([PAIRS[0], PAIRS[0], PairQuery("ctx", "ABC", "xyz")]) == [True, True, True]
+    assert cached.judge([PAIRS[0], PAIRS[0], PairQuery("ctx", "abc ", " xyz")]) == [True, True, True]
     assert inner.model_calls == 1 and cached.hits == 2 and cached.misses == 1
