@@ -237,8 +237,11 @@ def check_probe_fits_data(probe: SemanticProbe, ds, role: str, name: str) -> lis
         raise PartError(f"{name}: the data folder {ds.folder} has no {role} model (models sampled: "
                         f"{sorted(engines)})")
     engine = engines[role]
+    from infer.verifiers import check_probe_model
+
     try:
         probe.spec.check_compatible(int(engine["num_layers"]), int(engine["hidden_size"]), engine["model_id"])
+        check_probe_model(probe.spec, engine["model_id"], engine.get("revision"), name)
     except ValueError as err:
         raise PartError(f"{name}: the data in {ds.folder} comes from another {role} model: {err}") from None
     kept = list(ds.layers(role))
