@@ -62,6 +62,7 @@ def test_heldout_questions_are_the_checkpoints_test_split_by_default(report, tra
     split = json.loads((ckpt / "metrics.json").read_text())["split"]
     assert split["test"] and split["test_fraction"] > 0  # probe.test_fraction defaults to > 0
     assert report.metrics["heldout"]["questions"] == sorted(split["test"])
+    assert report.metrics["heldout"]["split"] == "test" and report.metrics["heldout"]["n_questions"] == len(split["test"])
     assert report.metrics["heldout"]["warning"] is None
     assert report.metrics["data"]["is_training_data"] is True
 
@@ -267,7 +268,7 @@ def test_wandb_offline_logs_metrics_and_figures(trained, tmp_path, monkeypatch):
     runs = list((out / "wandb").rglob("offline-run-*"))
     assert runs and any(runs[0].rglob("*.wandb"))
     images = list(runs[0].rglob("media/images/**/*.png"))
-    assert len(images) == 5  # every figure of the report (no layer sweep here)
+    assert len(images) == len(FIGURES) - 1  # every figure of the report (no layer sweep here)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["wandb"]["mode"] == "offline"
 

@@ -161,12 +161,13 @@ class HeldOut:
     sides: dict[str, int] = field(default_factory=dict)
     val_questions: list[str] = field(default_factory=list)  # chose the epoch / layer / threshold
     warning: str | None = None  # said in the report's first lines (e.g. evaluating on validation questions)
+    split: str = "heldout"  # test, val, val+test, or heldout (another data folder)
 
     def mask(self, question_ids: Any) -> np.ndarray:
         return np.isin(np.asarray(question_ids, dtype=object), np.asarray(self.questions, dtype=object))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"how": self.how, "n_questions": len(self.questions), "n_train_questions": len(self.train_questions),
+        return {"split": self.split, "how": self.how, "n_questions": len(self.questions), "n_train_questions": len(self.train_questions),
                 "n_val_questions": len(self.val_questions), "sides": self.sides, "warning": self.warning,
                 "questions": list(self.questions)}
 
@@ -221,7 +222,7 @@ def heldout_questions(ckpt: CheckpointFolder, ds, is_training_data: bool, which:
         raise PartError(f"the checkpoint's {which} split holds no question of {ds.folder}")
     warning = VAL_WARNING if "val" in which.split("+") else None
     return HeldOut(chosen, sides["train"], f"{which} questions ({how})", {s: len(v) for s, v in sides.items()},
-                   val_questions=sides["val"], warning=warning)
+                   val_questions=sides["val"], warning=warning, split=which)
 
 
 VAL_WARNING = ("evaluated on VALIDATION questions: these chose the probes' epoch (early stopping), the layer sweep's "
