@@ -217,10 +217,14 @@ def write_baselines(folder: Path, per_role: dict[str, dict]) -> str:
 
 
 def write_embedding(folder: Path, *, model: str, model_id: str, threshold: float, fit: dict | None,
-                    validation: dict | None, score: str) -> str:
+                    validation: dict | None, score: str, fit_on: str | None = None,
+                    fit_error: str | None = None) -> str:
+    """embedding_threshold.json. fit_on: the pairs the threshold was fitted on; fit_error: why none could be
+    fitted (then `threshold` is the configured default)."""
     payload = {"format": EMBEDDING_FORMAT, "format_version": 1, "kind": "embedding_threshold",
                "embedding_model": model, "embedding_model_id": model_id, "score": score,
-               "threshold": threshold, "fit": fit, "validation": validation}
+               "threshold": threshold, "fit": fit, "fit_on": fit_on, "fit_error": fit_error,
+               "validation": validation}
     write_json(folder / EMBEDDING_JSON, clean_json(payload))
     return EMBEDDING
 

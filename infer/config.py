@@ -196,7 +196,9 @@ class ProbeConfig:
     batch_size: int = opt(256, "batch size")
     patience: int = opt(8, "early stopping patience in epochs on the validation loss")
     val_fraction: float = opt(0.2, "share of questions held out for validation")
-    test_fraction: float = opt(0.0, "share of questions held out for a final test")
+    test_fraction: float = opt(0.2, "share of questions held out for a final test that nothing is tuned on (probe-eval "
+                                    "reports on it; 0 = none, then probe-eval falls back to the validation questions "
+                                    "and says so)")
     target_with_draft: bool = opt(True, "train the target probe also on draft steps teacher-forced through the target")
     seed: int = opt(0, "training seed")
     logprob_baseline: Literal["logistic", "isotonic"] = opt(

@@ -241,6 +241,25 @@ def _is_vllm(engine) -> bool:
     return info is not None and info.extra.get("engine") == "vllm"
 
 
+# ----------------------------------------------------------------------------- model identity
+def _model_key(model_id: str) -> str:
+    return model_id.strip().rstrip("/").lower()  # hub ids are case-insensitive
+
+
+def check_probe_model(spec, model_id: str, revision: str | None, name: str = "probe") -> None:
+    """CheckpointError unless `model_id` is the FULL id the probe was trained on (not just the same last
+    path component: org-a/model and org-b/model are different weights) and, when both revisions are
+    known, the same revision. `spec` is a probes.features.FeatureSpec."""
+    if _model_key(model_id) != _model_key(spec.model_id):
+        raise CheckpointError(f"{name} was trained on {spec.model_id!r}, but the engine runs {model_id!r}: a different "
+                              "model id (only an identical full id counts). Load that model, retrain the probe, or "
+                              "pass allow_model_mismatch=True if it is the same weights under another name")
+    if spec.revision and revision and spec.revision != revision:
+        raise CheckpointError(f"{name} was trained on {spec.model_id!r} at revision {spec.revision}, but the engine "
+                              f"runs revision {revision}; load that revision or retrain the probe "
+                              "(allow_model_mismatch=True skips this check)")
+
+
 # ----------------------------------------------------------------------------- probe pair
 class ProbePairVerifier(Verifier):
     """SemanticSpec: p = target probe on the target's hidden states of the draft step, q = draft probe on
@@ -269,6 +288,8 @@ class ProbePairVerifier(Verifier):
                                             allow_model_mismatch=allow_model_mismatch)
             except ValueError as err:
                 raise CheckpointError(f"probe_{role} does not fit the {role} model: {err}") from None
+            if not allow_model_mismatch:
+                check_probe_model(probe.spec, engine.info.model_id, engine.info.revision, f"probe_{role}")
         self.target_engine, self.draft_engine = target_engine, draft_engine
 
     # what the decoding loops request from `score_chain` / `score`

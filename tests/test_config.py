@@ -21,7 +21,7 @@ def test_full_size_configs_name_the_real_pairs():
             "Qwen/Qwen3-32B"} <= targets
     for p in CONFIGS:
         cfg = load_config(p)
-        if not cfg.name.startswith("tiny"):  # tiny.yaml and its vLLM twin are the offline ones
+        if not cfg.models.target.startswith("offline:"):  # tiny, tiny-vllm and small are the offline configs
             assert cfg.data.judge == "nli" and cfg.data.nli_model == "microsoft/deberta-large-mnli"
 
 
@@ -49,6 +49,20 @@ def test_vllm_settings_are_validated():
     from infer.engines import vllm_settings  # the engine-start settings (vLLM itself is imported only on start)
 
     assert vllm_settings(cfg.models).max_model_len == 8192 and vllm_settings(cfg.models).hidden_states == "transformers"
+
+
+def test_small_config_holds_out_at_least_40_test_questions():
+    from probes.splits import group_split
+
+    cfg = load_config(CONFIGS[0].with_name("small.yaml"))
+    assert cfg.models.target.startswith("offline:") and cfg.data.contexts_per_trace == 1
+    questions = [str(i) for i in range(cfg.source.size)]
+    _, val, test = group_split(questions, cfg.probe.val_fraction, cfg.probe.test_fraction, exact_sizes=True)
+    assert len(test) >= 40 and len(val) >= 8
+
+
+def test_test_split_is_the_default():
+    assert ExperimentConfig().probe.test_fraction > 0
 
 
 def test_overrides_are_typed():

@@ -29,9 +29,9 @@ from data_gen.contexts import (
 )
 from data_gen.labels import build_pairs, draft_under_target, model_labels, pair_key
 from data_gen.pipeline import generate_dataset, layer_rows
-from infer.engines import Prefix
 from data_gen.sources import Trace
 from data_gen.store import DataFolderError, DataMismatchError, merge_parts, open_dataset, read_manifest
+from infer.engines import Prefix
 
 from _data_fixtures import HIDDEN, LAYERS, BlankingEngine, assert_same_data, dataset_arrays, write_config
 

@@ -20,9 +20,10 @@ try:
 except ImportError:  # pragma: no cover - CI installs the extra and fails when these are skipped
     pytest.skip(INSTALL_HINT, allow_module_level=True)
 
-from _data_fixtures import assert_same_data, dataset_arrays, write_config  # noqa: E402
 from data_gen.pipeline import generate_dataset  # noqa: E402
 from data_gen.store import read_manifest  # noqa: E402
+
+from _data_fixtures import assert_same_data, dataset_arrays, write_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("one_thread")]

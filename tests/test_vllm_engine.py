@@ -7,11 +7,10 @@ the chat template off, a draft that writes another chain. Runs where vLLM is ins
 from __future__ import annotations
 
 import pytest
+from _margins import assert_same_greedy
 
 from infer.engines import Prefix, SamplingParams, StepRequest
 from infer.engines.vllm_engine import INSTALL_HINT, VLLMSettings, sample_seed, vllm_available
-
-from _margins import assert_same_greedy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

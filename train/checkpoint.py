@@ -40,7 +40,9 @@ def _write_embedding(folder: Path, embedding) -> str:
     from infer.models import describe_source
 
     return fmt.write_embedding(folder, model=embedding.model, model_id=describe_source(embedding.model),
-                               threshold=embedding.fit.threshold, fit=embedding.fit.to_dict(),
+                               threshold=embedding.threshold,
+                               fit=None if embedding.fit is None else embedding.fit.to_dict(),
+                               fit_on=embedding.fitted.fit_on, fit_error=embedding.fitted.error,
                                validation=embedding.metrics.get("val"), score=embedding.score_description)
 
 

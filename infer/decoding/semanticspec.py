@@ -19,8 +19,15 @@ from __future__ import annotations
 
 import time
 
-from infer.decoding.common import (DecodeOptions, GenerationResult, GenState, check_verifier, refused, seed_for,
-                                   step_record)
+from infer.decoding.common import (
+    DecodeOptions,
+    GenerationResult,
+    GenState,
+    check_verifier,
+    refused,
+    seed_for,
+    step_record,
+)
 from infer.verifiers import StepContext, Verifier, VerifyItem
 
 

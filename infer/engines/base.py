@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
-from typing import Hashable, Literal, Protocol, Sequence, Union, runtime_checkable
+from typing import Hashable, Literal, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -92,7 +92,7 @@ class Step:
         return len(self.token_ids)
 
 
-PrefixStep = Union[str, Step]
+PrefixStep = str | Step
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class Prefix:
         if bad:
             raise TypeError(f"Prefix steps {bad} are neither str nor Step")
 
-    def extend(self, *steps: PrefixStep) -> "Prefix":
+    def extend(self, *steps: PrefixStep) -> Prefix:
         """This prefix followed by more steps."""
         return Prefix(self.question, self.steps + tuple(steps), self.delimiter)
 
@@ -180,7 +180,7 @@ class EngineStats:
     proposer_forward_passes: int = 0
     seconds: float = 0.0
 
-    def __add__(self, other: "EngineStats") -> "EngineStats":
+    def __add__(self, other: EngineStats) -> EngineStats:
         return EngineStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
     def to_dict(self) -> dict:

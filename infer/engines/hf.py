@@ -11,8 +11,19 @@ import logging
 import time
 from typing import Hashable, Sequence
 
-from infer.engines.base import (DEFAULT_STEP_DELIMITER, EngineInfo, EngineStats, Generation, Prefix, PrefixStep,
-                                PromptTooLongError, SamplingParams, Scoring, Step, StepRequest)
+from infer.engines.base import (
+    DEFAULT_STEP_DELIMITER,
+    EngineInfo,
+    EngineStats,
+    Generation,
+    Prefix,
+    PrefixStep,
+    PromptTooLongError,
+    SamplingParams,
+    Scoring,
+    Step,
+    StepRequest,
+)
 from infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec, sample_seed
 from infer.engines.token_spec import AssistantProposer, NgramProposer, TokenSpecConfig
 from infer.engines.tokens import StepTokenizer, eos_token_ids
