@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _margins import assert_same_greedy
 
 from infer.config import ConfigError, load_config
-from infer.decoding import (DecodeOptions, decode, read_trace, replay_text, stats_from_trace, write_trace)
+from infer.decoding import DecodeOptions, decode, read_trace, replay_text, stats_from_trace, write_trace
 from infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams
 from infer.verifiers import BernoulliVerifier, Verifier, build_verifier
-
-from _margins import assert_same_greedy
 
 Q = "What is 17 + 25? Think step by step."
 SPEC = ["lr_sync", "lr_async", "semanticspec"]

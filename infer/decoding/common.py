@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from infer.answers import extract_boxed
-from infer.engines.base import EngineStats, Prefix, SamplingParams, Step, StepRequest
 from infer.decoding.metrics import RunStats, join_steps
+from infer.engines.base import EngineStats, Prefix, SamplingParams, Step, StepRequest
 from infer.verifiers import Verdict
 
 STOP_REASONS = ("eos", "max_new_tokens", "max_steps")
@@ -69,7 +69,7 @@ class DecodeOptions:
     def delimiter(self) -> str:
         return self.target_params.delimiter
 
-    def replace(self, **kw) -> "DecodeOptions":
+    def replace(self, **kw) -> DecodeOptions:
         from dataclasses import replace
 
         return replace(self, **kw)

@@ -33,8 +33,9 @@ gives it a `StepStream` on top of `generate` when it has no continuous batching 
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Hashable, Literal, Protocol, Sequence, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 

@@ -15,7 +15,8 @@ reliability bins, bootstrap CIs). This module adds the bookkeeping around them:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 

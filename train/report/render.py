@@ -5,7 +5,8 @@ report can be re-rendered from its metrics.json alone.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from train.report.evaluate import CALIBRATION_METRICS
 

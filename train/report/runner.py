@@ -14,16 +14,24 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from train.report import evaluate as ev
 from train.report import plots, render
 from train.report.inputs import CheckpointFolder, HeldOut, heldout_questions, open_data, read_checkpoint
-from train.report.sections import (EvalContext, PartResult, acceptance_part, guarded, layer_sweep_part, probes_part,
-                                   umap_part)
+from train.report.sections import (
+    EvalContext,
+    PartResult,
+    acceptance_part,
+    guarded,
+    layer_sweep_part,
+    probes_part,
+    umap_part,
+)
 from train.report.verifiers import verifiers_part
 
 REPORT_FORMAT = "specprobe-eval-report"

@@ -7,16 +7,18 @@ verifier) is recorded with `ctx.skip` and the part goes on.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from probes.acceptance import semantic_accept_prob
-from probes.metrics import brier
-from probes.mlp import ProbeMLPConfig as MLPConfig, fit_probe
 from probes.features import FeatureSpec
+from probes.metrics import brier
+from probes.mlp import ProbeMLPConfig as MLPConfig
+from probes.mlp import fit_probe
 from probes.splits import group_split
 from train.probes_train import ROW_SETS, RowSet, load_row_set
 from train.report import evaluate as ev
