@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from infer.config import load_config
 from probes.features import FeatureSpec, layers_from_option
 from probes.mlp import SemanticProbe
+from train.config import load_config
 from train.probes_train import mlp_config, torch_threads
 
 QUESTION = ("A carpenter works for 2 weeks every month and for 6 days every week. He gets paid 195 every day. "

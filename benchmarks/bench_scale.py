@@ -77,8 +77,8 @@ def main() -> int:
     p.add_argument("--no-single", action="store_true", help="skip the single-process run")
     p.add_argument("overrides", nargs="*", help="config overrides (after the small defaults)")
     args = p.parse_args()
-    from infer.config import load_config
     from infer.ray_cluster import check_resources, connect, replica_demands
+    from train.config import load_config
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

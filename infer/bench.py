@@ -2,7 +2,7 @@
 pass@1, latency, speedup over target-only (measured in the same run), acceptance, Ratio, and next to each
 measured speedup the analytic one at the α and c measured in that run (`infer.decoding.analytic`).
 
-    from infer.config import load_config
+    from train.config import load_config
     from infer import bench
     cfg = load_config("configs/tiny.yaml", ["bench.num_problems=2"])
     env = bench.prepare(cfg, verifier="bernoulli")
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from infer.answers import extract_boxed, grade, strip_thousands_separators
-from infer.config import ConfigError, ExperimentConfig, SourceConfig, to_dict
+from infer.config import ConfigError, SourceConfig, to_dict
 from infer.decoding import METHODS, DecodeOptions, RunStats, decode, fast_thread_switching, write_trace
 from infer.decoding.analytic import predict, token_level_factor
 from infer.engines import build_engine_pair, sampling_params
@@ -162,7 +162,7 @@ def parse_method(text: str) -> MethodSpec:
     return MethodSpec(label, base, token_spec, overrides)
 
 
-def options_from_config(cfg: ExperimentConfig, system_speed: bool = False) -> DecodeOptions:
+def options_from_config(cfg: Any, system_speed: bool = False) -> DecodeOptions:
     """DecodeOptions from the runtime and sampling sections. System-speed runs decode greedily: random
     weights give near-uniform distributions whose top-p nucleus is the whole vocabulary, so sampling
     would cost a full-vocabulary sort per token, which no real model pays."""
@@ -182,7 +182,7 @@ def options_from_config(cfg: ExperimentConfig, system_speed: bool = False) -> De
 # ----------------------------------------------------------------------------- setup
 @dataclass
 class BenchEnv:
-    cfg: ExperimentConfig
+    cfg: Any  # the experiment config (train.config.ExperimentConfig): models, runtime, bench, output_dir
     target: Any
     draft: Any
     problems: list[Problem]
@@ -207,7 +207,7 @@ class BenchEnv:
         return self._verifiers[key]
 
 
-def prepare(cfg: ExperimentConfig, *, checkpoint: str | None = None, verifier: str | None = None,
+def prepare(cfg: Any, *, checkpoint: str | None = None, verifier: str | None = None,
             system_speed: bool | None = None, engines: tuple | None = None,
             problems: Sequence[Problem] | None = None) -> BenchEnv:
     """Load models, problems and the verifier a benchmark needs (engines=(target, draft) reuses loaded ones)."""

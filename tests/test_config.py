@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from infer.config import ConfigError, ExperimentConfig, dump_yaml, field_help, load_config
+from infer.config import ConfigError, dump_yaml
+from train.config import ExperimentConfig, field_help, load_config
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").glob("*.yaml"))
 
@@ -112,3 +113,11 @@ def test_dump_round_trips(tmp_path):
     path = tmp_path / "dump.yaml"
     path.write_text(dump_yaml(cfg))
     assert load_config(path) == cfg
+
+
+def test_each_section_lives_beside_its_owner():
+    cfg = ExperimentConfig()
+    owners = {"models": "infer", "sampling": "infer", "source": "infer", "runtime": "infer", "bench": "infer",
+              "ray": "infer", "data": "data_gen", "probe": "train", "verifiers": "train", "eval": "train",
+              "wandb": "train"}
+    assert {name: type(getattr(cfg, name)).__module__.split(".")[0] for name in owners} == owners

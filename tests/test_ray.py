@@ -234,7 +234,7 @@ BENCH = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "mo
 def test_bench_on_two_replicas_gives_the_single_process_table(local_ray, tmp_path, capsys):
     import json
 
-    from infer.bench_cli import main
+    from train.bench_cli import main
 
     methods = ["--methods", "target,lr_sync,semanticspec", "--verifier", "bernoulli"]
     assert main(["--config", "configs/tiny.yaml", *methods, "--out", str(tmp_path / "single"), *BENCH]) == 0

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from infer import bench
-from infer.bench_cli import main
 from infer.config import ConfigError, SourceConfig
 from infer.decoding import read_trace, replay_text
 from probes.features import FeatureSpec
 from probes.mlp import ProbeMLPConfig, SemanticProbe
+from train.bench_cli import main
 
 TINY_MODELS = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "models.device=cpu",
                "runtime.max_steps=3", "sampling.max_step_tokens=6", "runtime.accept_length_cut=true"]

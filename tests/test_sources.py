@@ -152,7 +152,8 @@ def test_final_answers_lose_thousands_separators(tmp_path):
 
 def test_strip_calculator_is_set_from_the_config():
     from data_gen.pipeline import load_source_traces
-    from infer.config import SourceConfig, field_help, load_config
+    from infer.config import SourceConfig
+    from train.config import field_help, load_config
 
     kept = load_config(None, ["source.kind=gsm8k", f"source.path={DATA / 'gsm8k.jsonl'}",
                               "source.strip_calculator=false"]).source

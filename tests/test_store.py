@@ -29,7 +29,8 @@ from data_gen.store import (
     write_manifest,
     write_shard,
 )
-from infer.config import ExperimentConfig, to_dict
+from infer.config import to_dict
+from train.config import ExperimentConfig
 
 L, H = 3, 5
 

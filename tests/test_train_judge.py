@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from infer.config import VerifiersConfig
 from infer.models import load_model
+from train.config import VerifiersConfig
 from train.pair_verifiers import PairSet, answer_logits, balanced_pairs, load_judge, train_judge
 
 SMOL = "offline:smollm2-135m-instruct"

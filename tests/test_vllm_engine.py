@@ -180,8 +180,8 @@ def test_tiny_data_stage_on_vllm_feeds_the_train_stage(vllm_pair, tmp_path):
     from data_gen.judges import EmbeddingNumberJudge
     from data_gen.pipeline import generate_dataset
     from data_gen.store import open_dataset
-    from infer.config import load_config
     from train.cli import main as train_main
+    from train.config import load_config
 
     tree = yaml.safe_load(open("configs/tiny-vllm.yaml"))
     tree["output_dir"] = str(tmp_path / "run")

@@ -82,7 +82,8 @@ def run_train_stage(cfg) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from infer.config import ConfigError, format_help, load_config
+    from infer.config import ConfigError
+    from train.config import format_help, load_config
 
     if args.help_config:
         print(format_help())

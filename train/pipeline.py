@@ -1,6 +1,6 @@
 """The training stage of probe-train: data folder -> every verifier the config asks for -> checkpoint.
 
-    from infer.config import load_config
+    from train.config import load_config
     from train.pipeline import train_all
     result = train_all(load_config("configs/tiny.yaml"))   # needs <output_dir>/data (probe-train --stage data)
     result.metrics["probes"]["probe_target"]["val"]["draft_via_target"]["probe"]["mae"]

@@ -63,7 +63,8 @@ class Report:
 def eval_settings(ckpt: CheckpointFolder, eval_cfg: Any = None, overrides: Sequence[str] = ()):
     """The EvalConfig: `eval_cfg` if given, else the checkpoint's own `eval` section; then `overrides`
     (``eval.n_boot=200`` or ``n_boot=200``)."""
-    from infer.config import EvalConfig, build, to_dict
+    from infer.config import build, to_dict
+    from train.config import EvalConfig
 
     if eval_cfg is None:
         known = {f.name for f in dataclasses.fields(EvalConfig)}
@@ -190,7 +191,8 @@ def without_bookkeeping(tree: Any) -> Any:
 
 def log_to_wandb(report: Report, ckpt: CheckpointFolder) -> None:
     """Metrics into the run summary, figures as images; files under <report>/wandb (offline by default)."""
-    from infer.config import WandbConfig, build
+    from infer.config import build
+    from train.config import WandbConfig
     from train.tracking import Tracker
 
     known = {f.name for f in dataclasses.fields(WandbConfig)}

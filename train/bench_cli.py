@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from infer.config import ConfigError, format_help, load_config
+    from infer.config import ConfigError
+    from train.config import format_help, load_config
 
     args = _parser().parse_args(argv)
     if args.help_config:
