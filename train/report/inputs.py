@@ -15,16 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from infer import checkpoint_format as fmt
+from infer.checkpoint_format import CheckpointError
 from probes.mlp import SemanticProbe
 from probes.splits import group_split
 
-CHECKPOINT_JSON = "checkpoint.json"
-CHECKPOINT_FORMAT = "specprobe-checkpoint"
 SIDES = ("train", "val", "test")
-
-
-class CheckpointError(RuntimeError):
-    """The folder is not a readable probe-train checkpoint."""
+__all__ = ["CheckpointError", "PartError", "CheckpointFolder", "open_checkpoint"]
 
 
 class PartError(RuntimeError):
@@ -49,7 +46,7 @@ class CheckpointFolder:
     def metrics(self) -> dict[str, Any]:
         """The checkpoint's own metrics.json (validation metrics and the question split); {} when absent."""
         if self._metrics is None:
-            path = self.path / "metrics.json"
+            path = self.path / fmt.METRICS_JSON
             try:
                 self._metrics = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
             except (json.JSONDecodeError, UnicodeDecodeError):
@@ -90,23 +87,17 @@ class CheckpointFolder:
             raise PartError(f"{path} is not valid JSON: {err}") from None
 
 
-def read_checkpoint(path: str | os.PathLike) -> CheckpointFolder:
+def open_checkpoint(path: str | os.PathLike) -> CheckpointFolder:
+    """The checkpoint folder for the report; its checkpoint.json read and checked by `infer.checkpoint_format`
+    (a CheckpointError, with a hint when `path` is the run folder that holds it)."""
     folder = Path(path)
     if not folder.is_dir():
-        raise CheckpointError(f"checkpoint folder not found: {folder}")
-    meta_path = folder / CHECKPOINT_JSON
-    if not meta_path.is_file():
-        hint = folder / "checkpoint" / CHECKPOINT_JSON
-        extra = f"; did you mean {folder / 'checkpoint'}?" if hint.is_file() else ""
-        raise CheckpointError(f"{folder} is not a probe-train checkpoint: it has no {CHECKPOINT_JSON}{extra}")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{meta_path} is not valid JSON: {err}") from None
-    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
-        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise CheckpointError(f"{meta_path}: format {found!r}, expected {CHECKPOINT_FORMAT!r} (written by probe-train)")
-    return CheckpointFolder(folder, meta)
+        raise CheckpointError(f"checkpoint folder not found: {folder} (write one with `probe-train`)")
+    nested = folder / "checkpoint" / fmt.CHECKPOINT_JSON
+    if folder.is_dir() and not (folder / fmt.CHECKPOINT_JSON).is_file() and nested.is_file():
+        raise CheckpointError(f"{folder} is not a probe-train checkpoint: it has no {fmt.CHECKPOINT_JSON}; "
+                              f"did you mean {folder / 'checkpoint'}?")
+    return CheckpointFolder(fmt.checkpoint_folder(folder), fmt.read_meta(folder))
 
 
 # ----------------------------------------------------------------------------- data

@@ -22,7 +22,7 @@ from typing import Any
 
 from train.report import evaluate as ev
 from train.report import plots, render
-from train.report.inputs import CheckpointFolder, HeldOut, heldout_questions, open_data, read_checkpoint
+from train.report.inputs import CheckpointFolder, HeldOut, heldout_questions, open_checkpoint, open_data
 from train.report.sections import (
     EvalContext,
     PartResult,
@@ -148,7 +148,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
     Biases (offline unless the checkpoint's wandb section says online), files under <out>/wandb.
     """
     start = time.perf_counter()
-    ckpt = read_checkpoint(checkpoint)
+    ckpt = open_checkpoint(checkpoint)
     cfg = eval_settings(ckpt, eval_cfg, overrides)
     out = Path(out) if out is not None else default_out(ckpt.path)
     out.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from infer import checkpoint_format as fmt
 from probes.acceptance import semantic_accept_prob
 from probes.features import FeatureSpec
 from probes.metrics import brier
@@ -128,10 +129,10 @@ def baseline_predictions(ctx: EvalContext, role: str, rows: RowSet) -> dict[str,
     """Constant and log-probability baselines of `role` from baselines.json."""
     from train.baselines import ConstantBaseline, LogprobBaseline
 
-    data = ctx.ckpt.read_json("baselines.json", "constant and log-probability baselines")
+    data = ctx.ckpt.read_json(fmt.BASELINES_JSON, "constant and log-probability baselines")
     entry = data.get(role) or (data.get("roles") or {}).get(role)
     if not isinstance(entry, dict):
-        raise PartError(f"baselines.json has no entry for the {role} (keys: {sorted(data)})")
+        raise PartError(f"{fmt.BASELINES_JSON} has no entry for the {role} (keys: {sorted(data)})")
     return {"logprob": LogprobBaseline.from_dict(entry["logprob"]).predict(rows.logprob),
             "constant": ConstantBaseline.from_dict(entry["constant"]).predict(len(rows))}
 

@@ -11,11 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from infer import checkpoint_format as fmt
 from train.report import evaluate as ev
 from train.report.inputs import PartError
 from train.report.sections import EvalContext, Figure, PartResult, guarded
-
-JUDGE_DIR = "judge_lora"
 
 
 def heldout_pairs(ctx: EvalContext):
@@ -34,10 +33,10 @@ def embedding_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, d
     """Cosines of every pair under the runtime's embedding verifier; its thresholds (chosen, F1-optimal)."""
     from infer.verifiers import load_embedding_threshold
 
-    if not (ctx.ckpt.path / "embedding_threshold.json").is_file():
-        raise PartError("the checkpoint has no embedding_threshold.json; was 'embedding' in verifiers.train?")
+    if not (ctx.ckpt.path / fmt.EMBEDDING_JSON).is_file():
+        raise PartError(f"the checkpoint has no {fmt.EMBEDDING_JSON}; was 'embedding' in verifiers.train?")
     verifier = load_embedding_threshold(ctx.ckpt.path, device=ctx.device)
-    info = ctx.ckpt.read_json("embedding_threshold.json", "embedding-threshold verifier")
+    info = ctx.ckpt.read_json(fmt.EMBEDDING_JSON, "embedding-threshold verifier")
     scores = verifier.embedder.cosine(list(pairs.a), list(pairs.b)).double().numpy()
     thresholds = {"chosen": verifier.threshold}
     f1 = ((info.get("fit") or {}).get("f1_optimal") or {}).get("threshold")
@@ -51,13 +50,13 @@ def judge_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[
     from infer.judge_prompt import judge_probability
     from infer.verifiers import load_judge_lora
 
-    if not (ctx.ckpt.path / JUDGE_DIR / "judge.json").is_file():
-        raise PartError(f"the checkpoint has no {JUDGE_DIR}/judge.json; was 'judge' in verifiers.train?")
+    if not (ctx.ckpt.path / fmt.JUDGE_DIR / fmt.JUDGE_JSON).is_file():
+        raise PartError(f"the checkpoint has no {fmt.JUDGE_DIR}/{fmt.JUDGE_JSON}; was 'judge' in verifiers.train?")
     judge = load_judge_lora(ctx.ckpt.path, device=ctx.device)
     idx = ev.stratified_subsample(pairs.labels, ctx.cfg.judge_max_pairs, ctx.cfg.seed + 1)
     items = [(pairs.context_of(i), pairs.a[i], pairs.b[i]) for i in idx]
     scores = judge_probability(judge.model, judge.tokenizer, items, batch_size=judge.batch_size).double().numpy()
-    meta = ctx.ckpt.read_json(f"{JUDGE_DIR}/judge.json", "judge-LoRA metadata")
+    meta = ctx.ckpt.read_json(f"{fmt.JUDGE_DIR}/{fmt.JUDGE_JSON}", "judge-LoRA metadata")
     return idx, scores, {"chosen": judge.threshold}, {"model": judge.model_id, **fit_info(meta)}
 
 
