@@ -1,12 +1,11 @@
 """The transformers step engine on the real offline SmolLM2."""
 import pytest
 import torch
+from _margins import assert_same_greedy
 
 from infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams, StepRequest
 from infer.engines.token_spec import draw_tokens
 from infer.engines.tokens import find_step_end
-
-from _margins import assert_same_greedy
 
 
 def sample(engine, prefixes, n, params):
@@ -180,3 +179,33 @@ def test_the_stop_rule_is_one_function():
     eos = next(iter(engine.eos_ids))
     assert text.finished(ids[:2] + [eos], 50, "\n\n") == (tok.decode(ids[:2]), "eos")
     assert text.finished(text.text_ids("\n\n"), 50, "\n\n") is None  # no content yet: not a step
+
+
+def test_engine_modules_import_one_way():
+    """No import cycle inside infer/engines (hf -> hf_kv -> tokens/token_spec -> base), and the runtime
+    reaches the transformers engine only through the interface module."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    graph = {}
+    for path in (root / "infer" / "engines").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        deps = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        deps |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        graph[f"infer.engines.{path.stem}"] = {d for d in deps if d.startswith("infer.engines.")}
+    done = set()
+
+    def visit(mod, stack):
+        assert mod not in stack, f"import cycle: {' -> '.join(stack + [mod])}"
+        if mod in done:
+            return
+        for dep in graph.get(mod, ()):
+            visit(dep, stack + [mod])
+        done.add(mod)
+
+    for mod in graph:
+        visit(mod, [])
+    for path in (root / "infer" / "decoding").glob("*.py"):
+        text = path.read_text()
+        assert "infer.engines.hf" not in text, f"{path.name} reaches into the transformers engine"

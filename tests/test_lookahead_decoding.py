@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infer.engines.lookahead_decoding import (LookaheadConfig, LookaheadDecoder, NgramPool, greedy_verify,
-                                              lookahead_layout, sample_verify)
+from infer.engines.lookahead_decoding import (
+    LookaheadConfig,
+    LookaheadDecoder,
+    NgramPool,
+    greedy_verify,
+    lookahead_layout,
+    sample_verify,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -63,7 +69,8 @@ def test_layout_masks_and_positions():
     # 1 fresh token at position 10, 2 levels x 3 columns, 1 candidate of 2 tokens, 4 cached tokens
     allowed, pos = lookahead_layout(1, 2, 3, 1, 2, cur_pos=10, cached=4)
     assert pos.tolist() == [10, 11, 12, 13, 12, 13, 14, 11, 12]
-    kv = lambda r: [c - 4 for c in range(4, allowed.shape[1]) if allowed[r, c]]
+    def kv(r):
+        return [c - 4 for c in range(4, allowed.shape[1]) if allowed[r, c]]
     assert bool(allowed[:, :4].all())
     assert kv(0) == [0]
     assert kv(1) == [0, 1] and kv(3) == [0, 1, 2, 3]  # level 0: causal guess sequence

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from infer import bench
-from infer.config import ConfigError, format_help, load_config
+from infer.config import ConfigError
 from infer.engines import HFStepEngine, SamplingParams
 from infer.engines.base import Prefix, StepRequest
 from infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
+from train.config import format_help, load_config
 
 
 def test_method_names_and_config_sections():

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _margins import assert_same_greedy
 
 from infer.decoding import DecodeOptions, decode
 from infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
 from infer.engines.token_spec import TokenSpecConfig
 from infer.verifiers import build_verifier, load_verifier
 
-from _margins import assert_same_greedy
 from _probe_fixtures import make_probe
 
 pytestmark = pytest.mark.slow
@@ -75,7 +75,7 @@ def test_reject_all_every_method_equals_target_only_greedy(smol):
     finally:
         target.set_token_spec(None)
     prompt = target.prefix_ids(Prefix(Q))
-    for name, res in runs.items():
+    for _name, res in runs.items():
         assert_same_greedy(target.model, prompt, ids_of(res), ids_of(base), at_least=20)
     # token speculation ran inside the LR target batch and accepted tokens there
     assert runs["lr_sync+ngram"].stats.spec_accepted > 0

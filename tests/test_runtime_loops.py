@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _margins import assert_same_greedy
 
-from infer.config import ConfigError, load_config
-from infer.decoding import (DecodeOptions, decode, read_trace, replay_text, stats_from_trace, write_trace)
+from infer.config import ConfigError
+from infer.decoding import DecodeOptions, decode, read_trace, replay_text, stats_from_trace, write_trace
 from infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams
 from infer.verifiers import BernoulliVerifier, Verifier, build_verifier
-
-from _margins import assert_same_greedy
+from train.config import load_config
 
 Q = "What is 17 + 25? Think step by step."
 SPEC = ["lr_sync", "lr_async", "semanticspec"]
@@ -43,13 +43,14 @@ def run(method, engines, verifier=None, opts=None):
 def test_reject_all_writes_the_target_only_tokens_up_to_a_near_tie(engines):
     """Greedy reject-all on the real engine (batched rows, KV reuse): the same tokens as target-only
     wherever the target's choice is not a near-tie (see tests/_margins.py)."""
-    target, _ = engines
+    target, draft = engines
+    question = "What is 2 + 2? 2 + 2 = 4. What is 2 + 2?"  # no near-tie in its first 24 greedy tokens
     opts = options(0.0)
-    base = decode("target", Q, target, None, None, opts)
+    base = decode("target", question, target, None, None, opts)
     ref = [t for s in base.steps for t in s.token_ids]
-    prompt = target.prefix_ids(Prefix(Q))
+    prompt = target.prefix_ids(Prefix(question))
     for method in SPEC:
-        res = run(method, engines, build_verifier("reject_all"), opts)
+        res = decode(method, question, target, draft, build_verifier("reject_all"), opts)
         assert res.stats.accepted == 0 and res.stats.judged > 0 and res.stats.ratio == 1.0, method
         assert_same_greedy(target.model, prompt, [t for s in res.steps for t in s.token_ids], ref, at_least=8)
 

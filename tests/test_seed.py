@@ -6,8 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infer.decoding.seed import (RoundsQueue, SeedConfig, SeedGenerator, expand_tree, tot_search, tree_ancestry,
-                                 verify_tree_greedy, verify_tree_sample)
+from infer.decoding.seed import (
+    RoundsQueue,
+    SeedConfig,
+    SeedGenerator,
+    expand_tree,
+    tot_search,
+    tree_ancestry,
+    verify_tree_greedy,
+    verify_tree_sample,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from infer.decoding.common import DecodeOptions
-from infer.decoding.specs import (BernoulliReward, SpecSConfig, reward_from_verifier, next_generator, specs,
-                                  specs_scores, subsample)
+from infer.decoding.specs import (
+    BernoulliReward,
+    SpecSConfig,
+    next_generator,
+    reward_from_verifier,
+    specs,
+    specs_scores,
+    subsample,
+)
 from infer.engines import HFStepEngine, SamplingParams
 from infer.verifiers import BernoulliVerifier, build_verifier
 
@@ -122,10 +129,10 @@ def test_probe_reward_is_the_target_probes_semantic_probability(engines):
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from _probe_fixtures import make_probe
-
     from infer.decoding.specs import ProbeReward
     from infer.verifiers import ProbePairVerifier
+
+    from _probe_fixtures import make_probe
 
     target, draft = engines
     verifier = ProbePairVerifier(make_probe(target, 2.0, 0, layers="last"), make_probe(draft, 0.0, 1, layers="last"),

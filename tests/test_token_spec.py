@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _margins import assert_same_greedy
 
 from infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
 from infer.engines.hf_kv import common_prefix_len
-from infer.engines.token_spec import (AssistantProposer, TokenSpecConfig, filtered_probs, greedy_accept,
-                                      ngram_propose, sample_accept)
-
-from _margins import assert_same_greedy
+from infer.engines.token_spec import (
+    AssistantProposer,
+    TokenSpecConfig,
+    filtered_probs,
+    greedy_accept,
+    ngram_propose,
+    sample_accept,
+)
 
 
 # ----------------------------------------------------------------------------- pure rules
