@@ -329,18 +329,18 @@ class SeedGenerator:
         self.stats.rounds += 1
         self.stats.proposed += len(prop.tokens)
         self.stats.positions += len(self.k_config)
-        accepted = sum(1 for n in nodes if n >= 0)
-        self.stats.accepted += accepted
-        self.stats.accepted_per_round.append(accepted)
-        prev = -1
+        prev, accepted = -1, 0
         for tok, node in zip(chunk, nodes):
             s.logprob += float(torch.log_softmax(rows[prev], -1)[tok])
             s.out.append(tok)
             s.ids.append(tok)
+            accepted += int(node >= 0)  # only draft tokens that were kept count (a stop may cut the chunk)
             prev = node
             if len(s.out) >= s.cap or (stop is not None and stop(s.out)):
                 s.finished = True
                 break
+        self.stats.accepted += accepted
+        self.stats.accepted_per_round.append(accepted)
         self.stats.target_s += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ scheduling

@@ -275,15 +275,22 @@ class LookaheadDecoder:
             if cands:
                 stats.steps_with_candidates += 1
                 stats.proposed += len(cands) * n_cand
-            stats.accepted += len(chunk) - 1
-            stats.accepted_per_step.append(len(chunk) - 1)
             for i, t in enumerate(chunk):
                 stats.logprob += _chunk_logprob(logits[len(fresh) - 1], verify_logits, cands, chunk, i)
                 out.append(t)
                 ids.append(t)
                 if len(out) >= max_new_tokens or (stop is not None and stop(out)):
+                    self._count_accepted(stats, chunk, i + 1)
                     return self._finish(out, stats, ids, cache, cached)
+            self._count_accepted(stats, chunk, len(chunk))
         return self._finish(out, stats, ids, cache, cached)
+
+    @staticmethod
+    def _count_accepted(stats: LookaheadStats, chunk: list[int], used: int) -> None:
+        """Proposal tokens among the `used` tokens of a chunk that were kept (a stop may cut a chunk)."""
+        accepted = min(used, len(chunk) - 1)
+        stats.accepted += accepted
+        stats.accepted_per_step.append(accepted)
 
     def _reuse(self, ids: list[int]):
         """The cache of the previous call, cropped to the longest prefix it shares with `ids` (one token
