@@ -80,25 +80,26 @@ def main() -> int:
     from infer.config import load_config
     from infer.ray_cluster import check_resources, connect, replica_demands
 
-    rows = []
+    print(f"host: {os.cpu_count()} CPUs; config {args.config} + {' '.join(DEFAULTS + args.overrides)}")
+    print("| run | replicas | load s | processing s | contexts | contexts/min (after load) | contexts/min (end to end) |")
+    print("|---|---|---|---|---|---|---|", flush=True)
+
+    def row(name: str, count: str, load: float, seconds: float, contexts: int) -> None:
+        print(f"| {name} | {count} | {load:.1f} | {seconds:.1f} | {contexts} | {60 * contexts / seconds:.2f} | "
+              f"{60 * contexts / (load + seconds):.2f} |", flush=True)
+
     with tempfile.TemporaryDirectory() as tmp:
         def config(name: str, extra: list[str]):
             return load_config(args.config, [*DEFAULTS, *args.overrides, f"output_dir={tmp}/{name}", *extra])
 
         if not args.no_single:
-            rows.append(("single process", "-", *single_process(config("single", []))))
+            row("single process", "-", *single_process(config("single", [])))
         for count in [int(c) for c in args.replicas.split(",") if c.strip()]:
             cfg = config(f"ray{count}", [f"ray.replicas={count}"]
                          + ([f"ray.local_cpus={args.cpus}"] if args.cpus else []))
             connect(cfg.ray, args.address)
             check_resources(replica_demands(cfg.ray, cfg.ray.judge == "actors"))
-            rows.append(("ray", str(count), *on_ray(cfg)))
-    print(f"host: {os.cpu_count()} CPUs; config {args.config} + {' '.join(DEFAULTS + args.overrides)}")
-    print("| run | replicas | load s | processing s | contexts | contexts/min (after load) | contexts/min (end to end) |")
-    print("|---|---|---|---|---|---|---|")
-    for name, count, load, seconds, contexts in rows:
-        print(f"| {name} | {count} | {load:.1f} | {seconds:.1f} | {contexts} | {60 * contexts / seconds:.2f} | "
-              f"{60 * contexts / (load + seconds):.2f} |")
+            row("ray", str(count), *on_ray(cfg))
     return 0
 
 
