@@ -9,7 +9,7 @@ Every run generates the same dataset into a fresh temporary folder. Printed per 
 processing time after loading, and contexts/min both after loading and end to end. Ray itself
 starts once, before the first replicated run, and is not counted. Each replica gets
 ray.cpus_per_replica cores (default 1) and that many torch threads; the single process uses all
-cores (torch's default).
+cores (torch's default) unless --threads says otherwise.
 """
 from __future__ import annotations
 
@@ -75,6 +75,9 @@ def main() -> int:
     p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray instance (default: all)")
     p.add_argument("--address", default=None, help="an existing Ray cluster instead of a local instance")
     p.add_argument("--no-single", action="store_true", help="skip the single-process run")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads of the single process (default: torch's, one per core); on a busy "
+                        "machine 1 avoids spin-waiting threads")
     p.add_argument("overrides", nargs="*", help="config overrides (after the small defaults)")
     args = p.parse_args()
     from infer.config import load_config
@@ -93,7 +96,12 @@ def main() -> int:
             return load_config(args.config, [*DEFAULTS, *args.overrides, f"output_dir={tmp}/{name}", *extra])
 
         if not args.no_single:
-            row("single process", "-", *single_process(config("single", [])))
+            if args.threads:
+                import torch
+
+                torch.set_num_threads(args.threads)
+            row(f"single process ({__import__('torch').get_num_threads()} threads)", "-",
+                *single_process(config("single", [])))
         for count in [int(c) for c in args.replicas.split(",") if c.strip()]:
             cfg = config(f"ray{count}", [f"ray.replicas={count}"]
                          + ([f"ray.local_cpus={args.cpus}"] if args.cpus else []))
