@@ -80,6 +80,8 @@ def main() -> int:
                         "machine 1 avoids spin-waiting threads")
     p.add_argument("overrides", nargs="*", help="config overrides (after the small defaults)")
     args = p.parse_args()
+    import torch
+
     from infer.config import load_config
     from infer.ray_cluster import check_resources, connect, replica_demands
 
@@ -97,11 +99,8 @@ def main() -> int:
 
         if not args.no_single:
             if args.threads:
-                import torch
-
                 torch.set_num_threads(args.threads)
-            row(f"single process ({__import__('torch').get_num_threads()} threads)", "-",
-                *single_process(config("single", [])))
+            row(f"single process ({torch.get_num_threads()} threads)", "-", *single_process(config("single", [])))
         for count in [int(c) for c in args.replicas.split(",") if c.strip()]:
             cfg = config(f"ray{count}", [f"ray.replicas={count}"]
                          + ([f"ray.local_cpus={args.cpus}"] if args.cpus else []))
