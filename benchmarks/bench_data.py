@@ -107,8 +107,8 @@ def main(argv=None) -> int:
     import torch
 
     from data_gen.pipeline import build_judge, generate_dataset
-    from infer.config import load_config
     from infer.engines import build_engine_pair
+    from train.config import load_config
 
     if args.threads:
         torch.set_num_threads(args.threads)

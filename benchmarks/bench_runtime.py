@@ -42,9 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from infer import bench  # noqa: E402
-from infer.config import load_config  # noqa: E402
 from infer.decoding.analytic import predict  # noqa: E402
 from infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest  # noqa: E402
+from train.config import load_config  # noqa: E402
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 

@@ -82,8 +82,8 @@ def main() -> int:
     args = p.parse_args()
     import torch
 
-    from infer.config import load_config
     from infer.ray_cluster import check_resources, connect, replica_demands
+    from train.config import load_config
 
     print(f"host: {os.cpu_count()} CPUs; config {args.config} + {' '.join(DEFAULTS + args.overrides)}")
     print("| run | replicas | load s | processing s | contexts | contexts/min (after load) | contexts/min (end to end) |")

@@ -31,8 +31,9 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, Sequence
+from typing import Literal, Protocol
 
 Scheme = Literal["reference", "first_match"]
 SCHEMES: tuple[str, ...] = ("reference", "first_match")
@@ -73,7 +74,7 @@ class ClusterStats:
     duplicates: int = 0  # samples whose normalised text repeats an earlier sample's
     all_pairs: int = 0
 
-    def __add__(self, other: "ClusterStats") -> "ClusterStats":
+    def __add__(self, other: ClusterStats) -> ClusterStats:
         return ClusterStats(self.num_samples + other.num_samples, self.num_clusters + other.num_clusters,
                             self.judge_pairs + other.judge_pairs, self.duplicates + other.duplicates,
                             self.all_pairs + other.all_pairs)

@@ -22,14 +22,13 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from data_gen.contexts import Context
 from data_gen.judges import CachedJudge, EquivalenceJudge, PairQuery
 from data_gen.pipeline import DataResult, ShardWorkers, build_judge, engine_info, generate_dataset, process_shard
-from infer.ray_cluster import (ClusterError, actor_options, check_resources, connect, import_ray,
-                               replica_demands)
+from infer.ray_cluster import ClusterError, actor_options, check_resources, connect, import_ray, replica_demands
 
 __all__ = ["generate_dataset_on_ray", "RayShardWorkers"]
 

@@ -20,10 +20,10 @@ import logging
 import os
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -115,7 +115,7 @@ class PairTemplate:
         return len(self.prefix) + len(self.middle) + len(self.suffix)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> "PairTemplate":
+    def from_tokenizer(cls, tokenizer) -> PairTemplate:
         first_text, second_text = "premise", "hypothesis"
         first = tokenizer(first_text, add_special_tokens=False)["input_ids"]
         second = tokenizer(second_text, add_special_tokens=False)["input_ids"]

@@ -23,8 +23,8 @@ membership (greedy clustering never compares two members directly).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from data_gen.cluster import normalise_step, semantic_entropy, semantic_probabilities
 

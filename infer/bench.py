@@ -2,7 +2,7 @@
 pass@1, latency, speedup over target-only (measured in the same run), acceptance, Ratio, and next to each
 measured speedup the analytic one at the α and c measured in that run (`infer.decoding.analytic`).
 
-    from infer.config import load_config
+    from train.config import load_config
     from infer import bench
     cfg = load_config("configs/tiny.yaml", ["bench.num_problems=2"])
     env = bench.prepare(cfg, verifier="bernoulli")
@@ -11,7 +11,9 @@ measured speedup the analytic one at the α and c measured in that run (`infer.d
 
 Problems and methods are interleaved (problem 1 with every method, then problem 2, ...), so a change of
 machine load during the run hits every method alike. Methods: target, draft, semanticspec, lr_sync,
-lr_async, with optional "+ngram" / "+assistant" (token speculation inside target steps) and
+lr_async, specs / beam_target (SpecS and its target beam-search baseline), seed_tot / tot_target (SEED
+tree of thoughts and its target-only baseline), with optional "+ngram" / "+assistant" / "+lookahead"
+(token speculation inside target steps; lookahead = Lookahead Decoding) and
 ":key=value" options overrides (gamma, width, max_steps, max_new_tokens, seed, verifier, alpha), e.g.
 "lr_sync:width=2:gamma=2" or "semanticspec:verifier=probe".
 """
@@ -21,15 +23,16 @@ import json
 import math
 import platform
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
-from infer.answers import grade
-from infer.config import ConfigError, ExperimentConfig, SourceConfig, to_dict
+from infer.answers import extract_boxed, grade, strip_thousands_separators
+from infer.config import ConfigError, SourceConfig, to_dict
 from infer.decoding import METHODS, DecodeOptions, RunStats, decode, fast_thread_switching, write_trace
 from infer.decoding.analytic import predict, token_level_factor
-from infer.engines import build_engine, sampling_params
+from infer.engines import build_engine_pair, sampling_params
 from infer.engines.token_spec import TokenSpecConfig
 from infer.verifiers import VERIFIER_KINDS, build_verifier
 
@@ -53,8 +56,11 @@ class Problem:
 
 
 def _gold(record: dict) -> str | None:
-    from infer.answers import extract_boxed
+    answer = _find_gold(record)
+    return None if answer is None else strip_thousands_separators(answer)
 
+
+def _find_gold(record: dict) -> str | None:
     for key in ANSWER_KEYS:
         value = record.get(key)
         if value is None:
@@ -70,41 +76,27 @@ def _gold(record: dict) -> str | None:
 
 def _from_records(records, stem: str, limit: int) -> list[Problem]:
     problems = []
-    for i, rec in enumerate(records):
-        question = next((rec[k] for k in QUESTION_KEYS if isinstance(rec.get(k), str) and rec[k].strip()), None)
+    for rec in records:
+        record = rec.record
+        question = next((record[k] for k in QUESTION_KEYS if isinstance(record.get(k), str) and record[k].strip()),
+                        None)
         if question is None:
-            raise ConfigError(f"{stem}: record {i} has no question field (looked for {list(QUESTION_KEYS)})")
-        problems.append(Problem(str(rec.get("id", rec.get("unique_id", f"{stem}-{i}"))), question, _gold(rec)))
+            raise ConfigError(f"{rec.where}: no question field (looked for {list(QUESTION_KEYS)})")
+        default_id = f"{stem}-{rec.index}"
+        problems.append(Problem(str(record.get("id", record.get("unique_id", default_id))), question, _gold(record)))
         if len(problems) >= limit:
             break
     return problems
 
 
-def _read_local(path: str) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"problem file not found: {p}")
-    if p.suffix == ".parquet":
-        import pyarrow.parquet as pq
+def _records(path: str | None, name: str | None, config: str | None, split: str):
+    from infer.records import iter_records
 
-        return pq.read_table(p).to_pylist()
-    if p.suffix == ".json":
-        data = json.loads(p.read_text(encoding="utf-8"))
-        return data if isinstance(data, list) else data.get("data", [])
-    with p.open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def _read_hub(name: str, config: str | None, split: str) -> list[dict]:
     try:
-        import datasets
-
-        return list(datasets.load_dataset(name, config, split=split))
-    except Exception as err:  # noqa: BLE001 - any failure means the data set is not reachable here
-        raise ConfigError(
-            f"could not load the data set {name!r} (split {split}) with `datasets`: {type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}\nWith no hub access, download it elsewhere and "
-            "point bench.source.path at a local .jsonl/.parquet file (kind: jsonl).") from None
+        return iter_records(path, name, config, split)
+    except (FileNotFoundError, RuntimeError) as err:
+        raise ConfigError(f"bench.source: {err}\nWith no hub access, point bench.source.path at a local "
+                          ".jsonl/.parquet file (kind: jsonl).") from None
 
 
 def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
@@ -117,7 +109,7 @@ def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
                 for i, item in zip(range(limit), data)]
     if src.kind in ("gsm8k", "jsonl"):
         if src.path:
-            return _from_records(_read_local(src.path), Path(src.path).stem, limit)
+            return _from_records(_records(src.path, None, None, src.split), Path(src.path).stem, limit)
         name = src.name or ("gsm8k" if src.kind == "gsm8k" else None)
         if name is None:
             raise ConfigError("bench.source kind jsonl needs a path (local file) or a name "
@@ -125,7 +117,7 @@ def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
         hub, config, split = HUB_ALIASES.get(name, (name, None, src.split))
         if name not in HUB_ALIASES:
             split = src.split
-        return _from_records(_read_hub(hub, config, split), name.replace("/", "_"), limit)
+        return _from_records(_records(None, hub, config, split), name.replace("/", "_"), limit)
     raise ConfigError(f"probe-bench reads reasoning_gym, gsm8k or jsonl problems, not {src.kind!r} "
                       f"(MATH-500 / AIME24 / AMC23: kind jsonl with a local path or name {sorted(HUB_ALIASES)})")
 
@@ -135,7 +127,7 @@ def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
 class MethodSpec:
     label: str
     base: str
-    token_spec: str = "none"  # none | ngram | assistant
+    token_spec: str = "none"  # none | ngram | assistant | lookahead
     overrides: dict = field(default_factory=dict)
 
 
@@ -150,11 +142,11 @@ def parse_method(text: str) -> MethodSpec:
     base, *mods = head.split("+")
     if base not in METHODS:
         raise ConfigError(f"unknown method {base!r} in {text!r}; methods: {', '.join(METHODS)} "
-                          "(optionally +ngram / +assistant and :key=value...)")
+                          "(optionally +ngram / +assistant / +lookahead and :key=value...)")
     token_spec = "none"
     for mod in mods:
-        if mod not in ("ngram", "assistant"):
-            raise ConfigError(f"unknown method suffix +{mod} in {text!r}; use +ngram or +assistant")
+        if mod not in ("ngram", "assistant", "lookahead"):
+            raise ConfigError(f"unknown method suffix +{mod} in {text!r}; use +ngram, +assistant or +lookahead")
         token_spec = mod
     overrides = {}
     for part in filter(None, (p.strip() for p in opts.split(":"))):
@@ -170,7 +162,7 @@ def parse_method(text: str) -> MethodSpec:
     return MethodSpec(label, base, token_spec, overrides)
 
 
-def options_from_config(cfg: ExperimentConfig, system_speed: bool = False) -> DecodeOptions:
+def options_from_config(cfg: Any, system_speed: bool = False) -> DecodeOptions:
     """DecodeOptions from the runtime and sampling sections. System-speed runs decode greedily: random
     weights give near-uniform distributions whose top-p nucleus is the whole vocabulary, so sampling
     would cost a full-vocabulary sort per token, which no real model pays."""
@@ -190,7 +182,7 @@ def options_from_config(cfg: ExperimentConfig, system_speed: bool = False) -> De
 # ----------------------------------------------------------------------------- setup
 @dataclass
 class BenchEnv:
-    cfg: ExperimentConfig
+    cfg: Any  # the experiment config (train.config.ExperimentConfig): models, runtime, bench, output_dir
     target: Any
     draft: Any
     problems: list[Problem]
@@ -215,7 +207,7 @@ class BenchEnv:
         return self._verifiers[key]
 
 
-def prepare(cfg: ExperimentConfig, *, checkpoint: str | None = None, verifier: str | None = None,
+def prepare(cfg: Any, *, checkpoint: str | None = None, verifier: str | None = None,
             system_speed: bool | None = None, engines: tuple | None = None,
             problems: Sequence[Problem] | None = None) -> BenchEnv:
     """Load models, problems and the verifier a benchmark needs (engines=(target, draft) reuses loaded ones)."""
@@ -225,12 +217,8 @@ def prepare(cfg: ExperimentConfig, *, checkpoint: str | None = None, verifier: s
     else:
         models = cfg.models
         names = (cfg.bench.system_target, cfg.bench.system_draft) if system else (models.target, models.draft)
-        target = build_engine(names[0], models, stop_at_eos=not system)
-        if names[1] == names[0]:
-            draft = build_engine(names[1], models, model=target.model, tokenizer=target.tokenizer,
-                                 stop_at_eos=not system)
-        else:
-            draft = build_engine(names[1], models, stop_at_eos=not system)
+        target, draft = build_engine_pair(models, names, token_spec=start_token_spec(cfg.runtime),
+                                          stop_at_eos=not system)
     kind = "bernoulli" if system else (verifier or cfg.runtime.verifier)
     if kind not in VERIFIER_KINDS:
         raise ConfigError(f"unknown verifier {kind!r}; choose one of {', '.join(VERIFIER_KINDS)}")
@@ -262,10 +250,15 @@ def _method_options(env: BenchEnv, spec: MethodSpec) -> DecodeOptions:
     return env.opts.replace(**ov) if ov else env.opts
 
 
+def start_token_spec(rt) -> TokenSpecConfig | None:
+    """Token speculation an engine must be started with (vLLM fixes it at start): runtime.token_spec ngram."""
+    return TokenSpecConfig("ngram", rt.num_speculative_tokens, rt.ngram_size) if rt.token_spec == "ngram" else None
+
+
 def _set_token_spec(env: BenchEnv, spec: MethodSpec) -> None:
     rt = env.cfg.runtime
     mode = spec.token_spec if spec.token_spec != "none" else rt.token_spec
-    if mode == "none":
+    if mode in ("none", "lookahead"):  # Lookahead Decoding wraps the engine instead (_engines)
         env.target.set_token_spec(None)
         env.draft.set_token_spec(None)
         return
@@ -284,17 +277,52 @@ def _same_cache_state(env: BenchEnv) -> None:
             clear()
 
 
+def _engines(env: BenchEnv, spec: MethodSpec) -> tuple:
+    """(target, draft) for one generation: with +lookahead the engine that writes the steps (the draft
+    for draft-only, else the target) is wrapped by Lookahead Decoding, fresh for every generation so
+    that it starts cold like the others (see _same_cache_state)."""
+    mode = spec.token_spec if spec.token_spec != "none" else env.cfg.runtime.token_spec
+    if mode != "lookahead":
+        return env.target, env.draft
+    from infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
+
+    la = env.cfg.runtime.lookahead
+    cfg = LookaheadConfig(la.window, la.ngram, la.max_verify, env.cfg.runtime.seed)
+    if spec.base == "draft":
+        return env.target, LookaheadStepEngine(env.draft, cfg)
+    return LookaheadStepEngine(env.target, cfg), env.draft
+
+
+def _settings(env: BenchEnv, spec: MethodSpec):
+    """SpecSConfig / SeedConfig of the search methods from runtime.specs / runtime.tree."""
+    rt = env.cfg.runtime
+    if spec.base in ("specs", "beam_target"):
+        from infer.decoding.specs import SpecSConfig
+
+        return SpecSConfig(rt.specs.n, rt.specs.beta, rt.specs.tau)
+    if spec.base in ("seed_tot", "tot_target"):
+        from infer.decoding.seed import SeedConfig
+
+        t = rt.tree
+        return SeedConfig(t.thoughts, t.keep, t.depth, tuple(int(k) for k in t.k_config), t.threaded)
+    return None
+
+
 def _run_one(env: BenchEnv, spec: MethodSpec, question: str, opts: DecodeOptions):
     verifier = None
     if spec.base not in ("target", "draft"):
         verifier = env.verifier(spec.overrides.get("verifier"), spec.overrides.get("alpha"))
     _set_token_spec(env, spec)
     _same_cache_state(env)
+    target, draft = _engines(env, spec)
+    settings = _settings(env, spec)
     try:
         if spec.base == "lr_async":  # shorter GIL hand-overs between the draft and target threads
             with fast_thread_switching():
-                return decode(spec.base, question, env.target, env.draft, verifier, opts)
-        return decode(spec.base, question, env.target, env.draft, verifier, opts)
+                return decode(spec.base, question, target, draft, verifier, opts)
+        if settings is not None:
+            return decode(spec.base, question, target, draft, verifier, opts, settings)
+        return decode(spec.base, question, target, draft, verifier, opts)
     finally:
         env.target.set_token_spec(None)
         env.draft.set_token_spec(None)
@@ -309,6 +337,8 @@ def method_specs(methods: Sequence[str]) -> list[MethodSpec]:
         raise ConfigError(f"methods listed twice: {labels}")
     if "target" not in labels:
         specs.insert(0, parse_method("target"))
+    for base in sorted({SEARCH_BASELINES[s.base] for s in specs if s.base in SEARCH_BASELINES} - set(labels)):
+        specs.append(parse_method(base))  # and a search method against its paper's baseline
     return specs
 
 
@@ -448,17 +478,29 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
         kind = spec.base
         if kind == "target":
             pred = {"ideal": None, "adjusted": None, "k": None, "formula": "baseline"}
+        elif kind in SEARCH_BASELINES.values():
+            pred = {"ideal": None, "adjusted": None, "k": None, "formula": "search baseline"}
+        elif kind in SEARCH_BASELINES:
+            pred = _search_prediction(env, kind, st)
+            row["baseline"] = SEARCH_BASELINES[kind]
+            row["speedup_vs_baseline"] = _search_speedup(results, label, SEARCH_BASELINES[kind])
         else:
             pred = predict(kind, st.acceptance_rate, c, opts.gamma, b, tau)
-        if spec.token_spec != "none":  # token level: multiply by g at the measured token acceptance
+        if spec.token_spec == "lookahead":  # the paper's step compression S = tokens / decoding steps
+            comp = _div(st.target_generated_tokens if kind != "draft" else st.draft_generated_tokens,
+                        st.target_forward_passes if kind != "draft" else st.draft_forward_passes)
+            pred = {**pred, "ideal": comp, "adjusted": _div(comp, b) if kind == "target" else None,
+                    "formula": "S (lookahead compression)"}
+        elif spec.token_spec != "none":  # token level: multiply by g at the measured token acceptance
             g = token_level_factor(st.spec_accepted, st.spec_proposed, st.spec_rounds)
             step_level = 1.0 if kind == "target" else pred["ideal"]
             pred = {**pred, "ideal": step_level * g if g and step_level else None, "adjusted": None,
                     "formula": ("" if kind == "target" else f"{pred['formula']} x ") + "g_token"}
         row.update({"c": c, "b": b, "tau": tau, "k": pred.get("k"), "formula": pred.get("formula"),
                     "analytic_ideal": pred.get("ideal"), "analytic_adjusted": pred.get("adjusted"),
-                    "measured_over_ideal": _div(row["speedup"], pred.get("ideal")),
-                    "measured_over_adjusted": _div(row["speedup"], pred.get("adjusted")),
+                    "measured_over_ideal": _div(row.get("speedup_vs_baseline", row["speedup"]), pred.get("ideal")),
+                    "measured_over_adjusted": _div(row.get("speedup_vs_baseline", row["speedup"]),
+                                                   pred.get("adjusted")),
                     "stats": st.to_dict()})
         rows.append(row)
     return {"rows": rows, "system_speed": env.system_speed, "verifier": env.verifier_kind,
@@ -466,6 +508,29 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
             "models": {"target": env.target.model_name, "draft": env.draft.model_name},
             "problems": [p.id for p in env.problems], "config": to_dict(env.cfg),
             "host": {"platform": platform.platform(), "python": platform.python_version()}}
+
+
+SEARCH_BASELINES = {"specs": "beam_target", "seed_tot": "tot_target"}  # the paper's own baseline
+
+
+def _search_speedup(results: dict, label: str, baseline: str):
+    """Latency of the baseline search (same problems, same run) over the method's."""
+    mine, base = results[label], results.get(baseline)
+    if base is None or base.error or mine.error or not mine.latencies or not base.latencies:
+        return None
+    return _div(sum(base.latencies), sum(mine.latencies))
+
+
+def _search_prediction(env: BenchEnv, kind: str, st: RunStats) -> dict:
+    """SpecS: its latency model over target beam search at the measured share of draft rounds; SEED:
+    token SD's g(k) at the measured per-position acceptance and draft/target forward cost."""
+    if kind == "specs":
+        from infer.decoding.specs import specs_predicted_speedup
+
+        return specs_predicted_speedup(st)
+    from infer.decoding.seed import seed_predicted_speedup
+
+    return seed_predicted_speedup(st, env.cfg.runtime.tree.k_config)
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -498,6 +563,9 @@ def format_markdown(report: dict) -> str:
         f"models: target {report['models']['target']}, draft {report['models']['draft']}; verifier "
         f"{report['verifier']}{' (system-speed mode: random weights)' if report['system_speed'] else ''}; "
         f"{len(report['problems'])} problems.",
+        "specs / seed_tot: meas/analytic compares their speedup over their own search baseline "
+        "(beam_target / tot_target, same run) with the prediction; +lookahead: analytic = tokens per target "
+        "forward (the paper's compression S). "
         "speedup = target-only latency / method latency, same run. analytic = the paper's formula at the "
         "measured α and c (f_sync(k=γ+1) for lr_sync, S₁/S₂ for lr_async, S_ss for semanticspec, 1/c for "
         "draft); batch-adj. = same formula with one target forward of the method's batch costing b target "

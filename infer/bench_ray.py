@@ -9,9 +9,9 @@ same run, whatever the replicas' hardware. The driver merges the per-method resu
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from infer import bench
 from infer.config import ConfigError

@@ -11,14 +11,17 @@ from .metrics import (
     auroc,
     bootstrap_ci,
     brier,
+    brier_skill,
     ece,
+    label_noise_floor,
+    log_loss,
     mae,
     mce,
     probe_report,
     reliability_bins,
     spearman,
 )
-from .mlp import FitHistory, ProbeConfig, SemanticProbe, fit_probe
+from .mlp import FitHistory, ProbeMLPConfig, SemanticProbe, fit_probe
 from .speedup import (
     async_speedup,
     best_allocation,
@@ -32,9 +35,10 @@ from .threshold import OperatingPoint, ThresholdFit, fit_threshold
 
 __all__ = [
     "FeatureSpec", "layers_from_option",
-    "SemanticProbe", "ProbeConfig", "FitHistory", "fit_probe",
+    "SemanticProbe", "ProbeMLPConfig", "FitHistory", "fit_probe",
     "ThresholdFit", "OperatingPoint", "fit_threshold",
-    "ece", "mce", "brier", "mae", "spearman", "auroc", "auprc", "reliability_bins", "ReliabilityBins",
+    "ece", "mce", "brier", "brier_skill", "log_loss", "label_noise_floor", "mae", "spearman", "auroc", "auprc",
+    "reliability_bins", "ReliabilityBins",
     "bootstrap_ci", "BootstrapCI", "probe_report",
     "semantic_accept_prob", "make_rng", "bernoulli", "DEFAULT_EPS",
     "token_sd_speedup", "sync_speedup", "async_speedup", "step_speedup", "combined_speedup", "best_allocation",

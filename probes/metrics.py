@@ -5,11 +5,18 @@ prediction with mean label per bin, which is the usual ECE when labels are 0/1 a
 calibration error when they are soft. Ranking metrics (AUROC, AUPRC) need a binary target, taken as
 ``label >= threshold``.
 
-Binning convention (uniform and quantile): bins are left-closed ``[e_i, e_{i+1})`` and the last bin
-is closed ``[e_{n-1}, e_n]``. This equals torchmetrics' ``BinaryCalibrationError`` for predictions
-below 1.0; torchmetrics puts a prediction of exactly 1.0 into an extra bin of its own, we put it into
-the last bin. sklearn's ``calibration_curve`` uses right-closed bins; the two only differ for
-predictions lying exactly on an interior edge.
+Binning conventions:
+
+- equal width ("uniform"): edges are exactly ``k / n_bins`` (so 0.3, 0.6 and 0.7 ARE edges with 10 bins;
+  ``np.linspace`` would give 0.30000000000000004 and drop 0.3 into the bin below); bins are left-closed
+  ``[e_i, e_{i+1})`` and the last bin is closed ``[e_{n-1}, 1]``. torchmetrics' ``BinaryCalibrationError``
+  uses linspace edges, so the two differ only for predictions exactly on an interior edge (and for 1.0,
+  which torchmetrics puts in an extra bin of its own).
+- equal mass ("quantile"): rows are ranked by prediction (ties broken by row order) and cut into
+  ``n_bins`` runs of equal size (sizes differ by at most one), so tied predictions cannot merge bins
+  or leave some empty. The reported edges are each bin's smallest prediction (0 and 1 at the ends).
+
+Labels must lie in [0, 1] (semantic probabilities or 0/1); predictions too, for calibration.
 
 Degenerate inputs (one class for AUROC, constant input for Spearman) give NaN, not an exception.
 """
@@ -17,8 +24,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -43,23 +51,38 @@ def _check_probabilities(p: np.ndarray, name: str) -> None:
 
 
 # ---- calibration --------------------------------------------------------------------------------
-def bin_edges(pred: Any, n_bins: int = 15, strategy: BinStrategy = "uniform") -> np.ndarray:
-    """n_bins+1 edges over [0, 1]: equal width, or equal mass (prediction quantiles; ties may merge bins)."""
+def _check_bins(n_bins: Any) -> None:
     if not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
         raise ValueError(f"n_bins must be a positive int, got {n_bins!r}")
+
+
+def bin_edges(pred: Any, n_bins: int = 15, strategy: BinStrategy = "uniform") -> np.ndarray:
+    """n_bins+1 edges over [0, 1]: exact ``k / n_bins``, or (equal mass) each rank bin's smallest prediction."""
+    _check_bins(n_bins)
     if strategy == "uniform":
-        return np.linspace(0.0, 1.0, n_bins + 1)
+        return np.arange(n_bins + 1, dtype=np.float64) / n_bins  # k/n is correctly rounded: 3/10 == 0.3
     if strategy == "quantile":
         p = np.asarray(pred, dtype=np.float64).reshape(-1)
-        edges = np.quantile(p, np.linspace(0.0, 1.0, n_bins + 1))
-        edges[0], edges[-1] = min(edges[0], 0.0), max(edges[-1], 1.0)  # cover [0, 1] like uniform
+        ids = _rank_bin_ids(p, n_bins)
+        lows = [p[ids == k].min() if np.any(ids == k) else np.nan for k in range(n_bins)]
+        edges = np.r_[lows, 1.0]
+        edges[0] = min(edges[0], 0.0)
         return edges
     raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
 
 
-def _bin_ids(p: np.ndarray, edges: np.ndarray) -> np.ndarray:
+def _rank_bin_ids(p: np.ndarray, n_bins: int) -> np.ndarray:
+    """Equal-mass bin of each row: rank (stable, so ties keep row order) * n_bins // n."""
+    ranks = np.empty(p.size, dtype=np.int64)
+    ranks[np.argsort(p, kind="mergesort")] = np.arange(p.size)
+    return ranks * n_bins // max(p.size, 1)
+
+
+def _bin_ids(p: np.ndarray, n_bins: int, strategy: BinStrategy) -> np.ndarray:
+    if strategy == "quantile":
+        return _rank_bin_ids(p, n_bins)
     # side="right" on interior edges -> left-closed bins; values equal to the top edge land in the last bin
-    return np.searchsorted(edges[1:-1], p, side="right")
+    return np.searchsorted(bin_edges(p, n_bins, "uniform")[1:-1], p, side="right")
 
 
 @dataclass
@@ -70,29 +93,43 @@ class ReliabilityBins:
     mean_pred: np.ndarray
     mean_label: np.ndarray
     count: np.ndarray
+    std_label: np.ndarray | None = None  # spread of the labels in each bin (for an interval on mean_label)
 
     @property
     def weight(self) -> np.ndarray:
         return self.count / self.count.sum()
 
+    def label_interval(self, z: float = 1.645) -> tuple[np.ndarray, np.ndarray]:
+        """Normal-approximation interval of each bin's mean label (z = 1.645: 90%), clipped to [0, 1]; NaN
+        for empty bins. Rows of one question are correlated, so this is a lower bound on the uncertainty."""
+        std = self.std_label if self.std_label is not None else np.full(self.count.shape, np.nan)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            half = z * std / np.sqrt(np.maximum(self.count - 1, 1))
+        return np.clip(self.mean_label - half, 0, 1), np.clip(self.mean_label + half, 0, 1)
+
     def to_dict(self) -> dict[str, list]:
         def clean(a: np.ndarray) -> list:
             return [None if not math.isfinite(float(v)) else float(v) for v in a]
+        low, high = self.label_interval()
         return {"edges": clean(self.edges), "mean_pred": clean(self.mean_pred),
-                "mean_label": clean(self.mean_label), "count": [int(c) for c in self.count]}
+                "mean_label": clean(self.mean_label), "count": [int(c) for c in self.count],
+                "label_low": clean(low), "label_high": clean(high)}
 
 
 def reliability_bins(pred: Any, label: Any, n_bins: int = 15, strategy: BinStrategy = "uniform") -> ReliabilityBins:
     p, y = _as_pair(pred, label)
     _check_probabilities(p, "pred")
+    _check_probabilities(y, "label")
     edges = bin_edges(p, n_bins, strategy)
-    ids = _bin_ids(p, edges)
-    n_out = len(edges) - 1
-    count = np.bincount(ids, minlength=n_out).astype(np.int64)
+    ids = _bin_ids(p, n_bins, strategy)
+    count = np.bincount(ids, minlength=n_bins).astype(np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean_pred = np.bincount(ids, weights=p, minlength=n_out) / count
-        mean_label = np.bincount(ids, weights=y, minlength=n_out) / count
-    return ReliabilityBins(edges=edges, mean_pred=mean_pred, mean_label=mean_label, count=count)
+        mean_pred = np.bincount(ids, weights=p, minlength=n_bins) / count
+        mean_label = np.bincount(ids, weights=y, minlength=n_bins) / count
+        mean_sq = np.bincount(ids, weights=y * y, minlength=n_bins) / count
+    std_label = np.sqrt(np.maximum(mean_sq - mean_label ** 2, 0.0))
+    return ReliabilityBins(edges=edges, mean_pred=mean_pred, mean_label=mean_label, count=count,
+                           std_label=std_label)
 
 
 def _calibration_gaps(pred: Any, label: Any, n_bins: int, strategy: BinStrategy) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +155,40 @@ def mce(pred: Any, label: Any, n_bins: int = 15, strategy: BinStrategy = "unifor
 def brier(pred: Any, label: Any) -> float:
     """Mean squared error of the probability (sklearn's brier_score_loss for 0/1 labels)."""
     p, y = _as_pair(pred, label)
+    _check_probabilities(y, "label")
     return float(np.mean((p - y) ** 2))
+
+
+def log_loss(pred: Any, label: Any, eps: float = 1e-6) -> float:
+    """Cross-entropy -[y log p + (1-y) log(1-p)] averaged over rows (soft labels allowed); p clipped to
+    [eps, 1-eps] so a confident miss costs log(1/eps), not infinity."""
+    p, y = _as_pair(pred, label)
+    _check_probabilities(p, "pred")
+    _check_probabilities(y, "label")
+    p = np.clip(p, eps, 1 - eps)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def brier_skill(pred: Any, label: Any, reference: Any) -> float:
+    """1 - Brier(pred) / Brier(reference): > 0 when `pred` beats the reference predictions (e.g. the
+    constant mean-training-label baseline), 0 when equal, NaN when the reference is perfect."""
+    ref = brier(reference, label)
+    return math.nan if ref == 0 else 1.0 - brier(pred, label) / ref
+
+
+def label_noise_floor(label: Any, num_samples: int) -> float:
+    """The Brier score a perfect predictor of the true probability still gets against labels that are
+    frequencies of `num_samples` draws: mean of the unbiased binomial variance estimate y(1-y)/(N-1).
+
+    No predictor can be expected to score below it; a probe near it is as good as N-sample labels can show.
+    """
+    y = np.asarray(label, dtype=np.float64).reshape(-1)
+    if y.size == 0:
+        raise ValueError("label is empty")
+    _check_probabilities(y, "label")
+    if num_samples < 2:
+        raise ValueError(f"num_samples must be >= 2 for a noise floor, got {num_samples}")
+    return float(np.mean(y * (1 - y)) / (num_samples - 1))
 
 
 def mae(pred: Any, label: Any) -> float:
@@ -243,6 +313,7 @@ def probe_report(pred: Any, label: Any, threshold: float = 0.5, n_bins: int = 15
     """
     p, y = _as_pair(pred, label)
     _check_probabilities(p, "pred")
+    _check_probabilities(y, "label")
     report: dict[str, Any] = {
         "n": int(p.size),
         "mean_pred": float(p.mean()),
@@ -254,10 +325,12 @@ def probe_report(pred: Any, label: Any, threshold: float = 0.5, n_bins: int = 15
         "ece_quantile": ece(p, y, n_bins, "quantile"),
         "mce_uniform": mce(p, y, n_bins, "uniform"),
         "brier": brier(p, y),
+        "log_loss": log_loss(p, y),
         "mae": mae(p, y),
         "spearman": spearman(p, y),
         "auroc": auroc(p, y, threshold),
         "auprc": auprc(p, y, threshold),
         "reliability_uniform": reliability_bins(p, y, n_bins, "uniform").to_dict(),
+        "reliability_quantile": reliability_bins(p, y, n_bins, "quantile").to_dict(),
     }
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in report.items()}

@@ -15,7 +15,8 @@ import torch
 import yaml
 
 from data_gen.store import FORMAT, ShardData, fingerprint, write_manifest, write_shard
-from infer.config import load_config, to_dict
+from infer.config import to_dict
+from train.config import load_config
 
 NUM_LAYERS, HIDDEN = 4, 16
 MEANINGS = [

@@ -13,12 +13,22 @@ import hashlib
 import math
 import random
 import string
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from infer.engines.base import (EngineInfo, EngineStats, Generation, Prefix, PromptTooLongError, SamplingParams,
-                                ScoredStep, Scoring, SerialStream, Step, StepRequest)
+from infer.engines.base import (
+    EngineInfo,
+    EngineStats,
+    Generation,
+    Prefix,
+    PromptTooLongError,
+    SamplingParams,
+    ScoredStep,
+    Scoring,
+    SerialStream,
+    StepRequest,
+)
 from infer.engines.tokens import StepTokenizer
 
 WORDS = [" one", " two", " plus", " is", " so", "."]

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from infer.config import ConfigError, ExperimentConfig, dump_yaml, field_help, load_config
+from infer.config import ConfigError, dump_yaml
+from train.config import ExperimentConfig, field_help, load_config
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").glob("*.yaml"))
 
@@ -21,7 +22,7 @@ def test_full_size_configs_name_the_real_pairs():
             "Qwen/Qwen3-32B"} <= targets
     for p in CONFIGS:
         cfg = load_config(p)
-        if cfg.name != "tiny":
+        if not cfg.models.target.startswith("offline:"):  # tiny, tiny-vllm and small are the offline configs
             assert cfg.data.judge == "nli" and cfg.data.nli_model == "microsoft/deberta-large-mnli"
 
 
@@ -29,6 +30,40 @@ def test_tiny_config_is_offline():
     cfg = load_config(CONFIGS[0].with_name("tiny.yaml"))
     assert cfg.models.target.startswith("offline:") and cfg.data.judge == "embedding"
     assert cfg.source.kind == "reasoning_gym"
+
+
+def test_tiny_vllm_config_is_the_tiny_config_on_vllm():
+    tiny, on_vllm = (load_config(CONFIGS[0].with_name(n)) for n in ("tiny.yaml", "tiny-vllm.yaml"))
+    assert on_vllm.models.engine_of("target") == on_vllm.models.engine_of("draft") == "vllm"
+    assert tiny.models.engine_of("draft") == "hf"
+    assert (on_vllm.data, on_vllm.sampling, on_vllm.source) == (tiny.data, tiny.sampling, tiny.source)
+
+
+def test_vllm_settings_are_validated():
+    with pytest.raises(ConfigError, match="gpu_memory_utilization"):
+        load_config(None, ["models.vllm.gpu_memory_utilization=1.5"])
+    with pytest.raises(ConfigError, match="engine"):
+        load_config(None, ["models.engine=tensorrt"])
+    cfg = load_config(None, ["models.engine=vllm", "models.draft_engine=hf", "models.vllm.max_model_len=8192"])
+    assert (cfg.models.engine_of("target"), cfg.models.engine_of("draft")) == ("vllm", "hf")
+    assert cfg.models.vllm.max_model_len == 8192
+    from infer.engines import vllm_settings  # the engine-start settings (vLLM itself is imported only on start)
+
+    assert vllm_settings(cfg.models).max_model_len == 8192 and vllm_settings(cfg.models).hidden_states == "transformers"
+
+
+def test_small_config_holds_out_at_least_40_test_questions():
+    from probes.splits import group_split
+
+    cfg = load_config(CONFIGS[0].with_name("small.yaml"))
+    assert cfg.models.target.startswith("offline:") and cfg.data.contexts_per_trace == 1
+    questions = [str(i) for i in range(cfg.source.size)]
+    _, val, test = group_split(questions, cfg.probe.val_fraction, cfg.probe.test_fraction, exact_sizes=True)
+    assert len(test) >= 40 and len(val) >= 8
+
+
+def test_test_split_is_the_default():
+    assert ExperimentConfig().probe.test_fraction > 0
 
 
 def test_overrides_are_typed():
@@ -78,3 +113,11 @@ def test_dump_round_trips(tmp_path):
     path = tmp_path / "dump.yaml"
     path.write_text(dump_yaml(cfg))
     assert load_config(path) == cfg
+
+
+def test_each_section_lives_beside_its_owner():
+    cfg = ExperimentConfig()
+    owners = {"models": "infer", "sampling": "infer", "source": "infer", "runtime": "infer", "bench": "infer",
+              "ray": "infer", "data": "data_gen", "probe": "train", "verifiers": "train", "eval": "train",
+              "wandb": "train"}
+    assert {name: type(getattr(cfg, name)).__module__.split(".")[0] for name in owners} == owners

@@ -95,9 +95,45 @@ def test_calibration_block_matches_direct_metrics():
     assert m["auroc"]["estimate"] == pytest.approx(roc_auc_score(label >= 0.5, pred))
     for entry in m.values():
         assert entry["low"] <= entry["high"] and entry["n_boot"] == 40 and entry["alpha"] == 0.10
+    assert block["too_small"] is None  # 25 questions, ~100 positives
     assert block["n_questions"] == len(set(groups))
     assert sum(block["reliability_uniform"]["count"]) == 200
     assert block["positive_rate"] == pytest.approx(np.mean(label >= 0.5))
+
+
+def test_size_guard_withholds_intervals_below_20_questions_or_10_positives():
+    assert ev.size_guard(20, 10) is None
+    assert "19 held-out question(s) < 20" in ev.size_guard(19, 50)
+    assert "9 positive(s) < 10" in ev.size_guard(40, 9)
+    rng = np.random.default_rng(5)
+    pred = rng.random(120)
+    few_questions = ev.calibration_block(pred, pred, np.repeat(np.arange(12), 10).astype(str), n_boot=20)
+    assert few_questions["too_small"] and all(e["low"] is None and e["high"] is None and e["withheld"]
+                                              for e in few_questions["metrics"].values())
+    few_positives = ev.calibration_block(pred, np.r_[np.ones(5), np.zeros(115)], np.arange(120).astype(str), n_boot=20)
+    assert "5 positive(s) < 10" in few_positives["too_small"]
+    enough = ev.calibration_block(pred, pred, np.arange(120).astype(str), n_boot=20, num_samples=10)
+    assert enough["too_small"] is None and enough["metrics"]["brier"]["low"] is not None
+    assert enough["noise_floor_brier"] == pytest.approx(np.mean(pred * (1 - pred)) / 9)
+    labels = np.r_[np.ones(30, bool), np.zeros(30, bool)]
+    small_pairs = ev.verifier_block(rng.random(60), labels, np.repeat(np.arange(6), 10), 0.5, n_boot=20)
+    assert small_pairs["too_small"] and small_pairs["metrics"]["auroc"]["low"] is None
+
+
+def test_paired_comparison_says_whether_the_probe_beats_the_baseline():
+    rng = np.random.default_rng(8)
+    groups = np.repeat(np.arange(40), 5).astype(str)
+    label = rng.random(200)
+    good = np.clip(label + rng.normal(scale=0.05, size=200), 0, 1)
+    constant = np.full(200, label.mean())
+    better = ev.paired_comparison(good, constant, label, groups, n_boot=200)
+    assert better["verdict"] == "better" and better["brier_delta"]["high"] < 0
+    assert better["brier_skill"]["estimate"] == pytest.approx(1 - brier(good, label) / brier(constant, label))
+    assert ev.paired_comparison(constant, good, label, groups, n_boot=200)["verdict"] == "worse"
+    same = ev.paired_comparison(constant + 1e-4, constant, label, groups, n_boot=200)
+    assert same["verdict"] == "no clear difference"
+    tiny = ev.paired_comparison(good[:50], constant[:50], label[:50], groups[:50], n_boot=50)
+    assert tiny["verdict"] == "too small to tell" and tiny["brier_delta"]["low"] is None
 
 
 def test_calibration_block_rejects_misaligned_inputs():

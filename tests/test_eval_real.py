@@ -10,7 +10,7 @@ import torch
 import yaml
 from matplotlib.image import imread
 
-from infer.config import load_config
+from train.config import load_config
 from train.report import evaluate_checkpoint
 
 pytestmark = pytest.mark.slow

@@ -19,9 +19,10 @@ from train.report.evaluate import empirical_ratio
 from _eval_fixtures import make_checkpoint, make_data, write_config
 
 QUICK = ["eval.n_boot=30", "eval.layer_sweep=false"]
-FIGURES = ["reliability_probe_target_draft_via_target.png", "reliability_probe_target_target_own.png",
-           "reliability_probe_draft_draft_own.png", "acceptance_scatter.png", "layer_sweep.png",
-           "verifiers_roc_pr.png"]
+RELIABILITY = ["reliability_probe_target_draft_via_target", "reliability_probe_target_target_own",
+               "reliability_probe_draft_draft_own"]
+FIGURES = [f"{name}{kind}.png" for name in RELIABILITY for kind in ("", "_equal_mass")] + [
+    "acceptance_scatter.png", "layer_sweep.png", "verifiers_roc_pr.png"]
 
 
 def quiet(_):
@@ -56,19 +57,49 @@ def test_report_writes_every_part_and_figure(report):
         assert heading in markdown
 
 
-def test_heldout_questions_are_the_checkpoints_validation_split(report, trained):
+def test_heldout_questions_are_the_checkpoints_test_split_by_default(report, trained):
     _, ckpt = trained
     split = json.loads((ckpt / "metrics.json").read_text())["split"]
-    assert report.metrics["heldout"]["questions"] == sorted(split["val"])
+    assert split["test"] and split["test_fraction"] > 0  # probe.test_fraction defaults to > 0
+    assert report.metrics["heldout"]["questions"] == sorted(split["test"])
+    assert report.metrics["heldout"]["split"] == "test" and report.metrics["heldout"]["n_questions"] == len(split["test"])
+    assert report.metrics["heldout"]["warning"] is None
     assert report.metrics["data"]["is_training_data"] is True
+
+
+def test_without_a_test_split_the_first_lines_say_validation_chose_the_epoch(trained, tmp_path):
+    _, ckpt = trained
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(ckpt, copy)
+    metrics = json.loads((copy / "metrics.json").read_text())
+    metrics["split"]["train"] += metrics["split"]["test"]  # as if trained with probe.test_fraction=0
+    metrics["split"]["test"] = []
+    (copy / "metrics.json").write_text(json.dumps(metrics))
+    again = evaluate_checkpoint(copy, out=tmp_path / "r", overrides=QUICK + ["eval.verifiers=[]"], print_fn=quiet)
+    assert again.metrics["heldout"]["questions"] == sorted(metrics["split"]["val"])
+    first_lines = again.markdown.read_text().splitlines()[:4]
+    assert any("WARNING" in line and "VALIDATION questions" in line and "chose the probes' epoch" in line
+               for line in first_lines)
+
+
+def test_small_heldout_set_withholds_intervals_and_says_so(report):
+    # the synthetic run holds out 2 test questions: far below the 20-question guard
+    block = report.metrics["parts"]["probes"]["by_probe"]["probe_target"]["draft_via_target"]["probe"]
+    assert block["n_questions"] == 2 and "2 held-out question(s) < 20" in block["too_small"]
+    auroc = block["metrics"]["auroc"]
+    assert auroc["low"] is None and auroc["high"] is None and auroc["withheld"]
+    assert report.metrics["parts"]["verifiers"]["by_verifier"]["embedding"]["metrics"]["auroc"]["low"] is None
+    markdown = report.markdown.read_text()
+    assert "THE HELD-OUT SET IS TOO SMALL" in "\n".join(markdown.splitlines()[:5])
+    assert "(no interval: set too small)" in markdown and "cannot be compared (set too small)" in markdown
 
 
 @pytest.mark.parametrize("probe, set_name", [("probe_target", "draft_via_target"), ("probe_target", "target_own"),
                                              ("probe_draft", "draft_own")])
-def test_numbers_match_probe_trains_own_validation(report, trained, probe, set_name):
-    """The report recomputes every predictor on the held-out rows; probe-train scored the same rows."""
+def test_numbers_match_probe_trains_own_test_scores(report, trained, probe, set_name):
+    """The report recomputes every predictor on the held-out (test) rows; probe-train scored the same rows."""
     _, ckpt = trained
-    theirs = json.loads((ckpt / "metrics.json").read_text())["probes"][probe]["val"][set_name]
+    theirs = json.loads((ckpt / "metrics.json").read_text())["probes"][probe]["test"][set_name]
     theirs = {("target_own_only" if k == "variant" else k): v for k, v in theirs.items()}  # probe-train's name
     ours = report.metrics["parts"]["probes"]["by_probe"][probe][set_name]
     assert set(ours) == set(theirs)  # probe, target_own_only (target), last_layer, logprob, constant
@@ -102,12 +133,26 @@ def test_layer_sweep_covers_every_stored_layer(report):
         entries = sweep[role]["entries"]
         assert [e["layer"] for e in entries] == [0, 1, 2, 3, 4]
         assert [e["depth"] for e in entries] == pytest.approx([0, 0.25, 0.5, 0.75, 1.0])
-        assert sweep[role]["n_val"] > 0 and sweep[role]["n_train"] > 0
+        assert sweep[role]["n_val"] > 0 and sweep[role]["n_train"] > 0 and sweep[role]["n_test"] > 0
     assert sweep["target"]["sets"] == ["target_own", "draft_via_target"]  # what probe_target was trained on
     # the synthetic signal grows with depth: the last layer beats the embeddings and the constant
     target = sweep["target"]["entries"]
     assert target[-1]["val_brier"] < target[0]["val_brier"]
-    assert sweep["target"]["best"]["val_brier"] < sweep["target"]["constant_val_brier"]
+    assert sweep["target"]["best"]["test_brier"] < sweep["target"]["constant_test_brier"]
+
+
+def test_layer_sweep_chooses_on_validation_and_reports_on_test(report, trained):
+    cfg, ckpt = trained
+    split = json.loads((ckpt / "metrics.json").read_text())["split"]
+    ds = open_dataset(cfg.data_dir)
+    questions, models = ds.column("question_id"), ds.column("model")
+    sweep = report.metrics["parts"]["layer_sweep"]["draft"]  # draft_own rows: one per draft sample
+    assert sweep["n_val"] == int(((models == "draft") & np.isin(questions, split["val"])).sum())
+    assert sweep["n_test"] == int(((models == "draft") & np.isin(questions, split["test"])).sum())
+    assert sweep["independent"] and "chosen on validation" in sweep["how"]
+    entries = sweep["entries"]
+    assert sweep["best"]["layer"] == min(entries, key=lambda e: (e["val_brier"], e["layer"]))["layer"]
+    assert all(e["test_brier"] is not None for e in entries)
 
 
 def test_pair_verifier_metrics(report, trained):
@@ -116,6 +161,7 @@ def test_pair_verifier_metrics(report, trained):
     emb = part["by_verifier"]["embedding"]
     fit = json.loads((ckpt / "embedding_threshold.json").read_text())["fit"]
     assert emb["info"]["met_target"] == fit["met_target"] and emb["info"]["target_precision"] == 0.8
+    assert "training-question pairs" in emb["info"]["fit_on"] and emb["info"]["fit_error"] is None
     assert emb["thresholds"]["f1_optimal"] == pytest.approx(fit["f1_optimal"]["threshold"])
     assert emb["n"] == part["pairs"]["n"] > 0
     assert emb["thresholds"]["chosen"] == pytest.approx(emb["at_threshold"]["threshold"])
@@ -172,9 +218,12 @@ def test_foreign_data_holds_out_every_question_not_trained_on(trained, tmp_path)
     cfg, ckpt = trained
     _, other_cfg = write_config(tmp_path, tmp_path / "other")
     data = make_data(other_cfg, n_questions=12, seed=3, engines=open_dataset(cfg.data_dir).manifest["engines"])
-    report = evaluate_checkpoint(ckpt, data=data, out=tmp_path / "report", overrides=QUICK, print_fn=quiet)
+    # same settings and models: it counts as the training data, so ask for both held-out sides explicitly
+    report = evaluate_checkpoint(ckpt, data=data, out=tmp_path / "report", overrides=QUICK + ["eval.split=val+test"],
+                                 print_fn=quiet)
     train_q = set(json.loads((ckpt / "metrics.json").read_text())["split"]["train"])
     held = report.metrics["heldout"]["questions"]
+    assert "VALIDATION" in report.metrics["heldout"]["warning"]
     # the synthetic folders share question ids q000..q011: the checkpoint's training questions are left out
     assert set(held) == {f"q{i:03d}" for i in range(12)} - train_q
     assert report.skipped == []
@@ -219,7 +268,7 @@ def test_wandb_offline_logs_metrics_and_figures(trained, tmp_path, monkeypatch):
     runs = list((out / "wandb").rglob("offline-run-*"))
     assert runs and any(runs[0].rglob("*.wandb"))
     images = list(runs[0].rglob("media/images/**/*.png"))
-    assert len(images) == 5  # every figure of the report (no layer sweep here)
+    assert len(images) == len(FIGURES) - 1  # every figure of the report (no layer sweep here)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["wandb"]["mode"] == "offline"
 

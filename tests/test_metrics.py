@@ -168,3 +168,58 @@ def test_probe_report_has_everything_and_is_json():
     json.dumps(report, allow_nan=False)
     one_class = probe_report([0.2, 0.4], [1, 1])
     assert one_class["auroc"] is None and one_class["spearman"] is None
+
+
+# ---- evaluation rules (issue 13): exact edges, equal mass under ties, label range, new scores ----------
+def test_values_on_decimal_edges_open_the_upper_bin():
+    # with linspace edges 0.3, 0.6 and 0.7 fell into the bin below (0.30000000000000004 > 0.3)
+    bins = reliability_bins([0.3, 0.6, 0.7], [1, 1, 1], n_bins=10)
+    assert np.flatnonzero(bins.count).tolist() == [3, 6, 7]
+    assert bins.edges[3] == 0.3 and bins.edges[6] == 0.6 and bins.edges[7] == 0.7
+
+
+def test_equal_mass_bins_stay_equal_when_predictions_tie():
+    pred = np.r_[np.full(60, 0.5), np.linspace(0.6, 0.9, 40)]  # 60% of the rows share one value
+    label = np.r_[np.zeros(30), np.ones(30), np.ones(40)]
+    bins = reliability_bins(pred, label, n_bins=10, strategy="quantile")
+    assert bins.count.tolist() == [10] * 10
+    assert bins.mean_pred[:6].tolist() == [0.5] * 6
+    # ties keep row order, so the split of tied rows between bins is deterministic
+    assert bins.mean_label[:3].tolist() == [0.0, 0.0, 0.0] and bins.mean_label[3] == 1.0
+    uneven = reliability_bins(pred[:97], label[:97], n_bins=10, strategy="quantile")
+    assert uneven.count.max() - uneven.count.min() <= 1 and uneven.count.sum() == 97
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.2])
+def test_labels_outside_unit_interval_are_refused(bad):
+    with pytest.raises(ValueError, match="label must lie in"):
+        reliability_bins([0.2, 0.4], [0.5, bad])
+    with pytest.raises(ValueError, match="label must lie in"):
+        brier([0.2, 0.4], [0.5, bad])
+    with pytest.raises(ValueError, match="label must lie in"):
+        probe_report([0.2, 0.4], [0.5, bad])
+
+
+def test_log_loss_brier_skill_and_noise_floor_by_hand():
+    from probes.metrics import brier_skill, label_noise_floor, log_loss
+
+    pred, label = np.array([0.8, 0.4]), np.array([1.0, 0.5])
+    expected = -(math.log(0.8) + 0.5 * math.log(0.4) + 0.5 * math.log(0.6)) / 2
+    assert log_loss(pred, label) == pytest.approx(expected)
+    assert log_loss([1.0], [0.0]) == pytest.approx(-math.log(1e-6))  # clipped, finite
+    constant = np.full(2, label.mean())
+    assert brier_skill(pred, label, constant) == pytest.approx(1 - brier(pred, label) / brier(constant, label))
+    assert brier_skill(constant, label, constant) == pytest.approx(0.0)
+    assert brier_skill(1 - pred, label, constant) < 0  # worse than the baseline
+    # N = 10 draws: a label of 0.5 carries variance 0.25 / 9 on average
+    assert label_noise_floor([0.5, 0.0, 1.0], 10) == pytest.approx((0.25 / 9) / 3)
+
+
+def test_reliability_bins_carry_an_interval_per_bin():
+    pred = np.r_[np.full(20, 0.15), np.full(20, 0.85)]
+    label = np.r_[np.tile([0.0, 1.0], 10), np.ones(20)]
+    d = reliability_bins(pred, label, n_bins=10).to_dict()
+    assert d["count"][1] == 20 and d["count"][8] == 20
+    assert d["label_low"][1] < 0.5 < d["label_high"][1]
+    assert d["label_low"][8] == d["label_high"][8] == 1.0  # no spread, no width
+    assert d["label_low"][0] is None  # empty bin

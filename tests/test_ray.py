@@ -20,9 +20,10 @@ try:
 except ImportError:  # pragma: no cover - CI installs the extra and fails when these are skipped
     pytest.skip(INSTALL_HINT, allow_module_level=True)
 
-from _data_fixtures import assert_same_data, dataset_arrays, write_config  # noqa: E402
 from data_gen.pipeline import generate_dataset  # noqa: E402
 from data_gen.store import read_manifest  # noqa: E402
+
+from _data_fixtures import assert_same_data, dataset_arrays, write_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("one_thread")]
@@ -233,7 +234,7 @@ BENCH = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "mo
 def test_bench_on_two_replicas_gives_the_single_process_table(local_ray, tmp_path, capsys):
     import json
 
-    from infer.bench_cli import main
+    from train.bench_cli import main
 
     methods = ["--methods", "target,lr_sync,semanticspec", "--verifier", "bernoulli"]
     assert main(["--config", "configs/tiny.yaml", *methods, "--out", str(tmp_path / "single"), *BENCH]) == 0

@@ -9,12 +9,11 @@ the target's own step, and multi-branch drafting refusing a greedy draft.
 from __future__ import annotations
 
 import pytest
+from _toy_engine import ToyEngine
 
 from infer.decoding import DecodeOptions, decode
 from infer.engines import Prefix, SamplingParams, StepRequest
 from infer.verifiers import BernoulliVerifier, Verifier, build_verifier
-
-from _toy_engine import ToyEngine
 
 Q = "What is one plus two?"
 SPEC = ["lr_sync", "lr_async", "semanticspec"]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from infer.config import VerifiersConfig
 from infer.models import load_model
+from train.config import VerifiersConfig
 from train.pair_verifiers import PairSet, answer_logits, balanced_pairs, load_judge, train_judge
 
 SMOL = "offline:smollm2-135m-instruct"
@@ -54,6 +54,18 @@ def trained(tmp_path_factory):
     return result, folder
 
 
+def test_fit_on_pairs_needs_ten_of_each_class():
+    from train.pair_verifiers import fit_on_pairs
+
+    scores = np.r_[np.linspace(0.6, 1.0, 12), np.linspace(0.0, 0.5, 12)]
+    labels = np.r_[np.ones(12, bool), np.zeros(12, bool)]
+    fitted = fit_on_pairs(scores, labels, 0.9, "validation pairs")
+    assert fitted.error is None and fitted.fit.met_target and fitted.fit.threshold == pytest.approx(0.6)
+    assert fitted.to_dict()["fit_on"] == "validation pairs" and fitted.to_dict()["n_positive"] == 12
+    short = fit_on_pairs(scores[3:], labels[3:], 0.9, "validation pairs")
+    assert short.fit is None and "9 equivalent and 12 non-equivalent" in short.error
+
+
 def test_balanced_pairs_are_balanced_and_keep_labels():
     rows = PAIRS + [("a", "b", False)] * 6
     items, labels = balanced_pairs(pair_set(rows), max_pairs=100, seed=3)
@@ -78,6 +90,20 @@ def test_loss_falls(trained):
     assert len(losses) == VCFG.judge_steps and all(np.isfinite(losses))
     assert np.mean(losses[-2:]) < 0.6 * np.mean(losses[:2])
     assert set(result.metrics["val"]) == {"verifier", "base", "accept_all"}
+
+
+def test_threshold_is_fitted_on_validation_pairs_or_says_why_not(trained):
+    result, folder = trained
+    # 6 validation pairs (judge_eval_pairs) hold 3 equivalent ones: too few to fit, so the default 0.5 is
+    # kept and the checkpoint says why
+    assert result.fit is None and result.threshold == 0.5
+    assert "validation pairs (the LoRA did not train on them)" in result.fitted.error
+    assert "fitting needs at least 10 of each" in result.fitted.error
+    assert result.metrics["threshold_fit"]["fit_error"] == result.fitted.error
+    import json
+
+    meta = json.loads((folder / "judge_lora" / "judge.json").read_text())
+    assert meta["fit"] is None and meta["fit_error"] == result.fitted.error
 
 
 def test_adapter_reloads_with_identical_probabilities(trained):

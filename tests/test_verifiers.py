@@ -8,10 +8,25 @@ import pytest
 import torch
 
 from infer.engines import HFStepEngine, Prefix
-from infer.judge_prompt import (PREFILL, PROMPT_VERSION, answer_token_ids, build_judge_prompt, judge_answer_logits,
-                                judge_probability)
-from infer.verifiers import (AcceptAll, BernoulliVerifier, CheckpointError, ExactMatch, StepContext, VerifyItem,
-                             build_verifier, load_verifier, normalize_exact)
+from infer.judge_prompt import (
+    PREFILL,
+    PROMPT_VERSION,
+    answer_token_ids,
+    build_judge_prompt,
+    judge_answer_logits,
+    judge_probability,
+)
+from infer.verifiers import (
+    AcceptAll,
+    BernoulliVerifier,
+    CheckpointError,
+    ExactMatch,
+    StepContext,
+    VerifyItem,
+    build_verifier,
+    load_verifier,
+    normalize_exact,
+)
 from probes.acceptance import semantic_accept_prob
 
 from _probe_fixtures import make_probe
@@ -103,6 +118,29 @@ def test_probe_checkpoint_for_another_model_is_a_clear_error(tmp_path, tiny, sma
         load_verifier(tmp_path / "empty", "probe")
     with pytest.raises(CheckpointError, match="does not exist"):
         load_verifier(tmp_path / "missing", "probe")
+
+
+def test_probe_for_another_org_with_the_same_model_name_is_refused(tmp_path, tiny):
+    """Identity is the full model id (and revision), not the last path component."""
+    from dataclasses import replace
+
+    from infer.verifiers import check_probe_model
+
+    write_probe_checkpoint(tmp_path, tiny, tiny)
+    meta = json.loads((tmp_path / "probe_target.json").read_text())
+    spec_key = next(k for k in meta if isinstance(meta[k], dict) and "model_id" in meta[k])
+    meta[spec_key]["model_id"] = "other-org/" + tiny.info.model_id  # same last component, other weights
+    (tmp_path / "probe_target.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"probe_target was trained on 'other-org/random:llama-tiny'.*full id"):
+        load_verifier(tmp_path, "probe", target_engine=tiny, draft_engine=tiny)
+    assert load_verifier(tmp_path, "probe", target_engine=tiny, draft_engine=tiny, allow_model_mismatch=True)
+    spec = make_probe(tiny, 0.0).spec
+    check_probe_model(spec, tiny.info.model_id.upper() + "/", None)  # case and a trailing slash do not matter
+    pinned = replace(spec, revision="abc123")
+    check_probe_model(pinned, tiny.info.model_id, None)  # unknown engine revision: nothing to compare
+    check_probe_model(pinned, tiny.info.model_id, "abc123")
+    with pytest.raises(CheckpointError, match="at revision abc123, but the engine runs revision def456"):
+        check_probe_model(pinned, tiny.info.model_id, "def456")
 
 
 def test_probe_q_near_zero_is_guarded(tmp_path, tiny):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 STAGES = ("data", "train", "all")
 
@@ -60,11 +60,11 @@ def run_data_stage(cfg, shard: str | None, progress: bool, ray_address: str | No
 
 
 def run_merge(cfg) -> int:
-    from data_gen.pipeline import DataResult, RunStats
+    from data_gen.pipeline import DataGenStats, DataResult
     from data_gen.store import merge_parts
 
     manifest = merge_parts(cfg.data_dir)
-    print(DataResult(cfg.data_dir, manifest, False, RunStats()).summary())
+    print(DataResult(cfg.data_dir, manifest, False, DataGenStats()).summary())
     if manifest["status"] != "complete":
         missing = manifest["plan"]["num_shards"] - len(manifest["shards"])
         print(f"{missing} shard(s) are in no finished part; run the data stage without --shard to finish them")
@@ -82,7 +82,8 @@ def run_train_stage(cfg) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from infer.config import ConfigError, format_help, load_config
+    from infer.config import ConfigError
+    from train.config import format_help, load_config
 
     if args.help_config:
         print(format_help())

@@ -3,23 +3,30 @@
 Both learn from the labelled step pairs of the data folder (``pairs`` table, split by question):
 
 - **Embedding threshold**: cosine of sentence embeddings (``infer.embedder.SentenceEmbedder``); the
-  threshold is fitted on the training pairs with ``probes.threshold.fit_threshold`` (highest recall at
-  ``verifiers.target_precision``, plus the F1-optimal one). Baselines: fixed cosine thresholds (0.85 /
-  0.95 in the paper) and accept-all.
+  threshold is fitted on the training-question pairs with ``probes.threshold.fit_threshold`` (highest
+  recall at ``verifiers.target_precision``, plus the F1-optimal one). The embedder is not trained, so
+  those pairs are held out from it; test pairs are never used. Baselines: fixed cosine thresholds
+  (0.85 / 0.95 in the paper) and accept-all.
 - **Judge LoRA**: an instruct causal LM asked with ``infer.judge_prompt`` whether the two steps mean the
   same; its probability is the softmax over the two answer tokens' logits after ONE forward pass
   (``judge_probability``). Fine-tuned with PEFT LoRA on class-balanced training pairs (orientation of each
   pair drawn at random) with cross-entropy on those two logits, i.e. exactly the read-out used at run
-  time. Its decision threshold is fitted on the training pairs like the embedding's. Baselines: the
+  time. Its decision threshold is fitted on the VALIDATION pairs, which the LoRA never trained on (a
+  threshold fitted on its own training pairs would trust its overfitted confidence). Baselines: the
   untrained base model with the same prompt (the paper's prompted judge), and accept-all.
+
+A threshold is only fitted on at least ``MIN_FIT_POSITIVES`` equivalent and as many non-equivalent
+pairs; with fewer the verifier keeps a stated default (judge: P >= 0.5; embedding: the highest fixed
+cosine threshold) and the checkpoint and report say that no threshold could be fitted.
 
 Validation metrics of both: AUROC, and precision / recall / acceptance at the chosen threshold.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +36,29 @@ from probes.threshold import ThresholdFit, fit_threshold
 from train.probes_train import TrainingDataError
 
 LogFn = Callable[[dict[str, Any]], None]
+MIN_FIT_POSITIVES = 10  # equivalent (and non-equivalent) pairs needed to fit a decision threshold
+
+
+@dataclass
+class FittedThreshold:
+    """A threshold fitted on named pairs, or the reason none could be (then `fit` is None)."""
+
+    fit: ThresholdFit | None
+    fit_on: str
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fit_on": self.fit_on, "fit_error": self.error, **(self.fit.to_dict() if self.fit else {})}
+
+
+def fit_on_pairs(scores: np.ndarray, labels: np.ndarray, target_precision: float, fit_on: str) -> FittedThreshold:
+    """`fit_threshold` on these pairs when both classes have at least MIN_FIT_POSITIVES pairs."""
+    y = np.asarray(labels, dtype=bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if min(n_pos, n_neg) < MIN_FIT_POSITIVES:
+        return FittedThreshold(None, fit_on, f"{fit_on}: {n_pos} equivalent and {n_neg} non-equivalent pairs; "
+                                             f"fitting needs at least {MIN_FIT_POSITIVES} of each")
+    return FittedThreshold(fit_threshold(scores, y, target_precision), fit_on)
 
 
 # ----------------------------------------------------------------------------- pairs
@@ -47,7 +77,7 @@ class PairSet:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def take(self, index: Any) -> "PairSet":
+    def take(self, index: Any) -> PairSet:
         idx = np.flatnonzero(index) if np.asarray(index).dtype == bool else np.asarray(index, dtype=np.int64)
         return PairSet(self.context_ids[idx], self.questions[idx], self.a[idx], self.b[idx], self.labels[idx],
                        self.source[idx], self.contexts)
@@ -124,14 +154,20 @@ def accept_all_report(labels: np.ndarray) -> dict[str, Any]:
 @dataclass
 class EmbeddingResult:
     model: str
-    fit: ThresholdFit
+    fitted: FittedThreshold
+    default_threshold: float  # used when no threshold could be fitted
     metrics: dict[str, Any]
     seconds: float
 
-    def to_json(self, model_id: str) -> dict[str, Any]:
-        return {"kind": "embedding_threshold", "embedding_model": self.model, "embedding_model_id": model_id,
-                "score": "cosine of mean-pooled, L2-normalised sentence embeddings of the two steps",
-                "threshold": self.fit.threshold, "fit": self.fit.to_dict()}
+    score_description = "cosine of the two steps' sentence embeddings (pooled as the embedder's model says)"
+
+    @property
+    def fit(self) -> ThresholdFit | None:
+        return self.fitted.fit
+
+    @property
+    def threshold(self) -> float:
+        return self.fit.threshold if self.fit is not None else self.default_threshold
 
 
 def train_embedding(train: PairSet, val: PairSet, vcfg, device: str | None = None, embedder=None,
@@ -143,27 +179,30 @@ def train_embedding(train: PairSet, val: PairSet, vcfg, device: str | None = Non
         embedder = SentenceEmbedder(vcfg.embedding_model, device=device)
     start = time.perf_counter()
     train_scores = embedder.cosine(list(train.a), list(train.b)).double().numpy()
-    fit = fit_threshold(train_scores, train.labels, vcfg.target_precision)
+    fitted = fit_on_pairs(train_scores, train.labels, vcfg.target_precision,
+                          "training-question pairs (the embedder is not trained on them)")
+    default = max(vcfg.embedding_fixed_thresholds, default=0.95)
+    result = EmbeddingResult(vcfg.embedding_model, fitted, default, {}, 0.0)
     seconds = time.perf_counter() - start
-    metrics: dict[str, Any] = {"train_fit": fit.to_dict(), "n_train": len(train), "seconds": seconds}
+    metrics: dict[str, Any] = {"threshold_fit": fitted.to_dict(), "n_train": len(train), "seconds": seconds}
     for split, pairs in (("val", val), ("test", test)):
         if pairs is None or len(pairs) == 0:
             continue
         scores = embedder.cosine(list(pairs.a), list(pairs.b)).double().numpy()
         fixed = {f"cosine>={t:g}": t for t in vcfg.embedding_fixed_thresholds}
+        chosen = {"chosen": result.threshold}
+        if result.fit is not None:
+            chosen["f1_optimal"] = result.fit.f1_optimal.threshold
         metrics[split] = {
-            "verifier": score_report(scores, pairs.labels, {"chosen": fit.threshold,
-                                                            "f1_optimal": fit.f1_optimal.threshold}),
+            "verifier": score_report(scores, pairs.labels, chosen),
             "fixed": score_report(scores, pairs.labels, fixed),
             "accept_all": accept_all_report(pairs.labels),
         }
-    return EmbeddingResult(vcfg.embedding_model, fit, metrics, seconds)
+    result.metrics, result.seconds = metrics, seconds
+    return result
 
 
 # ----------------------------------------------------------------------------- judge LoRA
-JUDGE_FORMAT = "specprobe.judge_lora"
-
-
 def balanced_pairs(pairs: PairSet, max_pairs: int, seed: int = 0) -> tuple[list[tuple[str, str, str]], np.ndarray]:
     """Equal numbers of equivalent and non-equivalent pairs (at most `max_pairs` in all), shuffled, each
     pair's (a, b) order drawn at random. Returns ((context, step_a, step_b) items, labels)."""
@@ -204,45 +243,46 @@ class JudgeResult:
     base: str
     model: Any  # PeftModel
     tokenizer: Any
-    fit: ThresholdFit | None
+    fitted: FittedThreshold
     metrics: dict[str, Any]
     losses: list[float]
     seconds: float
     vcfg: Any
 
     @property
+    def fit(self) -> ThresholdFit | None:
+        return self.fitted.fit
+
+    @property
     def threshold(self) -> float:
         return self.fit.threshold if self.fit is not None else 0.5
-
-    def meta(self) -> dict[str, Any]:
-        from infer.judge_prompt import NO_WORD, PREFILL, PROMPT_VERSION, YES_WORD, answer_token_ids
-        from infer.models import describe_source
-
-        yes, no = answer_token_ids(self.tokenizer)
-        v = self.vcfg
-        return {"format": JUDGE_FORMAT, "format_version": 1, "base_model": self.base,
-                "base_model_id": describe_source(self.base), "prompt_version": PROMPT_VERSION,
-                "prompt": "infer.judge_prompt.build_judge_prompt (default max_context_chars)",
-                "prefill": PREFILL, "answer_words": [YES_WORD, NO_WORD], "answer_tokens": {"yes": yes, "no": no},
-                "probability": "softmax over the logits of the two answer tokens after the prefill; P(yes)",
-                "threshold": self.threshold, "fit": None if self.fit is None else self.fit.to_dict(),
-                "lora": {"r": v.judge_lora_r, "alpha": v.judge_lora_alpha, "dropout": v.judge_lora_dropout,
-                         "target_modules": list(v.judge_target_modules), "last_layers": v.judge_lora_layers},
-                "training": {"steps": v.judge_steps, "lr": v.judge_lr, "batch_size": v.judge_batch_size,
-                             "balanced_pairs": self.metrics.get("n_train"), "seed": v.seed,
-                             "first_loss": self.losses[0] if self.losses else None,
-                             "last_loss": self.losses[-1] if self.losses else None}}
 
     def save(self, folder) -> None:
         """PEFT adapter (adapter_config.json + adapter_model.safetensors) and judge.json in `folder`."""
         from pathlib import Path
 
-        from probes.io import write_json
-        from train.checkpoint import JUDGE_JSON, clean_json
+        from infer.checkpoint_format import write_judge_meta
+        from infer.judge_prompt import NO_WORD, PREFILL, PROMPT_VERSION, YES_WORD, answer_token_ids
+        from infer.models import describe_source
 
         folder = Path(folder)
         self.model.save_pretrained(str(folder), safe_serialization=True)
-        write_json(folder / JUDGE_JSON, clean_json(self.meta()))
+        yes, no = answer_token_ids(self.tokenizer)
+        v = self.vcfg
+        write_judge_meta(
+            folder, base_model=self.base, threshold=self.threshold, prompt_version=PROMPT_VERSION,
+            answer_tokens={"yes": yes, "no": no}, base_model_id=describe_source(self.base),
+            prompt="infer.judge_prompt.build_judge_prompt (default max_context_chars)", prefill=PREFILL,
+            answer_words=[YES_WORD, NO_WORD],
+            probability="softmax over the logits of the two answer tokens after the prefill; P(yes)",
+            fit=None if self.fit is None else self.fit.to_dict(), fit_on=self.fitted.fit_on,
+            fit_error=self.fitted.error,
+            lora={"r": v.judge_lora_r, "alpha": v.judge_lora_alpha, "dropout": v.judge_lora_dropout,
+                  "target_modules": list(v.judge_target_modules), "last_layers": v.judge_lora_layers},
+            training={"steps": v.judge_steps, "lr": v.judge_lr, "batch_size": v.judge_batch_size,
+                      "balanced_pairs": self.metrics.get("n_train"), "seed": v.seed,
+                      "first_loss": self.losses[0] if self.losses else None,
+                      "last_loss": self.losses[-1] if self.losses else None})
 
 
 def lora_model(model, vcfg):
@@ -327,35 +367,34 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
     items, labels = balanced_pairs(train, vcfg.judge_max_pairs, vcfg.seed)
     peft_model = lora_model(base, vcfg)
     losses = judge_train_loop(peft_model, tokenizer, items, labels, vcfg, log_fn)
-    fit_items, fit_labels = pair_items(train, vcfg.judge_eval_pairs, vcfg.seed + 2)
-    fit_probs = _probabilities(peft_model, tokenizer, fit_items, batch)
-    fit = fit_threshold(fit_probs, fit_labels, vcfg.target_precision)
-    metrics: dict[str, Any] = {"n_train": len(items), "n_threshold_fit": len(fit_items), "train_fit": fit.to_dict(),
+    probs = {split: _probabilities(peft_model, tokenizer, split_items, batch) for split, (split_items, _) in evals.items()}
+    if "val" in probs:
+        fitted = fit_on_pairs(probs["val"], evals["val"][1], vcfg.target_precision,
+                              "validation pairs (the LoRA did not train on them)")
+    else:
+        fitted = FittedThreshold(None, "validation pairs", "no validation pairs")
+    threshold = fitted.fit.threshold if fitted.fit is not None else 0.5
+    metrics: dict[str, Any] = {"n_train": len(items), "threshold_fit": fitted.to_dict(),
                                "loss_first": losses[0], "loss_last": losses[-1],
                                "loss_first_10": float(np.mean(losses[:10])), "loss_last_10": float(np.mean(losses[-10:]))}
-    for split, (split_items, split_labels) in evals.items():
-        probs = _probabilities(peft_model, tokenizer, split_items, batch)
+    for split, (_, split_labels) in evals.items():
         metrics[split] = {
-            "verifier": score_report(probs, split_labels, {"chosen": fit.threshold, "p>=0.5": 0.5}),
+            "verifier": score_report(probs[split], split_labels, {"chosen": threshold, "p>=0.5": 0.5}),
             "base": score_report(base_probs[split], split_labels, {"p>=0.5": 0.5}),
             "accept_all": accept_all_report(split_labels),
         }
     seconds = time.perf_counter() - start
     metrics["seconds"] = seconds
-    return JudgeResult(vcfg.judge_base, peft_model, tokenizer, fit, metrics, losses, seconds, vcfg)
+    return JudgeResult(vcfg.judge_base, peft_model, tokenizer, fitted, metrics, losses, seconds, vcfg)
 
 
 def load_judge(folder, device: str | None = None):
     """(PeftModel, tokenizer, judge.json) of a saved judge adapter folder (checkpoint/judge_lora)."""
-    from pathlib import Path
-
     from peft import PeftModel
 
+    from infer.checkpoint_format import read_judge
     from infer.models import load_model
-    from probes.io import read_json
-    from train.checkpoint import JUDGE_JSON
 
-    folder = Path(folder)
-    meta = read_json(folder / JUDGE_JSON)
-    base, tokenizer = load_model(meta["base_model"], kind="causal_lm", device=device)
-    return PeftModel.from_pretrained(base, str(folder)).eval(), tokenizer, meta
+    entry = read_judge(folder)
+    base, tokenizer = load_model(entry.base_model, kind="causal_lm", device=device)
+    return PeftModel.from_pretrained(base, str(entry.adapter_dir)).eval(), tokenizer, entry.raw

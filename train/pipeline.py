@@ -1,6 +1,6 @@
 """The training stage of probe-train: data folder -> every verifier the config asks for -> checkpoint.
 
-    from infer.config import load_config
+    from train.config import load_config
     from train.pipeline import train_all
     result = train_all(load_config("configs/tiny.yaml"))   # needs <output_dir>/data (probe-train --stage data)
     result.metrics["probes"]["probe_target"]["val"]["draft_via_target"]["probe"]["mae"]
@@ -13,9 +13,10 @@ written at the end, in one rename (a failed run never leaves a half checkpoint b
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,7 @@ class QuestionSplit:
     test_fraction: float
 
     @classmethod
-    def make(cls, question_ids, probe_cfg) -> "QuestionSplit":
+    def make(cls, question_ids, probe_cfg) -> QuestionSplit:
         unique = sorted({str(q) for q in question_ids})
         if not unique:
             raise TrainingDataError("the data folder holds no samples (no question ids): nothing to train on")

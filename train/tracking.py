@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 PrintFn = Callable[[str], None]
 
@@ -44,7 +45,7 @@ class Tracker:
         if wandb_cfg is not None and wandb_cfg.enabled:
             self.run = _start_wandb(wandb_cfg, run_name, Path(output_dir), config or {})
 
-    def __enter__(self) -> "Tracker":
+    def __enter__(self) -> Tracker:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -152,7 +153,8 @@ def format_metrics(metrics: dict[str, Any], split: str = "val") -> str:
     emb = metrics.get("embedding", {}).get(split)
     if emb:
         n = emb["verifier"]["chosen"]
-        met = metrics["embedding"].get("train_fit", {}).get("met_target", True)
+        fit = metrics["embedding"].get("threshold_fit", {})
+        met = fit.get("met_target", fit.get("fit_error") is None)
         rows = [("verifier", "chosen", "threshold at target precision" + ("" if met else " (not reached*)")),
                 ("verifier", "f1_optimal", "F1-optimal threshold")]
         rows += [("fixed", key, key) for key in emb.get("fixed", {}) if key != "auroc"]
@@ -161,12 +163,13 @@ def format_metrics(metrics: dict[str, Any], split: str = "val") -> str:
     judge = metrics.get("judge", {}).get(split)
     if judge:
         n = judge["verifier"]["chosen"]
-        met = metrics["judge"].get("train_fit", {}).get("met_target", True)
+        fit = metrics["judge"].get("threshold_fit", {})
+        met = fit.get("met_target", fit.get("fit_error") is None)
         rows = [("verifier", "chosen", "judge LoRA, threshold at target precision" + ("" if met else " (not reached*)")),
                 ("verifier", "p>=0.5", "judge LoRA, p >= 0.5"), ("base", "p>=0.5", "base model (untrained), p >= 0.5"),
                 ("accept_all", "chosen", "accept all")]
         lines += _pair_lines(f"judge-LoRA verifier (pairs n={n['n']}, equivalent {n['n_positive']})", judge, rows)
     if any("(not reached*)" in line for line in lines):
-        lines.append("  * no threshold reached verifiers.target_precision on the training pairs; the chosen one has "
-                     "the best training precision")
+        lines.append("  * no threshold reached verifiers.target_precision on the pairs it was fitted on (embedding: "
+                     "training pairs, judge: validation pairs), or none could be fitted (too few pairs)")
     return "\n".join(lines)

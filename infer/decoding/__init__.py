@@ -12,7 +12,7 @@ from infer.decoding.lookahead import draft_only, fast_thread_switching, lookahea
 from infer.decoding.metrics import RunStats, read_trace, replay_text, stats_from_trace, write_trace
 from infer.decoding.semanticspec import semanticspec
 
-METHODS = ("target", "draft", "semanticspec", "lr_sync", "lr_async")
+METHODS = ("target", "draft", "semanticspec", "lr_sync", "lr_async", "specs", "beam_target", "seed_tot", "tot_target")
 
 __all__ = ["DecodeOptions", "GenerationResult", "OutputStep", "RunStats", "METHODS", "decode", "seed_for",
            "fast_thread_switching", "target_only", "draft_only", "lookahead_sync", "lookahead_async", "semanticspec",
@@ -20,9 +20,13 @@ __all__ = ["DecodeOptions", "GenerationResult", "OutputStep", "RunStats", "METHO
 
 
 def decode(method: str, question: str, target, draft=None, verifier=None,
-           opts: DecodeOptions | None = None) -> GenerationResult:
-    """Generate an answer to `question` with one of METHODS."""
+           opts: DecodeOptions | None = None, settings=None) -> GenerationResult:
+    """Generate an answer to `question` with one of METHODS. `settings`: SpecSConfig for specs /
+    beam_target, SeedConfig for seed_tot / tot_target (None: the papers' defaults). SpecS and the tree
+    searches use the verifier as a step reward (`infer.decoding.specs.reward_from_verifier`)."""
     opts = opts or DecodeOptions()
+    if method in ("specs", "beam_target", "seed_tot", "tot_target"):
+        return _search_method(method, question, target, draft, verifier, opts, settings)
     if method == "target":
         return target_only(question, target, opts)
     if method == "draft":
@@ -36,3 +40,20 @@ def decode(method: str, question: str, target, draft=None, verifier=None,
     if method == "lr_async":
         return lookahead_async(question, target, draft, verifier, opts)
     raise ValueError(f"unknown decoding method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def _search_method(method, question, target, draft, verifier, opts, settings) -> GenerationResult:
+    from dataclasses import replace
+
+    from infer.decoding.seed import SeedConfig, tot_search
+    from infer.decoding.specs import SpecSConfig, reward_from_verifier, specs
+
+    if verifier is None:
+        raise ValueError(f"{method} scores steps with a reward: pass a verifier (probe, bernoulli, ...)")
+    reward = reward_from_verifier(verifier)
+    if method in ("specs", "beam_target"):
+        cfg = settings or SpecSConfig()
+        if method == "beam_target":  # τ above every reward in [0, 1]: the target writes every round
+            cfg = replace(cfg, tau=float("inf"))
+        return specs(question, target, draft, reward, opts, cfg, method=method)
+    return tot_search(question, target, draft, reward, opts, settings or SeedConfig(), method=method)

@@ -6,8 +6,8 @@ draw for the draft at the position after P uses `seed_for(seed, "accept", P, bra
 reproducible from one seed whatever the thread timing (async), and two methods that reach the same
 prefix make the same target step there: with reject-all every method asks the target for exactly the
 steps target-only asks for (same prefix token ids, same seed), under sampling as well as greedy. The
-outputs are then equal up to the floating-point differences of batched kernels (see
-`infer.engines.hf_kv`).
+outputs are then equal up to the floating-point differences of an engine's batched kernels (exactly
+equal on an engine whose rows do not depend on their batch; tests/test_runtime_toy.py).
 
 Limits. A step is cut at min(max_step_tokens, tokens left), so no output exceeds max_new_tokens
 (counted in target tokens); after max_steps steps the generation stops. The stop reason is "eos",
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from infer.answers import extract_boxed
-from infer.engines.base import EngineStats, Prefix, SamplingParams, Step, StepRequest
 from infer.decoding.metrics import RunStats, join_steps
+from infer.engines.base import EngineStats, Prefix, SamplingParams, Step, StepRequest
 from infer.verifiers import Verdict
 
 STOP_REASONS = ("eos", "max_new_tokens", "max_steps")
@@ -69,7 +69,7 @@ class DecodeOptions:
     def delimiter(self) -> str:
         return self.target_params.delimiter
 
-    def replace(self, **kw) -> "DecodeOptions":
+    def replace(self, **kw) -> DecodeOptions:
         from dataclasses import replace
 
         return replace(self, **kw)
@@ -224,6 +224,7 @@ class GenState:
         st = self.stats
         if role == "target":
             st.target_forward_passes += es.forward_passes
+            st.target_prefill_tokens += es.prefill_tokens
             st.draft_forward_passes += es.proposer_forward_passes  # the assistant is the draft model
             st.spec_rounds += es.spec_rounds
             st.spec_proposed += es.spec_proposed

@@ -35,9 +35,16 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from infer.decoding.common import (
+    DecodeOptions,
+    GenerationResult,
+    GenState,
+    check_verifier,
+    refused,
+    seed_for,
+    step_record,
+)
 from infer.engines.base import Prefix, Step, StepRequest
-from infer.decoding.common import (DecodeOptions, GenerationResult, GenState, check_verifier, refused, seed_for,
-                                   step_record)
 from infer.verifiers import StepContext, Verdict, Verifier, VerifyItem
 
 
@@ -45,13 +52,13 @@ from infer.verifiers import StepContext, Verdict, Verifier, VerifyItem
 class _Node:
     depth: int
     branch: int
-    parent: "_Node | None"
+    parent: _Node | None
     draft: Step | None = None  # None at the root
     draft_tokens: int = 0  # in target tokens
     path: list[Step] = field(default_factory=list)  # draft steps from the root to this node
     path_tokens: int = 0
     branches: list[int] = field(default_factory=list)  # branch index at every depth from the root
-    children: list["_Node"] = field(default_factory=list)
+    children: list[_Node] = field(default_factory=list)
     target: Step | None = None
     verdict: Verdict | None = None
     target_key: str = ""  # seed key of the target's step after this node
@@ -358,7 +365,7 @@ class _AsyncRun:
 
     # ---------------------------------------------------------------- commit loop (main thread)
     def run(self) -> None:
-        st, verifier = self.state, self.verifier
+        st = self.state
         while not st.done:
             with self.cond:
                 n = len(st.steps)

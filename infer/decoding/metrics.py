@@ -13,9 +13,9 @@ The trace is a list of JSON-able dicts, one per cycle; `replay_text` rebuilds th
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Iterable, Sequence
 
 
 def _grow(values: list[int], n: int) -> None:
@@ -49,6 +49,7 @@ class RunStats:
     target_row_iterations: int = 0  # sum over target forwards of the rows in them
     target_forward_passes: int = 0
     draft_forward_passes: int = 0
+    target_prefill_tokens: int = 0  # prompt tokens the target ran through the model (cache hits excluded)
     draft_abandoned: int = 0  # async: drafts cut short because a rejection made them useless
     draft_abandoned_s: float = 0.0
     spec_rounds: int = 0  # token-level speculation inside steps (target): rounds with a proposal
@@ -63,7 +64,7 @@ class RunStats:
         self.judged_by_position[position] += 1
         self.accepted_by_position[position] += int(accepted)
 
-    def merge(self, other: "RunStats") -> "RunStats":
+    def merge(self, other: RunStats) -> RunStats:
         out = RunStats(method=self.method or other.method)
         for f in fields(RunStats):
             a, b = getattr(self, f.name), getattr(other, f.name)

@@ -19,9 +19,16 @@ from __future__ import annotations
 
 import time
 
-from infer.decoding.common import (DecodeOptions, GenerationResult, GenState, check_verifier, refused, seed_for,
-                                   step_record)
-from infer.verifiers import StepContext, Verdict, Verifier, VerifyItem
+from infer.decoding.common import (
+    DecodeOptions,
+    GenerationResult,
+    GenState,
+    check_verifier,
+    refused,
+    seed_for,
+    step_record,
+)
+from infer.verifiers import StepContext, Verifier, VerifyItem
 
 
 def semanticspec(question: str, target, draft, verifier: Verifier, opts: DecodeOptions) -> GenerationResult:

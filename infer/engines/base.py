@@ -21,8 +21,10 @@ encoded) followed by each step's ids in order.
 
 Results carry their own counters (`EngineStats`): callers add them up; nothing is read from a shared
 dict. Seeds: a request's `seed` makes its n samples reproducible whatever else is in the batch (an
-engine derives one generator per sample from it). Threads: one engine is driven by one thread at a time;
-two engines (draft, target) may run concurrently in two threads.
+engine derives one generator per sample from it). Threads: async Lookahead Reasoning drives the draft and
+the target engine from two threads at once, and scores probe features on either from a third; an engine
+must therefore serialise its own model calls (a lock around them is enough). A `StepStream` is driven by
+one thread.
 
 A new engine (e.g. vLLM) implements `StepEngine`; `infer.engines.tokens.StepTokenizer` gives it the
 chat template, prefix ids and the step stop rule for any Hugging Face tokenizer, and `SerialStream`
@@ -31,8 +33,9 @@ gives it a `StepStream` on top of `generate` when it has no continuous batching 
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Hashable, Literal, Protocol, Sequence, Union, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -90,7 +93,7 @@ class Step:
         return len(self.token_ids)
 
 
-PrefixStep = Union[str, Step]
+PrefixStep = str | Step
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ class Prefix:
         if bad:
             raise TypeError(f"Prefix steps {bad} are neither str nor Step")
 
-    def extend(self, *steps: PrefixStep) -> "Prefix":
+    def extend(self, *steps: PrefixStep) -> Prefix:
         """This prefix followed by more steps."""
         return Prefix(self.question, self.steps + tuple(steps), self.delimiter)
 
@@ -178,7 +181,7 @@ class EngineStats:
     proposer_forward_passes: int = 0
     seconds: float = 0.0
 
-    def __add__(self, other: "EngineStats") -> "EngineStats":
+    def __add__(self, other: EngineStats) -> EngineStats:
         return EngineStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
     def to_dict(self) -> dict:

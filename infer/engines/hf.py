@@ -9,10 +9,21 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
-from infer.engines.base import (DEFAULT_STEP_DELIMITER, EngineInfo, EngineStats, Generation, Prefix, PrefixStep,
-                                PromptTooLongError, SamplingParams, Scoring, Step, StepRequest)
+from infer.engines.base import (
+    DEFAULT_STEP_DELIMITER,
+    EngineInfo,
+    EngineStats,
+    Generation,
+    Prefix,
+    PrefixStep,
+    PromptTooLongError,
+    SamplingParams,
+    Scoring,
+    Step,
+    StepRequest,
+)
 from infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec, sample_seed
 from infer.engines.token_spec import AssistantProposer, NgramProposer, TokenSpecConfig
 from infer.engines.tokens import StepTokenizer, eos_token_ids
@@ -95,7 +106,7 @@ class HFStepEngine:
         self.runner.clear()
 
     # ---------------------------------------------------------------- token speculation
-    def set_token_spec(self, spec: TokenSpecConfig | None, assistant: "HFStepEngine | None" = None) -> None:
+    def set_token_spec(self, spec: TokenSpecConfig | None, assistant: HFStepEngine | None = None) -> None:
         """Turn token-level speculation inside steps on (or off with None).
 
         ngram: prompt lookup over the prompt and the step so far. assistant: greedy proposals from
@@ -150,14 +161,14 @@ class HFStepEngine:
         steps = [[results[(i, k)] for k in range(req.n)] for i, req in enumerate(requests)]
         return Generation(steps, stats)
 
-    def open_stream(self, params: SamplingParams) -> "HFStepStream":
+    def open_stream(self, params: SamplingParams) -> HFStepStream:
         return HFStepStream(self, params)
 
     # ---------------------------------------------------------------- teacher forcing
     def _layer_index(self, layers: Sequence[int] | None) -> list[int]:
         total = self.info.num_layers + 1
-        chosen = list(range(total)) if layers is None else [l if l >= 0 else total + l for l in layers]
-        bad = [l for l in chosen if not 0 <= l < total]
+        chosen = list(range(total)) if layers is None else [i if i >= 0 else total + i for i in layers]
+        bad = [i for i in chosen if not 0 <= i < total]
         if bad:
             raise ValueError(f"layers {bad} out of range for a model with {self.info.num_layers} layers (+ embeddings)")
         return chosen

@@ -36,10 +36,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import threading
-import time
 from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Sequence
+from typing import Any
 
 import torch
 
@@ -257,7 +257,7 @@ class _Row:
     pos: int = 0  # position id of the next token fed to the model (= pending token)
     cols: list[int] = field(default_factory=list)  # cache column of each prompt token
     gen_cols: list[int] = field(default_factory=list)  # cache column of each generated token fed so far
-    donor: "_Row | None" = None  # row whose columns it copies at join time (None: the base)
+    donor: _Row | None = None  # row whose columns it copies at join time (None: the base)
     share: int = 0  # prompt tokens taken from the donor / base instead of being forwarded
 
 

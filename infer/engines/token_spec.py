@@ -19,8 +19,9 @@ are pure (tensors in, token lists out) and are unit-tested on tiny arrays;
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, Sequence
+from typing import Literal, Protocol
 
 import torch
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from infer.engines.base import DEFAULT_STEP_DELIMITER, Prefix, PrefixStep, Step, StopReason, with_delimiter
 

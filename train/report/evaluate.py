@@ -15,20 +15,39 @@ reliability bins, bootstrap CIs). This module adds the bookkeeping around them:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from probes.acceptance import semantic_accept_prob
-from probes.metrics import auprc, auroc, bootstrap_ci, brier, ece, mae, mce, reliability_bins, spearman
+from probes.metrics import (
+    auprc,
+    auroc,
+    bootstrap_ci,
+    brier,
+    brier_skill,
+    ece,
+    label_noise_floor,
+    log_loss,
+    mae,
+    mce,
+    reliability_bins,
+    spearman,
+)
 from probes.threshold import operating_points
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
 
 # Names of the calibration metrics in the order the report shows them.
-CALIBRATION_METRICS = ("ece_uniform", "ece_quantile", "mce", "brier", "mae", "spearman", "auroc", "auprc")
+CALIBRATION_METRICS = ("ece_uniform", "ece_quantile", "mce", "brier", "log_loss", "mae", "spearman", "auroc", "auprc")
 # Direction of the metrics a comparison can call better or worse (others get no verdict).
-LOWER_IS_BETTER = {"ece_uniform", "ece_quantile", "mce", "brier", "mae", "rmse", "val_brier", "val_mae"}
+LOWER_IS_BETTER = {"ece_uniform", "ece_quantile", "mce", "brier", "log_loss", "mae", "rmse", "val_brier", "val_mae",
+                   "test_brier"}
+# The minimum-size guard: below these, bootstrap intervals describe the resampling of a handful of
+# questions, not the uncertainty of the estimate, so they are withheld and the report says why.
+MIN_QUESTIONS = 20
+MIN_POSITIVES = 10
 HIGHER_IS_BETTER = {"spearman", "auroc", "auprc", "precision", "cohen_kappa", "agreement"}
 
 
@@ -57,6 +76,7 @@ def calibration_metric_fns(n_bins: int, threshold: float = 0.5) -> dict[str, Met
         "ece_quantile": lambda p, y: ece(p, y, n_bins, "quantile"),
         "mce": lambda p, y: mce(p, y, n_bins, "uniform"),
         "brier": brier,
+        "log_loss": log_loss,
         "mae": mae,
         "spearman": spearman,
         "auroc": lambda p, y: auroc(p, y, threshold),
@@ -86,26 +106,78 @@ def _aligned(pred: Any, label: Any, groups: Any) -> tuple[np.ndarray, np.ndarray
     return p, y, g
 
 
+def size_guard(n_questions: int, n_positive: int | None = None) -> str | None:
+    """Why intervals on this set would mislead (fewer than MIN_QUESTIONS questions or MIN_POSITIVES
+    positives), or None when the set is large enough."""
+    reasons = []
+    if n_questions < MIN_QUESTIONS:
+        reasons.append(f"{n_questions} held-out question(s) < {MIN_QUESTIONS}")
+    if n_positive is not None and n_positive < MIN_POSITIVES:
+        reasons.append(f"{n_positive} positive(s) < {MIN_POSITIVES}")
+    return "; ".join(reasons) or None
+
+
+def withhold_intervals(metrics: dict[str, dict[str, Any]], reason: str | None) -> dict[str, dict[str, Any]]:
+    """Drop the low/high of every interval (keeping the estimate) and say why, when `reason` is set."""
+    if reason is None:
+        return metrics
+    return {name: {**entry, "low": None, "high": None, "withheld": reason} for name, entry in metrics.items()}
+
+
 def calibration_block(pred: Any, label: Any, groups: Any, *, n_bins: int = 10, n_boot: int = 1000,
-                      alpha: float = 0.10, seed: int = 0, threshold: float = 0.5) -> dict[str, Any]:
+                      alpha: float = 0.10, seed: int = 0, threshold: float = 0.5,
+                      num_samples: int | None = None) -> dict[str, Any]:
     """Calibration of one predictor against (soft) empirical labels, with per-question bootstrap CIs.
 
-    `threshold` binarises the labels for AUROC / AUPRC ("majority meaning": label >= 0.5).
+    `threshold` binarises the labels for AUROC / AUPRC ("majority meaning": label >= 0.5). With
+    `num_samples` (N draws behind each label) the block also holds the label noise floor of the Brier
+    score. Too few questions or positives: intervals withheld (`size_guard`).
     """
     p, y, g = _aligned(pred, label, groups)
+    n_questions, n_positive = np.unique(g).size, int((y >= threshold).sum())
+    guard = size_guard(n_questions, n_positive)
+    metrics = metrics_with_ci(calibration_metric_fns(n_bins, threshold), p, y, g, n_boot=n_boot, alpha=alpha, seed=seed)
     return clean({
         "n": p.size,
-        "n_questions": np.unique(g).size,
+        "n_questions": n_questions,
+        "n_positive": n_positive,
         "mean_pred": p.mean(),
         "mean_label": y.mean(),
         "positive_rate": (y >= threshold).mean(),
         "threshold": threshold,
         "n_bins": n_bins,
-        "metrics": metrics_with_ci(calibration_metric_fns(n_bins, threshold), p, y, g,
-                                   n_boot=n_boot, alpha=alpha, seed=seed),
+        "too_small": guard,
+        "noise_floor_brier": label_noise_floor(y, num_samples) if num_samples and num_samples > 1 else None,
+        "metrics": withhold_intervals(metrics, guard),
         "reliability_uniform": reliability_bins(p, y, n_bins, "uniform").to_dict(),
         "reliability_quantile": reliability_bins(p, y, n_bins, "quantile").to_dict(),
     })
+
+
+def paired_comparison(pred: Any, reference: Any, label: Any, groups: Any, *, n_boot: int = 1000, alpha: float = 0.10,
+                      seed: int = 0) -> dict[str, Any]:
+    """Does `pred` beat `reference` on the same rows? Brier difference (pred - reference) and Brier skill
+    1 - Brier(pred)/Brier(reference), each with a paired per-question bootstrap interval, and a verdict:
+    "better" / "worse" when the difference interval excludes 0, else "no clear difference" (or, when
+    the set is too small for intervals, "too small to tell")."""
+    p, y, g = _aligned(pred, label, groups)
+    r = np.asarray(reference, dtype=np.float64).reshape(-1)
+    if r.size != p.size:
+        raise ValueError(f"reference has {r.size} rows, predictions {p.size}")
+    delta = bootstrap_ci(lambda a, b, t: brier(a, t) - brier(b, t), p, r, y, n_boot=n_boot, alpha=alpha, seed=seed,
+                         groups=g).to_dict()
+    skill = bootstrap_ci(brier_skill, p, y, r, n_boot=n_boot, alpha=alpha, seed=seed, groups=g).to_dict()
+    guard = size_guard(np.unique(g).size)
+    if guard is not None:
+        verdict = "too small to tell"
+    elif delta["high"] is not None and delta["high"] < 0:
+        verdict = "better"
+    elif delta["low"] is not None and delta["low"] > 0:
+        verdict = "worse"
+    else:
+        verdict = "no clear difference"
+    out = withhold_intervals({"brier_delta": delta, "brier_skill": skill}, guard)
+    return clean({**out, "verdict": verdict})
 
 
 def estimate(block: dict[str, Any], name: str) -> float | None:
@@ -157,13 +229,15 @@ def acceptance_block(p_pred: Any, q_pred: Any, prob_under_target: Any, semantic_
     predicted = predicted.reshape(-1)
     empirical = empirical_ratio(prob_under_target, semantic_prob)
     _, _, g = _aligned(predicted, empirical, groups)
+    guard = size_guard(np.unique(g).size)
     return clean({
         "n": predicted.size,
         "n_questions": np.unique(g).size,
+        "too_small": guard,
         "saturated_predicted": (predicted >= 1.0).mean(),
         "saturated_empirical": (empirical >= 1.0).mean(),
-        "metrics": metrics_with_ci(acceptance_metric_fns(n_bins), predicted, empirical, g,
-                                   n_boot=n_boot, alpha=alpha, seed=seed),
+        "metrics": withhold_intervals(metrics_with_ci(acceptance_metric_fns(n_bins), predicted, empirical, g,
+                                                      n_boot=n_boot, alpha=alpha, seed=seed), guard),
     })
 
 
@@ -225,9 +299,10 @@ def verifier_block(scores: Any, labels: Any, groups: Any, threshold: float, *, n
     fns = {"auroc": auroc, "auprc": auprc,
            "acceptance_rate": lambda p, t: float(np.mean(p >= threshold)),
            "precision": lambda p, t: _precision_at(p, t, threshold)}
+    guard = size_guard(np.unique(g).size, int(y.sum()))
     out: dict[str, Any] = {
-        "n": s.size, "n_positive": int(y.sum()), "n_questions": np.unique(g).size,
-        "metrics": metrics_with_ci(fns, s, yf, g, n_boot=n_boot, alpha=alpha, seed=seed),
+        "n": s.size, "n_positive": int(y.sum()), "n_questions": np.unique(g).size, "too_small": guard,
+        "metrics": withhold_intervals(metrics_with_ci(fns, s, yf, g, n_boot=n_boot, alpha=alpha, seed=seed), guard),
         "at_threshold": at_threshold(s, y, threshold),
     }
     if y.any() and (~y).any():

@@ -159,13 +159,17 @@ class HeldOut:
     train_questions: list[str]
     how: str
     sides: dict[str, int] = field(default_factory=dict)
+    val_questions: list[str] = field(default_factory=list)  # chose the epoch / layer / threshold
+    warning: str | None = None  # said in the report's first lines (e.g. evaluating on validation questions)
+    split: str = "heldout"  # test, val, val+test, or heldout (another data folder)
 
     def mask(self, question_ids: Any) -> np.ndarray:
         return np.isin(np.asarray(question_ids, dtype=object), np.asarray(self.questions, dtype=object))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"how": self.how, "n_questions": len(self.questions), "n_train_questions": len(self.train_questions),
-                "sides": self.sides, "questions": list(self.questions)}
+        return {"split": self.split, "how": self.how, "n_questions": len(self.questions), "n_train_questions": len(self.train_questions),
+                "n_val_questions": len(self.val_questions), "sides": self.sides, "warning": self.warning,
+                "questions": list(self.questions)}
 
 
 def recorded_split(ckpt: CheckpointFolder) -> dict[str, list[str]] | None:
@@ -216,7 +220,14 @@ def heldout_questions(ckpt: CheckpointFolder, ds, is_training_data: bool, which:
     chosen = sorted({q for s in which.split("+") for q in sides[s]})
     if not chosen:
         raise PartError(f"the checkpoint's {which} split holds no question of {ds.folder}")
-    return HeldOut(chosen, sides["train"], f"{which} questions ({how})", {s: len(v) for s, v in sides.items()})
+    warning = VAL_WARNING if "val" in which.split("+") else None
+    return HeldOut(chosen, sides["train"], f"{which} questions ({how})", {s: len(v) for s, v in sides.items()},
+                   val_questions=sides["val"], warning=warning, split=which)
+
+
+VAL_WARNING = ("evaluated on VALIDATION questions: these chose the probes' epoch (early stopping), the layer sweep's "
+               "layer and the judge's threshold, so every number here is optimistic. Train with "
+               "probe.test_fraction > 0 for a report on questions nothing was tuned on.")
 
 
 # ----------------------------------------------------------------------------- probe inputs
@@ -227,8 +238,11 @@ def check_probe_fits_data(probe: SemanticProbe, ds, role: str, name: str) -> lis
         raise PartError(f"{name}: the data folder {ds.folder} has no {role} model (models sampled: "
                         f"{sorted(engines)})")
     engine = engines[role]
+    from infer.verifiers import check_probe_model
+
     try:
         probe.spec.check_compatible(int(engine["num_layers"]), int(engine["hidden_size"]), engine["model_id"])
+        check_probe_model(probe.spec, engine["model_id"], engine.get("revision"), name)
     except ValueError as err:
         raise PartError(f"{name}: the data in {ds.folder} comes from another {role} model: {err}") from None
     kept = list(ds.layers(role))

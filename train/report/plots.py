@@ -29,25 +29,31 @@ def _save(fig, path: str | Path) -> Path:
 
 def reliability_diagram(path: str | Path, pred: np.ndarray, label: np.ndarray, n_bins: int = 10,
                         title: str = "", ece: float | None = None,
-                        label_name: str = "empirical semantic probability") -> Path:
-    """Mean label against mean prediction per equal-width bin, with the histogram of predictions under it."""
-    bins = reliability_bins(pred, label, n_bins, "uniform")
+                        label_name: str = "empirical semantic probability", strategy: str = "uniform") -> Path:
+    """Mean label against mean prediction per bin (equal-width or equal-mass), each point with a 90% interval
+    of its bin's mean label and the bin's row count written above it; the histogram of predictions below."""
+    bins = reliability_bins(pred, label, n_bins, strategy)
     filled = bins.count > 0
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(5.2, 6.2), sharex=True,
+    low, high = bins.label_interval()
+    kind = "equal-width" if strategy == "uniform" else "equal-mass"
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(5.6, 6.6), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 1], "hspace": 0.08})
     top.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="perfect calibration")
-    centers = (bins.edges[:-1] + bins.edges[1:]) / 2
-    width = np.diff(bins.edges)
-    top.bar(centers[filled], bins.mean_label[filled], width=width[filled] * 0.9, color="tab:blue", alpha=0.35,
-            edgecolor="tab:blue", label="mean empirical label per bin")
-    top.plot(bins.mean_pred[filled], bins.mean_label[filled], "o-", color="tab:red", ms=4,
-             label="(mean prediction, mean label)")
+    if strategy == "uniform":
+        centers = (bins.edges[:-1] + bins.edges[1:]) / 2
+        top.bar(centers[filled], bins.mean_label[filled], width=np.diff(bins.edges)[filled] * 0.9, color="tab:blue",
+                alpha=0.25, edgecolor="tab:blue", label="mean label per bin")
+    x, y = bins.mean_pred[filled], bins.mean_label[filled]
+    top.errorbar(x, y, yerr=[y - low[filled], high[filled] - y], fmt="o-", color="tab:red", ms=4, capsize=3,
+                 lw=1.2, label="(mean prediction, mean label), 90% interval")
+    for xi, _yi, hi, n in zip(x, y, high[filled], bins.count[filled]):
+        top.annotate(f"n={n}", (xi, min(hi, 0.97)), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7)
     top.set_xlim(0, 1)
-    top.set_ylim(0, 1)
+    top.set_ylim(0, 1.05)
     top.set_ylabel(f"mean label per bin: {label_name}")
-    top.set_title(title + (f"\nECE (equal-width, {n_bins} bins) = {ece:.3f}" if ece is not None else ""), fontsize=10)
-    top.legend(loc="upper left", fontsize=8)
-    bottom.hist(pred, bins=bins.edges, color="grey", edgecolor="black")
+    top.set_title(title + f"\n{kind} bins ({n_bins})" + (f", ECE = {ece:.3f}" if ece is not None else ""), fontsize=10)
+    top.legend(loc="upper left", fontsize=7, framealpha=0.8)
+    bottom.hist(pred, bins=np.linspace(0, 1, 21), color="grey", edgecolor="black")
     bottom.set_xlabel("predicted semantic probability")
     bottom.set_ylabel("count")
     return _save(fig, path)
@@ -73,20 +79,30 @@ def acceptance_scatter(path: str | Path, predicted: np.ndarray, empirical: np.nd
 
 
 def layer_sweep_plot(path: str | Path, sweeps: dict[str, dict[str, Any]]) -> Path:
-    """Held-out Brier score of one small probe per layer, against layer index, one line per model."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    """Brier score of one small probe per layer against layer index, one colour per model: solid on the
+    validation questions that choose the layer, dotted on the held-out test questions; the chosen layer
+    is starred."""
+    fig, ax = plt.subplots(figsize=(6.8, 4.4))
     for role, sweep in sweeps.items():
         entries = sweep["entries"]
         color = ROLE_COLORS.get(role, None)
-        ax.plot([e["layer"] for e in entries], [e["val_brier"] for e in entries], "o-", ms=3, color=color,
-                label=f"{role} probe per layer (n_val={sweep['n_val']})")
-        ax.axhline(sweep["constant_val_brier"], color=color, ls="--", lw=1,
-                   label=f"{role} constant baseline")
+        layers = [e["layer"] for e in entries]
+        ax.plot(layers, [e["val_brier"] for e in entries], "o-", ms=3, color=color,
+                label=f"{role}: validation (chooses; n={sweep['n_val']})")
+        if not sweep.get("independent", False):
+            continue
+        ax.plot(layers, [e.get("test_brier") for e in entries], "s:", ms=3, color=color,
+                label=f"{role}: test (reported; n={sweep['n_test']})")
+        ax.axhline(sweep["constant_test_brier"], color=color, ls="--", lw=1, label=f"{role}: constant on test")
+        best = sweep.get("best")
+        if best:
+            ax.plot([best["layer"]], [best["test_brier"]], "*", color=color, ms=12, mec="black",
+                    label=f"{role}: chosen layer {best['layer']}")
     ax.set_xlabel("layer (hidden-state row; 0 = embeddings)")
     ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_ylabel("held-out Brier score (lower is better)")
-    ax.set_title("Per-layer probes: validation error against depth", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.set_ylabel("Brier score (lower is better)")
+    ax.set_title("Per-layer probes: error against depth", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -128,8 +144,9 @@ def verifier_curves(path: str | Path, curves: dict[str, dict[str, Any]]) -> Path
                xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), title="ROC")
     pr_ax.set(xlabel="recall (equivalent pairs accepted)", ylabel="precision of accepted pairs",
               xlim=(-0.02, 1.02), ylim=(-0.02, 1.05), title="Precision-recall")
-    roc_ax.legend(fontsize=8, loc="lower right")
-    pr_ax.legend(fontsize=8, loc="lower left")
+    # legends below the axes: inside they covered the curves' interesting corners
+    for ax in (roc_ax, pr_ax):
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1, frameon=False)
     return _save(fig, path)
 
 

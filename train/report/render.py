@@ -5,12 +5,13 @@ report can be re-rendered from its metrics.json alone.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from train.report.evaluate import CALIBRATION_METRICS
 
 METRIC_LABELS = {"ece_uniform": "ECE (equal-width)", "ece_quantile": "ECE (equal-mass)", "mce": "MCE",
-                 "brier": "Brier", "mae": "MAE", "spearman": "Spearman", "auroc": "AUROC", "auprc": "AUPRC"}
+                 "brier": "Brier", "log_loss": "log-loss", "mae": "MAE", "spearman": "Spearman", "auroc": "AUROC", "auprc": "AUPRC"}
 ACCEPTANCE_METRICS = ("mean_predicted", "mean_empirical", "mae", "rmse", "bias", "spearman", "ece_uniform")
 
 
@@ -25,9 +26,11 @@ def num(value: Any, digits: int = 3) -> str:
 
 
 def ci(entry: dict[str, Any] | None) -> str:
-    """'est [low, high]' from a bootstrap entry."""
+    """'est [low, high]' from a bootstrap entry; 'est (no interval)' when the set is too small for one."""
     if not entry or entry.get("estimate") is None:
         return "–"
+    if entry.get("withheld"):
+        return f"{num(entry['estimate'])} (no interval: set too small)"
     if entry.get("low") is None:
         return num(entry["estimate"])
     return f"{num(entry['estimate'])} [{num(entry['low'])}, {num(entry['high'])}]"
@@ -45,19 +48,45 @@ def figure_links(figures: Sequence[dict[str, Any]], section: str) -> str:
 
 
 # ----------------------------------------------------------------------------- sections
+def size_warning(m: dict[str, Any]) -> str | None:
+    """'too small' when any block of the report withheld its intervals (fewer than 20 held-out questions or
+    10 positives), naming the reasons."""
+    reasons = sorted({r for r in _too_small(m.get("parts", {})) if r})
+    return ("; ".join(reasons)) if reasons else None
+
+
+def _too_small(tree: Any):
+    if isinstance(tree, dict):
+        if tree.get("too_small"):
+            yield tree["too_small"]
+        for value in tree.values():
+            yield from _too_small(value)
+    elif isinstance(tree, list):
+        for value in tree:
+            yield from _too_small(value)
+
+
 def header(m: dict[str, Any]) -> str:
     s = m.get("settings", {})
     held = m.get("heldout") or {}
-    lines = [f"# probe-eval report: `{m.get('checkpoint', {}).get('name')}`", "",
-             f"- checkpoint: `{m.get('checkpoint', {}).get('path')}`",
-             f"- data: `{(m.get('data') or {}).get('folder')}` "
-             f"({'the training data' if (m.get('data') or {}).get('is_training_data') else 'another data folder'})",
-             f"- held out: {held.get('n_questions', '–')} questions — {held.get('how', 'none')}",
-             f"- confidence intervals: {int(100 * (1 - s.get('alpha', 0.1)))}% percentile bootstrap, "
-             f"{s.get('n_boot')} resamples of whole questions; calibration bins: {s.get('n_bins')}; "
-             f"'majority meaning' = label ≥ 0.5 (AUROC, AUPRC). Percentile intervals of ECE/MCE can sit above the "
-             "estimate: binned errors are biased upward on resamples with repeated rows",
-             f"- written {m.get('created')}"]
+    lines = [f"# probe-eval report: `{m.get('checkpoint', {}).get('name')}`", ""]
+    if held.get("warning"):
+        lines += [f"> **WARNING: {held['warning']}**", ""]
+    small = size_warning(m)
+    if small:
+        lines += [f"> **THE HELD-OUT SET IS TOO SMALL for intervals to mean anything ({small}); they are withheld "
+                  "and point estimates are shown without them. Do not read differences between predictors "
+                  "from this report.**", ""]
+    lines += [f"- checkpoint: `{m.get('checkpoint', {}).get('path')}`",
+              f"- data: `{(m.get('data') or {}).get('folder')}` "
+              f"({'the training data' if (m.get('data') or {}).get('is_training_data') else 'another data folder'})",
+              f"- held out: {held.get('n_questions', '–')} questions — {held.get('how', 'none')}",
+              f"- confidence intervals: {int(100 * (1 - s.get('alpha', 0.1)))}% percentile bootstrap, "
+              f"{s.get('n_boot')} resamples of whole questions, withheld below 20 questions or 10 positives; "
+              f"calibration bins: {s.get('n_bins')} (equal-width: left-closed at exact k/n edges; equal-mass: by "
+              "rank, ties split); 'majority meaning' = label ≥ 0.5 (AUROC, AUPRC). Percentile intervals of ECE/MCE "
+              "can sit above the estimate: binned errors are biased upward on resamples with repeated rows",
+              f"- written {m.get('created')}"]
     return "\n".join(lines)
 
 
@@ -69,26 +98,50 @@ def skipped_section(m: dict[str, Any]) -> str:
                                                              for s in skipped])
 
 
+VERDICT_WORDS = {"better": "beats", "worse": "is WORSE than", "no clear difference": "does NOT clearly beat",
+                 "too small to tell": "cannot be compared (set too small) with"}
+
+
+def verdict_lines(name: str, set_name: str, versus: dict[str, Any]) -> list[str]:
+    """One sentence per baseline: does the probe beat it on Brier (paired interval of the difference)?"""
+    lines = []
+    for other, v in versus.items():
+        delta, skill = v["brier_delta"], v["brier_skill"]
+        lines.append(f"- `{name}` {VERDICT_WORDS.get(v['verdict'], v['verdict'])} **{other}** on `{set_name}`: "
+                     f"Brier difference (probe − {other}) {ci(delta)}, Brier skill vs {other} {ci(skill)}.")
+    return lines
+
+
 def probes_section(part: dict[str, Any] | None, figures) -> str:
     out = ["## 1. Probe calibration and baselines",
            "Each probe against the empirical semantic probabilities of held-out steps, next to its baselines "
            "(constant = mean training label, logprob = the step's mean token log-probability mapped to a "
-           "probability, last_layer = the same MLP on the final layer only). Intervals in brackets."]
+           "probability, last_layer = the same MLP on the final layer only). Intervals in brackets. The label "
+           "noise floor is the Brier score a perfect predictor of the true probability would still get, because "
+           "each label is a frequency over N samples (mean y(1−y)/(N−1)): no predictor can be expected to go below it."]
     if not part:
         return "\n\n".join(out + ["*Not evaluated (see Skipped parts).*"])
     out.append("All probes and baselines in one table (point estimates; intervals in the tables below):")
     out.append(table(["probe", "held-out rows", "predictor", "n"] + [METRIC_LABELS[k] for k in CALIBRATION_METRICS],
                      [[f"`{r['probe']}`", r["set"], f"**{r['predictor']}**" if r["predictor"] == "probe"
-                       else r["predictor"], r["n"]] + [num((r[k] or {}).get("estimate")) for k in CALIBRATION_METRICS]
+                       else r["predictor"], r["n"]] + [num((r.get(k) or {}).get("estimate")) for k in CALIBRATION_METRICS]
                       for r in part["table"]]))
+    versus = part.get("versus") or {}
     for name, per_set in part["by_probe"].items():
         for set_name, blocks in per_set.items():
             first = next(iter(blocks.values()))
+            floor = first.get("noise_floor_brier")
             out.append(f"### `{name}` on `{set_name}` (n = {first['n']} steps, {first['n_questions']} questions, "
-                       f"mean label {num(first['mean_label'])}, majority share {num(first['positive_rate'])})")
+                       f"mean label {num(first['mean_label'])}, majority share {num(first['positive_rate'])}"
+                       + (f", label noise floor of the Brier score {num(floor)}" if floor is not None else "") + ")")
+            if first.get("too_small"):
+                out.append(f"*Too small for intervals: {first['too_small']}.*")
             out.append(table(["predictor", "mean pred"] + [METRIC_LABELS[k] for k in CALIBRATION_METRICS],
                              [[f"**{p}**" if p == "probe" else p, num(b["mean_pred"])]
-                              + [ci(b["metrics"][k]) for k in CALIBRATION_METRICS] for p, b in blocks.items()]))
+                              + [ci(b["metrics"].get(k)) for k in CALIBRATION_METRICS] for p, b in blocks.items()]))
+            lines = verdict_lines(name, set_name, (versus.get(name) or {}).get(set_name) or {})
+            if lines:
+                out.append("In words (paired per-question bootstrap of the Brier difference):\n\n" + "\n".join(lines))
     out.append(figure_links(figures, "calibration"))
     return "\n\n".join(out)
 
@@ -109,8 +162,9 @@ def acceptance_section(part: dict[str, Any] | None, figures) -> str:
 
 def sweep_section(part: dict[str, Any] | None, figures) -> str:
     out = ["## 3. Per-layer sweep",
-           "One small probe per hidden-state row (quick settings below), held-out Brier score against depth. "
-           "The dashed line is the constant predictor on the same rows."]
+           "One small probe per hidden-state row (quick settings below), fitted on training questions; its epoch "
+           "and the best layer are chosen on the validation questions, and the chosen layer's Brier score is "
+           "reported on the held-out test questions. The constant predictor is the mean training label."]
     if not part:
         return "\n\n".join(out + ["*Not evaluated or disabled (eval.layer_sweep).*"])
     s = part["settings"]
@@ -120,11 +174,11 @@ def sweep_section(part: dict[str, Any] | None, figures) -> str:
         if role == "settings":
             continue
         best = sweep.get("best") or {}
-        rows.append([role, ", ".join(sweep["sets"]), sweep["n_train"], sweep["n_val"], len(sweep["entries"]),
-                     best.get("layer", "–"), num(best.get("val_brier")), num(sweep["constant_val_brier"]),
-                     sweep["how"]])
-    out.append(table(["model", "rows", "n train", "n val", "layers", "best layer", "best Brier",
-                      "constant Brier", "split"], rows))
+        rows.append([role, ", ".join(sweep["sets"]), sweep["n_train"], sweep["n_val"], sweep.get("n_test", "–"),
+                     len(sweep["entries"]), best.get("layer", "–"), num(best.get("val_brier")),
+                     num(best.get("test_brier")), num(sweep.get("constant_test_brier")), sweep["how"]])
+    out.append(table(["model", "rows", "n train", "n val", "n test", "layers", "chosen layer", "its val Brier",
+                      "its test Brier", "constant test Brier", "split"], rows))
     out.append(figure_links(figures, "layer_sweep"))
     return "\n\n".join(out)
 
@@ -141,6 +195,17 @@ def umap_section(part: dict[str, Any] | None, figures) -> str:
     return "\n\n".join(out)
 
 
+def fit_status(info: dict[str, Any]) -> str:
+    """How the verifier's threshold was fitted, in words."""
+    if info.get("fit_error"):
+        return f"NO threshold could be fitted ({info['fit_error']}); the default is used"
+    if info.get("met_target") is None:
+        return "–"
+    where = f" on {info['fit_on']}" if info.get("fit_on") else ""
+    return (f"{'met' if info['met_target'] else 'did NOT meet'} target precision "
+            f"{num(info.get('target_precision'), 2)}{where}")
+
+
 def verifiers_section(part: dict[str, Any] | None, figures) -> str:
     out = ["## 5. Pair verifiers", "Held-out step pairs (does the draft step mean the same as the other?)."]
     if not part:
@@ -152,12 +217,11 @@ def verifiers_section(part: dict[str, Any] | None, figures) -> str:
     for name, b in part["by_verifier"].items():
         at = b["at_threshold"]
         info = b.get("info") or {}
-        fitted = "–" if info.get("met_target") is None else \
-            f"{'yes' if info['met_target'] else 'NO'} ({num(info.get('target_precision'), 2)})"
+        fitted = fit_status(info)
         rows.append([name, b["n"], ci(b["metrics"]["auroc"]), ci(b["metrics"]["auprc"]), num(at["threshold"]), fitted,
                      ci(b["metrics"]["acceptance_rate"]), ci(b["metrics"]["precision"]), num(at["recall"]),
                      num(at["false_accept_rate"])])
-    out.append(table(["verifier", "n", "AUROC", "AUPRC", "threshold", "training fit met target precision",
+    out.append(table(["verifier", "n", "AUROC", "AUPRC", "threshold", "threshold fit (on pairs not trained on)",
                       "acceptance", "precision", "recall", "false accepts"], rows))
     src = [[name, s, num(a["acceptance_rate"]), num(a["precision"]), num(a["recall"])]
            for name, b in part["by_verifier"].items() for s, a in b["by_source"].items()]

@@ -14,16 +14,24 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from train.report import evaluate as ev
 from train.report import plots, render
 from train.report.inputs import CheckpointFolder, HeldOut, heldout_questions, open_data, read_checkpoint
-from train.report.sections import (EvalContext, PartResult, acceptance_part, guarded, layer_sweep_part, probes_part,
-                                   umap_part)
+from train.report.sections import (
+    EvalContext,
+    PartResult,
+    acceptance_part,
+    guarded,
+    layer_sweep_part,
+    probes_part,
+    umap_part,
+)
 from train.report.verifiers import verifiers_part
 
 REPORT_FORMAT = "specprobe-eval-report"
@@ -55,7 +63,8 @@ class Report:
 def eval_settings(ckpt: CheckpointFolder, eval_cfg: Any = None, overrides: Sequence[str] = ()):
     """The EvalConfig: `eval_cfg` if given, else the checkpoint's own `eval` section; then `overrides`
     (``eval.n_boot=200`` or ``n_boot=200``)."""
-    from infer.config import EvalConfig, build, to_dict
+    from infer.config import build, to_dict
+    from train.config import EvalConfig
 
     if eval_cfg is None:
         known = {f.name for f in dataclasses.fields(EvalConfig)}
@@ -182,7 +191,8 @@ def without_bookkeeping(tree: Any) -> Any:
 
 def log_to_wandb(report: Report, ckpt: CheckpointFolder) -> None:
     """Metrics into the run summary, figures as images; files under <report>/wandb (offline by default)."""
-    from infer.config import WandbConfig, build
+    from infer.config import build
+    from train.config import WandbConfig
     from train.tracking import Tracker
 
     known = {f.name for f in dataclasses.fields(WandbConfig)}

@@ -7,16 +7,18 @@ verifier) is recorded with `ctx.skip` and the part goes on.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from probes.acceptance import semantic_accept_prob
-from probes.metrics import brier
-from probes.mlp import ProbeConfig as MLPConfig, fit_probe
 from probes.features import FeatureSpec
+from probes.metrics import brier
+from probes.mlp import ProbeMLPConfig as MLPConfig
+from probes.mlp import fit_probe
 from probes.splits import group_split
 from train.probes_train import ROW_SETS, RowSet, load_row_set
 from train.report import evaluate as ev
@@ -96,7 +98,18 @@ def guarded(ctx: EvalContext, part: str, fn: Callable[[], Any]) -> Any:
 def _block(ctx: EvalContext, pred: np.ndarray, rows: RowSet) -> dict[str, Any]:
     c = ctx.cfg
     return ev.calibration_block(np.clip(pred, 0.0, 1.0), rows.y.double().numpy(), rows.questions,
-                                n_bins=c.n_bins, n_boot=c.n_boot, alpha=c.alpha, seed=c.seed)
+                                n_bins=c.n_bins, n_boot=c.n_boot, alpha=c.alpha, seed=c.seed,
+                                num_samples=ctx.ds.manifest.get("num_samples"))
+
+
+def _comparisons(ctx: EvalContext, preds: dict[str, np.ndarray], rows: RowSet) -> dict[str, Any]:
+    """The probe against each other predictor on the same rows (paired Brier difference and skill)."""
+    c = ctx.cfg
+    y = rows.y.double().numpy()
+    probe = np.clip(preds["probe"], 0.0, 1.0)
+    return {label: ev.paired_comparison(probe, np.clip(other, 0.0, 1.0), y, rows.questions, n_boot=c.n_boot,
+                                        alpha=c.alpha, seed=c.seed)
+            for label, other in preds.items() if label != "probe"}
 
 
 # ----------------------------------------------------------------------------- probe calibration
@@ -123,34 +136,37 @@ def baseline_predictions(ctx: EvalContext, role: str, rows: RowSet) -> dict[str,
             "constant": ConstantBaseline.from_dict(entry["constant"]).predict(len(rows))}
 
 
-def probe_set_blocks(ctx: EvalContext, name: str, role: str, set_name: str) -> tuple[dict, Figure]:
-    """Calibration of a main probe and its comparators on one held-out row set, and its reliability figure."""
+def probe_set_blocks(ctx: EvalContext, name: str, role: str, set_name: str) -> tuple[dict, dict, list[Figure]]:
+    """Calibration of a main probe and its comparators on one held-out row set, the probe's paired
+    comparison with each of them, and its reliability figures (equal width and equal mass)."""
     pred = probe_predictions(ctx, name, role, set_name)
     probe = ctx.ckpt.probe(name)
     rows = ctx.heldout_rows(set_name, probe.spec.pooling)
-    blocks = {"probe": _block(ctx, pred, rows)}
+    preds = {"probe": pred}
     for file, label in PROBE_COMPARATORS[role].items():
         if not ctx.ckpt.has_probe(file):
             ctx.skip(f"{name}/{set_name}/{label}", f"the checkpoint has no {file}")
             continue
         other = guarded(ctx, f"{name}/{set_name}/{label}", lambda f=file: probe_predictions(ctx, f, role, set_name))
         if other is not None:
-            blocks[label] = _block(ctx, other, rows)
+            preds[label] = other
     base = guarded(ctx, f"{name}/{set_name}/baselines", lambda: baseline_predictions(ctx, role, rows))
-    for label, values in (base or {}).items():
-        blocks[label] = _block(ctx, values, rows)
-    figure = Figure(f"reliability_{name}_{set_name}.png",
-                    f"Reliability of {name} on held-out {set_name} ({ROW_SETS[set_name].description})",
-                    "calibration", "reliability_diagram",
-                    {"pred": pred, "label": rows.y.double().numpy(), "n_bins": ctx.cfg.n_bins,
-                     "title": f"{name} on {set_name} (held-out, n={len(rows)})",
-                     "ece": ev.estimate(blocks["probe"], "ece_uniform"), "label_name": LABEL_NAMES[set_name]})
-    return blocks, figure
+    preds.update(base or {})
+    blocks = {label: _block(ctx, values, rows) for label, values in preds.items()}
+    figures = [Figure(f"reliability_{name}_{set_name}{suffix}.png",
+                      f"Reliability of {name} on held-out {set_name} ({ROW_SETS[set_name].description}), "
+                      f"{kind} bins", "calibration", "reliability_diagram",
+                      {"pred": pred, "label": rows.y.double().numpy(), "n_bins": ctx.cfg.n_bins, "strategy": strategy,
+                       "title": f"{name} on {set_name} (held-out, n={len(rows)})",
+                       "ece": ev.estimate(blocks["probe"], f"ece_{strategy}"), "label_name": LABEL_NAMES[set_name]})
+               for suffix, strategy, kind in (("", "uniform", "equal-width"), ("_equal_mass", "quantile", "equal-mass"))]
+    return blocks, _comparisons(ctx, preds, rows), figures
 
 
 def probes_part(ctx: EvalContext) -> PartResult:
     """Calibration of the target and draft probes next to their baselines."""
     metrics: dict[str, Any] = {}
+    versus: dict[str, Any] = {}
     figures: list[Figure] = []
     for name, (role, sets) in MAIN_PROBES.items():
         if guarded(ctx, name, lambda n=name, r=role: check_probe_fits_data(ctx.ckpt.probe(n), ctx.ds, r, n)) is None:
@@ -159,10 +175,11 @@ def probes_part(ctx: EvalContext) -> PartResult:
             out = guarded(ctx, f"{name}/{set_name}", lambda n=name, r=role, s=set_name: probe_set_blocks(ctx, n, r, s))
             if out is not None:
                 metrics.setdefault(name, {})[set_name] = out[0]
-                figures.append(out[1])
+                versus.setdefault(name, {})[set_name] = out[1]
+                figures.extend(out[2])
     if not metrics:
         raise PartError("no probe could be evaluated (see the skipped parts)")
-    return PartResult({"by_probe": metrics, "table": comparison_table(metrics)}, figures)
+    return PartResult({"by_probe": metrics, "versus": versus, "table": comparison_table(metrics)}, figures)
 
 
 def comparison_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
@@ -227,20 +244,42 @@ def sweep_sets(ctx: EvalContext, role: str) -> list[str]:
     return [OWN_SET[role]]
 
 
-def sweep_split(ctx: EvalContext, questions: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
-    """(train mask, validation mask, how): checkpoint train questions vs held-out ones, or a fresh split."""
-    train_q = set(ctx.heldout.train_questions)
-    val = ctx.heldout.mask(questions)
-    train = np.isin(questions, np.asarray(sorted(train_q), dtype=object))
-    if train.any() and val.any():
-        return train, val, "trained on the checkpoint's training questions, scored on the held-out ones"
-    held = sorted(set(questions[val].tolist()))
-    if len(held) < 2:
+@dataclass
+class SweepSplit:
+    """Row masks of the layer sweep: fit on `train`, early-stop and choose the layer on `select`, report on
+    `report`; `how` says which questions those are (and whether choosing and reporting share questions)."""
+
+    train: np.ndarray
+    select: np.ndarray
+    report: np.ndarray
+    how: str
+
+    @property
+    def independent(self) -> bool:
+        return not (self.select & self.report).any()
+
+
+def sweep_split(ctx: EvalContext, questions: np.ndarray) -> SweepSplit:
+    """Training questions fit; validation questions choose; held-out (test) questions report. Without a
+    separate validation split the held-out questions do both, and `how` says so."""
+    def mask(qs) -> np.ndarray:
+        return np.isin(questions, np.asarray(sorted(qs), dtype=object))
+
+    held = ctx.heldout.mask(questions)
+    train, val = mask(ctx.heldout.train_questions), mask(ctx.heldout.val_questions) & ~held
+    if train.any() and val.any() and held.any():
+        return SweepSplit(train, val, held, "fit on training questions, epoch and layer chosen on validation "
+                                            "questions, reported on the held-out (test) questions")
+    if train.any() and held.any():
+        return SweepSplit(train, held, held, "fit on training questions; chosen AND reported on the same held-out "
+                                             "questions (no separate validation split): the best layer is optimistic")
+    held_q = sorted(set(questions[held].tolist()))
+    if len(held_q) < 2:
         raise PartError("the layer sweep needs training questions or at least two held-out questions")
-    tr, va, _ = group_split(held, 0.5, 0.0, ctx.cfg.seed)
-    val_q = np.asarray([held[i] for i in va], dtype=object)
-    is_val = np.isin(questions, val_q)
-    return val & ~is_val, is_val, "no training questions in this data: held-out questions split in half"
+    _, va, _ = group_split(held_q, 0.5, 0.0, ctx.cfg.seed)
+    half = np.isin(questions, np.asarray([held_q[i] for i in va], dtype=object))
+    return SweepSplit(held & ~half, half, half, "no training questions in this data: held-out questions split in "
+                                                "half; chosen and reported on the same half (optimistic)")
 
 
 def sweep_config(ctx: EvalContext, n_train: int) -> MLPConfig:
@@ -255,30 +294,36 @@ def sweep_config(ctx: EvalContext, n_train: int) -> MLPConfig:
 
 
 def sweep_role(ctx: EvalContext, role: str) -> dict[str, Any]:
-    """One small probe per stored layer of `role`: held-out Brier/MAE against layer depth."""
+    """One small probe per stored layer of `role`: Brier/MAE against layer depth on the selection
+    (validation) questions, which choose the best layer, and on the held-out (test) questions it is reported on."""
     sets = [ctx.rows(s) for s in sweep_sets(ctx, role)]
     x, y = torch.cat([s.x for s in sets]), torch.cat([s.y for s in sets])
     questions = np.concatenate([s.questions for s in sets])
-    train, val, how = sweep_split(ctx, questions)
-    if float(y[torch.from_numpy(train)].max()) == float(y[torch.from_numpy(train)].min()):
+    split = sweep_split(ctx, questions)
+    tr, va, te = (torch.from_numpy(np.flatnonzero(m)) for m in (split.train, split.select, split.report))
+    if float(y[tr].max()) == float(y[tr].min()):
         raise PartError(f"{role}: every training label is equal; nothing to learn per layer")
     engine = ctx.ds.manifest["engines"][role]
     num_layers = int(engine["num_layers"])
     kept = list(ctx.ds.layers(role))
-    rows = ev.sweep_rows(kept, ctx.cfg.sweep_max_layers)
-    tr, va = torch.from_numpy(np.flatnonzero(train)), torch.from_numpy(np.flatnonzero(val))
     cfg = sweep_config(ctx, len(tr))
+    y_val, y_test = y[va].double().numpy(), y[te].double().numpy()
     entries = []
-    for row in rows:
-        col = kept.index(row)
+    for row in ev.sweep_rows(kept, ctx.cfg.sweep_max_layers):
+        col = slice(kept.index(row), kept.index(row) + 1)
         spec = FeatureSpec(model_id=engine["model_id"], num_layers=num_layers,
                            hidden_size=int(engine["hidden_size"]), layers=[row])
-        probe, history = fit_probe(x[tr][:, col:col + 1], y[tr], x[va][:, col:col + 1], y[va], spec, cfg)
-        pred = probe.predict_proba(x[va][:, col:col + 1]).double().numpy()
-        entries.append(ev.sweep_entry(row, num_layers, pred, y[va].double().numpy(), history.epochs_run))
-    constant = brier(np.full(len(va), float(y[tr].double().mean())), y[va].double().numpy())
-    return {"sets": [s.name for s in sets], "how": how, "num_layers": num_layers, "n_train": len(tr),
-            "n_val": len(va), "constant_val_brier": constant, "entries": entries, "best": ev.best_layer(entries)}
+        probe, history = fit_probe(x[tr][:, col], y[tr], x[va][:, col], y[va], spec, cfg)
+        entry = ev.sweep_entry(row, num_layers, probe.predict_proba(x[va][:, col]).double().numpy(), y_val,
+                               history.epochs_run)
+        entry["test_brier"] = brier(probe.predict_proba(x[te][:, col]).double().numpy(), y_test)
+        entries.append(entry)
+    mean = float(y[tr].double().mean())
+    return {"sets": [s.name for s in sets], "how": split.how, "independent": split.independent,
+            "num_layers": num_layers, "n_train": len(tr), "n_val": len(va), "n_test": len(te),
+            "constant_val_brier": brier(np.full(len(va), mean), y_val),
+            "constant_test_brier": brier(np.full(len(te), mean), y_test),
+            "entries": entries, "best": ev.best_layer(entries)}
 
 
 def layer_sweep_part(ctx: EvalContext) -> PartResult:

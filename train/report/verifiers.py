@@ -43,8 +43,7 @@ def embedding_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, d
     f1 = ((info.get("fit") or {}).get("f1_optimal") or {}).get("threshold")
     if f1 is not None:
         thresholds["f1_optimal"] = float(f1)
-    return np.arange(len(pairs)), scores, thresholds, {"model": verifier.describe().get("model"),
-                                                       **fit_info(info.get("fit"))}
+    return np.arange(len(pairs)), scores, thresholds, {"model": verifier.describe().get("model"), **fit_info(info)}
 
 
 def judge_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, Any]]:
@@ -59,13 +58,16 @@ def judge_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[
     items = [(pairs.context_of(i), pairs.a[i], pairs.b[i]) for i in idx]
     scores = judge_probability(judge.model, judge.tokenizer, items, batch_size=judge.batch_size).double().numpy()
     meta = ctx.ckpt.read_json(f"{JUDGE_DIR}/judge.json", "judge-LoRA metadata")
-    return idx, scores, {"chosen": judge.threshold}, {"model": judge.model_id, **fit_info(meta.get("fit"))}
+    return idx, scores, {"chosen": judge.threshold}, {"model": judge.model_id, **fit_info(meta)}
 
 
-def fit_info(fit: dict[str, Any] | None) -> dict[str, Any]:
-    """What the checkpoint says about how its threshold was fitted (target precision, whether it was met)."""
-    fit = fit or {}
-    return {"target_precision": fit.get("target_precision"), "met_target": fit.get("met_target")}
+def fit_info(saved: dict[str, Any]) -> dict[str, Any]:
+    """What the checkpoint says about how its threshold was fitted: on which pairs, the target precision,
+    whether it was met, or why no threshold could be fitted (embedding_threshold.json / judge.json)."""
+    fit = saved.get("fit") or {}
+    return {"target_precision": fit.get("target_precision"), "met_target": fit.get("met_target"),
+            "n_fit": fit.get("n"), "n_fit_positive": fit.get("n_positive"),
+            "fit_on": saved.get("fit_on"), "fit_error": saved.get("fit_error")}
 
 
 SCORERS = {"embedding": embedding_scores, "judge": judge_scores}

@@ -9,9 +9,13 @@ Usage:
 Arguments:
     --config PATH        experiment YAML (default: built-in defaults)
     --checkpoint DIR     probe-train checkpoint with the trained verifiers (probe, embedding, judge)
-    --methods LIST       comma list of target, draft, semanticspec, lr_sync, lr_async, each optionally with
-                         +ngram / +assistant and :key=value overrides (lr_sync:width=2:gamma=2); target-only
-                         is always run, as the baseline of every speedup
+    --methods LIST       comma list of target, draft, semanticspec, lr_sync, lr_async, specs (SpecS soft
+                         verification + switching; runtime.specs), beam_target (its target beam search),
+                         seed_tot (SEED scheduled speculative tree of thoughts; runtime.tree), tot_target
+                         (target-only tree of thoughts), each optionally with +ngram / +assistant /
+                         +lookahead (Lookahead Decoding inside steps; runtime.lookahead) and :key=value
+                         overrides (lr_sync:width=2:gamma=2); target-only is always run, as the baseline
+                         of every speedup, and beam_target / tot_target with specs / seed_tot
     --verifier KIND      probe | embedding | judge | llm_judge | exact | accept_all | reject_all | bernoulli
     --system-speed       random-weight models of bench.system_target / bench.system_draft and a Bernoulli
                          verifier (runtime.bernoulli_alpha): the runtime's own overhead and scaling
@@ -50,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from infer.config import ConfigError, format_help, load_config
+    from infer.config import ConfigError
+    from train.config import format_help, load_config
 
     args = _parser().parse_args(argv)
     if args.help_config:

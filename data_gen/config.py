@@ -1,0 +1,53 @@
+"""The data-generation section of an experiment config (`data:`), owned by `data_gen`.
+
+Assembled with the other packages' sections into `train.config.ExperimentConfig`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from infer.config import ConfigError, check_layer_option, check_positive, opt
+
+
+@dataclass
+class DataConfig:
+    contexts_per_trace: int = opt(2, "contexts (question + first j steps) taken from each trace")
+    context_positions: Literal["spread", "first", "all"] = opt(
+        "spread", "which j: spread evenly over the chain, the first ones, or all")
+    num_samples: int = opt(20, "N one-step continuations per context and model (SemanticSpec: 20)")
+    models: list[str] = opt(["target", "draft"], "which models to sample from")
+    judge: Literal["nli", "embedding"] = opt("nli", "equivalence judge: nli (DeBERTa MNLI) or embedding (offline approximation)")
+    nli_model: str = opt("microsoft/deberta-large-mnli", "sequence-classification NLI model for the nli judge")
+    nli_strict: bool = opt(True, "strict: both directions entailment; else no contradiction and not neutral both ways")
+    nli_batch_size: int = opt(16, "pairs per NLI batch")
+    nli_max_length: int = opt(512, "token limit of premise + hypothesis; the context is trimmed from the left")
+    cluster_scheme: Literal["reference", "first_match"] = opt(
+        "reference", "greedy clustering: reference = semantic-uncertainty's get_semantic_ids (each new "
+                     "representative is compared with every later sample, placed ones included, so a later "
+                     "equivalent representative takes a sample over); first_match = each sample joins the first "
+                     "cluster whose representative is equivalent (fewer judge pairs; same clusters when the "
+                     "judge is transitive)")
+    embedding_model: str = opt("offline:minilm", "sentence embedder of the embedding judge")
+    embedding_threshold: float = opt(0.8, "cosine threshold of the embedding judge (numbers must also match)")
+    layers: str = opt("all", "hidden-state rows to store: all, last, range:a-b or a comma list (0 = embeddings)")
+    store_last_token: bool = opt(True, "also store the last token's hidden states")
+    contexts_per_shard: int = opt(8, "contexts written per shard file (the unit of resumption)")
+    max_context_steps: int | None = opt(None, "keep at most this many trace steps in a context")
+    max_contexts: int | None = opt(None, "use only the first this-many contexts of the plan (quick runs); "
+                                         "changes the dataset, so a folder made without it is not reused")
+    judge_pairs_per_call: int | None = opt(
+        1024, "most step pairs per equivalence-judge call; decisions are saved after each call, so this "
+              "bounds the judge work a killed run loses (null = one call per clustering round)")
+
+    def __post_init__(self) -> None:
+        for name in ("contexts_per_trace", "num_samples", "nli_batch_size", "contexts_per_shard",
+                     "max_contexts", "judge_pairs_per_call"):
+            check_positive(self, name)
+        if self.max_context_steps is not None and self.max_context_steps < 0:
+            raise ConfigError(f"data.max_context_steps must be >= 0, got {self.max_context_steps}")
+        bad = [m for m in self.models if m not in ("target", "draft")]
+        if bad or not self.models or len(set(self.models)) != len(self.models):
+            raise ConfigError(f"data.models must be a non-empty subset of [target, draft] without repeats, "
+                              f"got {self.models}")
+        check_layer_option(self.layers, "data.layers")

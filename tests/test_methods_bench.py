@@ -1,0 +1,92 @@
+"""SpecS, SEED and Lookahead Decoding in the runtime and probe-bench: method names, config sections, the
+Lookahead Decoding step engine on a real (tiny random) transformers engine, and one small benchmark."""
+from __future__ import annotations
+
+import pytest
+
+from infer import bench
+from infer.config import ConfigError
+from infer.engines import HFStepEngine, SamplingParams
+from infer.engines.base import Prefix, StepRequest
+from infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
+from train.config import format_help, load_config
+
+
+def test_method_names_and_config_sections():
+    spec = bench.parse_method("target+lookahead")
+    assert (spec.base, spec.token_spec) == ("target", "lookahead")
+    assert bench.parse_method("specs:verifier=bernoulli:alpha=0.3").overrides == {"verifier": "bernoulli", "alpha": 0.3}
+    with pytest.raises(ConfigError, match=r"\+lookahead"):
+        bench.parse_method("target+jacobi")
+    cfg = load_config(None, ["runtime.specs.tau=0.9", "runtime.tree.k_config=[1,1,1]", "runtime.lookahead.window=4"])
+    assert cfg.runtime.specs.tau == 0.9 and cfg.runtime.tree.k_config == [1, 1, 1] and cfg.runtime.lookahead.window == 4
+    for bad in ("runtime.specs.n=0", "runtime.tree.k_config=[2,0]", "runtime.lookahead.ngram=1"):
+        with pytest.raises(ConfigError):
+            load_config(None, [bad])
+    help_text = format_help()
+    assert "runtime.specs.tau" in help_text and "runtime.tree.k_config" in help_text
+    assert "runtime.lookahead.window" in help_text
+
+
+@pytest.fixture(scope="module")
+def engines(one_thread):
+    target = HFStepEngine("random:llama-20m", device="cpu", stop_at_eos=False)
+    draft = HFStepEngine("random:llama-tiny", device="cpu", stop_at_eos=False)
+    return target, draft
+
+
+@pytest.mark.slow
+def test_lookahead_step_engine_writes_the_engines_greedy_steps(engines):
+    target, _ = engines
+    la = LookaheadStepEngine(target, LookaheadConfig(window=4, ngram=3))
+    params = SamplingParams(temperature=0.0, max_step_tokens=24)
+    prefixes = [Prefix("What is 2 + 3? Count: 1 2 3 1 2 3 1 2 3"), Prefix("Say hello.")]
+    plain = target.generate([StepRequest(p) for p in prefixes], params)
+    mine = la.generate([StepRequest(p) for p in prefixes], params)
+    assert [s[0].token_ids for s in mine.steps] == [s[0].token_ids for s in plain.steps]
+    assert [s[0].stop_reason for s in mine.steps] == [s[0].stop_reason for s in plain.steps]
+    assert mine.stats.forward_passes + mine.stats.spec_accepted >= mine.stats.generated_tokens
+    # the step's log-probability is the model's, as the engine computes it
+    assert mine.steps[0][0].logprob == pytest.approx(plain.steps[0][0].logprob, abs=1e-3)
+    # continuing the same answer reuses the cached prefix (cropped to the shared tokens)
+    nxt = la.generate([StepRequest(prefixes[1].extend(mine.steps[1][0]))], params)
+    ref = target.generate([StepRequest(prefixes[1].extend(plain.steps[1][0]))], params)
+    assert nxt.steps[0][0].token_ids == ref.steps[0][0].token_ids
+
+
+@pytest.mark.slow
+def test_bench_runs_the_three_methods_with_their_baselines(engines, tmp_path):
+    cfg = load_config(None, ["runtime.max_new_tokens=16", "runtime.max_steps=3", "sampling.max_step_tokens=4",
+                             "runtime.specs.n=2", "runtime.tree.thoughts=2", "runtime.tree.depth=2",
+                             "runtime.tree.k_config=[2,1]", "runtime.tree.threaded=false",
+                             "runtime.lookahead.window=3", "runtime.lookahead.ngram=3", "bench.warmup=false"])
+    env = bench.prepare(cfg, engines=engines, system_speed=True,
+                        problems=[bench.Problem("p0", "What is 2 + 3?", "5")])
+    report = bench.run_benchmark(env, ["specs", "seed_tot", "target+lookahead"], out_dir=tmp_path, log=lambda s: None)
+    rows = {r["method"]: r for r in report["rows"]}
+    assert set(rows) == {"target", "specs", "seed_tot", "target+lookahead", "beam_target", "tot_target"}
+    assert all(r["error"] is None for r in rows.values()), {k: r["error"] for k, r in rows.items()}
+    assert rows["specs"]["baseline"] == "beam_target" and rows["specs"]["speedup_vs_baseline"] > 0
+    assert rows["seed_tot"]["speedup_vs_baseline"] > 0 and rows["seed_tot"]["acceptance"] is not None
+    assert rows["target+lookahead"]["analytic_ideal"] >= 1.0  # tokens per target forward
+    assert "specs" in (tmp_path / "results.md").read_text()
+
+
+def test_predictions_of_the_search_methods():
+    from infer.decoding.metrics import RunStats
+    from infer.decoding.seed import seed_predicted_speedup
+    from infer.decoding.specs import specs_predicted_speedup
+    from probes.speedup import token_sd_speedup
+
+    st = RunStats(target_calls=2, draft_calls=6, target_time_s=4.0, draft_time_s=1.2, score_time_s=0.6)
+    for i in range(8):
+        st.record_position(0, i >= 2)  # 6 of 8 rounds drafted
+    rho = (1.8 / 6) / (4.0 / 2)
+    assert specs_predicted_speedup(st)["ideal"] == pytest.approx(1 / (0.25 + 0.75 * rho))
+    sd = RunStats(draft_forward_passes=30, target_forward_passes=10, draft_time_s=3.0, target_time_s=10.0)
+    for a in (3, 1, 0, 2):  # accepted tokens per round, tree depth 3
+        for i in range(min(a + 1, 3)):
+            sd.record_position(i, i < a)
+    alpha = sd.acceptance_rate
+    assert alpha == pytest.approx(6 / 9)
+    assert seed_predicted_speedup(sd, (2, 2, 1))["ideal"] == pytest.approx(float(token_sd_speedup(alpha, 0.1, 3)))

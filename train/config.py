@@ -1,0 +1,213 @@
+"""The training, evaluation and tracking sections of an experiment config, and the experiment config itself.
+
+`ExperimentConfig` assembles every package's sections (infer: models, source, sampling, runtime, bench,
+ray; data_gen: data; train: probe, verifiers, eval, wandb) into the one schema that `probe-train`,
+`probe-eval` and `probe-bench` load with `load_config`.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from data_gen.config import DataConfig
+from infer import config as base
+from infer.config import (
+    BenchConfig,
+    ConfigError,
+    ModelsConfig,
+    RayConfig,
+    RuntimeConfig,
+    SamplingConfig,
+    SourceConfig,
+    check_layer_option,
+    check_positive,
+    opt,
+    section,
+)
+
+
+@dataclass
+class ProbeConfig:
+    features: str = opt("all", "hidden-state rows the probe reads: all, last, range:a-b or a comma list "
+                               "(0 = embeddings); must be rows the data stored (data.layers)")
+    combine: Literal["concat", "mean", "weighted"] = opt(
+        "concat", "how the layers are combined: concat, mean, or weighted (learned softmax weights)")
+    pooling: Literal["mean", "last"] = opt("mean", "mean over the step's tokens or the last token")
+    hidden_dim: int = opt(256, "MLP width")
+    dropout: float = opt(0.1, "dropout between MLP layers")
+    loss: Literal["bce", "mse"] = opt("bce", "BCE on the soft label or MSE on the probability")
+    lr: float = opt(1e-3, "AdamW learning rate (SemanticSpec: 1e-3)")
+    betas: list[float] = opt([0.9, 0.95], "AdamW betas (SemanticSpec: 0.9, 0.95)")
+    weight_decay: float = opt(0.01, "AdamW weight decay")
+    epochs: int = opt(60, "maximum epochs")
+    batch_size: int = opt(256, "batch size")
+    patience: int = opt(8, "early stopping patience in epochs on the validation loss")
+    val_fraction: float = opt(0.2, "share of questions held out for validation")
+    test_fraction: float = opt(0.2, "share of questions held out for a final test that nothing is tuned on (probe-eval "
+                                    "reports on it; 0 = none, then probe-eval falls back to the validation questions "
+                                    "and says so)")
+    target_with_draft: bool = opt(True, "train the target probe also on draft steps teacher-forced through the target")
+    seed: int = opt(0, "training seed")
+    logprob_baseline: Literal["logistic", "isotonic"] = opt(
+        "logistic", "how the log-prob baseline maps a step's mean token log-probability to a probability: "
+                    "1-D logistic regression on the soft labels, or isotonic regression (fitted on train)")
+    num_threads: int | None = opt(
+        1, "torch CPU threads while training and scoring probes (small MLPs are fastest on one thread on a "
+           "busy machine); null = leave torch's setting")
+    device: str = opt("cpu", "device of probe training: cpu, cuda, ... or auto (models.device)")
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_dim", "epochs", "batch_size", "patience", "num_threads"):
+            check_positive(self, name)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"probe.betas needs two numbers in [0, 1), got {self.betas}")
+        if not 0 < self.val_fraction < 1 or not 0 <= self.test_fraction < 1:
+            raise ConfigError("probe.val_fraction must be in (0, 1), probe.test_fraction in [0, 1)")
+        if self.val_fraction + self.test_fraction >= 1:
+            raise ConfigError(f"probe.val_fraction + probe.test_fraction must leave training questions, got "
+                              f"{self.val_fraction} + {self.test_fraction}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"probe.dropout must be in [0, 1), got {self.dropout}")
+        if not self.lr > 0 or self.weight_decay < 0:
+            raise ConfigError(f"probe.lr must be > 0 and probe.weight_decay >= 0, got {self.lr}, {self.weight_decay}")
+        check_layer_option(self.features, "probe.features")
+
+
+_VERIFIERS = ("probes", "embedding", "judge")
+
+
+@dataclass
+class VerifiersConfig:
+    train: list[str] = opt(["probes", "embedding", "judge"], "what probe-train trains: probes, embedding, judge")
+    embedding_model: str = opt("sentence-transformers/all-mpnet-base-v2", "embedder of the threshold verifier")
+    target_precision: float = opt(0.95, "the threshold is the highest-recall one at this precision")
+    embedding_fixed_thresholds: list[float] = opt(
+        [0.85, 0.95], "fixed cosine thresholds scored as baselines (Lookahead Reasoning used 0.85 and 0.95)")
+    judge_base: str = opt("Qwen/Qwen2.5-1.5B-Instruct", "base causal LM of the judge-LoRA verifier")
+    judge_lora_r: int = opt(16, "LoRA rank")
+    judge_lora_alpha: int = opt(32, "LoRA alpha")
+    judge_lora_dropout: float = opt(0.05, "LoRA dropout")
+    judge_target_modules: list[str] = opt(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], "module names LoRA adapts (PEFT target_modules)")
+    judge_lora_layers: int | None = opt(
+        None, "put LoRA only into the last this-many transformer layers (null = all); fewer layers make the "
+              "backward pass cheaper, which matters on a CPU")
+    judge_steps: int = opt(300, "judge optimisation steps")
+    judge_lr: float = opt(2e-4, "judge learning rate")
+    judge_batch_size: int = opt(8, "judge batch size")
+    judge_max_pairs: int = opt(4000, "most balanced training pairs for the judge")
+    judge_eval_pairs: int = opt(400, "most validation pairs the judge (and its untrained base) is scored on")
+    judge_dtype: str = opt("auto", "dtype of the judge's base model: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16")
+    seed: int = opt(0, "seed of pair balancing, orientation and LoRA initialisation")
+
+    def __post_init__(self) -> None:
+        bad = [t for t in self.train if t not in _VERIFIERS]
+        if bad or len(set(self.train)) != len(self.train):
+            raise ConfigError(f"verifiers.train: unknown or repeated entries in {self.train}; "
+                              f"use a subset of {list(_VERIFIERS)}")
+        if not 0 < self.target_precision <= 1:
+            raise ConfigError("verifiers.target_precision must be in (0, 1]")
+        if any(not -1 <= t <= 1 for t in self.embedding_fixed_thresholds):
+            raise ConfigError(f"verifiers.embedding_fixed_thresholds are cosines in [-1, 1], "
+                              f"got {self.embedding_fixed_thresholds}")
+        for name in ("judge_lora_r", "judge_lora_alpha", "judge_lora_layers", "judge_steps", "judge_batch_size", "judge_max_pairs",
+                     "judge_eval_pairs"):
+            check_positive(self, name)
+        if not 0 <= self.judge_lora_dropout < 1:
+            raise ConfigError(f"verifiers.judge_lora_dropout must be in [0, 1), got {self.judge_lora_dropout}")
+        if not self.judge_lr > 0:
+            raise ConfigError(f"verifiers.judge_lr must be > 0, got {self.judge_lr}")
+        if not self.judge_target_modules:
+            raise ConfigError("verifiers.judge_target_modules must name at least one module")
+
+
+@dataclass
+class EvalConfig:
+    n_boot: int = opt(1000, "bootstrap resamples (of whole questions) for every confidence interval")
+    alpha: float = opt(0.10, "1 - confidence level of the intervals (0.10 = 90% intervals)")
+    n_bins: int = opt(10, "calibration bins (equal-width and equal-mass ECE, MCE, reliability diagram)")
+    seed: int = opt(0, "seed of the bootstrap, subsampling, the layer sweep and UMAP")
+    split: Literal["auto", "val", "test", "val+test"] = opt(
+        "auto", "held-out questions on the training data: auto = test when the run held out a test split, else "
+                "val (on another data folder every question not used in training is held out)")
+    umap: bool = opt(True, "draw the UMAP view of pooled hidden states (umap-learn; ~30 s of JIT on first use)")
+    umap_max_points: int = opt(3000, "most points per model in the UMAP view (subsampled)")
+    umap_neighbors: int = opt(15, "UMAP n_neighbors (capped at points - 1 for tiny data)")
+    umap_layer: int | str = opt("last", "hidden-state row shown in the UMAP view: 'last' stored row or its index")
+    layer_sweep: bool = opt(True, "train one small probe per layer and plot error against depth")
+    sweep_hidden_dim: int = opt(32, "MLP width of the per-layer sweep probes")
+    sweep_epochs: int = opt(15, "most epochs of each per-layer sweep probe")
+    sweep_max_layers: int = opt(32, "most layers swept (evenly spread over the stored rows, both ends kept)")
+    verifiers: list[str] = opt(["embedding", "judge"], "pair verifiers evaluated: embedding, judge")
+    max_pairs: int = opt(2000, "most held-out step pairs the pair verifiers score (subsampled)")
+    judge_max_pairs: int = opt(400, "most of those pairs the judge-LoRA scores (one LM forward per pair; "
+                                    "agreement with it is measured on these)")
+    num_threads: int | None = opt(1, "torch CPU threads for the sweep probes (null = leave torch's setting)")
+
+    def __post_init__(self) -> None:
+        for name in ("n_boot", "n_bins", "umap_neighbors", "sweep_hidden_dim", "sweep_epochs", "sweep_max_layers",
+                     "max_pairs", "judge_max_pairs", "num_threads"):
+            check_positive(self, name)
+        if not 0 < self.alpha < 1:
+            raise ConfigError(f"eval.alpha must be in (0, 1), got {self.alpha}")
+        if self.umap_max_points < 3 or self.umap_neighbors < 2:
+            raise ConfigError(f"eval.umap_max_points must be >= 3 and eval.umap_neighbors >= 2, got "
+                              f"{self.umap_max_points} and {self.umap_neighbors}")
+        layer = str(self.umap_layer).strip().lower()
+        if layer != "last" and not (layer.isdigit()):
+            raise ConfigError(f"eval.umap_layer must be 'last' or a hidden-state row index, got {self.umap_layer!r}")
+        bad = [v for v in self.verifiers if v not in ("embedding", "judge")]
+        if bad or len(set(self.verifiers)) != len(self.verifiers):
+            raise ConfigError(f"eval.verifiers: unknown or repeated entries in {self.verifiers}; use embedding, judge")
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = opt(False, "log metrics and figures to Weights & Biases")
+    project: str = opt("specprobe", "wandb project")
+    mode: Literal["offline", "online"] = opt("offline", "offline needs no account; sync later with `wandb sync`")
+    entity: str | None = opt(None, "wandb entity (team or user); null = the account's default")
+    run_name: str | None = opt(None, "wandb run name; null = the experiment name")
+    tags: list[str] = opt([], "wandb run tags")
+    dir: str | None = opt(None, "where wandb writes its files; null = <output_dir>/wandb")
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = opt("tiny", "run name; checkpoints go to <output_dir>/checkpoint")
+    output_dir: str = opt("runs/tiny", "where this run writes its data, checkpoint and reports")
+    models: ModelsConfig = section(ModelsConfig, "draft and target models")
+    source: SourceConfig = section(SourceConfig, "reasoning traces")
+    sampling: SamplingConfig = section(SamplingConfig, "step sampling")
+    data: DataConfig = section(DataConfig, "training-data generation")
+    probe: ProbeConfig = section(ProbeConfig, "semantic-probability probes")
+    verifiers: VerifiersConfig = section(VerifiersConfig, "pair verifiers")
+    eval: EvalConfig = section(EvalConfig, "probe-eval report")
+    runtime: RuntimeConfig = section(RuntimeConfig, "decoding runtime")
+    bench: BenchConfig = section(BenchConfig, "probe-bench")
+    wandb: WandbConfig = section(WandbConfig, "experiment tracking")
+    ray: RayConfig = section(RayConfig, "scale-out on Ray (probe-train --stage data --ray, probe-bench --ray)")
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.output_dir) / "data"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.output_dir) / "checkpoint"
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """The experiment config of a YAML file (or the defaults when path is None) with `key=value` overrides."""
+    return base.load_yaml(ExperimentConfig, path, overrides)
+
+
+def field_help(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, object]]:
+    """(key, help, default) for every field of the experiment config, nested sections flattened with dots."""
+    return base.field_help(cls, prefix)
+
+
+def format_help(cls: type = ExperimentConfig) -> str:
+    return base.format_help(cls)
