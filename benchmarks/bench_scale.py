@@ -9,7 +9,7 @@ Every run generates the same dataset into a fresh temporary folder. Printed per 
 processing time after loading, and contexts/min both after loading and end to end. Ray itself
 starts once, before the first replicated run, and is not counted. Each replica gets
 ray.cpus_per_replica cores (default 1) and that many torch threads; the single process uses all
-cores (torch's default).
+cores (torch's default) unless --threads says otherwise.
 """
 from __future__ import annotations
 
@@ -75,30 +75,38 @@ def main() -> int:
     p.add_argument("--cpus", type=int, default=None, help="CPUs of the local Ray instance (default: all)")
     p.add_argument("--address", default=None, help="an existing Ray cluster instead of a local instance")
     p.add_argument("--no-single", action="store_true", help="skip the single-process run")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads of the single process (default: torch's, one per core); on a busy "
+                        "machine 1 avoids spin-waiting threads")
     p.add_argument("overrides", nargs="*", help="config overrides (after the small defaults)")
     args = p.parse_args()
+    import torch
+
     from infer.ray_cluster import check_resources, connect, replica_demands
     from train.config import load_config
 
-    rows = []
+    print(f"host: {os.cpu_count()} CPUs; config {args.config} + {' '.join(DEFAULTS + args.overrides)}")
+    print("| run | replicas | load s | processing s | contexts | contexts/min (after load) | contexts/min (end to end) |")
+    print("|---|---|---|---|---|---|---|", flush=True)
+
+    def row(name: str, count: str, load: float, seconds: float, contexts: int) -> None:
+        print(f"| {name} | {count} | {load:.1f} | {seconds:.1f} | {contexts} | {60 * contexts / seconds:.2f} | "
+              f"{60 * contexts / (load + seconds):.2f} |", flush=True)
+
     with tempfile.TemporaryDirectory() as tmp:
         def config(name: str, extra: list[str]):
             return load_config(args.config, [*DEFAULTS, *args.overrides, f"output_dir={tmp}/{name}", *extra])
 
         if not args.no_single:
-            rows.append(("single process", "-", *single_process(config("single", []))))
+            if args.threads:
+                torch.set_num_threads(args.threads)
+            row(f"single process ({torch.get_num_threads()} threads)", "-", *single_process(config("single", [])))
         for count in [int(c) for c in args.replicas.split(",") if c.strip()]:
             cfg = config(f"ray{count}", [f"ray.replicas={count}"]
                          + ([f"ray.local_cpus={args.cpus}"] if args.cpus else []))
             connect(cfg.ray, args.address)
             check_resources(replica_demands(cfg.ray, cfg.ray.judge == "actors"))
-            rows.append(("ray", str(count), *on_ray(cfg)))
-    print(f"host: {os.cpu_count()} CPUs; config {args.config} + {' '.join(DEFAULTS + args.overrides)}")
-    print("| run | replicas | load s | processing s | contexts | contexts/min (after load) | contexts/min (end to end) |")
-    print("|---|---|---|---|---|---|---|")
-    for name, count, load, seconds, contexts in rows:
-        print(f"| {name} | {count} | {load:.1f} | {seconds:.1f} | {contexts} | {60 * contexts / seconds:.2f} | "
-              f"{60 * contexts / (load + seconds):.2f} |")
+            row("ray", str(count), *on_ray(cfg))
     return 0
 
 
