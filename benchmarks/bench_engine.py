@@ -1,10 +1,18 @@
 """Step-engine throughput on the offline model (issue: foundations).
 
     python benchmarks/bench_engine.py [--model offline:smollm2-135m-instruct] [--tokens 48] [--repeats 2]
+    python benchmarks/bench_engine.py --compare [--tokens 32]     # transformers vs vLLM, side by side
 
 Prints sampling throughput (generated tokens per second) at batch 1, 8 and 20, with the shared prefix
 encoded once (KV cache repeated across the batch) and without (the prefix encoded once per row), and
 the time of one teacher-forced scoring pass over 20 steps. Run it on an otherwise idle machine.
+
+--compare runs both engines (transformers, vLLM) in one process on the same weights and prints one table:
+engine start time; step sampling tokens/s with n = 10 samples for 1, 8 and 20 different prefixes (each
+call made twice: the second shows prefix-cache hits, the share of prompt tokens served from a cache);
+teacher-forced scoring time of 20 steps without hidden states and with all layers pooled (vLLM hands
+the latter to a transformers engine on the same weights, built on first use: that first call is timed
+separately).
 """
 from __future__ import annotations
 
@@ -89,5 +97,69 @@ def main() -> None:
           f"rows pooled) after a {n_prefix}-token prefix: {statistics.median(times):.3f} s (one batched pass + prefix)")
 
 
+QUESTIONS = [f"{QUESTION} (Case {i}: he also works {i} extra days a year.)" for i in range(20)]
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def _start(kind: str, model: str):
+    if kind == "hf":
+        return HFStepEngine(model, device="cpu", dtype="float32")
+    from infer.engines.vllm_engine import VLLMSettings, VLLMStepEngine
+
+    settings = VLLMSettings(max_model_len=2048, enforce_eager=True, block_size=32, kv_cache_gib=1.0)
+    return VLLMStepEngine(model, device="cpu", dtype="float32", settings=settings)
+
+
+def measure(kind: str, model: str, tokens: int) -> dict[str, str]:
+    """One engine's column of the comparison table."""
+    engine, start_s = _timed(lambda: _start(kind, model))
+    col = {"engine start (s)": f"{start_s:.1f}"}
+    params = SamplingParams(seed=0, max_step_tokens=tokens)
+    engine.generate([StepRequest(Prefix(QUESTIONS[0]), 2)], SamplingParams(max_step_tokens=4))  # warm-up
+    for k in (1, 8, 20):
+        reqs = [StepRequest(Prefix(q, tuple(STEPS)), 10, seed=i) for i, q in enumerate(QUESTIONS[:k])]
+        first = engine.generate(reqs, params)
+        again = engine.generate(reqs, params)
+        st = first.stats
+        col[f"sampling tok/s, {k} prefix(es) x n=10"] = f"{st.generated_tokens / max(st.seconds, 1e-9):.1f}"
+        rep = again.stats
+        hit = rep.reused_prefix_tokens / max(1, rep.reused_prefix_tokens + rep.prefill_tokens)
+        col[f"prefix-cache hits on repeat, {k} prefix(es)"] = f"{100 * hit:.0f}%"
+    prefix = Prefix(QUESTIONS[0], tuple(STEPS))
+    steps = [s.text for s in engine.generate([StepRequest(prefix, 20)], params).steps[0]]
+    _, first_hidden = _timed(lambda: engine.score(prefix, steps, hidden=True))
+    _, light = _timed(lambda: engine.score(prefix, steps, hidden=False))
+    _, hidden = _timed(lambda: engine.score(prefix, steps, hidden=True))
+    col["score 20 steps, log-probs only (s)"] = f"{light:.2f}"
+    col["score 20 steps, + all hidden states (s)"] = f"{hidden:.2f}"
+    col["  first such call (s)"] = f"{first_hidden:.2f}"
+    return col
+
+
+def compare(model: str, tokens: int) -> None:
+    cols = {}
+    for kind in ("hf", "vllm"):
+        cols[kind] = measure(kind, model, tokens)
+    print(f"model {model}  threads {torch.get_num_threads()}  cap {tokens} tokens/step  fp32 CPU")
+    print(f"{'':46s} {'transformers':>13s} {'vLLM':>10s}")
+    for row in cols["hf"]:
+        print(f"{row:46s} {cols['hf'][row]:>13s} {cols['vllm'][row]:>10s}")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--compare" in sys.argv:
+        ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        ap.add_argument("--compare", action="store_true")
+        ap.add_argument("--model", default="offline:smollm2-135m-instruct")
+        ap.add_argument("--tokens", type=int, default=32, help="step token cap")
+        a = ap.parse_args()
+        compare(a.model, a.tokens)
+    else:
+        main()

@@ -50,7 +50,7 @@ def probe_pair(cfg, info) -> tuple[SemanticProbe, SemanticProbe, str]:
     if (ckpt / "probe_target.json").is_file() and (ckpt / "probe_draft.json").is_file():
         return SemanticProbe.load(ckpt, "probe_target"), SemanticProbe.load(ckpt, "probe_draft"), str(ckpt)
     probes = []
-    for role in ("target", "draft"):
+    for _role in ("target", "draft"):
         spec = FeatureSpec(model_id=info.model_id, num_layers=info.num_layers, hidden_size=info.hidden_size,
                            layers=layers_from_option(cfg.probe.features, info.num_layers), combine=cfg.probe.combine,
                            pooling=cfg.probe.pooling)

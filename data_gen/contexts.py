@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from data_gen.sources import InvalidRecord, Trace
 
@@ -125,7 +126,7 @@ def build_contexts(traces: Sequence[Trace], count: int, mode: str = "spread",
 def context_seed(seed: int, context_id: str, role: str) -> int:
     """Sampling seed of one model on one context: a hash of (run seed, context id, role), so a context
     draws the same samples whichever run, shard or resumption processes it."""
-    digest = hashlib.sha256(f"{seed}\x1f{context_id}\x1f{role}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{seed}\x1f{context_id}\x1f{role}".encode()).digest()
     return int.from_bytes(digest[:8], "big") & (2**63 - 1)
 
 

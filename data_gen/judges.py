@@ -14,6 +14,7 @@ reached a model; ``symmetric`` says whether judge(a, b) == judge(b, a) by constr
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -390,6 +391,20 @@ class CachedJudge(EquivalenceJudge):
             self._memo.update(new)
             self._append(new)
         return [self._memo[k] for k in keys]
+
+    def decisions(self, since: int = 0) -> dict[str, bool]:
+        """The decisions known (key -> equivalent) in the order they became known, from the `since`-th
+        on: ``n = len(judge)`` before some work, ``judge.decisions(n)`` after it is what that work added."""
+        return dict(itertools.islice(self._memo.items(), since, None))
+
+    def merge(self, decisions: dict[str, bool]) -> int:
+        """Add decisions made elsewhere by the same judge (keys from `key`); new ones are persisted
+        too. Returns how many were new."""
+        new = {k: bool(v) for k, v in decisions.items() if k not in self._memo}
+        if new:
+            self._memo.update(new)
+            self._append(new)
+        return len(new)
 
     def _load(self) -> None:
         raw = self.cache_path.read_bytes()

@@ -16,29 +16,55 @@ contexts each); within a shard:
 
 A killed run is resumed by running the same command: complete shards are kept, the rest redone; the
 judge's decisions are cached in the folder, so redone clustering costs no model calls.
+
+Who processes the shards is a `ShardWorkers` (this process by default; ``data_gen.distributed`` spreads
+them over Ray replicas); whoever does, only the process that called `generate_dataset` writes them.
 """
 from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
 from data_gen.cluster import Clustering, PairQuery, assign_many, cluster_many
-from data_gen.contexts import (Context, DataWarning, build_contexts, coerce_traces, context_seed, part_shards,
-                               plan_shards)
+from data_gen.contexts import (
+    Context,
+    DataWarning,
+    build_contexts,
+    coerce_traces,
+    context_seed,
+    part_shards,
+    plan_shards,
+)
 from data_gen.judges import CachedJudge, EquivalenceJudge, make_judge
 from data_gen.labels import ModelLabels, build_pairs, draft_under_target, is_empty_step, model_labels, pair_key
-from data_gen.store import (FORMAT, JUDGE_CACHE, DataFolderError, FolderLock, ShardData, check_same_data,
-                            clean_temporaries, fingerprint, now, open_dataset, part_dir, read_manifest,
-                            write_card, write_manifest, write_shard)
+from data_gen.store import (
+    FORMAT,
+    JUDGE_CACHE,
+    DataFolderError,
+    FolderLock,
+    ShardData,
+    check_same_data,
+    clean_temporaries,
+    fingerprint,
+    now,
+    open_dataset,
+    part_dir,
+    read_manifest,
+    write_card,
+    write_manifest,
+    write_shard,
+)
 from infer.versions import package_versions
 from probes.features import layers_from_option
 
-__all__ = ["generate_dataset", "DataResult", "RunStats", "layer_rows", "build_judge", "load_source_traces"]
+__all__ = ["generate_dataset", "DataResult", "DataGenStats", "layer_rows", "build_judge", "load_source_traces",
+           "engine_info", "process_shard", "ShardWorkers"]
 
 ROLES = ("target", "draft")
 
@@ -73,10 +99,12 @@ def load_source_traces(source_cfg) -> list:
                        limit=source_cfg.limit, seed=source_cfg.seed, size=source_cfg.size,
                        step_mode=source_cfg.step_mode, delimiter=source_cfg.delimiter,
                        trajectory=source_cfg.trajectory, domains=source_cfg.domains,
-                       fields=source_cfg.fields, max_step_chars=source_cfg.max_step_chars)
+                       fields=source_cfg.fields, max_step_chars=source_cfg.max_step_chars,
+                       strip_calculator=source_cfg.strip_calculator)
 
 
-def _engine_info(engine) -> dict:
+def engine_info(engine) -> dict:
+    """What the manifest records of an engine (and what a resumed run must match)."""
     info = engine.info
     return {"model_id": info.model_id, "revision": info.revision, "num_layers": info.num_layers,
             "hidden_size": info.hidden_size, "vocab_size": info.vocab_size, "name": info.extra.get("name")}
@@ -107,7 +135,7 @@ class _RecordingJudge:
 
 # ----------------------------------------------------------------------------- results
 @dataclass
-class RunStats:
+class DataGenStats:
     """What this call did (a resumed run counts only its own work)."""
 
     contexts: int = 0
@@ -131,7 +159,7 @@ class DataResult:
     data_dir: Path
     manifest: dict
     reused: bool
-    run: RunStats
+    run: DataGenStats
 
     @property
     def complete(self) -> bool:
@@ -144,7 +172,7 @@ class DataResult:
         return format_summary(self.manifest, self.run, self.reused, self.data_dir)
 
 
-def format_summary(manifest: dict, run: RunStats, reused: bool, folder: Path) -> str:
+def format_summary(manifest: dict, run: DataGenStats, reused: bool, folder: Path) -> str:
     c = manifest["counts"]
     n = manifest["num_samples"]
     plan = manifest["plan"]
@@ -179,11 +207,26 @@ class _ContextWork:
     seeds: dict[str, int]
     steps: dict[str, list] = field(default_factory=dict)  # kept (non-empty) Steps per sampled model
     indices: dict[str, list[int]] = field(default_factory=dict)  # their draw index k
-    target_view: list = field(default_factory=list)  # ScoredSteps: kept target samples, then kept draft samples
+    under_target: dict[str, list] = field(default_factory=dict)  # per sampled model: its ScoredSteps via the target
     own_draft: list = field(default_factory=list)  # ScoredSteps of kept draft samples through the draft
 
     def texts(self, role: str) -> list[str]:
         return [s.text for s in self.steps.get(role, [])]
+
+
+class _FeatureRows:
+    """A shard's feature tensors as they are filled: `add` returns the row a sample's features went to,
+    which its sample row records (`target_feature_row`, `own_feature_row`)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, list]] = {r: {"mean": [], "last": []} for r in ROLES}
+
+    def add(self, model: str, scored) -> int:
+        """Store one ScoredStep's pooled hidden states as read by `model`; its row index."""
+        rows = self.rows[model]
+        rows["mean"].append(scored.mean_hidden)
+        rows["last"].append(scored.last_hidden)
+        return len(rows["mean"]) - 1
 
 
 class _ShardRunner:
@@ -233,8 +276,10 @@ class _ShardRunner:
     def record(self, work: _ContextWork, timing: dict) -> None:
         """Hidden states: one score call per model (target: own samples + draft samples)."""
         start = time.perf_counter()
-        target_texts = work.texts("target") + work.texts("draft")
-        work.target_view = self._score("target", work.context, target_texts, timing)
+        texts = {role: work.texts(role) for role in self.models}
+        scored = self._score("target", work.context, [t for role in self.models for t in texts[role]], timing)
+        for role in self.models:  # hand each model's samples their part of the one call
+            work.under_target[role], scored = scored[:len(texts[role])], scored[len(texts[role]):]
         if "draft" in self.models:
             work.own_draft = self._score("draft", work.context, work.texts("draft"), timing)
         timing["recording"] = timing.get("recording", 0.0) + time.perf_counter() - start
@@ -274,24 +319,19 @@ class _ShardRunner:
     # -- rows
     def rows(self, works: list[_ContextWork], clusterings: dict, matches: list, recorder: _RecordingJudge,
              shard: ShardData, stats: dict) -> None:
-        target_mean, target_last, draft_mean, draft_last = [], [], [], []
+        feats = _FeatureRows()
         for i, work in enumerate(works):
             ctx = work.context
             labels = {r: model_labels(clusterings[r][i].cluster_ids, self.n) for r in self.models}
             under = self._under_target(work, labels, matches[i])
             for role in self.models:
-                self._model_rows(work, role, labels[role], under, shard, stats)
-            views = work.target_view
-            target_mean += [s.mean_hidden for s in views]
-            target_last += [s.last_hidden for s in views]
-            draft_mean += [s.mean_hidden for s in work.own_draft]
-            draft_last += [s.last_hidden for s in work.own_draft]
+                self._model_rows(work, role, labels[role], under, shard, feats, stats)
             shard.contexts.append(self._context_row(work, labels, under))
             texts = {r: work.texts(r) for r in self.models}
             pairs, conflicts = build_pairs(ctx.text, texts, labels, matches[i], recorder.decisions)
             stats["judge"]["pairs_conflicting"] = stats["judge"].get("pairs_conflicting", 0) + conflicts
             shard.pairs += [dict(context_id=ctx.id, question_id=ctx.question_id, **p) for p in pairs]
-        shard.features = self._features(target_mean, target_last, draft_mean, draft_last)
+        shard.features = self._features(feats)
 
     def _under_target(self, work: _ContextWork, labels: dict[str, ModelLabels], matches) -> dict:
         if "target" not in labels:
@@ -302,15 +342,14 @@ class _ShardRunner:
         return {"draft_ids": ids, "draft_probs": probs}
 
     def _model_rows(self, work: _ContextWork, role: str, lab: ModelLabels, under: dict, shard: ShardData,
-                    stats: dict) -> None:
+                    feats: _FeatureRows, stats: dict) -> None:
         ctx = work.context
         probs = lab.semantic_probs
         entropy = lab.semantic_entropy
-        # work.target_view holds the target's samples first, then the draft's: the order rows are added in
-        view_offset = len(work.steps.get("target", [])) if role == "draft" else 0
         for n, step in enumerate(work.steps[role]):
-            row = len(shard.samples)
-            target_view = work.target_view[view_offset + n]
+            target_view = work.under_target[role][n]
+            target_row = feats.add("target", target_view)
+            own_row = feats.add("draft", work.own_draft[n]) if role == "draft" else target_row
             cid = lab.cluster_ids[n]
             k = work.indices[role][n]
             shard.samples.append(dict(
@@ -324,13 +363,10 @@ class _ShardRunner:
                 semantic_entropy=entropy,
                 target_cluster_id=cid if role == "target" else under["draft_ids"][n],
                 prob_under_target=probs[n] if role == "target" else under["draft_probs"][n],
-                own_feature_row=row if role == "target" else stats["draft_rows"] + n,
-                target_feature_row=row))
+                own_feature_row=own_row, target_feature_row=target_row))
         stats["samples"][role] = stats["samples"].get(role, 0) + len(work.steps[role])
         stats["sum_semantic_prob"][role] = stats["sum_semantic_prob"].get(role, 0.0) + float(sum(probs))
         stats["sum_num_clusters"][role] = stats["sum_num_clusters"].get(role, 0) + lab.num_clusters
-        if role == "draft":
-            stats["draft_rows"] += len(work.steps[role])
 
     def _context_row(self, work: _ContextWork, labels: dict[str, ModelLabels], under: dict) -> dict:
         ctx = work.context
@@ -348,18 +384,16 @@ class _ShardRunner:
             row["draft_mass_under_target"] = sum(probs) / len(probs)
         return row
 
-    def _features(self, target_mean, target_last, draft_mean, draft_last) -> dict[str, torch.Tensor]:
-        def stack(rows: list, role: str) -> torch.Tensor:
+    def _features(self, feats: _FeatureRows) -> dict[str, torch.Tensor]:
+        def stack(role: str, pooling: str) -> torch.Tensor:
+            rows = feats.rows[role][pooling]
             if rows:
                 return torch.stack(rows)
             hidden = self.engines[role].info.hidden_size
             return torch.zeros((0, len(self.layers[role]), hidden))
 
-        features = {"target.mean": stack(target_mean, "target"), "draft.mean": stack(draft_mean, "draft")}
-        if self.cfg.data.store_last_token:
-            features["target.last"] = stack(target_last, "target")
-            features["draft.last"] = stack(draft_last, "draft")
-        return features
+        poolings = ("mean", "last") if self.cfg.data.store_last_token else ("mean",)
+        return {f"{role}.{pooling}": stack(role, pooling) for pooling in poolings for role in ROLES}
 
     # -- the shard
     def run(self, index: int, contexts: list[Context], on_context: Callable[[], None]) -> tuple[ShardData, dict]:
@@ -380,10 +414,8 @@ class _ShardRunner:
         clusterings, matches, judge_counts = (self.cluster(works, recorder, timing) if works
                                               else ({r: [] for r in self.models}, [], {}))
         shard = ShardData(index)
-        stats = {"samples": {}, "sum_semantic_prob": {}, "sum_num_clusters": {}, "judge": dict(judge_counts),
-                 "draft_rows": 0}
+        stats = {"samples": {}, "sum_semantic_prob": {}, "sum_num_clusters": {}, "judge": dict(judge_counts)}
         self.rows(works, clusterings, matches, recorder, shard, stats)
-        stats.pop("draft_rows")
         entry = {"index": index, "contexts": [w.context.id for w in works], "skipped": skipped,
                  "rows": len(shard.samples), "target_feature_rows": len(shard.samples),
                  "draft_feature_rows": sum(len(w.own_draft) for w in works), "pairs": len(shard.pairs),
@@ -393,12 +425,48 @@ class _ShardRunner:
         return shard, entry
 
 
+def process_shard(cfg, engines: dict[str, Any], judge: EquivalenceJudge, index: int, contexts: list[Context],
+                  on_context: Callable[[], None] | None = None) -> tuple[ShardData, dict]:
+    """The rows of shard `index` from its contexts, written by nobody: the caller writes the shard and
+    its manifest entry. engines: {"target": ..., "draft": ...}. A context's rows depend only on the
+    context and the config (its seeds and a cleared prefix cache), so any process can run any shard."""
+    layers = {r: layer_rows(cfg.data.layers, e.info.num_layers) for r, e in engines.items()}
+    return _ShardRunner(cfg, engines, judge, layers).run(index, contexts, on_context or (lambda: None))
+
+
+class ShardWorkers:
+    """Who processes the shards of a run for `generate_dataset`, whose process alone writes them.
+
+    ``start(judge_cache)`` loads what is needed and returns ``{"engines": {role: engine_info},
+    "judge": judge name}``; ``run(todo, on_context)`` yields ``(ShardData, manifest entry)`` for each
+    ``(index, contexts)`` of `todo`, in any order, calling ``on_context()`` once per context done.
+    This class runs them one by one in this process; ``data_gen.distributed`` spreads them over Ray.
+    """
+
+    def __init__(self, cfg, engines: tuple | None, judge: EquivalenceJudge):
+        self.cfg = cfg
+        self.engines = engines
+        self.judge = judge
+
+    def start(self, judge_cache: Path) -> dict:
+        if self.engines is None:
+            from infer.engines import build_engine_pair
+
+            self.engines = build_engine_pair(self.cfg.models)
+        self.engine_map = dict(zip(ROLES, self.engines))
+        return {"engines": {r: engine_info(e) for r, e in self.engine_map.items()}, "judge": self.judge.name}
+
+    def run(self, todo: list[tuple[int, list[Context]]], on_context: Callable[[], None]):
+        for index, contexts in todo:
+            yield process_shard(self.cfg, self.engine_map, self.judge, index, contexts, on_context)
+
+
 # ----------------------------------------------------------------------------- the stage
-def _new_manifest(cfg_dict: dict, cfg, engines: dict, layers: dict, judge_name: str, plan: dict,
+def _new_manifest(cfg_dict: dict, cfg, engines: dict[str, dict], layers: dict, judge_name: str, plan: dict,
                   part: tuple[int, int] | None, my_shards: list[int]) -> dict:
     return {"format": FORMAT, "status": "in_progress", "created": now(), "updated": now(), "completed": None,
             "config": cfg_dict, "fingerprint": fingerprint(cfg_dict),
-            "engines": {r: _engine_info(e) for r, e in engines.items()}, "layers": layers,
+            "engines": engines, "layers": layers,
             "layers_option": cfg.data.layers, "store_last_token": cfg.data.store_last_token,
             "feature_dtype": "float16", "num_samples": cfg.data.num_samples, "models": list(cfg.data.models),
             "judge": judge_name, "versions": package_versions(), "plan": plan,
@@ -406,9 +474,9 @@ def _new_manifest(cfg_dict: dict, cfg, engines: dict, layers: dict, judge_name: 
             "shards": []}
 
 
-def _check_engines(folder: Path, manifest: dict, engines: dict) -> None:
-    for role, engine in engines.items():
-        old, new = manifest["engines"][role], _engine_info(engine)
+def _check_engines(folder: Path, manifest: dict, engines: dict[str, dict]) -> None:
+    for role, new in engines.items():
+        old = manifest["engines"][role]
         keys = ("model_id", "num_layers", "hidden_size", "vocab_size")
         if any(old[k] != new[k] for k in keys):
             raise DataFolderError(f"{folder} was made with {role} {old['model_id']} ({old['num_layers']} layers, "
@@ -431,13 +499,13 @@ def _reuse(folder: Path, cfg_dict: dict) -> DataResult | None:
         return None
     check_same_data(folder, manifest, cfg_dict)
     if manifest["status"] == "complete":
-        return DataResult(folder, manifest, True, RunStats())
+        return DataResult(folder, manifest, True, DataGenStats())
     return None
 
 
 def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | None = None,
                      judge: EquivalenceJudge | None = None, part: tuple[int, int] | None = None,
-                     progress: bool = True) -> DataResult:
+                     progress: bool = True, workers: ShardWorkers | None = None) -> DataResult:
     """Generate (or resume, or reuse) the training data of `cfg` in ``<output_dir>/data``.
 
     traces: Trace objects or dicts instead of the configured source (malformed ones are skipped with
@@ -445,7 +513,8 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
     configured one (it is wrapped in a CachedJudge persisted in the folder). part: (i, n) to process
     every n-th shard from i into ``data/part-i-of-n`` (join with `data_gen.store.merge_parts`).
     A complete folder made with the same settings is reused as is; one made with other models or
-    settings is a DataMismatchError.
+    settings is a DataMismatchError. workers: who processes the shards (default: this process, with
+    `engines` and `judge`; ``data_gen.distributed`` passes Ray actors); this process writes them.
     """
     from infer.config import to_dict
 
@@ -460,10 +529,12 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
     if part is None and read_manifest(folder) is None and any(Path(cfg.data_dir).glob("part-*-of-*")):
         _warn(f"{cfg.data_dir} holds part-i-of-n folders but no merged data: run with --merge to join them "
               "instead of generating everything again")
-    device = cfg.models.resolved_device()
     cache = folder / JUDGE_CACHE
-    judge = build_judge(cfg.data, cache, device) if judge is None else (
-        judge if isinstance(judge, CachedJudge) else CachedJudge(judge, cache))
+    if workers is None:
+        device = cfg.models.resolved_device()
+        judge = build_judge(cfg.data, cache, device) if judge is None else (
+            judge if isinstance(judge, CachedJudge) else CachedJudge(judge, cache))
+        workers = ShardWorkers(cfg, engines, judge)
     items = load_source_traces(cfg.source) if traces is None else traces
     contexts = build_contexts(coerce_traces(items), cfg.data.contexts_per_trace, cfg.data.context_positions,
                               cfg.data.max_context_steps)
@@ -474,25 +545,23 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
                               f"(source.kind={cfg.source.kind!r}); see the warnings above")
     shards, plan = _plan(contexts, cfg.data.contexts_per_shard)
     my_shards = list(range(len(shards))) if part is None else part_shards(len(shards), *part)
-    if engines is None:
-        from infer.engines import build_engine_pair
-
-        engines = build_engine_pair(cfg.models)
-    engine_map = dict(zip(ROLES, engines))
-    layers = {r: layer_rows(cfg.data.layers, e.info.num_layers) for r, e in engine_map.items()}
-    run = RunStats()
+    started_workers = workers.start(cache)
+    engine_infos = started_workers["engines"]
+    layers = {r: layer_rows(cfg.data.layers, info["num_layers"]) for r, info in engine_infos.items()}
+    run = DataGenStats()
     with FolderLock(folder):
         manifest = read_manifest(folder)
         if manifest is None:
-            manifest = _new_manifest(cfg_dict, cfg, engine_map, layers, judge.name, plan, part, my_shards)
+            manifest = _new_manifest(cfg_dict, cfg, engine_infos, layers, started_workers["judge"], plan, part,
+                                     my_shards)
         else:
             check_same_data(folder, manifest, cfg_dict)
-            _check_engines(folder, manifest, engine_map)
+            _check_engines(folder, manifest, engine_infos)
             if manifest["plan"] != plan:
                 raise DataFolderError(f"{folder}: the context plan changed since this folder was started "
                                       f"({manifest['plan']} vs {plan}); the source data differ. Use another output_dir.")
         clean_temporaries(folder)
-        _run_shards(folder, manifest, shards, my_shards, _ShardRunner(cfg, engine_map, judge, layers), run, progress)
+        _run_shards(folder, manifest, shards, my_shards, workers, run, progress)
         if len(manifest["shards"]) == len(my_shards) and manifest["status"] != "complete":
             manifest["status"], manifest["completed"] = "complete", now()
             write_manifest(folder, manifest)
@@ -502,7 +571,7 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
 
 
 def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_shards: list[int],
-                runner: _ShardRunner, run: RunStats, progress: bool) -> None:
+                workers: ShardWorkers, run: DataGenStats, progress: bool) -> None:
     from tqdm.auto import tqdm
 
     done = {s["index"] for s in manifest["shards"]}
@@ -510,8 +579,8 @@ def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_sh
     total = sum(len(shards[k]) for k in my_shards)
     initial = total - sum(len(shards[k]) for k in todo)
     with tqdm(total=total, initial=initial, unit="ctx", desc="data", disable=not progress, dynamic_ncols=True) as bar:
-        for k in todo:
-            shard, entry = runner.run(k, shards[k], lambda: bar.update(1))
+        for shard, entry in workers.run([(k, shards[k]) for k in todo], lambda: bar.update(1)):
+            k = shard.index
             start = time.perf_counter()
             entry["files"] = write_shard(folder, shard, metadata={"format": FORMAT, "shard": str(k)})
             entry["timing"]["seconds"]["writing"] = time.perf_counter() - start

@@ -4,7 +4,9 @@ Every reader yields validated ``Trace`` records. A bad record (missing or empty 
 over ``max_step_chars``) or a bad line (not UTF-8, invalid JSON, not an object) is skipped with a
 ``SourceWarning`` that names the file and line (or data set and row), the record id and the field;
 reading then goes on with the next record. ``load_traces`` is the single entry point; it also filters
-by domain, renames duplicate ids and applies ``limit``.
+by domain, renames duplicate ids and applies ``limit``. Files and hub data sets are read by
+``infer.records`` (the benchmark reads its problems there too); an empty file warns. Reference answers
+lose thousands separators ("1,234" -> "1234", ``infer.answers.strip_thousands_separators``).
 
 Steps: s1K trajectories and generic text fields are split with ``data_gen.steps.split_steps``
 (``step_mode``/``delimiter``); GSM8K-style rationales (GSM8K, reasoning-gym) are split one line per
@@ -15,17 +17,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import errno
 import functools
-import json
 import os
 import re
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from data_gen.steps import MODES, normalise_text, split_steps
+from infer.answers import extract_boxed, strip_thousands_separators
+from infer.records import Record, SourceWarning, check_path, iter_records, source_stem
 
 __all__ = [
     "KINDS",
@@ -33,7 +35,6 @@ __all__ = [
     "Trace",
     "InvalidRecord",
     "SourceWarning",
-    "extract_boxed",
     "iter_s1k",
     "iter_gsm8k",
     "iter_reasoning_gym",
@@ -45,16 +46,10 @@ __all__ = [
 
 KINDS = ("s1k", "gsm8k", "reasoning_gym", "champ", "jsonl")
 DEFAULT_HUB_NAMES = {"s1k": "simplescaling/s1K-1.1", "gsm8k": "openai/gsm8k"}
-_DEFAULT_HUB_CONFIGS = {"openai/gsm8k": "main", "gsm8k": "main"}
 TRAJECTORIES = ("deepseek", "gemini")
 JSONL_FIELDS = {"id": "id", "question": "question", "steps": "steps", "text": "text",
                 "answer": "answer", "domain": "domain"}
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
-_BOXED = "\\boxed"
-
-
-class SourceWarning(UserWarning):
-    """A line or record was skipped or changed while reading traces."""
 
 
 class InvalidRecord(ValueError):
@@ -95,19 +90,10 @@ class Trace:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Trace":
+    def from_dict(cls, d: dict) -> Trace:
         """Inverse of ``to_dict``."""
         return cls(id=d["id"], domain=d["domain"], question=d["question"], steps=list(d["steps"]),
                    answer=d["answer"], meta=dict(d.get("meta") or {}))
-
-
-@dataclass(frozen=True)
-class _Raw:
-    """A raw source record with its position (for default ids) and location (for messages)."""
-
-    index: int
-    where: str
-    record: dict
 
 
 # ---------------------------------------------------------------- small helpers
@@ -174,154 +160,10 @@ def _clean_step_list(value: Any, key: str) -> list[str]:
     return steps
 
 
-def extract_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` in ``text`` (braces balanced), or None."""
-    start = text.rfind(_BOXED + "{")
-    if start < 0:
-        return None
-    i = start + len(_BOXED) + 1
-    depth, content_start = 1, i
-    while i < len(text):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            return text[content_start:i].strip()
-        i += 1
-    return None
-
-
-def _check_path(path: str | os.PathLike) -> Path:
-    """The path as a Path; FileNotFoundError naming it when it does not exist."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(errno.ENOENT, "trace file not found", str(p))
-    return p
-
-
-def _source_stem(path: str | os.PathLike | None, name: str | None) -> str:
-    """Short source name used in default ids: file stem or last part of a hub name."""
-    if path is not None:
-        stem = Path(path).name
-        for suffix in (".jsonl", ".ndjson", ".json", ".parquet"):
-            if stem.endswith(suffix):
-                return stem[: -len(suffix)]
-        return stem
-    return str(name).rstrip("/").split("/")[-1]
-
-
-# ---------------------------------------------------------------- raw record sources
-
-
-def _iter_jsonl(path: Path) -> Iterator[_Raw]:
-    """Records of a jsonl file; bad lines are skipped with a warning naming the line."""
-    with open(path, "rb") as f:
-        for lineno, raw_line in enumerate(f, start=1):
-            try:
-                line = raw_line.decode("utf-8-sig" if lineno == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                _warn(f"{path}:{lineno}: line is not valid UTF-8 ({e.reason} at byte {e.start}); line skipped")
-                continue
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                _warn(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}); line skipped")
-                continue
-            if not isinstance(record, dict):
-                _warn(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}; line skipped")
-                continue
-            yield _Raw(lineno - 1, f"{path}:{lineno}", record)
-
-
-def _iter_json_array(path: Path) -> Iterator[_Raw]:
-    """Records of a .json file holding one array of objects (a .json in jsonl form also works)."""
-    data = path.read_bytes()
-    if not data.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"["):
-        yield from _iter_jsonl(path)
-        return
-    try:
-        items = json.loads(data.decode("utf-8-sig"))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: invalid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
-    for i, record in enumerate(items):
-        if not isinstance(record, dict):
-            _warn(f"{path}[{i}]: expected a JSON object, got {type(record).__name__}; item skipped")
-            continue
-        yield _Raw(i, f"{path}[{i}]", record)
-
-
-def _iter_parquet(path: Path) -> Iterator[_Raw]:
-    """Records of a parquet file, read in batches."""
-    import pyarrow.parquet as pq
-
-    index = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
-        for record in batch.to_pylist():
-            yield _Raw(index, f"{path} row {index}", record)
-            index += 1
-
-
-def _iter_file(path: str | os.PathLike) -> Iterator[_Raw]:
-    """Records of a local .jsonl/.ndjson/.json/.parquet file (existence checked eagerly)."""
-    p = _check_path(path)
-    readers = {".jsonl": _iter_jsonl, ".ndjson": _iter_jsonl, ".json": _iter_json_array,
-               ".parquet": _iter_parquet}
-    reader = readers.get(p.suffix.lower())
-    if reader is None:
-        raise ValueError(f"{p}: unsupported file type {p.suffix!r}; expected one of {sorted(readers)}")
-    return reader(p)
-
-
-def _offline_flags() -> list[str]:
-    """Names of the hub-offline environment variables that are switched on."""
-    on = ("1", "true", "yes", "on")
-    return [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if os.environ.get(v, "").lower() in on]
-
-
-def _hub_error(name: str, config: str | None, split: str, error: Exception) -> RuntimeError:
-    """A short RuntimeError explaining that a hub data set could not be loaded, and what to do."""
-    flags = _offline_flags()
-    why = f"{', '.join(flags)} is set" if flags else "set HF_HUB_OFFLINE=1 to fail fast without retries"
-    config_text = f"config {config!r}, " if config else ""
-    config_arg = f", {config!r}" if config else ""
-    return RuntimeError(
-        f"could not load the hub dataset {name!r} ({config_text}split {split!r}): "
-        f"{type(error).__name__}: {str(error)[:300]}\n"
-        f"This machine may have no hub access ({why}) and no cached copy. On a connected machine run\n"
-        f"  python -c \"import datasets; datasets.load_dataset({name!r}{config_arg}, split={split!r})"
-        f".to_json('{_source_stem(None, name)}.jsonl')\"\n"
-        f"(or .to_parquet(...)), copy the file here and pass path='<file>' instead of name=."
-    )
-
-
-def _iter_hub(name: str, config: str | None, split: str) -> Iterator[_Raw]:
-    """Rows of a hub data set via ``datasets.load_dataset`` (loaded eagerly, errors made readable)."""
-    try:
-        import datasets
-    except ImportError as e:
-        raise RuntimeError(f"loading {name!r} from the hub needs the 'datasets' package: {e}") from None
-    try:
-        ds = datasets.load_dataset(name, config, split=split)
-    except Exception as e:  # connection, offline-mode, missing-cache and not-found errors all land here
-        raise _hub_error(name, config, split, e) from None
-    return (_Raw(i, f"{name}[{split}] row {i}", dict(row)) for i, row in enumerate(ds))
-
-
-def _records(path: str | os.PathLike | None, name: str | None, config: str | None, split: str) -> Iterator[_Raw]:
-    """Raw records from a local file (preferred when given) or a hub data set."""
-    if path is not None:
-        return _iter_file(path)
-    if name is None:
-        raise ValueError("give path= (a local .jsonl/.json/.parquet file) or name= (a hub dataset)")
-    return _iter_hub(name, config if config is not None else _DEFAULT_HUB_CONFIGS.get(name), split)
-
-
 # ---------------------------------------------------------------- record -> Trace
 
 
-def _read(raws: Iterable[_Raw], make_id: Callable[[_Raw], str], build: Callable[[_Raw, str], Trace],
+def _read(raws: Iterable[Record], make_id: Callable[[Record], str], build: Callable[[Record, str], Trace],
           max_step_chars: int | None) -> Iterator[Trace]:
     """Convert raw records to Traces, skipping bad ones with a warning naming location, id and field."""
     for raw in raws:
@@ -329,6 +171,7 @@ def _read(raws: Iterable[_Raw], make_id: Callable[[_Raw], str], build: Callable[
         try:
             trace = build(raw, rid)
             _check_step_lengths(trace, max_step_chars)
+            trace.answer = strip_thousands_separators(trace.answer)
         except InvalidRecord as e:
             _warn(f"{raw.where}: record {rid!r}: {e}; record skipped")
             continue
@@ -346,9 +189,9 @@ def _check_step_lengths(trace: Trace, max_step_chars: int | None) -> None:
             raise InvalidRecord(key, f"step {i} has {len(step)} characters, over max_step_chars={max_step_chars}")
 
 
-def _id_maker(stem: str, id_field: str | None = "id") -> Callable[[_Raw], str]:
+def _id_maker(stem: str, id_field: str | None = "id") -> Callable[[Record], str]:
     """Record id from ``id_field`` when present, else ``{stem}-{index}``."""
-    def make_id(raw: _Raw) -> str:
+    def make_id(raw: Record) -> str:
         value = _get(raw.record, id_field) if id_field else None
         if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
             return str(value).strip()
@@ -387,11 +230,11 @@ def _s1k_trajectory(record: dict, trajectory: str, joiner: str) -> tuple[str, st
     return "thinking_trajectories", joiner.join(value)
 
 
-def _s1k_builder(step_mode: str, delimiter: str, trajectory: str) -> Callable[[_Raw, str], Trace]:
+def _s1k_builder(step_mode: str, delimiter: str, trajectory: str) -> Callable[[Record, str], Trace]:
     """Builder of Traces from s1K / s1K-1.1 records."""
     joiner = delimiter if step_mode == "delimiter" else "\n\n"
 
-    def build(raw: _Raw, rid: str) -> Trace:
+    def build(raw: Record, rid: str) -> Trace:
         rec = raw.record
         question = _require_str(rec, "question")
         column, text = _s1k_trajectory(rec, trajectory, joiner)
@@ -405,18 +248,18 @@ def _s1k_builder(step_mode: str, delimiter: str, trajectory: str) -> Callable[[_
     return build
 
 
-def _gsm8k_builder(strip_calculator: bool) -> Callable[[_Raw, str], Trace]:
+def _gsm8k_builder(strip_calculator: bool) -> Callable[[Record, str], Trace]:
     """Builder of Traces from GSM8K records (``question``, ``answer`` with ``#### n``)."""
-    def build(raw: _Raw, rid: str) -> Trace:
+    def build(raw: Record, rid: str) -> Trace:
         question = _require_str(raw.record, "question")
         steps, final = _parse_gsm_rationale(_require_str(raw.record, "answer"), "answer", strip_calculator)
         return Trace(rid, "math", question.strip(), steps, final, {"steps_field": "answer"})
     return build
 
 
-def _reasoning_gym_builder(task: str, seed: int, strip_calculator: bool) -> Callable[[_Raw, str], Trace]:
+def _reasoning_gym_builder(task: str, seed: int, strip_calculator: bool) -> Callable[[Record, str], Trace]:
     """Builder of Traces from reasoning-gym items with ``metadata.answer_cot``."""
-    def build(raw: _Raw, rid: str) -> Trace:
+    def build(raw: Record, rid: str) -> Trace:
         rec = raw.record
         question = _require_str(rec, "question")
         steps, final = _parse_gsm_rationale(_require_str(rec, "metadata.answer_cot"), "metadata.answer_cot",
@@ -427,9 +270,9 @@ def _reasoning_gym_builder(task: str, seed: int, strip_calculator: bool) -> Call
     return build
 
 
-def _champ_builder() -> Callable[[_Raw, str], Trace]:
+def _champ_builder() -> Callable[[Record, str], Trace]:
     """Builder of Traces from CHAMP problems (converted to dicts)."""
-    def build(raw: _Raw, rid: str) -> Trace:
+    def build(raw: Record, rid: str) -> Trace:
         rec = raw.record
         steps = _clean_step_list(_get(rec, "solution.steps"), "solution.steps")
         meta = {"steps_field": "solution.steps", "category": rec.get("category"),
@@ -439,9 +282,9 @@ def _champ_builder() -> Callable[[_Raw, str], Trace]:
     return build
 
 
-def _jsonl_builder(fields: dict, step_mode: str, delimiter: str) -> Callable[[_Raw, str], Trace]:
+def _jsonl_builder(fields: dict, step_mode: str, delimiter: str) -> Callable[[Record, str], Trace]:
     """Builder of Traces from generic records with configurable field names."""
-    def build(raw: _Raw, rid: str) -> Trace:
+    def build(raw: Record, rid: str) -> Trace:
         rec = raw.record
         question = _require_str(rec, fields["question"])
         steps_key, text_key = fields.get("steps"), fields.get("text")
@@ -481,8 +324,8 @@ def iter_s1k(path: str | os.PathLike | None = None, name: str | None = None, spl
         raise ValueError(f"unknown trajectory {trajectory!r}; expected one of {TRAJECTORIES}")
     if path is None and name is None:
         name = DEFAULT_HUB_NAMES["s1k"]
-    raws = _records(path, name, config, split)
-    return _read(raws, _id_maker(_source_stem(path, name)), _s1k_builder(step_mode, delimiter, trajectory),
+    raws = iter_records(path, name, config, split)
+    return _read(raws, _id_maker(source_stem(path, name)), _s1k_builder(step_mode, delimiter, trajectory),
                  max_step_chars)
 
 
@@ -492,8 +335,8 @@ def iter_gsm8k(path: str | os.PathLike | None = None, name: str | None = None, s
     """Traces from GSM8K-format records: one step per rationale line, answer after ``####``."""
     if path is None and name is None:
         name = DEFAULT_HUB_NAMES["gsm8k"]
-    raws = _records(path, name, config, split)
-    return _read(raws, _id_maker(_source_stem(path, name)), _gsm8k_builder(strip_calculator), max_step_chars)
+    raws = iter_records(path, name, config, split)
+    return _read(raws, _id_maker(source_stem(path, name)), _gsm8k_builder(strip_calculator), max_step_chars)
 
 
 def iter_reasoning_gym(name: str = "gsm_symbolic", size: int = 100, seed: int = 0, *,
@@ -502,13 +345,13 @@ def iter_reasoning_gym(name: str = "gsm_symbolic", size: int = 100, seed: int = 
     import reasoning_gym
 
     dataset = reasoning_gym.create_dataset(name, size=size, seed=seed)
-    raws = (_Raw(i, f"reasoning_gym {name} (seed={seed}) item {i}", item) for i, item in enumerate(dataset))
+    raws = (Record(i, f"reasoning_gym {name} (seed={seed}) item {i}", item) for i, item in enumerate(dataset))
     return _read(raws, lambda raw: f"{name}-{seed}-{raw.index}", _reasoning_gym_builder(name, seed, strip_calculator),
                  max_step_chars)
 
 
 @functools.lru_cache(maxsize=4)
-def _champ_records(source: str) -> tuple[dict, ...]:
+def _champiter_records(source: str) -> tuple[dict, ...]:
     """The fields of CHAMP problems that traces use, in the data set's order (cached: the file is 70 MB)."""
     try:
         import champ_dataset
@@ -523,16 +366,16 @@ def _champ_records(source: str) -> tuple[dict, ...]:
     return tuple(records)
 
 
-def _champ_raws(source: str) -> Iterator[_Raw]:
+def _champ_raws(source: str) -> Iterator[Record]:
     """CHAMP problems as raw records (copies, so the cache stays untouched)."""
-    for i, record in enumerate(_champ_records(source)):
-        yield _Raw(i, f"champ {source} problem {record['identifier']}", copy.deepcopy(record))
+    for i, record in enumerate(_champiter_records(source)):
+        yield Record(i, f"champ {source} problem {record['identifier']}", copy.deepcopy(record))
 
 
 def iter_champ(path: str | os.PathLike | None = None, name: str = "v0", *,
                max_step_chars: int | None = None) -> Iterator[Trace]:
     """Traces from CHAMP (the ``champ_dataset`` package, version ``name``, or a CHAMP .json ``path``)."""
-    source = str(_check_path(path)) if path is not None else name
+    source = str(check_path(path)) if path is not None else name
     raws = _champ_raws(source)
     return _read(raws, lambda raw: f"champ-{raw.record['identifier']}", _champ_builder(), max_step_chars)
 
@@ -548,8 +391,8 @@ def iter_jsonl(path: str | os.PathLike | None = None, name: str | None = None, s
     mapping = {**JSONL_FIELDS, **(fields or {})}
     if not mapping.get("question"):
         raise ValueError("fields['question'] must name a field")
-    raws = _records(path, name, config, split)
-    return _read(raws, _id_maker(_source_stem(path, name), mapping.get("id")),
+    raws = iter_records(path, name, config, split)
+    return _read(raws, _id_maker(source_stem(path, name), mapping.get("id")),
                  _jsonl_builder(mapping, step_mode, delimiter), max_step_chars)
 
 

@@ -20,10 +20,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +34,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, render_card, schema
+from probes.io import stage_file, write_text
 
 __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "FolderLock", "shard_path",
            "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
@@ -89,26 +91,17 @@ def read_manifest(folder: str | os.PathLike) -> dict | None:
     return manifest
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_manifest(folder: str | os.PathLike, manifest: dict) -> None:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     manifest["updated"] = now()
     manifest["counts"] = summarize_shards(manifest.get("shards", []))
     text = json.dumps(manifest, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-    _atomic_write_bytes(folder / MANIFEST, text.encode("utf-8"))
+    write_text(folder / MANIFEST, text)
 
 
 def write_card(folder: str | os.PathLike, manifest: dict) -> None:
-    _atomic_write_bytes(Path(folder) / CARD, render_card(manifest).encode("utf-8"))
+    write_text(Path(folder) / CARD, render_card(manifest))
 
 
 def summarize_shards(shards: Iterable[dict]) -> dict:
@@ -173,7 +166,7 @@ class FolderLock:
         self.path = Path(folder) / LOCK
         self._fd: int | None = None
 
-    def __enter__(self) -> "FolderLock":
+    def __enter__(self) -> FolderLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -221,15 +214,6 @@ def _table(rows: list[dict], sch: pa.Schema, what: str) -> pa.Table:
         raise DataFolderError(f"{what} rows do not fit their schema: {err}") from None
 
 
-def _write_tmp(path: Path, writer) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    writer(tmp)
-    os.chmod(tmp, 0o644)  # safetensors creates its files private; data files are meant to be shared
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    return tmp
-
-
 def write_shard(folder: str | os.PathLike, shard: ShardData, metadata: dict[str, str] | None = None) -> dict[str, str]:
     """Write a shard's four files atomically (temporary names, fsync, rename); returns their paths
     relative to `folder`. The caller adds the shard to the manifest afterwards."""
@@ -242,10 +226,10 @@ def write_shard(folder: str | os.PathLike, shard: ShardData, metadata: dict[str,
     tmps = []
     try:
         for kind, table in tables.items():
-            tmps.append((_write_tmp(folder / files[kind], lambda p, t=table: pq.write_table(t, p)),
+            tmps.append((stage_file(folder / files[kind], lambda p, t=table: pq.write_table(t, p)),
                          folder / files[kind]))
         tensors = {k: to_float16(v) for k, v in shard.features.items()}
-        tmps.append((_write_tmp(folder / files["features"],
+        tmps.append((stage_file(folder / files["features"],
                                 lambda p: save_file(tensors, str(p), metadata=metadata or {})),
                      folder / files["features"]))
     except BaseException:

@@ -1,8 +1,9 @@
 """Final-answer extraction and comparison for math benchmarks (pass@1).
 
 Extraction order: the last \\boxed{...} (or \\fbox{...}), then a GSM8K-style "#### n" line, then
-"the answer is X", then the last number in the text. Comparison: numerically when both sides parse as
-numbers (commas, $, %, units of the form "12 apples" and fractions a/b, \\frac{a}{b} are handled), else
+"the answer is X", then the last number in the text; a number's thousands separators are removed
+("1,234" -> "1234"; trace sources clean their reference answers the same way). Comparison: numerically
+when both sides parse as numbers (commas, $, %, units of the form "12 apples" and fractions a/b, \\frac{a}{b} are handled), else
 as normalised strings (LaTeX spacing, \\left/\\right, \\text{}, dfrac/tfrac, trailing period removed).
 """
 from __future__ import annotations
@@ -12,6 +13,17 @@ import re
 
 _NUMBER = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
 _NUMBER_RE = re.compile(_NUMBER)
+_GROUPED = re.compile(r"(-?\$?)(\d{1,3}(?:,\d{3})+)(\.\d+)?")
+
+
+def strip_thousands_separators(answer: str) -> str:
+    """'1,234' -> '1234', '-$12,345.5' -> '-$12345.5'; anything that is not one grouped number is kept as is
+    (so '(1,2)' or '1,2,3' stay)."""
+    match = _GROUPED.fullmatch(answer.strip())
+    if match is None:
+        return answer
+    sign, digits, frac = match.groups()
+    return f"{sign}{digits.replace(',', '')}{frac or ''}"
 
 
 def extract_boxed(text: str) -> str | None:
@@ -28,7 +40,12 @@ def extract_boxed(text: str) -> str | None:
 
 
 def extract_answer(text: str) -> str | None:
-    """The final answer a model wrote, or None."""
+    """The final answer a model wrote (thousands separators removed), or None."""
+    answer = _find_answer(text)
+    return None if answer is None else strip_thousands_separators(answer)
+
+
+def _find_answer(text: str) -> str | None:
     if not text:
         return None
     boxed = extract_boxed(text)
@@ -78,13 +95,42 @@ def normalize_answer(s: str) -> str:
 
 
 def answers_match(pred: str | None, gold: str | None) -> bool:
-    """True when the extracted prediction equals the reference answer."""
+    """True when the extracted prediction equals the reference answer: equal as numbers or normalised
+    strings, else mathematically equivalent by math-verify (MATH / AIME style: "\\frac{1}{2}" = "0.5",
+    "\\sqrt{2}/2" = "\\frac{\\sqrt{2}}{2}", sets, intervals). Answers with no digit and no LaTeX command
+    are compared as strings only (math-verify would read "Paris" as the product P*a*r*i*s)."""
     if pred is None or gold is None:
         return False
     a, b = to_number(pred), to_number(gold)
     if a is not None and b is not None:
         return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
-    return normalize_answer(pred) == normalize_answer(gold)
+    if normalize_answer(pred) == normalize_answer(gold):
+        return True
+    return _looks_mathematical(pred) and _looks_mathematical(gold) and math_equivalent(pred, gold)
+
+
+def _looks_mathematical(answer: str) -> bool:
+    return bool(re.search(r"\d|\\[a-zA-Z]", answer))
+
+
+def math_equivalent(pred: str, gold: str) -> bool:
+    """math-verify's verdict on two final answers, each read as one LaTeX math expression."""
+    import logging
+    import threading
+
+    from math_verify import parse, verify
+
+    # math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere the short
+    # inputs here (one final answer each) are parsed without one.
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # it warns on every call made without a timeout
+    try:
+        parsed_gold = parse(f"${gold.strip().strip('$')}$", parsing_timeout=timeout)
+        parsed_pred = parse(f"${pred.strip().strip('$')}$", parsing_timeout=timeout)
+        return bool(parsed_gold and parsed_pred and verify(parsed_gold, parsed_pred, timeout_seconds=timeout))
+    finally:
+        logging.disable(previous)
 
 
 def grade(output_text: str, gold: str | None) -> tuple[str | None, bool]:

@@ -21,15 +21,16 @@ import json
 import math
 import platform
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from infer.answers import grade
+from infer.answers import extract_boxed, grade, strip_thousands_separators
 from infer.config import ConfigError, ExperimentConfig, SourceConfig, to_dict
 from infer.decoding import METHODS, DecodeOptions, RunStats, decode, fast_thread_switching, write_trace
 from infer.decoding.analytic import predict, token_level_factor
-from infer.engines import build_engine, sampling_params
+from infer.engines import build_engine_pair, sampling_params
 from infer.engines.token_spec import TokenSpecConfig
 from infer.verifiers import VERIFIER_KINDS, build_verifier
 
@@ -53,8 +54,11 @@ class Problem:
 
 
 def _gold(record: dict) -> str | None:
-    from infer.answers import extract_boxed
+    answer = _find_gold(record)
+    return None if answer is None else strip_thousands_separators(answer)
 
+
+def _find_gold(record: dict) -> str | None:
     for key in ANSWER_KEYS:
         value = record.get(key)
         if value is None:
@@ -70,41 +74,27 @@ def _gold(record: dict) -> str | None:
 
 def _from_records(records, stem: str, limit: int) -> list[Problem]:
     problems = []
-    for i, rec in enumerate(records):
-        question = next((rec[k] for k in QUESTION_KEYS if isinstance(rec.get(k), str) and rec[k].strip()), None)
+    for rec in records:
+        record = rec.record
+        question = next((record[k] for k in QUESTION_KEYS if isinstance(record.get(k), str) and record[k].strip()),
+                        None)
         if question is None:
-            raise ConfigError(f"{stem}: record {i} has no question field (looked for {list(QUESTION_KEYS)})")
-        problems.append(Problem(str(rec.get("id", rec.get("unique_id", f"{stem}-{i}"))), question, _gold(rec)))
+            raise ConfigError(f"{rec.where}: no question field (looked for {list(QUESTION_KEYS)})")
+        default_id = f"{stem}-{rec.index}"
+        problems.append(Problem(str(record.get("id", record.get("unique_id", default_id))), question, _gold(record)))
         if len(problems) >= limit:
             break
     return problems
 
 
-def _read_local(path: str) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"problem file not found: {p}")
-    if p.suffix == ".parquet":
-        import pyarrow.parquet as pq
+def _records(path: str | None, name: str | None, config: str | None, split: str):
+    from infer.records import iter_records
 
-        return pq.read_table(p).to_pylist()
-    if p.suffix == ".json":
-        data = json.loads(p.read_text(encoding="utf-8"))
-        return data if isinstance(data, list) else data.get("data", [])
-    with p.open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def _read_hub(name: str, config: str | None, split: str) -> list[dict]:
     try:
-        import datasets
-
-        return list(datasets.load_dataset(name, config, split=split))
-    except Exception as err:  # noqa: BLE001 - any failure means the data set is not reachable here
-        raise ConfigError(
-            f"could not load the data set {name!r} (split {split}) with `datasets`: {type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}\nWith no hub access, download it elsewhere and "
-            "point bench.source.path at a local .jsonl/.parquet file (kind: jsonl).") from None
+        return iter_records(path, name, config, split)
+    except (FileNotFoundError, RuntimeError) as err:
+        raise ConfigError(f"bench.source: {err}\nWith no hub access, point bench.source.path at a local "
+                          ".jsonl/.parquet file (kind: jsonl).") from None
 
 
 def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
@@ -117,7 +107,7 @@ def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
                 for i, item in zip(range(limit), data)]
     if src.kind in ("gsm8k", "jsonl"):
         if src.path:
-            return _from_records(_read_local(src.path), Path(src.path).stem, limit)
+            return _from_records(_records(src.path, None, None, src.split), Path(src.path).stem, limit)
         name = src.name or ("gsm8k" if src.kind == "gsm8k" else None)
         if name is None:
             raise ConfigError("bench.source kind jsonl needs a path (local file) or a name "
@@ -125,7 +115,7 @@ def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
         hub, config, split = HUB_ALIASES.get(name, (name, None, src.split))
         if name not in HUB_ALIASES:
             split = src.split
-        return _from_records(_read_hub(hub, config, split), name.replace("/", "_"), limit)
+        return _from_records(_records(None, hub, config, split), name.replace("/", "_"), limit)
     raise ConfigError(f"probe-bench reads reasoning_gym, gsm8k or jsonl problems, not {src.kind!r} "
                       f"(MATH-500 / AIME24 / AMC23: kind jsonl with a local path or name {sorted(HUB_ALIASES)})")
 
@@ -225,12 +215,8 @@ def prepare(cfg: ExperimentConfig, *, checkpoint: str | None = None, verifier: s
     else:
         models = cfg.models
         names = (cfg.bench.system_target, cfg.bench.system_draft) if system else (models.target, models.draft)
-        target = build_engine(names[0], models, stop_at_eos=not system)
-        if names[1] == names[0]:
-            draft = build_engine(names[1], models, model=target.model, tokenizer=target.tokenizer,
-                                 stop_at_eos=not system)
-        else:
-            draft = build_engine(names[1], models, stop_at_eos=not system)
+        target, draft = build_engine_pair(models, names, token_spec=start_token_spec(cfg.runtime),
+                                          stop_at_eos=not system)
     kind = "bernoulli" if system else (verifier or cfg.runtime.verifier)
     if kind not in VERIFIER_KINDS:
         raise ConfigError(f"unknown verifier {kind!r}; choose one of {', '.join(VERIFIER_KINDS)}")
@@ -260,6 +246,11 @@ class MethodResult:
 def _method_options(env: BenchEnv, spec: MethodSpec) -> DecodeOptions:
     ov = {k: v for k, v in spec.overrides.items() if k in ("gamma", "width", "max_steps", "max_new_tokens", "seed")}
     return env.opts.replace(**ov) if ov else env.opts
+
+
+def start_token_spec(rt) -> TokenSpecConfig | None:
+    """Token speculation an engine must be started with (vLLM fixes it at start): runtime.token_spec ngram."""
+    return TokenSpecConfig("ngram", rt.num_speculative_tokens, rt.ngram_size) if rt.token_spec == "ngram" else None
 
 
 def _set_token_spec(env: BenchEnv, spec: MethodSpec) -> None:
@@ -300,30 +291,39 @@ def _run_one(env: BenchEnv, spec: MethodSpec, question: str, opts: DecodeOptions
         env.draft.set_token_spec(None)
 
 
-def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: str | Path | None = None,
-                  log: Callable[[str], None] = print) -> dict:
-    """Decode every problem with every method; returns the report (see `format_markdown`)."""
-    specs = [parse_method(m) for m in (methods or env.cfg.bench.methods)]
+def method_specs(methods: Sequence[str]) -> list[MethodSpec]:
+    """The parsed methods, target-only first when missing: the baseline of every speedup, measured in
+    the same run."""
+    specs = [parse_method(m) for m in methods]
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"methods listed twice: {labels}")
-    if "target" not in labels:  # speedups are measured against target-only in the same run
+    if "target" not in labels:
         specs.insert(0, parse_method("target"))
+    return specs
+
+
+def warm_up(env: BenchEnv, specs: Sequence[MethodSpec], log: Callable[[str], None] = print) -> dict[str, MethodResult]:
+    """Fresh results per method; with bench.warmup, one untimed one-step generation per method first
+    (a method failing there is marked and skipped)."""
     results = {s.label: MethodResult(s) for s in specs}
-    out = Path(out_dir) if out_dir else None
-    if out is not None:
-        (out / "traces").mkdir(parents=True, exist_ok=True)
-        for s in specs:
-            (out / "traces" / f"{_safe(s.label)}.jsonl").write_text("")
-    suffix = env.cfg.bench.prompt_suffix
     if env.cfg.bench.warmup:
         for s in specs:
             try:
-                _run_one(env, s, env.problems[0].question + suffix, _method_options(env, s).replace(max_steps=1))
+                _run_one(env, s, env.problems[0].question + env.cfg.bench.prompt_suffix,
+                         _method_options(env, s).replace(max_steps=1))
             except (ValueError, RuntimeError) as err:
                 results[s.label].error = f"{type(err).__name__}: {err}"
                 log(f"[{s.label}] skipped: {results[s.label].error}")
-    started = time.perf_counter()
+    return results
+
+
+def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, MethodResult],
+                 log: Callable[[str], None] = print,
+                 on_trace: Callable[[str, Iterable[dict]], None] | None = None) -> None:
+    """Decode every problem of `env` with every method, adding to `results`; on_trace(label, records)
+    receives each generation's per-cycle trace."""
+    suffix = env.cfg.bench.prompt_suffix
     for i, prob in enumerate(env.problems):
         for s in specs:
             res = results[s.label]
@@ -343,14 +343,54 @@ def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: 
             log(f"[{i + 1}/{len(env.problems)}] {s.label:22s} {gen.stats.latency_s:7.2f}s "
                 f"{gen.stats.output_tokens:5d} tok  stop={gen.stop_reason:14s} answer={pred!r} gold={prob.answer!r}"
                 + (f"  accept={gen.stats.acceptance_rate:.2f}" if gen.stats.acceptance_rate is not None else ""))
-            if out is not None and env.cfg.bench.trace:
-                write_trace(out / "traces" / f"{_safe(s.label)}.jsonl",
-                            ({"problem": prob.id, "method": s.label, **rec} for rec in gen.trace), mode="a")
+            if on_trace is not None:
+                on_trace(s.label, ({"problem": prob.id, "method": s.label, **rec} for rec in gen.trace))
+
+
+def merge_results(parts: Sequence[dict[str, MethodResult]]) -> dict[str, MethodResult]:
+    """One result per method from results over disjoint problem sets (e.g. one per Ray replica):
+    counts, stats and latencies add up; a method that failed anywhere keeps the first error."""
+    merged: dict[str, MethodResult] = {}
+    for part in parts:
+        for label, res in part.items():
+            if label not in merged:
+                merged[label] = MethodResult(res.spec)
+            out = merged[label]
+            if res.stats.problems:
+                out.stats = out.stats.merge(res.stats) if out.stats.problems else res.stats
+            out.correct += res.correct
+            out.answered += res.answered
+            out.latencies += res.latencies
+            out.error = out.error or res.error
+    return merged
+
+
+def trace_files(out: Path, specs: Sequence[MethodSpec]) -> Callable[[str, Iterable[dict]], None]:
+    """Empty traces/<method>.jsonl under `out`; returns the writer that appends to them."""
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    for s in specs:
+        (out / "traces" / f"{_safe(s.label)}.jsonl").write_text("")
+    return lambda label, records: write_trace(out / "traces" / f"{_safe(label)}.jsonl", records, mode="a")
+
+
+def write_report(report: dict, out: Path) -> None:
+    (out / "results.json").write_text(json.dumps(report, indent=2, default=_json_default))
+    (out / "results.md").write_text(format_markdown(report) + "\n")
+
+
+def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: str | Path | None = None,
+                  log: Callable[[str], None] = print) -> dict:
+    """Decode every problem with every method; returns the report (see `format_markdown`)."""
+    specs = method_specs(methods or env.cfg.bench.methods)
+    out = Path(out_dir) if out_dir else None
+    on_trace = trace_files(out, specs) if out is not None else None
+    results = warm_up(env, specs, log)
+    started = time.perf_counter()
+    run_problems(env, specs, results, log, on_trace if env.cfg.bench.trace else None)
     report = summarize(env, results)
     report["wall_s"] = time.perf_counter() - started
     if out is not None:
-        (out / "results.json").write_text(json.dumps(report, indent=2, default=_json_default))
-        (out / "results.md").write_text(format_markdown(report) + "\n")
+        write_report(report, out)
     return report
 
 

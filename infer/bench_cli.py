@@ -17,6 +17,8 @@ Arguments:
                          verifier (runtime.bernoulli_alpha): the runtime's own overhead and scaling
     --num-problems N     shorthand for bench.num_problems=N
     --out DIR            results.json, results.md and traces/<method>.jsonl (default <output_dir>/bench)
+    --ray [ADDRESS]      spread the problems over ray.replicas Ray actors, each running every method on
+                         its problems; ADDRESS joins a cluster (else ray.address; none = a local instance)
     --help-config        list every config key with its help text
     key=value ...        config overrides, e.g. runtime.gamma=2 sampling.temperature=0
 
@@ -40,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--system-speed", action="store_true", help="random-weight models + Bernoulli verifier")
     p.add_argument("--num-problems", type=int, help="problems per method")
     p.add_argument("--out", help="output folder (default <output_dir>/bench)")
+    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="problems over Ray replicas (the ray: config section); ADDRESS joins a cluster")
     p.add_argument("--help-config", action="store_true", help="list every config key")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     return p
@@ -64,11 +68,18 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, overrides)
         from infer import bench
 
-        env = bench.prepare(cfg, checkpoint=args.checkpoint, verifier=args.verifier)
         methods = [m for m in args.methods.split(",") if m.strip()] if args.methods else None
         out = Path(args.out) if args.out else Path(cfg.bench.out_dir or Path(cfg.output_dir) / "bench")
-        report = bench.run_benchmark(env, methods, out_dir=out, log=lambda s: print(s, file=sys.stderr))
-    except (ConfigError, ValueError, FileNotFoundError, ModelUnavailableError) as err:
+        if args.ray is not None:
+            from infer.bench_ray import run_benchmark_on_ray
+
+            report = run_benchmark_on_ray(cfg, methods, checkpoint=args.checkpoint, verifier=args.verifier,
+                                          address=args.ray or None, out_dir=out,
+                                          log=lambda s: print(s, file=sys.stderr))
+        else:
+            env = bench.prepare(cfg, checkpoint=args.checkpoint, verifier=args.verifier)
+            report = bench.run_benchmark(env, methods, out_dir=out, log=lambda s: print(s, file=sys.stderr))
+    except (ConfigError, ValueError, FileNotFoundError, ModelUnavailableError, RuntimeError) as err:
         print(f"probe-bench: error: {err}", file=sys.stderr)
         return 2
     print(bench.format_markdown(report))

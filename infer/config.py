@@ -9,12 +9,12 @@ may import `infer`.
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
@@ -36,6 +36,34 @@ def section(cls: type, help: str) -> Any:
 
 # ----------------------------------------------------------------------------- sections
 @dataclass
+class VLLMConfig:
+    """Engine-start settings of models served by vLLM (`models.engine: vllm`)."""
+
+    max_model_len: int = opt(4096, "context window vLLM reserves per sequence (prompt + step), in tokens")
+    tensor_parallel_size: int = opt(1, "GPUs one model is split over")
+    gpu_memory_utilization: float = opt(0.45, "fraction of GPU memory each vLLM engine takes; draft and target on "
+                                              "one GPU must sum to < 1 (CPU build: ignored when kv_cache_gib is set)")
+    kv_cache_gib: float | None = opt(None, "explicit KV-cache size in GiB (default: vLLM's on GPU, 1 GiB on CPU)")
+    enforce_eager: bool = opt(False, "skip CUDA-graph / torch.compile capture: starts faster, decodes slower")
+    block_size: int | None = opt(None, "KV-cache block size in tokens (default: vLLM's); prefix-cache hits come in "
+                                       "whole blocks, so short prompts need small blocks")
+    enable_lora: bool = opt(False, "let the engine serve LoRA adapters (the judge-LoRA verifier on the target)")
+    max_lora_rank: int = opt(16, "largest LoRA rank served when enable_lora is on")
+    hidden_states: Literal["transformers", "vllm"] = opt(
+        "transformers", "where hidden states (probe features) come from: a transformers engine on the same weights "
+                        "(built on first use; a second copy of the weights), or vllm (not implemented: needs a GPU "
+                        "to test extract_hidden_states)")
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "tensor_parallel_size", "max_lora_rank", "block_size"):
+            _positive(self, name)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"models.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
+            raise ConfigError(f"models.vllm.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+
+
+@dataclass
 class ModelsConfig:
     target: str = opt("offline:smollm2-135m-instruct",
                       "target model (large, p): hub id, local folder, .gguf file, offline:<name> or random:<size>")
@@ -47,9 +75,19 @@ class ModelsConfig:
     use_chat_template: bool = opt(True, "wrap questions in each model's own chat template")
     system_prompt: str | None = opt(None, "optional system message for both models")
     max_batch_rows: int = opt(32, "most sequences decoded or scored in one batch")
+    engine: Literal["hf", "vllm"] = opt("hf", "step engine of the target (and of the draft unless draft_engine is "
+                                              "set): hf (transformers) or vllm (pip install -e \".[vllm]\")")
+    draft_engine: Literal["hf", "vllm"] | None = opt(None, "step engine of the draft (default: models.engine)")
+    vllm: VLLMConfig = section(VLLMConfig, "settings of the models served by vLLM")
 
     def __post_init__(self) -> None:
         _positive(self, "max_batch_rows")
+
+    def engine_of(self, role: str) -> str:
+        """The engine kind ("hf" / "vllm") of the "target" or "draft" model."""
+        if role == "draft" and self.draft_engine is not None:
+            return self.draft_engine
+        return self.engine
 
     def resolved_device(self) -> str | None:
         return None if self.device == "auto" else self.device
@@ -72,6 +110,9 @@ class SourceConfig:
     domains: list[str] | None = opt(None, "keep only these domains (e.g. [math])")
     fields: dict | None = opt(None, "jsonl source: field names, e.g. {question: prompt, steps: reasoning, answer: label}")
     max_step_chars: int | None = opt(None, "skip (with a warning) traces that have a step longer than this")
+    strip_calculator: bool = opt(
+        True, "gsm8k / reasoning_gym: remove GSM8K's calculator annotations (<<48/2=24>>) from the steps; "
+              "false keeps the rationale exactly as written")
 
     def __post_init__(self) -> None:
         _positive(self, "size")
@@ -135,9 +176,7 @@ class DataConfig:
         if bad or not self.models or len(set(self.models)) != len(self.models):
             raise ConfigError(f"data.models must be a non-empty subset of [target, draft] without repeats, "
                               f"got {self.models}")
-        if not _LAYER_OPTION.match(self.layers.strip().lower().replace(" ", "")):
-            raise ConfigError(f"data.layers: {self.layers!r} is not 'all', 'last', 'range:a-b' or a comma "
-                              "list of layer indices like '0,4,8' (0 = embeddings)")
+        _check_layer_option(self.layers, "data.layers")
 
 
 @dataclass
@@ -182,9 +221,7 @@ class ProbeConfig:
             raise ConfigError(f"probe.dropout must be in [0, 1), got {self.dropout}")
         if not self.lr > 0 or self.weight_decay < 0:
             raise ConfigError(f"probe.lr must be > 0 and probe.weight_decay >= 0, got {self.lr}, {self.weight_decay}")
-        if not _LAYER_OPTION.match(self.features.strip().lower().replace(" ", "")):
-            raise ConfigError(f"probe.features: {self.features!r} is not 'all', 'last', 'range:a-b' or a comma "
-                              "list of layer indices like '0,4,8' (0 = embeddings)")
+        _check_layer_option(self.features, "probe.features")
 
 
 _VERIFIERS = ("probes", "embedding", "judge")
@@ -358,6 +395,40 @@ class WandbConfig:
 
 
 @dataclass
+class RayConfig:
+    address: str | None = opt(None, "Ray cluster to join: host:port of `ray start --head` (default port 6379), "
+                                    "ray://host:10001 or auto; null = start a local instance. `--ray ADDRESS` "
+                                    "overrides it")
+    replicas: int = opt(1, "engine replicas: actors that each load the target and draft and process whole "
+                           "shards (data) or a share of the problems (bench)")
+    cpus_per_replica: float = opt(1.0, "CPUs reserved per replica (also its torch threads on CPU)")
+    gpus_per_replica: float = opt(0.0, "GPUs per replica: 1 = one GPU each, 0.5 = two replicas share a GPU, "
+                                       "k > 1 = k GPUs for a tensor-parallel engine (vLLM with "
+                                       "models.vllm.tensor_parallel_size = k; transformers uses one)")
+    judge: Literal["colocated", "actors"] = opt(
+        "colocated", "data stage: where the equivalence judge runs: colocated = in every replica beside the "
+                     "models, actors = on judge_replicas actors of its own that every replica calls")
+    judge_replicas: int = opt(1, "judge actors when judge = actors")
+    judge_cpus: float = opt(1.0, "CPUs per judge actor")
+    judge_gpus: float = opt(0.0, "GPUs per judge actor (e.g. 0.25: four NLI judges share a GPU)")
+    local_cpus: int | None = opt(None, "CPUs of a local instance (null = all of this machine)")
+    max_restarts: int = opt(3, "how often Ray restarts a crashed replica; its unfinished work is redone")
+    connect_timeout_s: float = opt(10.0, "seconds to wait for a cluster address to answer before failing")
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "judge_replicas", "local_cpus"):
+            _positive(self, name)
+        for name in ("cpus_per_replica", "gpus_per_replica", "judge_cpus", "judge_gpus", "max_restarts"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"ray.{name} must be >= 0, got {getattr(self, name)}")
+        if self.gpus_per_replica > 1 and self.gpus_per_replica != int(self.gpus_per_replica):
+            raise ConfigError(f"ray.gpus_per_replica above 1 must be a whole number of GPUs, got "
+                              f"{self.gpus_per_replica}")
+        if not self.connect_timeout_s > 0:
+            raise ConfigError("ray.connect_timeout_s must be > 0")
+
+
+@dataclass
 class ExperimentConfig:
     name: str = opt("tiny", "run name; checkpoints go to <output_dir>/checkpoint")
     output_dir: str = opt("runs/tiny", "where this run writes its data, checkpoint and reports")
@@ -371,6 +442,7 @@ class ExperimentConfig:
     runtime: RuntimeConfig = section(RuntimeConfig, "decoding runtime")
     bench: BenchConfig = section(BenchConfig, "probe-bench")
     wandb: WandbConfig = section(WandbConfig, "experiment tracking")
+    ray: RayConfig = section(RayConfig, "scale-out on Ray (probe-train --stage data --ray, probe-bench --ray)")
 
     @property
     def data_dir(self) -> Path:
@@ -381,7 +453,13 @@ class ExperimentConfig:
         return Path(self.output_dir) / "checkpoint"
 
 
-_LAYER_OPTION = re.compile(r"^(all|last|range:\d+-\d+|\d+(,\d+)*)$")
+def _check_layer_option(option: str, key: str) -> None:
+    from probes.features import parse_layer_option
+
+    try:
+        parse_layer_option(option)
+    except ValueError as err:
+        raise ConfigError(f"{key}: {err}") from None
 
 
 def _positive(obj: Any, name: str) -> None:

@@ -9,7 +9,7 @@ checked when an adapter is loaded.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -18,23 +18,20 @@ draws happened before it (the async runtime verifies in a timing-dependent order
 """
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
 
 import torch
 
+from infer import checkpoint_format as ckpt
+from infer.checkpoint_format import CheckpointError
 from infer.engines.base import Prefix
 from probes.acceptance import DEFAULT_EPS, bernoulli, make_rng, semantic_accept_prob
 
 VERIFIER_KINDS = ("probe", "embedding", "judge", "llm_judge", "exact", "accept_all", "reject_all", "bernoulli")
 CHECKPOINT_KINDS = ("probe", "embedding", "judge")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing a component or does not fit the models it is used with."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +221,26 @@ class JudgeVerifier(Verifier):
         return {"name": self.name, "model": self.model_id, "threshold": self.threshold}
 
 
+class VLLMJudgeVerifier(JudgeVerifier):
+    """The same one-token judge served by a vLLM engine (`infer.engines.vllm_engine.VLLMJudge`), with the
+    judge-LoRA adapter applied per request through vLLM's LoRA support when one is given."""
+
+    def __init__(self, judge, threshold: float = 0.5, name: str = "llm_judge", model_id: str | None = None):
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"judge threshold must be in [0, 1], got {threshold}")
+        self.judge, self.model, self.tokenizer = judge, None, judge.engine.tokenizer
+        self.threshold, self.name, self.batch_size, self.model_id = float(threshold), name, 0, model_id
+
+    def _score(self, items):
+        probs = self.judge.probability([(it.context.text(), it.target, it.draft) for it in items]).tolist()
+        return [(p, float(p >= self.threshold), {}) for p in probs]
+
+
+def _is_vllm(engine) -> bool:
+    info = getattr(engine, "info", None)
+    return info is not None and info.extra.get("engine") == "vllm"
+
+
 # ----------------------------------------------------------------------------- probe pair
 class ProbePairVerifier(Verifier):
     """SemanticSpec: p = target probe on the target's hidden states of the draft step, q = draft probe on
@@ -304,39 +321,15 @@ class ProbePairVerifier(Verifier):
 
 
 # ----------------------------------------------------------------------------- loading
-def _read_json(path: Path, what: str) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"{what}: {path} not found")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{what}: {path} is not valid JSON ({err})") from None
-
-
-def _first(d: dict, keys: Sequence[str], default: Any = None) -> Any:
-    for k in keys:
-        if k in d and d[k] is not None:
-            return d[k]
-    return default
-
-
-def _checkpoint_dir(path: str | Path) -> Path:
-    folder = Path(path)
-    if not folder.is_dir():
-        raise CheckpointError(f"checkpoint folder {folder} does not exist; train one with `probe-train` "
-                              "or choose a verifier that needs none (exact, bernoulli, llm_judge, ...)")
-    return folder
-
-
 def load_probe_pair(path: str | Path, *, target_engine=None, draft_engine=None, eps: float = DEFAULT_EPS,
                     allow_model_mismatch: bool = False, device: str | torch.device = "cpu") -> ProbePairVerifier:
     from probes.mlp import SemanticProbe
 
-    folder = _checkpoint_dir(path)
+    folder = ckpt.checkpoint_folder(path)
     probes = []
     for role in ("target", "draft"):
-        name = f"probe_{role}"
-        if not (folder / f"{name}.json").is_file() or not (folder / f"{name}.safetensors").is_file():
+        name = ckpt.probe_name(role)
+        if not ckpt.has_probe(folder, name):
             raise CheckpointError(f"checkpoint {folder} has no {name}.safetensors/.json; train the probes "
                                   "(verifiers.train includes 'probes') or use another verifier")
         probes.append(SemanticProbe.load(folder, name, map_location=device))
@@ -344,53 +337,43 @@ def load_probe_pair(path: str | Path, *, target_engine=None, draft_engine=None, 
 
 
 def load_embedding_threshold(path: str | Path, *, device: str | None = None, embedder=None) -> EmbeddingThreshold:
-    from infer.embedder import SentenceEmbedder
-
-    folder = _checkpoint_dir(path)
-    data = _read_json(folder / "embedding_threshold.json", "embedding verifier")
-    model = _first(data, ("embedding_model", "model", "model_id"))
-    threshold = _first(data, ("threshold",))
-    if threshold is None and isinstance(data.get("chosen"), dict):
-        threshold = data["chosen"].get("threshold")
-    if threshold is None and isinstance(data.get("fit"), dict):
-        threshold = _first(data["fit"], ("threshold",), (data["fit"].get("chosen") or {}).get("threshold"))
-    if model is None or threshold is None:
-        raise CheckpointError(f"{folder / 'embedding_threshold.json'} must name the embedding model "
-                              f"('embedding_model') and a threshold; found keys {sorted(data)}")
+    entry = ckpt.read_embedding(path)
     if embedder is None:
-        embedder = SentenceEmbedder(model, device=device)
-    return EmbeddingThreshold(embedder, float(threshold))
+        from infer.embedder import SentenceEmbedder
+
+        embedder = SentenceEmbedder(entry.model, device=device)
+    return EmbeddingThreshold(embedder, entry.threshold)
 
 
 def load_judge_lora(path: str | Path, *, device: str | None = None, threshold: float | None = None,
-                    cache_dir: str | None = None) -> JudgeVerifier:
+                    cache_dir: str | None = None, vllm_engine=None) -> JudgeVerifier:
+    """The judge-LoRA verifier of a checkpoint: PEFT on transformers, or, with `vllm_engine` (a vLLM engine on
+    the adapter's base model, started with enable_lora), the adapter served by vLLM."""
     from peft import PeftModel
 
     from infer.judge_prompt import PROMPT_VERSION, answer_token_ids
-    from infer.models import load_model
+    from infer.models import describe_source, load_model
 
-    folder = _checkpoint_dir(path)
-    adapter = folder / "judge_lora" if (folder / "judge_lora").is_dir() else folder
-    meta = _read_json(adapter / "judge.json", "judge-LoRA verifier")
-    if not (adapter / "adapter_config.json").is_file():
-        raise CheckpointError(f"{adapter} has no adapter_config.json (a PEFT LoRA adapter)")
-    version = _first(meta, ("prompt_version",))
-    if version is not None and int(version) != PROMPT_VERSION:
-        raise CheckpointError(f"the judge adapter was trained with judge prompt version {version}, this runtime "
-                              f"builds version {PROMPT_VERSION}; retrain the judge or use a matching specprobe")
-    base = _first(meta, ("base_model", "base", "model"))
-    if base is None:
-        raise CheckpointError(f"{adapter / 'judge.json'} does not name its base model ('base_model')")
-    model, tok = load_model(base, device=device, cache_dir=cache_dir)
-    model = PeftModel.from_pretrained(model, str(adapter)).eval()
-    recorded = _first(meta, ("answer_tokens", "answer_token_ids"))
-    if recorded is not None:
-        ids = [recorded.get("yes"), recorded.get("no")] if isinstance(recorded, dict) else list(recorded)
-        if [int(i) for i in ids[:2]] != list(answer_token_ids(tok)):
-            raise CheckpointError(f"judge.json records answer tokens {ids[:2]}, but the base tokenizer gives "
-                                  f"{list(answer_token_ids(tok))}: the adapter was trained with another tokenizer")
-    thr = threshold if threshold is not None else float(_first(meta, ("threshold", "decision_threshold"), 0.5))
-    return JudgeVerifier(model, tok, thr, name="judge", model_id=f"{base} + LoRA {adapter}")
+    entry = ckpt.read_judge(path)
+    if entry.prompt_version is not None and entry.prompt_version != PROMPT_VERSION:
+        raise CheckpointError(f"the judge adapter was trained with judge prompt version {entry.prompt_version}, "
+                              f"this runtime builds version {PROMPT_VERSION}; retrain the judge or use a matching "
+                              "specprobe")
+    thr = entry.threshold if threshold is None else threshold
+    if vllm_engine is not None:
+        from infer.engines.vllm_engine import VLLMJudge
+
+        if describe_source(entry.base_model) != vllm_engine.info.model_id:
+            raise CheckpointError(f"the judge adapter's base model is {entry.base_model}, but the vLLM engine serves "
+                                  f"{vllm_engine.info.model_id}; LoRA adapters only apply to their own base model")
+        return VLLMJudgeVerifier(VLLMJudge(vllm_engine, str(entry.adapter_dir)), thr, name="judge",
+                                 model_id=f"{entry.base_model} + LoRA {entry.adapter_dir} (vLLM)")
+    model, tok = load_model(entry.base_model, device=device, cache_dir=cache_dir)
+    model = PeftModel.from_pretrained(model, str(entry.adapter_dir)).eval()
+    if entry.answer_tokens is not None and entry.answer_tokens != tuple(answer_token_ids(tok)):
+        raise CheckpointError(f"judge.json records answer tokens {list(entry.answer_tokens)}, but the base tokenizer "
+                              f"gives {list(answer_token_ids(tok))}: the adapter was trained with another tokenizer")
+    return JudgeVerifier(model, tok, thr, name="judge", model_id=f"{entry.base_model} + LoRA {entry.adapter_dir}")
 
 
 def load_verifier(path: str | Path, kind: str = "probe", **kw) -> Verifier:
@@ -429,7 +412,9 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
         if kind == "embedding":
             verifier = load_embedding_threshold(checkpoint, device=device)
         else:
-            verifier = load_judge_lora(checkpoint, device=device)
+            # a vLLM target started with LoRA on serves the adapter itself (when it is the adapter's base)
+            lora_engine = target_engine if _is_vllm(target_engine) and target_engine.lora_enabled else None
+            verifier = load_judge_lora(checkpoint, device=device, vllm_engine=lora_engine)
         if threshold is not None:
             verifier.threshold = float(threshold)
         return verifier
@@ -442,6 +427,11 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
     if kind == "exact":
         return ExactMatch()
     # llm_judge
+    if _is_vllm(llm_judge_engine):
+        from infer.engines.vllm_engine import VLLMJudge
+
+        return VLLMJudgeVerifier(VLLMJudge(llm_judge_engine), 0.5 if threshold is None else threshold,
+                                 name="llm_judge", model_id=llm_judge_engine.model_name)
     if llm_judge_engine is not None:
         model, tok, name = llm_judge_engine.model, llm_judge_engine.tokenizer, llm_judge_engine.model_name
     else:

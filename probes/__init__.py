@@ -18,7 +18,7 @@ from .metrics import (
     reliability_bins,
     spearman,
 )
-from .mlp import FitHistory, ProbeConfig, SemanticProbe, fit_probe
+from .mlp import FitHistory, ProbeMLPConfig, SemanticProbe, fit_probe
 from .speedup import (
     async_speedup,
     best_allocation,
@@ -32,7 +32,7 @@ from .threshold import OperatingPoint, ThresholdFit, fit_threshold
 
 __all__ = [
     "FeatureSpec", "layers_from_option",
-    "SemanticProbe", "ProbeConfig", "FitHistory", "fit_probe",
+    "SemanticProbe", "ProbeMLPConfig", "FitHistory", "fit_probe",
     "ThresholdFit", "OperatingPoint", "fit_threshold",
     "ece", "mce", "brier", "mae", "spearman", "auroc", "auprc", "reliability_bins", "ReliabilityBins",
     "bootstrap_ci", "BootstrapCI", "probe_report",

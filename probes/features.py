@@ -20,43 +20,52 @@ POOLING_MODES: tuple[str, ...] = ("mean", "last")
 _RANGE_RE = re.compile(r"^range:(\d+)-(\d+)$")
 
 
-def layers_from_option(option: str, num_layers: int) -> list[int]:
-    """Turn a layer option into hidden-state row indices (0 = embeddings, num_layers = last layer).
+def parse_layer_option(option: str) -> str | list[int]:
+    """The syntax of a layer option, checked without knowing the model: "all", "last", or explicit rows.
 
     - ``"all"``: every row, 0..num_layers (what SemanticSpec calls "all layers").
     - ``"last"``: the final layer only (their cheaper "last-hidden" ablation).
     - ``"range:a-b"``: rows a..b inclusive.
     - ``"a,b,c"``: an explicit list (a single ``"7"`` works too).
-    The result is sorted and duplicate-free.
+    Config validation calls this; `layers_from_option` resolves the result against a model.
     """
-    if not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
     if not isinstance(option, str) or not option.strip():
         raise ValueError(f"layer option must be a non-empty string, got {option!r}")
     text = option.strip().lower()
-    if text == "all":
-        return list(range(num_layers + 1))
-    if text == "last":
-        return [num_layers]
+    if text in ("all", "last"):
+        return text
     match = _RANGE_RE.match(text.replace(" ", ""))
     if match:
         lo, hi = int(match.group(1)), int(match.group(2))
         if lo > hi:
             raise ValueError(f"layer range {option!r} is empty: start {lo} > end {hi}")
-        rows = list(range(lo, hi + 1))
-    elif text.startswith("range:"):
+        return list(range(lo, hi + 1))
+    if text.startswith("range:"):
         raise ValueError(f"layer range {option!r} must look like 'range:a-b' with non-negative ints a <= b")
-    else:
-        try:
-            rows = [int(part) for part in text.split(",") if part.strip()]
-        except ValueError:
-            raise ValueError(
-                f"unknown layer option {option!r}: use 'all', 'last', 'range:a-b' or a comma list like '4,8,12'"
-            ) from None
-        if not rows:
-            raise ValueError(f"layer option {option!r} lists no layers")
-    _check_rows(rows, num_layers, source=f"layer option {option!r}")
-    return sorted(set(rows))
+    try:
+        rows = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(
+            f"unknown layer option {option!r}: use 'all', 'last', 'range:a-b' or a comma list like '4,8,12' "
+            "(0 = embeddings)"
+        ) from None
+    if not rows or min(rows) < 0:
+        raise ValueError(f"layer option {option!r} must list row indices >= 0 (0 = embeddings)")
+    return rows
+
+
+def layers_from_option(option: str, num_layers: int) -> list[int]:
+    """Turn a layer option (`parse_layer_option`) into hidden-state row indices of a model with
+    `num_layers` layers (0 = embeddings, num_layers = last layer), sorted and duplicate-free."""
+    if not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+    parsed = parse_layer_option(option)
+    if parsed == "all":
+        return list(range(num_layers + 1))
+    if parsed == "last":
+        return [num_layers]
+    _check_rows(parsed, num_layers, source=f"layer option {option!r}")
+    return sorted(set(parsed))
 
 
 def _check_rows(rows: list[int], num_layers: int, source: str) -> None:
@@ -123,7 +132,7 @@ class FeatureSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "FeatureSpec":
+    def from_dict(cls, data: dict[str, Any]) -> FeatureSpec:
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(data) - known)
         if unknown:

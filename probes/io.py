@@ -2,7 +2,8 @@
 
 A saved model is two files in one folder: ``{name}.safetensors`` (tensors only) and ``{name}.json``
 (everything needed to rebuild the module, plus a format tag and version). Both are written to a
-temporary file first and renamed, so a crash mid-save never leaves a half-written file behind.
+temporary file first and renamed, so a crash mid-save never leaves a half-written file behind; that
+rule lives here (`stage_file`, `write_atomically`, `write_text`) for every package.
 """
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -19,30 +21,48 @@ from safetensors.torch import load_file, save_file
 PathLike = str | os.PathLike
 
 
-def _atomic_target(path: Path) -> tuple[int, str]:
+def stage_file(path: PathLike, write: Callable[[str], Any]) -> Path:
+    """Call write(tmp) on a temporary file beside `path` and make it durable (fsync, mode 0644); return the
+    temporary path. Rename it over `path` to publish it: several staged files can be published together.
+    Temporary names look like `.{name}.*.tmp`, which `clean_temporaries`-style sweeps can find."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-
-
-def _write_atomically(path: Path, write) -> Path:
-    """Call write(tmp_path) on a temp file beside `path`, then rename it over `path` (never half-written)."""
-    fd, tmp = _atomic_target(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
-        os.replace(tmp, path)
+        os.chmod(tmp, 0o644)  # mkstemp and safetensors create private files; outputs are meant to be shared
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    return Path(tmp)
+
+
+def write_atomically(path: PathLike, write: Callable[[str], Any]) -> Path:
+    """Call write(tmp_path) on a temp file beside `path`, then rename it over `path` (never half-written)."""
+    path = Path(path)
+    tmp = stage_file(path, write)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
+
+
+def write_text(path: PathLike, text: str) -> Path:
+    """Write UTF-8 text atomically."""
+    return write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def write_json(path: PathLike, obj: Any) -> Path:
     """Write `obj` as indented JSON, atomically. Non-finite floats are refused (they are not JSON)."""
     path = Path(path)
     text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"
-    return _write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return write_text(path, text)
 
 
 def read_json(path: PathLike) -> Any:
@@ -65,7 +85,7 @@ def save_tensors(path: PathLike, tensors: Mapping[str, torch.Tensor],
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"save_tensors: entry {key!r} is {type(value).__name__}, not a torch.Tensor")
     plain = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    return _write_atomically(path, lambda tmp: save_file(plain, tmp, metadata=dict(metadata) if metadata else None))
+    return write_atomically(path, lambda tmp: save_file(plain, tmp, metadata=dict(metadata) if metadata else None))
 
 
 def load_tensors(path: PathLike) -> dict[str, torch.Tensor]:

@@ -1,7 +1,7 @@
 """SemanticSpec's probe: a 3-layer MLP from pooled hidden states to the semantic probability of a step.
 
 The paper fixes the optimiser (AdamW, lr 1e-3, betas (0.9, 0.95)) and "3-layer feed-forward regressor";
-widths, loss, squashing, layer combination and early stopping are our choices, all in `ProbeConfig` and
+widths, loss, squashing, layer combination and early stopping are our choices, all in `ProbeMLPConfig` and
 `FeatureSpec`. Inputs are standardised per (layer, dim) with statistics from the training set, because
 hidden-state scales differ by orders of magnitude across layers and a few "massive activation" dims.
 """
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,7 @@ PROB_EPS = 1e-6  # predictions are clamped to [eps, 1 - eps] so p/q ratios stay 
 
 
 @dataclass
-class ProbeConfig:
+class ProbeMLPConfig:
     """Architecture and training hyper-parameters of a SemanticProbe."""
 
     hidden_dim: int = field(default=256, metadata={"help": "width of both hidden layers of the MLP"})
@@ -68,17 +69,17 @@ class ProbeConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ProbeConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ProbeMLPConfig:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"ProbeConfig.from_dict: unknown keys {unknown}; known keys are {sorted(known)}")
+            raise ValueError(f"ProbeMLPConfig.from_dict: unknown keys {unknown}; known keys are {sorted(known)}")
         return cls(**data)
 
 
 def _require(ok: bool, name: str, what: str, value: Any) -> None:
     if not ok:
-        raise ValueError(f"ProbeConfig.{name} must be {what}, got {value!r}")
+        raise ValueError(f"ProbeMLPConfig.{name} must be {what}, got {value!r}")
 
 
 class SemanticProbe(nn.Module):
@@ -88,10 +89,10 @@ class SemanticProbe(nn.Module):
     -> Linear-GELU-Dropout-Linear-GELU-Dropout-Linear.
     """
 
-    def __init__(self, spec: FeatureSpec, cfg: ProbeConfig | None = None) -> None:
+    def __init__(self, spec: FeatureSpec, cfg: ProbeMLPConfig | None = None) -> None:
         super().__init__()
         self.spec = spec
-        self.cfg = cfg or ProbeConfig()
+        self.cfg = cfg or ProbeMLPConfig()
         self.extra: dict[str, Any] = {}  # free-form metadata saved in the JSON (e.g. training provenance)
         n_sel, hidden = spec.num_selected, spec.hidden_size
         self.register_buffer("feature_mean", torch.zeros(n_sel, hidden))
@@ -178,10 +179,10 @@ class SemanticProbe(nn.Module):
                                 format_name=FORMAT_NAME, format_version=FORMAT_VERSION)
 
     @classmethod
-    def load(cls, directory, name: str, map_location: str | torch.device = "cpu") -> "SemanticProbe":
+    def load(cls, directory, name: str, map_location: str | torch.device = "cpu") -> SemanticProbe:
         tensors, config = load_model_files(directory, name, format_name=FORMAT_NAME,
                                            supported_versions=(FORMAT_VERSION,))
-        probe = cls(FeatureSpec.from_dict(config["feature_spec"]), ProbeConfig.from_dict(config["probe_config"]))
+        probe = cls(FeatureSpec.from_dict(config["feature_spec"]), ProbeMLPConfig.from_dict(config["probe_config"]))
         try:
             missing, unexpected = probe.load_state_dict(tensors, strict=False)
         except RuntimeError as err:  # shape mismatch between the JSON config and the weights
@@ -259,7 +260,7 @@ def _eval_loss(probe: SemanticProbe, x: torch.Tensor, y: torch.Tensor, kind: str
 
 
 def fit_probe(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor, val_y: torch.Tensor,
-              spec: FeatureSpec, cfg: ProbeConfig | None = None,
+              spec: FeatureSpec, cfg: ProbeMLPConfig | None = None,
               log_fn: Callable[[dict[str, Any]], None] | None = None,
               device: str | torch.device = "cpu") -> tuple[SemanticProbe, FitHistory]:
     """Train a SemanticProbe; returns it (best validation weights, eval mode) and the loss history.
@@ -268,7 +269,7 @@ def fit_probe(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
     soft semantic probabilities in [0, 1]. Deterministic for a given seed (on the same device and
     thread count); the global torch RNG state is left untouched.
     """
-    cfg = cfg or ProbeConfig()
+    cfg = cfg or ProbeMLPConfig()
     validate_training_data(train_x, train_y, spec, "training")
     validate_training_data(val_x, val_y, spec, "validation")
     if float(train_y.max()) == float(train_y.min()):
@@ -290,7 +291,7 @@ def fit_probe(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
 
 
 def _train_loop(probe: SemanticProbe, x: torch.Tensor, y: torch.Tensor, vx: torch.Tensor, vy: torch.Tensor,
-                cfg: ProbeConfig, log_fn: Callable[[dict[str, Any]], None] | None) -> FitHistory:
+                cfg: ProbeMLPConfig, log_fn: Callable[[dict[str, Any]], None] | None) -> FitHistory:
     opt = torch.optim.AdamW(probe.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     shuffler = torch.Generator().manual_seed(cfg.seed)
     history = FitHistory()

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 
 def group_position(group: str, seed: int = 0) -> float:
     """Deterministic pseudo-uniform position in [0, 1) of one group (stable across runs and machines)."""
-    digest = hashlib.sha256(f"{seed}\x1f{group}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{seed}\x1f{group}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 

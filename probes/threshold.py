@@ -50,7 +50,7 @@ class ThresholdFit:
                 "n": self.n, "n_positive": self.n_positive}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ThresholdFit":
+    def from_dict(cls, data: dict[str, Any]) -> ThresholdFit:
         return cls(target_precision=float(data["target_precision"]), met_target=bool(data["met_target"]),
                    chosen=OperatingPoint(**data["chosen"]), f1_optimal=OperatingPoint(**data["f1_optimal"]),
                    n=int(data["n"]), n_positive=int(data["n_positive"]))

@@ -2,14 +2,14 @@
 import torch
 
 from probes.features import FeatureSpec
-from probes.mlp import ProbeConfig, SemanticProbe
+from probes.mlp import ProbeMLPConfig, SemanticProbe
 
 
 def make_probe(engine, bias: float, seed: int = 0, layers: str = "all") -> SemanticProbe:
     """Random small MLP whose output is ~sigmoid(bias) whatever the input."""
     spec = FeatureSpec(engine.info.model_id, engine.info.num_layers, engine.info.hidden_size, layers=layers)
     torch.manual_seed(seed)
-    probe = SemanticProbe(spec, ProbeConfig(hidden_dim=8, dropout=0.0)).eval()
+    probe = SemanticProbe(spec, ProbeMLPConfig(hidden_dim=8, dropout=0.0)).eval()
     with torch.no_grad():
         probe.mlp[-1].weight.mul_(0.01)
         probe.mlp[-1].bias.fill_(bias)

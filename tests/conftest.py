@@ -35,3 +35,27 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------------------- vLLM in CI
+# `.ci/run` installs the CPU build of vLLM and sets SPECPROBE_REQUIRE_VLLM=1: there a skipped (or absent)
+# `vllm`-marked test fails the run instead of passing quietly.
+_vllm_outcomes: dict[str, int] = {"passed": 0, "skipped": 0}
+
+
+def pytest_runtest_logreport(report):
+    if "vllm" in report.keywords and (report.when == "call" or report.skipped):
+        if report.skipped:
+            _vllm_outcomes["skipped"] += 1
+        elif report.passed:
+            _vllm_outcomes["passed"] += 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("SPECPROBE_REQUIRE_VLLM") != "1" or session.config.option.collectonly:
+        return
+    if _vllm_outcomes["skipped"] or not _vllm_outcomes["passed"]:
+        session.config.get_terminal_writer().line(
+            f"SPECPROBE_REQUIRE_VLLM=1: {_vllm_outcomes['skipped']} vllm test(s) skipped, "
+            f"{_vllm_outcomes['passed']} passed; vLLM must be installed and its tests must run here", red=True)
+        session.exitstatus = 1

@@ -21,7 +21,7 @@ def test_full_size_configs_name_the_real_pairs():
             "Qwen/Qwen3-32B"} <= targets
     for p in CONFIGS:
         cfg = load_config(p)
-        if cfg.name != "tiny":
+        if not cfg.name.startswith("tiny"):  # tiny.yaml and its vLLM twin are the offline ones
             assert cfg.data.judge == "nli" and cfg.data.nli_model == "microsoft/deberta-large-mnli"
 
 
@@ -29,6 +29,26 @@ def test_tiny_config_is_offline():
     cfg = load_config(CONFIGS[0].with_name("tiny.yaml"))
     assert cfg.models.target.startswith("offline:") and cfg.data.judge == "embedding"
     assert cfg.source.kind == "reasoning_gym"
+
+
+def test_tiny_vllm_config_is_the_tiny_config_on_vllm():
+    tiny, on_vllm = (load_config(CONFIGS[0].with_name(n)) for n in ("tiny.yaml", "tiny-vllm.yaml"))
+    assert on_vllm.models.engine_of("target") == on_vllm.models.engine_of("draft") == "vllm"
+    assert tiny.models.engine_of("draft") == "hf"
+    assert (on_vllm.data, on_vllm.sampling, on_vllm.source) == (tiny.data, tiny.sampling, tiny.source)
+
+
+def test_vllm_settings_are_validated():
+    with pytest.raises(ConfigError, match="gpu_memory_utilization"):
+        load_config(None, ["models.vllm.gpu_memory_utilization=1.5"])
+    with pytest.raises(ConfigError, match="engine"):
+        load_config(None, ["models.engine=tensorrt"])
+    cfg = load_config(None, ["models.engine=vllm", "models.draft_engine=hf", "models.vllm.max_model_len=8192"])
+    assert (cfg.models.engine_of("target"), cfg.models.engine_of("draft")) == ("vllm", "hf")
+    assert cfg.models.vllm.max_model_len == 8192
+    from infer.engines import vllm_settings  # the engine-start settings (vLLM itself is imported only on start)
+
+    assert vllm_settings(cfg.models).max_model_len == 8192 and vllm_settings(cfg.models).hidden_states == "transformers"
 
 
 def test_overrides_are_typed():

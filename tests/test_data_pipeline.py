@@ -16,15 +16,24 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from _data_fixtures import HIDDEN, LAYERS, BlankingEngine, assert_same_data, dataset_arrays, write_config
 from data_gen.cluster import normalise_step
-from data_gen.contexts import (DataWarning, build_contexts, coerce_traces, context_positions, context_seed,
-                               parse_part, part_shards, plan_shards)
+from data_gen.contexts import (
+    DataWarning,
+    build_contexts,
+    coerce_traces,
+    context_positions,
+    context_seed,
+    parse_part,
+    part_shards,
+    plan_shards,
+)
 from data_gen.labels import build_pairs, draft_under_target, model_labels, pair_key
 from data_gen.pipeline import generate_dataset, layer_rows
 from infer.engines import Prefix
 from data_gen.sources import Trace
 from data_gen.store import DataFolderError, DataMismatchError, merge_parts, open_dataset, read_manifest
+
+from _data_fixtures import HIDDEN, LAYERS, BlankingEngine, assert_same_data, dataset_arrays, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -152,8 +161,8 @@ def test_pairs_are_unique_per_unordered_pair_and_judged_labels_win():
 
 @pytest.fixture(scope="module")
 def engines():
-    from infer.engines import build_engine_pair
     from infer.config import ModelsConfig
+    from infer.engines import build_engine_pair
 
     return build_engine_pair(ModelsConfig(device="cpu", dtype="float32"))
 
@@ -186,7 +195,7 @@ def test_labels_follow_the_clusters(tiny):
     for r in rows:
         groups[(r["context_id"], r["model"])].append(r)
     assert len(groups) == 6
-    for (cid, model), members in groups.items():
+    for (_context, model), members in groups.items():
         sizes = defaultdict(int)
         for r in members:
             sizes[r["cluster_id"]] += 1
@@ -323,8 +332,7 @@ def test_manifest_card_datasets_and_splits(tiny, tmp_path):
         assert f"`{name}`" in card
     import datasets
 
-    loaded = datasets.load_dataset("parquet", data_files=str(result.data_dir / "shards" / "samples-*.parquet"),
-                                   split="train", cache_dir=str(tmp_path / "hf"))
+    loaded = datasets.load_dataset(str(result.data_dir), split="train", cache_dir=str(tmp_path / "hf"))  # card configs
     assert loaded.num_rows == len(ds) and "prob_under_target" in loaded.column_names
     questions = ds.question_ids()
     mask = ds.question_mask(questions[:1])

@@ -2,31 +2,38 @@
 import pytest
 import torch
 
-from infer.engines import SamplingParams
-from infer.engines.hf import HFStepEngine, PromptTooLongError, find_step_end, sample_next_tokens
+from infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams, StepRequest
+from infer.engines.token_spec import draw_tokens
+from infer.engines.tokens import find_step_end
 
-pytestmark = pytest.mark.slow
+from _margins import assert_same_greedy
+
+
+def sample(engine, prefixes, n, params):
+    return engine.generate([StepRequest(p, n) for p in prefixes], params).steps
 
 
 def _direct_hidden(engine, prefix, step):
-    ids = engine.encode_prefix(prefix) + engine.encode_step(step)
+    ids = engine.prefix_ids(prefix) + engine.text.text_ids(step)
     with torch.inference_mode():
         out = engine.model(torch.tensor([ids]), output_hidden_states=True)
     return torch.stack(out.hidden_states, 0)[:, 0].float(), out.logits[0].float(), ids
 
 
+@pytest.mark.slow
 def test_sampled_steps_stop_for_the_reason_they_give(smol_engine, gsm_question):
-    prefix = smol_engine.format_prefix(gsm_question, ["She makes 12 * 4 = 48 muffins."])
+    prefix = Prefix(gsm_question, ("She makes 12 * 4 = 48 muffins.",))
     params = SamplingParams(seed=3, max_step_tokens=12)  # small cap so some samples hit it
-    steps = smol_engine.sample([prefix, prefix], 6, params)
+    steps = sample(smol_engine, [prefix, prefix], 6, params)
     assert [len(s) for s in steps] == [6, 6]
     reasons = set()
     for step in steps[0] + steps[1]:
         reasons.add(step.stop_reason)
-        assert step.token_ids and step.logprob < 0
-        if step.stop_reason == "delimiter":
-            assert step.text.endswith("\n\n") and step.text.strip()
-            assert "\n\n" not in step.text.lstrip()[:-2]
+        assert step.token_ids and step.logprob < 0 and step.tokenizer_id == smol_engine.info.tokenizer_id
+        if step.stop_reason == "delimiter":  # the text is the tokens as written, ending in the delimiter
+            assert step.text == smol_engine.tokenizer.decode(step.token_ids)
+            assert step.text.rstrip(" \n").strip() and step.text.rstrip(" ").endswith("\n\n")
+            assert find_step_end(smol_engine.tokenizer.decode(step.token_ids[:-1]), "\n\n") is None
         elif step.stop_reason == "length":
             assert step.num_tokens == 12 and find_step_end(step.text, "\n\n") is None
         else:
@@ -34,43 +41,48 @@ def test_sampled_steps_stop_for_the_reason_they_give(smol_engine, gsm_question):
     assert "length" in reasons  # a 12-token cap truncates some of 12 samples of this prompt
 
 
+@pytest.mark.slow
 def test_sampling_is_reproducible_and_prefix_reuse_changes_nothing(smol_engine, gsm_question):
-    prefix = smol_engine.format_prefix(gsm_question)
+    prefix = Prefix(gsm_question)
     params = SamplingParams(seed=11, max_step_tokens=16)
-    first = smol_engine.sample([prefix], 4, params)[0]
-    reused_before = smol_engine.stats["reused_prefix_tokens"]
-    again = smol_engine.sample([prefix], 4, params)[0]  # prefix now served from the KV cache
-    assert smol_engine.stats["reused_prefix_tokens"] > reused_before
     smol_engine.clear_prefix_cache()
-    cold = smol_engine.sample([prefix], 4, params)[0]
-    assert [s.token_ids for s in first] == [s.token_ids for s in again] == [s.token_ids for s in cold]
-    other = smol_engine.sample([prefix], 4, SamplingParams(seed=12, max_step_tokens=16))[0]
-    assert [s.token_ids for s in other] != [s.token_ids for s in first]
+    first = smol_engine.generate([StepRequest(prefix, 4)], params)
+    again = smol_engine.generate([StepRequest(prefix, 4)], params)  # prefix now served from the KV cache
+    assert first.stats.reused_prefix_tokens == 0 and again.stats.reused_prefix_tokens == len(smol_engine.prefix_ids(prefix))
+    assert again.stats.prefill_tokens == 0 and first.stats.prefill_tokens > 0
+    smol_engine.clear_prefix_cache()
+    cold = smol_engine.generate([StepRequest(prefix, 4)], params).steps[0]
+    assert [s.token_ids for s in first.steps[0]] == [s.token_ids for s in again.steps[0]] == [s.token_ids for s in cold]
+    other = sample(smol_engine, [prefix], 4, SamplingParams(seed=12, max_step_tokens=16))[0]
+    assert [s.token_ids for s in other] != [s.token_ids for s in cold]
 
 
+@pytest.mark.slow
 def test_sampled_logprob_is_the_models_log_probability(smol_engine, gsm_question):
-    prefix = smol_engine.format_prefix(gsm_question)
-    step = smol_engine.sample([prefix], 1, SamplingParams(seed=5, max_step_tokens=10))[0][0]
-    ids = smol_engine.encode_prefix(prefix)
+    prefix = Prefix(gsm_question)
+    step = sample(smol_engine, [prefix], 1, SamplingParams(seed=5, max_step_tokens=10))[0][0]
+    ids = smol_engine.prefix_ids(prefix)
     with torch.inference_mode():
         logits = smol_engine.model(torch.tensor([ids + step.token_ids])).logits[0].float()
     lp = torch.log_softmax(logits[len(ids) - 1:-1], -1).gather(-1, torch.tensor(step.token_ids)[:, None]).sum()
     assert step.logprob == pytest.approx(float(lp), abs=1e-3)
 
 
+@pytest.mark.slow
 def test_greedy_step_matches_generate(smol_engine, gsm_question):
-    prefix = smol_engine.format_prefix(gsm_question)
-    step = smol_engine.sample([prefix], 2, SamplingParams(temperature=0, max_step_tokens=20))[0]
+    prefix = Prefix(gsm_question)
+    step = sample(smol_engine, [prefix], 2, SamplingParams(temperature=0, max_step_tokens=20))[0]
     assert step[0].token_ids == step[1].token_ids  # greedy rows agree
-    ids = torch.tensor([smol_engine.encode_prefix(prefix)])
-    out = smol_engine.model.generate(ids, max_new_tokens=step[0].num_tokens, do_sample=False)
-    assert out[0, ids.shape[1]:].tolist() == step[0].token_ids
+    ids = smol_engine.prefix_ids(prefix)
+    out = smol_engine.model.generate(torch.tensor([ids]), max_new_tokens=step[0].num_tokens, do_sample=False)
+    assert_same_greedy(smol_engine.model, ids, step[0].token_ids, out[0, len(ids):].tolist())
 
 
+@pytest.mark.slow
 def test_pooled_hidden_states_match_direct_computation(smol_engine, gsm_question):
-    prefix = smol_engine.format_prefix(gsm_question, ["First, 12 * 4 = 48."])
+    prefix = Prefix(gsm_question, ("First, 12 * 4 = 48.",))
     steps = ["Then 48 - 30 = 18.\n\n", "So 18 muffins are left.\n\n", "The answer is 18."]
-    scored = smol_engine.score(prefix, steps)
+    scored = smol_engine.score(prefix, steps).steps
     n_layers = smol_engine.info.num_layers
     for step, result in zip(steps, scored):
         assert result.mean_hidden.shape == (n_layers + 1, smol_engine.info.hidden_size) == (31, 576)
@@ -82,46 +94,53 @@ def test_pooled_hidden_states_match_direct_computation(smol_engine, gsm_question
         torch.testing.assert_close(result.token_logprobs, lp, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_scoring_a_batch_equals_scoring_one_by_one(smol_engine, gsm_question):
-    prefix = smol_engine.format_prefix(gsm_question)
+    prefix = Prefix(gsm_question)
     steps = ["12 * 4 = 48 muffins.\n\n", "She bakes 48 muffins in total, then sells 30 of them.\n\n", "48\n\n"]
-    batch = smol_engine.score(prefix, steps, layers=[0, 15, -1])
+    batch = smol_engine.score(prefix, steps, layers=[0, 15, -1]).steps
     for step, together in zip(steps, batch):
-        alone = smol_engine.score(prefix, [step], layers=[0, 15, -1])[0]
+        alone = smol_engine.score(prefix, [step], layers=[0, 15, -1]).steps[0]
         assert together.mean_hidden.shape == (3, 576)
         torch.testing.assert_close(together.mean_hidden, alone.mean_hidden, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(together.token_logprobs, alone.token_logprobs, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_score_chain_conditions_each_step_on_the_ones_before(smol_engine, gsm_question):
-    prefix = smol_engine.format_prefix(gsm_question)
+    prefix = Prefix(gsm_question)
     steps = ["12 * 4 = 48.\n\n", "48 - 30 = 18.\n\n"]
-    chain = smol_engine.score_chain(prefix, steps)
-    second = smol_engine.score(prefix + steps[0], [steps[1]])[0]
+    chain = smol_engine.score_chain(prefix, steps).steps
+    second = smol_engine.score(prefix.extend(steps[0]), [steps[1]]).steps[0]
     torch.testing.assert_close(chain[1].mean_hidden, second.mean_hidden, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(chain[1].token_logprobs, second.token_logprobs, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_bad_prompts_are_clear_errors(smol_engine):
     with pytest.raises(ValueError, match="empty prompt"):
         smol_engine.format_prefix("   ")
-    saved = smol_engine.max_context
-    smol_engine.max_context = 32
+    with pytest.raises(ValueError, match="empty prompt"):
+        Prefix("  ")
+    saved = smol_engine.info.max_length
+    smol_engine.info.max_length = 32
     try:
         with pytest.raises(PromptTooLongError, match="context window"):
-            smol_engine.sample([smol_engine.format_prefix("word " * 40)], 1, SamplingParams())
+            sample(smol_engine, [Prefix("word " * 40)], 1, SamplingParams())
+        with pytest.raises(PromptTooLongError, match="context window"):
+            smol_engine.check_fits(Prefix("word " * 40))
     finally:
-        smol_engine.max_context = saved
+        smol_engine.info.max_length = saved
     with pytest.raises(ValueError, match="out of range"):
-        smol_engine.score(smol_engine.format_prefix("Hi"), ["x"], layers=[99])
+        smol_engine.score(Prefix("Hi"), ["x"], layers=[99])
 
 
 def test_nucleus_sampling_keeps_only_the_top_mass():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     gen = torch.Generator().manual_seed(0)
-    draws = {int(sample_next_tokens(logits, 1.0, 0.7, gen)) for _ in range(200)}
+    draws = {draw_tokens([], logits, 1.0, 0.7, gen)[0] for _ in range(200)}
     assert draws == {0, 1}  # 0.5 + 0.3 reaches 0.7; tokens 2 and 3 are cut
-    assert int(sample_next_tokens(logits, 0.0, 0.7, gen)) == 0
+    assert draw_tokens([], logits, 0.0, 0.7, gen) == [0]
 
 
 def test_find_step_end_skips_leading_blank_lines():
@@ -133,5 +152,31 @@ def test_find_step_end_skips_leading_blank_lines():
 def test_random_engine_builds_from_a_named_size():
     engine = HFStepEngine("random:llama-tiny", device="cpu")
     assert engine.info.num_layers == 2 and engine.info.hidden_size == 64
-    out = engine.sample([engine.format_prefix("Hello")], 2, SamplingParams(seed=0, max_step_tokens=5))
+    out = sample(engine, [Prefix("Hello")], 2, SamplingParams(seed=0, max_step_tokens=5))
     assert all(s.num_tokens <= 5 for s in out[0])
+
+
+def test_generated_steps_are_prefixes_by_their_own_ids():
+    """A generated step in a prefix contributes its own token ids (never re-tokenised); a given step
+    is followed by the delimiter; a step of another tokenizer is encoded from its text."""
+    engine = HFStepEngine("random:llama-tiny", device="cpu", use_chat_template=False)
+    step = sample(engine, [Prefix("Hello")], 1, SamplingParams(seed=0, max_step_tokens=6))[0][0]
+    head = engine.prefix_ids(Prefix("Hello"))
+    assert engine.prefix_ids(Prefix("Hello", (step,))) == head + step.token_ids
+    assert engine.prefix_ids(Prefix("Hello", ("Given step",))) == head + engine.text.text_ids("Given step\n\n")
+    foreign = type(step)(step.text, [1, 2, 3], step.stop_reason, step.logprob, "another-tokenizer")
+    assert engine.prefix_ids(Prefix("Hello", (foreign,))) == head + engine.text.text_ids(step.text)
+    assert engine.format_prefix("Hello", [step, "Given"]) == "Hello\n\n" + step.text + "Given\n\n"
+
+
+def test_the_stop_rule_is_one_function():
+    engine = HFStepEngine("random:llama-tiny", device="cpu", use_chat_template=False)
+    tok, text = engine.tokenizer, engine.text
+    ids = text.text_ids("Add them.\n\nThen")
+    cut = next(i for i in range(1, len(ids) + 1) if "\n\n" in tok.decode(ids[:i]))
+    assert text.finished(ids[:cut - 1], 50, "\n\n") is None
+    assert text.finished(ids[:cut], 50, "\n\n") == (tok.decode(ids[:cut]), "delimiter")
+    assert text.finished(ids[:2], 2, "\n\n") == (tok.decode(ids[:2]), "length")
+    eos = next(iter(engine.eos_ids))
+    assert text.finished(ids[:2] + [eos], 50, "\n\n") == (tok.decode(ids[:2]), "eos")
+    assert text.finished(text.text_ids("\n\n"), 50, "\n\n") is None  # no content yet: not a step

@@ -384,3 +384,21 @@ def test_cache_dedupes_within_a_batch():
     cached = CachedJudge(inner)
     assert cached.judge([PAIRS[0], PAIRS[0], PairQuery("ctx", "abc ", " xyz")]) == [True, True, True]
     assert inner.model_calls == 1 and cached.hits == 2 and cached.misses == 1
+
+
+def test_cache_hands_decisions_to_another_process_and_takes_theirs(tmp_path):
+    """What Ray replicas do: the worker's new decisions (decisions(since)) go to the driver, which
+    persists them (merge); a resumed worker is given them and asks its model nothing."""
+    worker = CachedJudge(CountingJudge())
+    worker.judge(PAIRS[:1])
+    known = len(worker)
+    worker.judge(PAIRS)
+    added = worker.decisions(known)
+    assert len(added) == 2 and set(added) | set(worker.decisions(0)) == set(worker.decisions())
+    path = tmp_path / "cache.jsonl"
+    driver = CachedJudge(CountingJudge(), path)
+    assert driver.merge(worker.decisions()) == 3 and driver.merge(added) == 0  # nothing twice
+    assert len(path.read_text().splitlines()) == 3
+    resumed = CachedJudge(CountingJudge())
+    resumed.merge(CachedJudge(CountingJudge(), path).decisions())
+    assert resumed.judge(PAIRS) == [True, False, True] and resumed.inner.model_calls == 0

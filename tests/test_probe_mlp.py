@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 from probes.features import FeatureSpec, layers_from_option
-from probes.mlp import PROB_EPS, ProbeConfig, SemanticProbe, fit_probe
+from probes.mlp import PROB_EPS, ProbeMLPConfig, SemanticProbe, fit_probe
 
 NUM_LAYERS, HIDDEN = 4, 16
 SIGNAL_ROW = 3  # the planted relation lives in hidden-state row 3
@@ -31,7 +31,7 @@ def make_spec(layers="all", combine="concat") -> FeatureSpec:
                        combine=combine)
 
 
-FAST = ProbeConfig(hidden_dim=64, epochs=30, batch_size=64, patience=5)
+FAST = ProbeMLPConfig(hidden_dim=64, epochs=30, batch_size=64, patience=5)
 
 
 @pytest.fixture(scope="module")
@@ -97,13 +97,13 @@ def test_select_rows_and_shape_checks():
 
 # ---- config ----------------------------------------------------------------------------------------
 def test_probe_config_defaults_help_and_validation():
-    cfg = ProbeConfig()
+    cfg = ProbeMLPConfig()
     assert (cfg.hidden_dim, cfg.lr, cfg.betas, cfg.loss) == (256, 1e-3, (0.9, 0.95), "bce")
-    assert all(f.metadata.get("help") for f in ProbeConfig.__dataclass_fields__.values())
-    assert ProbeConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert all(f.metadata.get("help") for f in ProbeMLPConfig.__dataclass_fields__.values())
+    assert ProbeMLPConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     for bad in [dict(dropout=1.0), dict(loss="hinge"), dict(lr=0), dict(epochs=0), dict(betas=(0.9, 1.0))]:
         with pytest.raises(ValueError):
-            ProbeConfig(**bad)
+            ProbeMLPConfig(**bad)
 
 
 # ---- learning --------------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def test_predictions_are_strict_probabilities(concat_probe):
 
 def test_training_is_deterministic_and_keeps_global_rng(data):
     tx, ty, vx, vy = data
-    cfg = ProbeConfig(hidden_dim=16, epochs=3, batch_size=128)
+    cfg = ProbeMLPConfig(hidden_dim=16, epochs=3, batch_size=128)
     torch.manual_seed(123)
     before = torch.rand(1)
     torch.manual_seed(123)
@@ -136,14 +136,14 @@ def test_training_is_deterministic_and_keeps_global_rng(data):
     b, _ = fit_probe(tx, ty, vx, vy, make_spec(), cfg)
     assert torch.equal(a.predict_proba(vx), b.predict_proba(vx))
     assert torch.equal(before, after)  # fit_probe forks the RNG instead of consuming it
-    c, _ = fit_probe(tx, ty, vx, vy, make_spec(), ProbeConfig(hidden_dim=16, epochs=3, batch_size=128, seed=1))
+    c, _ = fit_probe(tx, ty, vx, vy, make_spec(), ProbeMLPConfig(hidden_dim=16, epochs=3, batch_size=128, seed=1))
     assert not torch.equal(a.predict_proba(vx), c.predict_proba(vx))
 
 
 def test_early_stopping_restores_best_weights(data):
     tx, ty, vx, vy = data
     # a large lr on a small net overfits/oscillates, so the last epoch is rarely the best one
-    cfg = ProbeConfig(hidden_dim=32, epochs=40, batch_size=32, lr=3e-2, patience=2, dropout=0.0)
+    cfg = ProbeMLPConfig(hidden_dim=32, epochs=40, batch_size=32, lr=3e-2, patience=2, dropout=0.0)
     probe, history = fit_probe(tx[:200], ty[:200], vx, vy, make_spec(), cfg)
     assert history.stopped_early and history.epochs_run < 40
     assert history.epochs_run == history.best_epoch + 1 + cfg.patience
@@ -167,7 +167,7 @@ def test_mean_combine_learns_a_layer_average_relation(data):
 
 def test_weighted_combine_finds_the_signal_layer(data):
     tx, ty, vx, vy = data
-    cfg = ProbeConfig(hidden_dim=64, epochs=30, batch_size=64, lr=3e-3)  # few steps: the layer logits must move
+    cfg = ProbeMLPConfig(hidden_dim=64, epochs=30, batch_size=64, lr=3e-3)  # few steps: the layer logits must move
     probe, _ = fit_probe(tx, ty, vx, vy, make_spec(combine="weighted"), cfg)
     mae = (probe.predict_proba(vx) - vy).abs().mean().item()
     assert mae < 0.3 * (vy - ty.mean()).abs().mean().item()
@@ -180,7 +180,7 @@ def test_weighted_combine_finds_the_signal_layer(data):
 def test_mse_loss_and_selected_inputs(data):
     tx, ty, vx, vy = data
     spec = make_spec(layers=[SIGNAL_ROW])
-    cfg = ProbeConfig(hidden_dim=32, epochs=15, batch_size=64, loss="mse")
+    cfg = ProbeMLPConfig(hidden_dim=32, epochs=15, batch_size=64, loss="mse")
     probe, _ = fit_probe(spec.select(tx), ty, spec.select(vx), vy, spec, cfg)  # pre-selected rows work too
     mae = (probe.predict_proba(vx) - vy).abs().mean().item()
     assert mae < 0.35 * (vy - ty.mean()).abs().mean().item()
@@ -196,7 +196,7 @@ def test_standardizer_uses_training_statistics(concat_probe, data):
 
 def test_constant_feature_does_not_explode():
     spec = make_spec(layers=[0])
-    probe = SemanticProbe(spec, ProbeConfig(hidden_dim=8))
+    probe = SemanticProbe(spec, ProbeMLPConfig(hidden_dim=8))
     x = torch.ones(10, 1, HIDDEN)
     probe.fit_standardizer(x)
     assert torch.all(probe.feature_std == probe.cfg.std_floor)
@@ -207,7 +207,7 @@ def test_constant_feature_does_not_explode():
 def test_save_load_identical_predictions_no_pickle(tmp_path, data):
     tx, ty, vx, vy = data
     probe, _ = fit_probe(tx, ty, vx, vy, make_spec(layers=[1, 3], combine="weighted"),
-                         ProbeConfig(hidden_dim=16, epochs=2))
+                         ProbeMLPConfig(hidden_dim=16, epochs=2))
     paths = probe.save(tmp_path, "draft_probe", extra={"note": "unit test"})
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["draft_probe.json", "draft_probe.safetensors"]
@@ -225,7 +225,7 @@ def test_save_load_identical_predictions_no_pickle(tmp_path, data):
 def test_load_errors_are_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="probe.safetensors"):
         SemanticProbe.load(tmp_path, "probe")
-    probe = SemanticProbe(make_spec(), ProbeConfig(hidden_dim=8))
+    probe = SemanticProbe(make_spec(), ProbeMLPConfig(hidden_dim=8))
     _, json_path = probe.save(tmp_path, "probe")
     meta = json.loads(json_path.read_text())
     json_path.write_text(json.dumps({**meta, "format_version": 99}))
@@ -240,7 +240,7 @@ def test_load_errors_are_clear(tmp_path):
 # ---- input checks ----------------------------------------------------------------------------------
 def test_bad_inputs_rejected_before_training(data):
     tx, ty, vx, vy = data
-    spec, cfg = make_spec(), ProbeConfig(hidden_dim=8, epochs=1)
+    spec, cfg = make_spec(), ProbeMLPConfig(hidden_dim=8, epochs=1)
     with pytest.raises(ValueError, match="empty training set"):
         fit_probe(tx[:0], ty[:0], vx, vy, spec, cfg)
     with pytest.raises(ValueError, match="empty validation set"):
@@ -261,7 +261,7 @@ def test_bad_inputs_rejected_before_training(data):
 
 
 def test_forward_shape_check():
-    probe = SemanticProbe(make_spec(layers=[1, 2]), ProbeConfig(hidden_dim=8))
+    probe = SemanticProbe(make_spec(layers=[1, 2]), ProbeMLPConfig(hidden_dim=8))
     assert probe(torch.randn(3, 2, HIDDEN)).shape == (3,)
     with pytest.raises(ValueError, match=r"\[B, 2, 16\]"):
         probe(torch.randn(3, 3, HIDDEN))

@@ -11,7 +11,7 @@ from infer.bench_cli import main
 from infer.config import ConfigError, SourceConfig
 from infer.decoding import read_trace, replay_text
 from probes.features import FeatureSpec
-from probes.mlp import ProbeConfig, SemanticProbe
+from probes.mlp import ProbeMLPConfig, SemanticProbe
 
 TINY_MODELS = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "models.device=cpu",
                "runtime.max_steps=3", "sampling.max_step_tokens=6", "runtime.accept_length_cut=true"]
@@ -42,7 +42,7 @@ def _write_probes(folder, target_name, draft_name):
         eng = HFStepEngine(name, device="cpu")
         spec = FeatureSpec(eng.info.model_id, eng.info.num_layers, eng.info.hidden_size, layers="last")
         torch.manual_seed(0)
-        probe = SemanticProbe(spec, ProbeConfig(hidden_dim=8, dropout=0.0)).eval()
+        probe = SemanticProbe(spec, ProbeMLPConfig(hidden_dim=8, dropout=0.0)).eval()
         with torch.no_grad():
             probe.mlp[-1].bias.fill_(bias)
         probe.save(folder, f"probe_{role}")

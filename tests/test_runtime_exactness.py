@@ -1,20 +1,25 @@
-"""Exactness of the decoding runtime with greedy decoding on the real offline SmolLM2-135M-Instruct.
+"""The decoding runtime on the real offline SmolLM2-135M-Instruct, greedy, compared in a way that does not
+depend on one CPU's float rounding: two computations of a greedy continuation must agree up to the
+reference's first near-tie (tests/_margins.py). The exact relations, bit for bit, are in
+test_runtime_toy.py.
 
-- reject-all: every method writes exactly what target-only greedy decoding writes;
-- accept-all: sync LR writes the draft's greedy chain of γ steps, then the target's next step (the draft
-  is the same weights without the chat template, so the two chains differ);
+- target-only with a small step cap writes the model's plain autoregressive output (capped steps are
+  continued as written, committed steps by their own token ids, KV reused);
+- reject-all: every method (and token speculation inside the LR batch) writes the target-only tokens;
+- accept-all: sync LR writes the draft's greedy chain of γ steps, then the target's next step;
 - the probe acceptance draws are reproducible from the seed.
-Small limits (3 steps of <= 24 tokens) keep this CI-sized.
 """
 from __future__ import annotations
 
 import pytest
+import torch
 
 from infer.decoding import DecodeOptions, decode
-from infer.engines import HFStepEngine, SamplingParams
+from infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
 from infer.engines.token_spec import TokenSpecConfig
 from infer.verifiers import build_verifier, load_verifier
 
+from _margins import assert_same_greedy
 from _probe_fixtures import make_probe
 
 pytestmark = pytest.mark.slow
@@ -36,6 +41,21 @@ def opts(**kw):
     return DecodeOptions(**{"gamma": 2, "max_steps": 3, "max_new_tokens": 200, "target_params": GREEDY, **kw})
 
 
+def ids_of(result):
+    return [t for s in result.steps for t in s.token_ids]
+
+
+def test_target_only_with_a_small_cap_is_plain_autoregression(smol):
+    target, _, _ = smol
+    res = decode("target", Q, target, None, None, opts(target_params=SamplingParams(0.0, max_step_tokens=5),
+                                                       max_steps=12, max_new_tokens=60))
+    assert "length" in {s.stop_reason for s in res.steps}
+    prompt = target.prefix_ids(Prefix(Q))
+    with torch.inference_mode():
+        out = target.model.generate(torch.tensor([prompt]), max_new_tokens=res.stats.output_tokens, do_sample=False)
+    assert_same_greedy(target.model, prompt, ids_of(res), out[0, len(prompt):].tolist(), at_least=20)
+
+
 def test_reject_all_every_method_equals_target_only_greedy(smol):
     target, plain, junk = smol
     base = decode("target", Q, target, None, None, opts())
@@ -44,7 +64,8 @@ def test_reject_all_every_method_equals_target_only_greedy(smol):
     runs = {
         "lr_sync": decode("lr_sync", Q, target, plain, reject, opts()),
         "lr_async": decode("lr_async", Q, target, plain, reject, opts()),
-        "lr_sync_w2": decode("lr_sync", Q, target, junk, reject, opts(width=2)),
+        "lr_sync_w2": decode("lr_sync", Q, target, junk, reject,
+                             opts(width=2, draft_params=SamplingParams(0.8, max_step_tokens=24))),
         "semanticspec": decode("semanticspec", Q, target, plain, reject, opts()),
     }
     target.set_token_spec(TokenSpecConfig("ngram", num_tokens=8, ngram_size=3))
@@ -53,23 +74,31 @@ def test_reject_all_every_method_equals_target_only_greedy(smol):
         runs["target+ngram"] = decode("target", Q, target, None, None, opts())
     finally:
         target.set_token_spec(None)
+    prompt = target.prefix_ids(Prefix(Q))
     for name, res in runs.items():
-        assert res.step_texts == base.step_texts, name
-    assert runs["lr_sync+ngram"].stats.spec_proposed > 0
+        assert_same_greedy(target.model, prompt, ids_of(res), ids_of(base), at_least=20)
+    # token speculation ran inside the LR target batch and accepted tokens there
+    assert runs["lr_sync+ngram"].stats.spec_accepted > 0
 
 
 def test_accept_all_sync_writes_the_draft_chain_then_the_target_step(smol):
     target, plain, _ = smol
-    d0 = plain.generate_step(plain.format_prefix(Q), GREEDY)
-    d1 = plain.generate_step(plain.format_prefix(Q, [d0.text]), GREEDY)
+    d0 = plain.generate([StepRequest(Prefix(Q))], GREEDY).steps[0][0]
+    d1 = plain.generate([StepRequest(Prefix(Q, (d0,)))], GREEDY).steps[0][0]
     assert d0.stop_reason == d1.stop_reason == "delimiter"  # whole steps, so they can be accepted
-    s2 = target.generate_step(target.format_prefix(Q, [d0.text, d1.text]), GREEDY)
-    s0 = target.generate_step(target.format_prefix(Q), GREEDY)
+    s2 = target.generate([StepRequest(Prefix(Q, (d0, d1)))], GREEDY).steps[0][0]
+    s0 = target.generate([StepRequest(Prefix(Q))], GREEDY).steps[0][0]
     assert s0.text != d0.text  # the chains differ, so the test can tell them apart
     res = decode("lr_sync", Q, target, plain, build_verifier("accept_all"), opts())
-    assert res.step_texts == [d0.text, d1.text, s2.text]
     assert [s.source for s in res.steps] == ["draft", "draft", "target"]
     assert res.stats.acceptance_by_position == [1.0, 1.0] and res.stats.cycles == 1
+    # step by step, each against its own prompt, until the first near-tie
+    for got, want, prompt in ((res.steps[0], d0, plain.prefix_ids(Prefix(Q))),
+                              (res.steps[1], d1, plain.prefix_ids(Prefix(Q, (d0,)))),
+                              (res.steps[2], s2, target.prefix_ids(Prefix(Q, (d0, d1))))):
+        n = assert_same_greedy(plain.model, prompt, got.token_ids, want.token_ids)
+        if n < len(want.token_ids):
+            break
 
 
 def test_probe_acceptance_draws_are_reproducible(smol, tmp_path):

@@ -10,9 +10,10 @@ import pytest
 
 from infer.config import ConfigError, load_config
 from infer.decoding import (DecodeOptions, decode, read_trace, replay_text, stats_from_trace, write_trace)
-from infer.decoding.common import seed_for
-from infer.engines import HFStepEngine, PromptTooLongError, SamplingParams
+from infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams
 from infer.verifiers import BernoulliVerifier, Verifier, build_verifier
+
+from _margins import assert_same_greedy
 
 Q = "What is 17 + 25? Think step by step."
 SPEC = ["lr_sync", "lr_async", "semanticspec"]
@@ -37,44 +38,25 @@ def run(method, engines, verifier=None, opts=None):
     return decode(method, Q, target, draft, verifier, opts or options())
 
 
-# ----------------------------------------------------------------------------- exactness relations
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_reject_all_writes_the_target_only_output(engines, temperature):
-    opts = options(temperature)
-    base = run("target", engines, opts=opts)
-    assert base.stats.ratio == 1.0 and len(base.steps) == 6
-    reject = build_verifier("reject_all")
+# ----------------------------------------------------------------------------- relations on a real engine
+# (the exact relations, bit for bit, are in test_runtime_toy.py; here: what holds on any CPU)
+def test_reject_all_writes_the_target_only_tokens_up_to_a_near_tie(engines):
+    """Greedy reject-all on the real engine (batched rows, KV reuse): the same tokens as target-only
+    wherever the target's choice is not a near-tie (see tests/_margins.py)."""
+    target, _ = engines
+    opts = options(0.0)
+    base = decode("target", Q, target, None, None, opts)
+    ref = [t for s in base.steps for t in s.token_ids]
+    prompt = target.prefix_ids(Prefix(Q))
     for method in SPEC:
-        res = run(method, engines, reject, opts)
-        assert res.text == base.text, method
-        assert res.stats.accepted == 0 and res.stats.judged > 0 and res.stats.ratio == 1.0
-    wide = run("lr_sync", engines, reject, opts.replace(width=2))
-    assert wide.text == base.text
-
-
-def test_accept_all_async_and_semanticspec_write_the_draft_only_output(engines):
-    opts = options()
-    draft_only = run("draft", engines, opts=opts)
-    assert draft_only.stats.ratio == 0.0
-    for method in ("lr_async", "semanticspec"):
-        res = run(method, engines, build_verifier("accept_all"), opts)
-        assert res.text == draft_only.text, method
-        assert res.stats.acceptance_rate == 1.0 and res.stats.ratio == 0.0
+        res = run(method, engines, build_verifier("reject_all"), opts)
+        assert res.stats.accepted == 0 and res.stats.judged > 0 and res.stats.ratio == 1.0, method
+        assert_same_greedy(target.model, prompt, [t for s in res.steps for t in s.token_ids], ref, at_least=8)
 
 
 def test_accept_all_sync_cycle_is_gamma_drafts_then_a_bonus_target_step(engines):
-    target, draft = engines
-    opts = options(max_steps=8, gamma=3)
-    res = run("lr_sync", engines, build_verifier("accept_all"), opts)
+    res = run("lr_sync", engines, build_verifier("accept_all"), options(max_steps=8, gamma=3))
     assert [s.source for s in res.steps] == ["draft"] * 3 + ["target"] + ["draft"] * 3 + ["target"]
-    # the first cycle: the draft's own chain, then the target's step after it (seeded by its prefix)
-    chain = []
-    for _ in range(3):
-        prefix = draft.format_prefix(Q, chain)
-        chain.append(draft.generate_steps([prefix], opts.draft_params, seeds=[seed_for(11, "draft", prefix, 0)])[0].text)
-    prefix = target.format_prefix(Q, chain)
-    bonus = target.generate_steps([prefix], opts.target_params, seeds=[seed_for(11, "target", prefix, 0)])[0].text
-    assert res.step_texts[:4] == chain + [bonus]
     assert res.stats.mean_accepted_per_cycle == 3.0 and res.stats.acceptance_by_position == [1.0, 1.0, 1.0]
 
 
@@ -125,20 +107,14 @@ def test_bernoulli_acceptance_matches_alpha(tiny_pair, method):
 
 
 def test_runs_are_reproducible_from_the_seed(engines):
+    """Same process, same inputs, same computations (async's batch composition depends on thread timing,
+    so its reproducibility is tested on the toy engines)."""
     v = BernoulliVerifier(0.5)
-    for method in SPEC:
+    for method in ("lr_sync", "semanticspec"):
         a, b = run(method, engines, v), run(method, engines, v)
         assert a.text == b.text and [c["positions"] for c in a.trace] == [c["positions"] for c in b.trace], method
     other = run("lr_sync", engines, v, options(seed=12))
     assert other.text != run("lr_sync", engines, v).text
-
-
-def test_async_is_timing_independent(engines):
-    """The async output is a function of the seed only: here it matches the positions the sync loop
-    verifies one at a time (γ = 1 drafts each checked against the target step at the same prefix)."""
-    v = BernoulliVerifier(0.5)
-    outs = {run("lr_async", engines, v, options(gamma=g)).text for g in (1, 2, 4)}
-    assert len(outs) == 1  # lookahead depth changes the timing, not the output
 
 
 # ----------------------------------------------------------------------------- limits and bad input
@@ -154,18 +130,15 @@ def test_limits_end_cleanly_with_their_reason(engines, method):
 def test_eos_ends_the_generation(engines):
     target, draft = engines
     opts = options(max_steps=3)
-    steps = []  # the target-only run's first two steps, made the way the loop makes them
-    for _ in range(2):
-        prefix = target.format_prefix(Q, [s.text for s in steps])
-        steps.append(target.generate_steps([prefix], opts.target_params, seeds=[seed_for(11, "target", prefix, 0)])[0])
+    steps = decode("target", Q, target, None, None, opts).steps
     eos_id = next(t for t in steps[1].token_ids if t not in steps[0].token_ids)
     t2 = HFStepEngine("random:llama-20m", device="cpu", model=target.model, tokenizer=target.tokenizer)
-    t2.eos_ids = {eos_id}  # pretend that token is EOS: the 2nd step must end there
+    t2.text.eos_ids = {eos_id}  # pretend that token is EOS: the 2nd step must end there
     res = decode("target", Q, t2, None, None, opts)
     assert res.stop_reason == "eos" and len(res.steps) == 2 and res.steps[-1].stop_reason == "eos"
     assert res.steps[0].text == steps[0].text
     spec = decode("lr_sync", Q, t2, draft, build_verifier("reject_all"), opts)
-    assert spec.stop_reason == "eos" and spec.text == res.text
+    assert spec.stop_reason == "eos" and spec.steps[-1].source == "target"
 
 
 def test_bad_input_gives_clear_errors(engines):
@@ -179,7 +152,7 @@ def test_bad_input_gives_clear_errors(engines):
         with pytest.raises(ValueError, match="empty prompt"):
             decode(method, "   ", target, draft, v, options())
     short = HFStepEngine("random:llama-20m", device="cpu", model=target.model, tokenizer=target.tokenizer)
-    short.max_context = 40
+    short.info.max_length = 40
     with pytest.raises(PromptTooLongError, match="context window"):
         decode("lr_sync", Q * 10, short, draft, v, options())
     with pytest.raises(ValueError, match="verifier"):
@@ -218,12 +191,12 @@ def test_metrics_are_filled(engines):
 
 
 def test_committed_rows_are_not_encoded_again(engines):
-    """The KV of the row whose step is committed goes to the prefix cache: each new step encodes only the
-    last token of the previous step (never fed while decoding) and the seam, not the step again."""
+    """Committed steps are prefixes by their own token ids and the engine keeps the KV of the row it wrote,
+    so each new step encodes exactly one token: the last of the previous step (never fed while decoding)."""
     target, _ = engines
-    prompt = len(target.encode_prefix(target.format_prefix(Q)))
+    prompt = len(target.prefix_ids(Prefix(Q)))
     target.clear_prefix_cache()
-    before = target.stats["prefill_tokens"]
     res = run("target", engines, opts=options(max_steps=6))  # 6 steps of 4 tokens
-    encoded = target.stats["prefill_tokens"] - before
-    assert res.stats.output_tokens == 24 and encoded <= prompt + 2 * 5, (encoded, prompt)
+    assert res.stats.output_tokens == 24 and res.stats.target_prefill_tokens == prompt + 5
+    sync = run("lr_sync", engines, build_verifier("reject_all"), options(max_steps=6))
+    assert sync.stats.target_prefill_tokens < prompt + 6 * 24  # nested rows and committed rows are reused

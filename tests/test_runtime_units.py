@@ -36,7 +36,8 @@ def test_run_stats_derived_values_and_merge():
 
 
 def test_trace_helpers():
-    assert join_steps(["a\n\n", "b", "c"]) == "a\n\nb\n\nc"
+    # steps are joined as written: a step cut by the token cap ("b") is continued, no delimiter invented
+    assert join_steps(["a\n\n", "b", "c"]) == "a\n\nbc"
     recs = [{"cycle": 0, "positions": [{"position": 0, "accepted": True}],
              "committed": [{"text": "x\n\n", "source": "draft", "tokens": 2}, {"text": "y", "source": "target", "tokens": 3}]}]
     assert replay_text(recs) == "x\n\ny"
@@ -76,7 +77,8 @@ def test_answer_extraction_and_matching():
     assert extract_boxed(r"so \boxed{\frac{1}{2}} and finally \boxed{42}") == "42"
     assert extract_boxed(r"\boxed{a{b}c}") == "a{b}c" and extract_boxed(r"\boxed{open") is None
     assert extract_answer("The total is 5 + 3 = 8.\n#### 8") == "8"
-    assert extract_answer("Thus, the answer is 1,234.") == "1,234"
+    assert extract_answer("Thus, the answer is 1,234.") == "1234"  # thousands separators removed
+    assert extract_answer(r"\boxed{12,345,678}") == "12345678" and extract_answer(r"\boxed{(1,2)}") == "(1,2)"
     assert extract_answer("We get 12 then 15 apples") == "15"
     assert extract_answer("") is None and extract_answer("no digits") is None
     assert to_number("$1,234.50") == 1234.5 and to_number("50%") == 50 and to_number("12 apples") == 12

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from data_gen.sources import (KINDS, InvalidRecord, SourceWarning, Trace, extract_boxed, iter_traces,
-                              load_traces)
+from data_gen.sources import KINDS, InvalidRecord, SourceWarning, Trace, iter_traces, load_traces
 
 DATA = Path(__file__).parent / "data"
 
@@ -54,12 +53,6 @@ def test_trace_validates_question_and_steps():
         Trace("t", "math", "Q?", ["ok", " "], "1")
     trace = Trace("t", "math", "Q?", ["a", "b"], "1", {"k": 1})
     assert Trace.from_dict(trace.to_dict()) == trace
-
-
-def test_extract_boxed_takes_last_and_balances_braces():
-    assert extract_boxed(r"first \boxed{1}, then \boxed{\frac{3}{4}} done") == r"\frac{3}{4}"
-    assert extract_boxed("no box here") is None
-    assert extract_boxed(r"broken \boxed{1") is None
 
 
 # ------------------------------------------------------------------ s1K
@@ -144,6 +137,39 @@ def test_gsm8k_jsonl_lines_annotations_and_answer():
     assert all(t.domain == "math" and "####" not in "".join(t.steps) for t in traces)
     raw = load_traces("gsm8k", path=str(DATA / "gsm8k.jsonl"), strip_calculator=False)
     assert raw[0].steps[0] == "Natalia sold 48/2 = <<48/2=24>>24 clips in May."
+
+
+def test_final_answers_lose_thousands_separators(tmp_path):
+    path = _write_lines(tmp_path / "gsm.jsonl", [
+        {"question": "Q1?", "answer": "It costs 1,000 + 234.\n#### 1,234"},
+        {"question": "Q2?", "answer": "Pay it.\n#### $12,000.50"},
+        {"question": "Q3?", "answer": "A point.\n#### (1,2)"}])
+    assert [t.answer for t in load_traces("gsm8k", path=str(path))] == ["1234", "$12000.50", "(1,2)"]
+    s1k = _write_lines(tmp_path / "s1k.jsonl", [
+        {"question": "Q?", "thinking_trajectories": ["a\n\nb"], "solution": r"so \boxed{2,048}"}])
+    assert load_traces("s1k", path=str(s1k))[0].answer == "2048"
+
+
+def test_strip_calculator_is_set_from_the_config():
+    from data_gen.pipeline import load_source_traces
+    from infer.config import SourceConfig, field_help, load_config
+
+    kept = load_config(None, ["source.kind=gsm8k", f"source.path={DATA / 'gsm8k.jsonl'}",
+                              "source.strip_calculator=false"]).source
+    assert kept.strip_calculator is False
+    assert load_source_traces(kept)[0].steps[0] == "Natalia sold 48/2 = <<48/2=24>>24 clips in May."
+    stripped = SourceConfig(kind="gsm8k", path=str(DATA / "gsm8k.jsonl"))
+    assert load_source_traces(stripped)[0].steps[0] == "Natalia sold 48/2 = 24 clips in May."
+    assert any(key == "source.strip_calculator" and "<<" in text for key, text, _ in field_help())
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n", b"not json\n"])
+def test_a_file_with_no_records_warns_naming_it(tmp_path, content):
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(content)
+    with pytest.warns(SourceWarning) as record:
+        assert load_traces("jsonl", path=str(path)) == []
+    assert any("empty.jsonl: no records read" in m for m in _messages(record))
 
 
 def test_gsm8k_bad_lines_warn_with_file_line_and_field(tmp_path):
@@ -271,7 +297,7 @@ def test_unsupported_extension(tmp_path):
 
 
 def test_iter_traces_is_lazy_and_stops_at_limit(tmp_path):
-    path = _write_lines(tmp_path / "g.jsonl", [json.loads(l) for l in (DATA / "gsm8k.jsonl").read_text().splitlines()]
+    path = _write_lines(tmp_path / "g.jsonl", [json.loads(line) for line in (DATA / "gsm8k.jsonl").read_text().splitlines()]
                         + ["{bad json"])
     with warnings.catch_warnings():
         warnings.simplefilter("error", SourceWarning)  # the bad last line is never reached

@@ -10,9 +10,25 @@ import torch
 from safetensors import safe_open
 
 from data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, TENSORS, render_card
-from data_gen.store import (JUDGE_CACHE, DataFolderError, DataMismatchError, FolderLock, ShardData,
-                            check_same_data, clean_temporaries, fingerprint, fingerprint_diff, merge_parts,
-                            open_dataset, part_dir, read_manifest, shard_path, write_manifest, write_shard)
+from data_gen.store import (
+    JUDGE_CACHE,
+    DataFolderError,
+    DataMismatchError,
+    FolderLock,
+    ShardData,
+    check_same_data,
+    clean_temporaries,
+    fingerprint,
+    fingerprint_diff,
+    merge_parts,
+    open_dataset,
+    part_dir,
+    read_manifest,
+    shard_path,
+    write_card,
+    write_manifest,
+    write_shard,
+)
 from infer.config import ExperimentConfig, to_dict
 
 L, H = 3, 5
@@ -142,16 +158,16 @@ def test_only_shards_in_the_manifest_count(tmp_path):
     manifest["shards"][0]["rows"] = 7
     write_manifest(tmp_path, manifest)
     with pytest.raises(DataFolderError, match="has 8 rows, the manifest says 7"):
-        open_dataset(tmp_path, allow_incomplete=True).samples
+        _ = open_dataset(tmp_path, allow_incomplete=True).samples
     (tmp_path / shard_path("pairs", 0)).unlink()
     with pytest.raises(DataFolderError, match="pairs-00000.parquet is listed as complete .* but missing"):
-        open_dataset(tmp_path, allow_incomplete=True).pairs
+        _ = open_dataset(tmp_path, allow_incomplete=True).pairs
 
 
 def test_failed_shard_write_leaves_nothing(tmp_path):
     shard = make_shard(0)
     shard.features["draft.mean"] = "not a tensor"
-    with pytest.raises(Exception):
+    with pytest.raises((AttributeError, TypeError)):
         write_shard(tmp_path, shard)
     assert not list((tmp_path / "shards").iterdir())
     bad = make_shard(0)
@@ -233,6 +249,22 @@ def test_merge_refuses_parts_made_differently(tmp_path):
     with pytest.raises(DataMismatchError, match="data.num_samples: 20 -> 99"):
         merge_parts(tmp_path)
     assert not (tmp_path / "manifest.json").exists()
+
+
+def test_datasets_opens_the_folder_through_the_cards_configs(tmp_path):
+    import datasets
+    import yaml
+
+    folder = tmp_path / "data"
+    manifest = build_folder(folder, [0, 1], 3, complete=False)
+    (folder / "shards" / "samples-00002.parquet").write_bytes(b"an unfinished write, not in the manifest")
+    write_card(folder, manifest)
+    header = yaml.safe_load((folder / "README.md").read_text().split("---")[1])
+    assert [c["config_name"] for c in header["configs"]] == ["samples", "contexts", "pairs"]
+    samples = datasets.load_dataset(str(folder), split="train", cache_dir=str(tmp_path / "hf"))
+    assert samples.num_rows == 16 and samples["sample_id"] == open_dataset(folder, allow_incomplete=True).samples.column("sample_id").to_pylist()
+    pairs = datasets.load_dataset(str(folder), "pairs", split="train", cache_dir=str(tmp_path / "hf"))
+    assert pairs.column_names == [name for name, *_ in PAIR_COLUMNS]
 
 
 def test_card_documents_every_column_and_tensor():

@@ -8,10 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infer.engines import HFStepEngine, SamplingParams
-from infer.engines.decode import RowSpec, common_prefix_len
+from infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
+from infer.engines.hf_kv import common_prefix_len
 from infer.engines.token_spec import (AssistantProposer, TokenSpecConfig, filtered_probs, greedy_accept,
                                       ngram_propose, sample_accept)
+
+from _margins import assert_same_greedy
 
 
 # ----------------------------------------------------------------------------- pure rules
@@ -104,104 +106,115 @@ def small():
 
 
 GREEDY = SamplingParams(temperature=0, max_step_tokens=12)
-PREFIXES = ["What is 2 + 2? 2 + 2 = 4. What is 2 + 2?",
-            "What is 2 + 2? 2 + 2 = 4. What is 2 + 2?\n\nFirst step.",
-            "What is 2 + 2? 2 + 2 = 4. What is 2 + 2?\n\nFirst step.\n\nA much longer second step here."]
+Q0 = "What is 2 + 2? 2 + 2 = 4. What is 2 + 2?"
+PREFIXES = [Prefix(Q0), Prefix(Q0, ("First step.",)), Prefix(Q0, ("First step.", "A much longer second step here."))]
+OTHER = Prefix("Something else entirely")
+
+
+def gen(engine, prefixes, params=GREEDY, seeds=None, caps=None):
+    seeds = seeds or [None] * len(prefixes)
+    caps = caps or [None] * len(prefixes)
+    return [r[0] for r in engine.generate([StepRequest(p, 1, s, c) for p, s, c in zip(prefixes, seeds, caps)],
+                                          params).steps]
+
+
+def same_greedy(engine, prefix, got, want):
+    """Greedy rows of two computations agree up to the reference's first near-tie (see tests/_margins.py)."""
+    return assert_same_greedy(engine.model, engine.prefix_ids(prefix), got.token_ids, want.token_ids, at_least=4)
 
 
 def test_batch_of_different_prefixes_equals_each_row_alone(tiny):
-    alone = [tiny.generate_steps([p], GREEDY)[0] for p in PREFIXES]
-    old_api = [tiny.sample([p], 1, GREEDY)[0][0] for p in PREFIXES]
-    batched = tiny.generate_steps(PREFIXES, GREEDY)
-    assert [s.token_ids for s in batched] == [s.token_ids for s in alone] == [s.token_ids for s in old_api]
-    caps = tiny.generate_steps(PREFIXES, GREEDY, caps=[3, 5, 50])
+    alone = [gen(tiny, [p])[0] for p in PREFIXES]
+    batched = gen(tiny, PREFIXES)
+    for p, b, a in zip(PREFIXES, batched, alone):
+        same_greedy(tiny, p, b, a)
+    caps = gen(tiny, PREFIXES, caps=[3, 5, 50])
     assert [s.num_tokens for s in caps] == [3, 5, 12] and {s.stop_reason for s in caps} == {"length"}
-    assert [s.token_ids for s in caps] == [a.token_ids[:len(s.token_ids)] for s, a in zip(caps, alone)]
+    for p, c, a in zip(PREFIXES, caps, alone):
+        same_greedy(tiny, p, c, type(a)(a.text, a.token_ids[:c.num_tokens], a.stop_reason, a.logprob))
 
 
 def test_rows_joining_a_running_batch_decode_as_if_alone(tiny):
-    alone = [tiny.generate_steps([p], GREEDY)[0] for p in PREFIXES + ["Something else entirely"]]
-    batch = tiny.open_batch(GREEDY)
-    res = dict(batch.add([RowSpec(0, tiny.encode_prefix(PREFIXES[0]), 12)]))
-    res.update(batch.step())
-    res.update(batch.step())
-    res.update(batch.add([RowSpec(k, tiny.encode_prefix(PREFIXES[k]), 12) for k in (1, 2)]))
-    res.update(batch.step())
-    res.update(batch.add([RowSpec(3, tiny.encode_prefix("Something else entirely"), 12)]))
-    batch.remove([2])  # cancelled rows never produce a result
-    res.update(batch.run())
+    alone = [gen(tiny, [p])[0] for p in PREFIXES + [OTHER]]
+    stream = tiny.open_stream(GREEDY)
+    res = dict(stream.add([(0, StepRequest(PREFIXES[0]))]))
+    res.update(stream.step())
+    res.update(stream.step())
+    res.update(stream.add([(k, StepRequest(PREFIXES[k])) for k in (1, 2)]))
+    res.update(stream.step())
+    res.update(stream.add([(3, StepRequest(OTHER))]))
+    stream.cancel([2])  # cancelled rows never produce a result
+    while len(stream):
+        res.update(stream.step())
     assert sorted(res) == [0, 1, 3]
-    assert [res[k].token_ids for k in (0, 1, 3)] == [alone[k].token_ids for k in (0, 1, 3)]
+    for k, p in zip((0, 1, 3), (PREFIXES[0], PREFIXES[1], OTHER)):
+        same_greedy(tiny, p, res[k], alone[k])
+    work = stream.take_stats()
+    assert work.iterations >= 4 and work.generated_tokens == sum(res[k].num_tokens for k in (0, 1, 3))
+    assert stream.take_stats().iterations == 0  # taken: the counters start again
 
 
 def test_nested_prefixes_share_cached_columns(tiny):
     """An LR batch: prefix x, x + s0, x + s0 + s1, ... The longest is encoded once; the others copy its
     columns and encode a token or two of their own."""
-    steps = ["First we add the numbers together carefully.\n\n", "Then we divide the total by two.\n\n",
-             "Finally we check the result once more.\n\n"]
-    nested = [PREFIXES[0] + "".join(steps[:j]) for j in range(4)]
-    alone = [tiny.generate_steps([p], GREEDY)[0] for p in nested]
-    batch = tiny.open_batch(GREEDY)
-    res = dict(batch.add([RowSpec(i, tiny.encode_prefix(p), 12) for i, p in enumerate(nested)]))
-    res.update(batch.run())
-    assert [res[i].token_ids for i in range(4)] == [s.token_ids for s in alone]
-    longest = len(tiny.encode_prefix(nested[-1])) - len(tiny.encode_prefix(nested[0]))
-    assert batch.shared_tokens >= 2 * len(tiny.encode_prefix(nested[1]))  # rows 1, 2 reuse row 3's columns
-    assert tiny.stats["shared_prefix_tokens"] > 0 and longest > 20
+    steps = ["First we add the numbers together carefully.", "Then we divide the total by two.",
+             "Finally we check the result once more."]
+    nested = [Prefix(Q0, tuple(steps[:j])) for j in range(4)]
+    alone = [gen(tiny, [p])[0] for p in nested]
+    tiny.clear_prefix_cache()
+    out = tiny.generate([StepRequest(p) for p in nested], GREEDY)
+    for p, got, want in zip(nested, out.steps, alone):
+        same_greedy(tiny, p, got[0], want)
+    ids = [tiny.prefix_ids(p) for p in nested]
+    assert all(ids[j] == ids[-1][:len(ids[j])] for j in range(4))  # given steps encode as nested token lists
+    # rows 0..2 reuse row 3's columns; only the longest prefix is encoded (plus 1 own token per shorter row)
+    assert out.stats.prefill_tokens <= len(ids[-1]) + 3
 
 
 def test_dropping_unused_columns_keeps_results(tiny):
-    alone = {k: tiny.generate_steps([p], GREEDY)[0] for k, p in enumerate(PREFIXES)}
-    batch = tiny.open_batch(GREEDY)
-    res = dict(batch.add([RowSpec(0, tiny.encode_prefix(PREFIXES[0]), 12), RowSpec(9, tiny.encode_prefix("Other"), 12)]))
+    alone = {k: gen(tiny, [p])[0] for k, p in enumerate(PREFIXES)}
+    stream = tiny.open_stream(GREEDY)
+    batch = stream.batch
+    res = dict(stream.add([(0, StepRequest(PREFIXES[0])), (9, StepRequest(Prefix("Other")))]))
     for _ in range(3):
-        res.update(batch.step())
-    batch.remove([9])  # its columns become holes
-    res.update(batch.add([RowSpec(k, tiny.encode_prefix(PREFIXES[k]), 12) for k in (1, 2)]))
+        res.update(stream.step())
+    stream.cancel([9])  # its columns become holes
+    res.update(stream.add([(k, StepRequest(PREFIXES[k])) for k in (1, 2)]))
     dropped = 0
-    while len(batch):
+    while len(stream):
         before = batch.ncols
         batch._compact(min_cols=0, max_hole_share=0.0)  # drop every unused column
         assert batch.mask.shape[1] == batch.ncols and bool(batch.mask[:, len(batch.base_ids):].bool().any(0).all())
         dropped += before - batch.ncols
-        res.update(batch.step())
+        res.update(stream.step())
     assert dropped > 0
-    assert [res[k].token_ids for k in range(3)] == [alone[k].token_ids for k in range(3)]
-
-
-def test_sampling_rows_are_seeded_per_row(tiny):
-    p = SamplingParams(temperature=0.9, max_step_tokens=10)
-    a = tiny.generate_steps(PREFIXES, p, seeds=[5, 6, 7])
-    b = tiny.generate_steps(PREFIXES[::-1], p, seeds=[7, 6, 5])[::-1]
-    assert [s.token_ids for s in a] == [s.token_ids for s in b]  # the row, not its place, decides
-    assert tiny.generate_steps(PREFIXES[:1], p, seeds=[5])[0].token_ids == a[0].token_ids
+    for k in range(3):
+        same_greedy(tiny, PREFIXES[k], res[k], alone[k])
 
 
 @pytest.mark.parametrize("method", ["ngram", "assistant"])
 def test_greedy_with_token_speculation_is_exactly_greedy(small, tiny, method):
-    plain = [small.generate_steps([p], GREEDY)[0] for p in PREFIXES]
-    before = dict(small.stats)
+    plain = [gen(small, [p])[0] for p in PREFIXES]
     small.set_token_spec(TokenSpecConfig(method, num_tokens=4, ngram_size=3),
                          assistant=tiny if method == "assistant" else None)
     try:
-        spec = [small.generate_steps([p], GREEDY)[0] for p in PREFIXES]
-        batched = small.generate_steps(PREFIXES, GREEDY)
+        spec = [small.generate([StepRequest(p)], GREEDY) for p in PREFIXES]
+        batched = gen(small, PREFIXES)
     finally:
         small.set_token_spec(None)
-    assert [s.token_ids for s in spec] == [s.token_ids for s in plain]
-    assert [s.token_ids for s in batched] == [s.token_ids for s in plain]
-    assert small.stats["spec_proposed"] > before["spec_proposed"]  # speculation really ran
+    for p, s, b, want in zip(PREFIXES, spec, batched, plain):
+        same_greedy(small, p, s.steps[0][0], want)
+        same_greedy(small, p, b, want)
+    assert sum(s.stats.spec_proposed for s in spec) > 0  # speculation really ran
+    if method == "assistant":
+        assert sum(s.stats.proposer_forward_passes for s in spec) > 0
 
 
 def test_assistant_needs_the_same_tokenizer(small):
-    from infer.models import load_tokenizer
-
-    class Other:
-        tokenizer = load_tokenizer("offline:minilm")
-        model_name = "offline:minilm"
-
+    other = HFStepEngine("random:llama-tiny", device="cpu", use_chat_template=False)
+    other.info.tokenizer_id = "another-vocabulary"
     with pytest.raises(ValueError, match="tokenizer"):
-        AssistantProposer(Other(), small.tokenizer)
+        AssistantProposer(other, small.info.tokenizer_id)
     with pytest.raises(ValueError, match="assistant engine"):
         small.set_token_spec(TokenSpecConfig("assistant"))
 
@@ -209,14 +222,14 @@ def test_assistant_needs_the_same_tokenizer(small):
 @pytest.mark.slow
 def test_ngram_speculation_is_exact_on_real_smollm2():
     eng = HFStepEngine("offline:smollm2-135m-instruct", device="cpu")
-    prefix = eng.format_prefix("Anna has 12 apples and 12 pears. She gives away 12 apples. "
-                               "How many apples and pears does Anna have left?")
+    prefix = Prefix("Anna has 12 apples and 12 pears. She gives away 12 apples. "
+                    "How many apples and pears does Anna have left?")
     params = SamplingParams(temperature=0, max_step_tokens=24)
-    plain = eng.generate_steps([prefix], params)[0]
+    plain = gen(eng, [prefix], params)[0]
     eng.set_token_spec(TokenSpecConfig("ngram", num_tokens=8, ngram_size=3))
-    spec = eng.generate_steps([prefix], params)[0]
-    assert spec.token_ids == plain.token_ids and spec.text == plain.text
-    assert eng.stats["spec_proposed"] > 0
+    out = eng.generate([StepRequest(prefix)], params)
+    assert_same_greedy(eng.model, eng.prefix_ids(prefix), out.steps[0][0].token_ids, plain.token_ids, at_least=8)
+    assert out.stats.spec_proposed > 0
 
 
 def test_sample_from_inverts_the_cdf():
@@ -229,24 +242,22 @@ def test_sample_from_inverts_the_cdf():
     assert torch.allclose(counts / 20000.0, probs, atol=0.015)
 
 
-def test_prefix_reuse_survives_retokenisation(tiny):
-    """"...\\n\\n" is one token at the end of a text and two once text follows; the cached prefix is cut
-    back to the shared tokens instead of re-encoding everything."""
-    first = tiny.format_prefix("Question?", ["Step one is here.\n\n"])
-    second = tiny.format_prefix("Question?", ["Step one is here.\n\n", "Step two."])
-    a, b = tiny.encode_prefix(first), tiny.encode_prefix(second)
-    assert b[:len(a)] != a  # the situation: not a token prefix
-    tiny.clear_prefix_cache()
-    tiny._prefill(a)
-    before = dict(tiny.stats)
-    _, logits = tiny._prefill(b)
-    from infer.engines.hf import _common_prefix
+def test_prefix_cache_reuses_the_longest_shared_token_prefix(tiny):
+    """A cached prefix that is not a token prefix of the new one is cut back to the shared tokens instead
+    of re-encoding everything; the logits equal a fresh computation."""
+    from infer.engines.base import EngineStats
 
-    shared = _common_prefix(a, b)
-    assert shared >= len(a) - 1
-    assert tiny.stats["prefill_tokens"] - before["prefill_tokens"] == len(b) - shared
-    tiny.clear_prefix_cache()
-    _, fresh = tiny._prefill(b)
+    a = tiny.prefix_ids(Prefix("Question?", ("Step one is here.",)))
+    b = a[:-1] + tiny.text.text_ids(" and more.\n\nStep two.")
+    runner = tiny.runner
+    runner.clear()
+    runner.prefill(a, EngineStats())
+    work = EngineStats()
+    _, logits = runner.prefill(b, work)
+    shared = common_prefix_len([a, b])
+    assert shared == len(a) - 1
+    assert work.prefill_tokens == len(b) - shared and work.reused_prefix_tokens == shared
+    runner.clear()
+    _, fresh = runner.prefill(b, EngineStats())
     assert torch.allclose(logits, fresh, atol=1e-4)
-    assert _common_prefix([1, 2, 3, 4], [1, 2, 9]) == 2 and _common_prefix([], [1]) == 0
-    assert _common_prefix([5, 6], [5, 6, 7]) == 2
+    assert common_prefix_len([[1, 2, 3, 4], [1, 2, 9]]) == 2 and common_prefix_len([[], [1]]) == 0

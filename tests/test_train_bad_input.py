@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from _train_fixtures import ENGINES, synthetic_config, write_synthetic_data
 from train import probes_train
 from train.pipeline import train_all
 from train.probes_train import TrainingDataError, feature_spec
+
+from _train_fixtures import ENGINES, synthetic_config, write_synthetic_data
 
 
 @pytest.fixture(autouse=True)

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from infer.checkpoint_format import find_pickles
+from train.checkpoint import load_checkpoint
+
 from _data_fixtures import write_config
-from train.checkpoint import find_pickles, read_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +31,7 @@ def test_probe_train_all_stages(tmp_path, capsys, smol_engine):
                  "embedding threshold verifier", "judge-LoRA verifier", "base model (untrained)"):
         assert text in out
 
-    ckpt = read_checkpoint(cfg.checkpoint_dir)
+    ckpt = load_checkpoint(cfg.checkpoint_dir)
     assert {"probe_target", "probe_draft", "baselines", "embedding_threshold", "judge"} <= set(ckpt.components)
     assert find_pickles(cfg.checkpoint_dir) == []
     spec = ckpt.probes["probe_target"].spec

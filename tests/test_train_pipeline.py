@@ -10,11 +10,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from _train_fixtures import synthetic_config, write_synthetic_data
 from data_gen.store import open_dataset
-from train import pipeline, probes_train
-from train.checkpoint import find_pickles, read_checkpoint
+from infer.checkpoint_format import find_pickles
+from train import pipeline
+from train.checkpoint import load_checkpoint
 from train.pipeline import QuestionSplit, train_all
+
+from _train_fixtures import synthetic_config, write_synthetic_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny MLPs: one thread is fastest
 
@@ -76,7 +78,7 @@ def test_console_table_lists_every_verifier_and_baseline(run):
 
 def test_checkpoint_round_trip_gives_identical_predictions(run):
     cfg, result, _ = run
-    ckpt = read_checkpoint(cfg.checkpoint_dir)
+    ckpt = load_checkpoint(cfg.checkpoint_dir)
     assert {"probe_target", "probe_draft", "probe_target_own", "baseline_last_layer_target",
             "baseline_last_layer_draft", "baselines", "embedding_threshold"} <= set(ckpt.components)
     ds = open_dataset(cfg.data_dir)
@@ -114,6 +116,21 @@ def test_checkpoint_has_no_pickle_and_plain_safetensors(run):
     assert "## Validation metrics" in (folder / "README.md").read_text()
 
 
+def test_model_card_carries_hub_metadata(run):
+    import yaml
+
+    cfg, _, _ = run
+    card = (Path(cfg.checkpoint_dir) / "README.md").read_text()
+    assert card.startswith("---\n")
+    head, _, body = card[4:].partition("\n---\n")
+    meta = yaml.safe_load(head)
+    assert meta["library_name"] == "specprobe"
+    assert meta["base_model"] == ["toy/target-model", "toy/draft-model"]
+    assert {"specprobe", "speculative-decoding", "semantic-probe"} <= set(meta["tags"])
+    assert meta["datasets"] == [f"reasoning_gym/{cfg.source.task}"]
+    assert body.lstrip().startswith(f"# specprobe checkpoint `{cfg.name}`")
+
+
 def test_find_pickles_flags_torch_save(tmp_path):
     torch.save({"w": torch.ones(2)}, tmp_path / "weights.safetensors")  # a pickle under a safe name
     (tmp_path / "ok.json").write_text("{}")
@@ -149,7 +166,7 @@ def test_target_probe_without_draft_rows(tmp_path, embedder):
     result = train_all(cfg, print_fn=lambda _: None)
     assert result.probes.probes["probe_target"].plan.train_sets == ["target_own"]
     assert "probe_target_own" not in result.probes.probes
-    spec = read_checkpoint(cfg.checkpoint_dir).probes["probe_target"].spec
+    spec = load_checkpoint(cfg.checkpoint_dir).probes["probe_target"].spec
     assert (spec.layers, spec.combine, spec.pooling) == ([1, 2], "mean", "last")
     assert not (Path(cfg.checkpoint_dir) / "embedding_threshold.json").exists()
 

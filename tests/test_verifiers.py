@@ -8,10 +8,25 @@ import pytest
 import torch
 
 from infer.engines import HFStepEngine, Prefix
-from infer.judge_prompt import (PREFILL, PROMPT_VERSION, answer_token_ids, build_judge_prompt, judge_answer_logits,
-                                judge_probability)
-from infer.verifiers import (AcceptAll, BernoulliVerifier, CheckpointError, ExactMatch, StepContext, VerifyItem,
-                             build_verifier, load_verifier, normalize_exact)
+from infer.judge_prompt import (
+    PREFILL,
+    PROMPT_VERSION,
+    answer_token_ids,
+    build_judge_prompt,
+    judge_answer_logits,
+    judge_probability,
+)
+from infer.verifiers import (
+    AcceptAll,
+    BernoulliVerifier,
+    CheckpointError,
+    ExactMatch,
+    StepContext,
+    VerifyItem,
+    build_verifier,
+    load_verifier,
+    normalize_exact,
+)
 from probes.acceptance import semantic_accept_prob
 
 from _probe_fixtures import make_probe

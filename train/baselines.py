@@ -38,7 +38,7 @@ class ConstantBaseline:
     value: float
 
     @classmethod
-    def fit(cls, labels: Any) -> "ConstantBaseline":
+    def fit(cls, labels: Any) -> ConstantBaseline:
         return cls(float(_vector(labels, "labels").mean()))
 
     def predict(self, n: int) -> np.ndarray:
@@ -48,7 +48,7 @@ class ConstantBaseline:
         return {"kind": "constant", "value": self.value}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ConstantBaseline":
+    def from_dict(cls, data: dict[str, Any]) -> ConstantBaseline:
         return cls(float(data["value"]))
 
 
@@ -58,7 +58,7 @@ class LogprobBaseline:
     params: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def fit(cls, logprobs: Any, labels: Any, kind: str = "logistic") -> "LogprobBaseline":
+    def fit(cls, logprobs: Any, labels: Any, kind: str = "logistic") -> LogprobBaseline:
         x, y = _vector(logprobs, "log-probabilities"), _vector(labels, "labels")
         if x.size != y.size:
             raise ValueError(f"log-probabilities and labels differ in length ({x.size} vs {y.size})")
@@ -82,7 +82,7 @@ class LogprobBaseline:
         return {"kind": f"logprob_{self.kind}", **self.params}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "LogprobBaseline":
+    def from_dict(cls, data: dict[str, Any]) -> LogprobBaseline:
         kind = str(data["kind"]).removeprefix("logprob_")
         return cls(kind, {k: v for k, v in data.items() if k != "kind"})
 

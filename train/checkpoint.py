@@ -1,50 +1,25 @@
-"""The checkpoint folder probe-train writes (layout: checkpoints/README.md) and a reader for it.
+"""What probe-train writes into a checkpoint folder, and reading it back as Python objects.
 
-Everything is safetensors + JSON (+ PEFT's own safetensors adapter); no pickle anywhere. The folder is
-assembled under a temporary name next to its destination and moved into place with renames, so an
-interrupted run leaves either the previous checkpoint or the new one, never a mix.
-
-``read_checkpoint(path)`` returns the parts as Python objects (probes as ``SemanticProbe``s, baselines,
-the embedding threshold, the judge's metadata and adapter folder); ``infer.verifiers.load_verifier`` is
-the runtime's loader of the same files.
+The layout, file names and format tags belong to `infer.checkpoint_format` (the runtime reads the same
+files there); this module decides the contents: which trained components go in, the model card, and
+`load_checkpoint(path)`, which rebuilds every part (probes as ``SemanticProbe``s, the baselines, the
+embedding threshold, the judge's metadata) for analysis.
 """
 from __future__ import annotations
 
-import math
 import os
-import shutil
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from infer import checkpoint_format as fmt
 from infer.versions import package_versions
-from probes.io import read_json, write_json
 from probes.mlp import SemanticProbe
 from train.baselines import ConstantBaseline, LogprobBaseline
 
-FORMAT = "specprobe-checkpoint"
-FORMAT_VERSION = 1
-BASELINES_FORMAT = "specprobe.baselines"
-EMBEDDING_FORMAT = "specprobe.embedding_threshold"
-JUDGE_DIR = "judge_lora"
-JUDGE_JSON = "judge.json"
-PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".joblib", ".npy", ".npz")
 LOGPROB_INPUTS = {"target_own": "mean_logprob", "draft_via_target": "target_logprob / target_num_tokens",
                   "draft_own": "mean_logprob"}
-
-
-def clean_json(obj: Any) -> Any:
-    """NaN/inf -> None, numpy scalars -> Python, tuples -> lists (JSON-ready, recursively)."""
-    if isinstance(obj, dict):
-        return {str(k): clean_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean_json(v) for v in obj]
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 # ----------------------------------------------------------------------------- writing
@@ -53,27 +28,20 @@ def _write_probes(folder: Path, probes) -> list[str]:
     for name, trained in probes.probes.items():
         trained.probe.save(folder, name)
         names.append(name)
-    baselines = {"format": BASELINES_FORMAT, "format_version": 1}
+    per_role = {}
     for role, base in probes.baselines.items():
-        main = probes.probes[f"probe_{role}"].plan
-        baselines[role] = {**base.to_dict(), "trained_on": main.train_sets,
-                           "logprob_input": {s: LOGPROB_INPUTS[s] for s in main.train_sets}}
-    write_json(folder / "baselines.json", clean_json(baselines))
-    return names + ["baselines"]
+        main = probes.probes[fmt.probe_name(role)].plan
+        per_role[role] = {**base.to_dict(), "trained_on": main.train_sets,
+                          "logprob_input": {s: LOGPROB_INPUTS[s] for s in main.train_sets}}
+    return names + [fmt.write_baselines(folder, per_role)]
 
 
 def _write_embedding(folder: Path, embedding) -> str:
     from infer.models import describe_source
 
-    payload = {"format": EMBEDDING_FORMAT, "format_version": 1, **embedding.to_json(describe_source(embedding.model)),
-               "validation": embedding.metrics.get("val")}
-    write_json(folder / "embedding_threshold.json", clean_json(payload))
-    return "embedding_threshold"
-
-
-def _components_meta(folder: Path) -> list[dict[str, Any]]:
-    return [{"file": str(p.relative_to(folder)), "bytes": p.stat().st_size}
-            for p in sorted(folder.rglob("*")) if p.is_file()]
+    return fmt.write_embedding(folder, model=embedding.model, model_id=describe_source(embedding.model),
+                               threshold=embedding.fit.threshold, fit=embedding.fit.to_dict(),
+                               validation=embedding.metrics.get("val"), score=embedding.score_description)
 
 
 def write_checkpoint(folder: str | os.PathLike, cfg, result, manifest: dict,
@@ -84,89 +52,64 @@ def write_checkpoint(folder: str | os.PathLike, cfg, result, manifest: dict,
 
     folder = Path(folder)
     data_folder = data_folder if data_folder is not None else cfg.data_dir
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with fmt.assemble(folder) as tmp:
         components: list[str] = []
         if result.probes is not None:
             components += _write_probes(tmp, result.probes)
         if result.embedding is not None:
             components.append(_write_embedding(tmp, result.embedding))
         if result.judge is not None:
-            result.judge.save(tmp / JUDGE_DIR)
-            components.append("judge")
-        metrics = clean_json(result.metrics)
-        write_json(tmp / "metrics.json", metrics)
-        (tmp / "README.md").write_text(model_card(cfg, metrics, components, manifest, format_metrics(metrics)),
-                                       encoding="utf-8")
-        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "name": cfg.name,
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "components": components,
-                "data": {"folder": str(Path(data_folder).resolve()), "engines": manifest["engines"],
-                         "layers": manifest["layers"], "created": manifest.get("created"),
-                         "fingerprint": manifest.get("fingerprint")},
-                "config": to_dict(cfg), "versions": package_versions()}
-        write_json(tmp / "checkpoint.json", clean_json(meta))
-        meta["files"] = _components_meta(tmp)
-        write_json(tmp / "checkpoint.json", clean_json(meta))
-        bad = find_pickles(tmp)
-        if bad:
-            raise RuntimeError(f"refusing to write a checkpoint with pickle files: {bad}")
-        _swap_in(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            result.judge.save(tmp / fmt.JUDGE_DIR)
+            components.append(fmt.JUDGE)
+        metrics = fmt.write_metrics(tmp, result.metrics)
+        fmt.write_model_card(tmp, model_card(cfg, metrics, components, manifest, format_metrics(metrics)))
+        fmt.write_meta(tmp, name=cfg.name, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                       components=components,
+                       data={"folder": str(Path(data_folder).resolve()), "engines": manifest["engines"],
+                             "layers": manifest["layers"], "created": manifest.get("created"),
+                             "fingerprint": manifest.get("fingerprint")},
+                       config=to_dict(cfg), versions=package_versions())
     return folder
 
 
-def _make_readable(folder: Path) -> None:
-    """Files 0644, folders 0755: checkpoints are meant to be shared (temporary files are created 0600)."""
-    for path in [folder, *folder.rglob("*")]:
-        os.chmod(path, 0o755 if path.is_dir() else 0o644)
-
-
-def _swap_in(tmp: Path, folder: Path) -> None:
-    _make_readable(tmp)
-    old = folder.with_name(f".{folder.name}.old{os.getpid()}")
-    if folder.exists():
-        os.replace(folder, old)
-    os.replace(tmp, folder)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def find_pickles(folder: str | os.PathLike) -> list[str]:
-    """Files that are or may be pickles: a pickle-ish suffix, a .safetensors file that safetensors cannot
-    open, or any other file starting like a pickle (protocol 2-5 header) or a zip (torch.save)."""
-    from safetensors import safe_open
-
-    bad = []
-    for path in Path(folder).rglob("*"):
-        if not path.is_file():
-            continue
-        if path.suffix.lower() in PICKLE_SUFFIXES:
-            bad.append(str(path))
-        elif path.suffix == ".safetensors":
-            try:
-                with safe_open(str(path), framework="pt") as f:
-                    list(f.keys())
-            except Exception:  # noqa: BLE001 - anything safetensors cannot read is suspect
-                bad.append(str(path))
-        else:
-            with open(path, "rb") as f:
-                head = f.read(2)
-            if head == b"PK" or (len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5):
-                bad.append(str(path))
-    return sorted(bad)
-
-
 # ----------------------------------------------------------------------------- model card
+CARD_TAGS = ("specprobe", "speculative-decoding", "speculative-reasoning", "verifier")
+
+
+def card_metadata(cfg, components: list[str], manifest: dict) -> dict[str, Any]:
+    """The Hub's YAML metadata for the model card: the models the verifiers read, the data they were
+    trained on (hub names where the source is a hub data set), tags the Hub can filter on."""
+    from infer.models import describe_source
+
+    bases = [e["model_id"] for e in manifest["engines"].values()]
+    tags = list(CARD_TAGS)
+    if any(fmt.is_probe_component(c) for c in components):
+        tags.append("semantic-probe")
+    if fmt.JUDGE in components:
+        bases.append(describe_source(cfg.verifiers.judge_base))
+        tags += ["lora", "peft"]
+    src = cfg.source
+    dataset = src.name or (f"reasoning_gym/{src.task}" if src.kind == "reasoning_gym" else Path(src.path or "").name)
+    meta = {"library_name": "specprobe", "base_model": list(dict.fromkeys(bases)), "tags": tags}
+    if dataset:
+        meta["datasets"] = [dataset]
+    return meta
+
+
+def front_matter(meta: dict[str, Any]) -> str:
+    """A YAML block between '---' lines, as the Hub reads it at the top of a README.md."""
+    import yaml
+
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
+
+
 def model_card(cfg, metrics: dict, components: list[str], manifest: dict, table: str) -> str:
     eng = manifest["engines"]
     data = metrics.get("data", {})
     rows = data.get("rows", {})
     split = metrics.get("split", {})
     lines = [
+        front_matter(card_metadata(cfg, components, manifest)),
         f"# specprobe checkpoint `{cfg.name}`", "",
         "Verifiers for step-level speculative reasoning (SemanticSpec probes, Lookahead-Reasoning pair verifiers),"
         " trained by `probe-train`.", "",
@@ -237,43 +180,25 @@ class Checkpoint:
         return list(self.meta.get("components", []))
 
 
-def read_checkpoint(path: str | os.PathLike, map_location: str = "cpu") -> Checkpoint:
-    """Read a probe-train checkpoint folder (or its checkpoint.json) into Python objects."""
-    folder = Path(path)
-    if folder.name == "checkpoint.json":
-        folder = folder.parent
-    meta_path = folder / "checkpoint.json"
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{folder} is not a probe-train checkpoint: no checkpoint.json "
-                                "(train one with `probe-train --config <file>`)")
-    meta = read_json(meta_path)
-    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{meta_path}: format {meta.get('format')!r} version {meta.get('format_version')!r}; "
-                         f"this specprobe reads {FORMAT!r} version {FORMAT_VERSION}")
-    ckpt = Checkpoint(folder, meta)
+def load_checkpoint(path: str | os.PathLike, map_location: str = "cpu") -> Checkpoint:
+    """Every part of a probe-train checkpoint folder (or its checkpoint.json) as Python objects."""
+    meta = fmt.read_meta(path)
+    folder = fmt.checkpoint_folder(path)
+    ckpt = Checkpoint(folder, meta, metrics=fmt.read_metrics(folder))
     for name in meta.get("components", []):
-        if name.startswith(("probe_", "baseline_last_layer_")):
+        if fmt.is_probe_component(name):
             ckpt.probes[name] = SemanticProbe.load(folder, name, map_location=map_location)
-        elif name == "baselines":
-            ckpt.baselines = _read_baselines(folder / "baselines.json")
-        elif name == "embedding_threshold":
-            ckpt.embedding = read_json(folder / "embedding_threshold.json")
-        elif name == "judge":
-            ckpt.judge = {**read_json(folder / JUDGE_DIR / JUDGE_JSON), "adapter_dir": str(folder / JUDGE_DIR)}
-    if (folder / "metrics.json").is_file():
-        ckpt.metrics = read_json(folder / "metrics.json")
+        elif name == fmt.BASELINES:
+            ckpt.baselines = {role: _baselines(entry) for role, entry in fmt.read_baselines(folder).items()}
+        elif name == fmt.EMBEDDING:
+            ckpt.embedding = fmt.read_embedding(folder).raw
+        elif name == fmt.JUDGE:
+            judge = fmt.read_judge(folder)
+            ckpt.judge = {**judge.raw, "adapter_dir": str(judge.adapter_dir)}
     return ckpt
 
 
-def _read_baselines(path: Path) -> dict[str, dict[str, Any]]:
-    data = read_json(path)
-    if data.get("format") != BASELINES_FORMAT:
-        raise ValueError(f"{path}: format {data.get('format')!r}, expected {BASELINES_FORMAT!r}")
-    out = {}
-    for role in ("target", "draft"):
-        if role in data:
-            entry = data[role]
-            out[role] = {"constant": ConstantBaseline.from_dict(entry["constant"]),
-                         "logprob": LogprobBaseline.from_dict(entry["logprob"]),
-                         "logprob_input": entry.get("logprob_input"), "trained_on": entry.get("trained_on")}
-    return out
+def _baselines(entry: dict) -> dict[str, Any]:
+    return {"constant": ConstantBaseline.from_dict(entry["constant"]),
+            "logprob": LogprobBaseline.from_dict(entry["logprob"]),
+            "logprob_input": entry.get("logprob_input"), "trained_on": entry.get("trained_on")}

@@ -6,6 +6,8 @@ Usage:
     probe-train --config configs/tiny.yaml --stage train        # train the verifiers on existing data
     probe-train --config X --stage data --shard 0/4             # every 4th shard from 0 -> data/part-0-of-4
     probe-train --config X --merge                              # join the part folders into data/
+    probe-train --config X --stage data --ray                   # shards over Ray replicas (local instance)
+    probe-train --config X --stage data --ray 10.0.0.5:6379     # ... on an existing cluster (ray start --head)
     probe-train --config X --stage data data.num_samples=8 output_dir=runs/mine   # key=value overrides
     probe-train --help-config                                   # every config key with its help
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 STAGES = ("data", "train", "all")
 
@@ -30,18 +32,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stage", choices=STAGES, default="all", help="what to run (default: all)")
     parser.add_argument("--shard", metavar="i/n", help="data stage: process part i of n (0-based) into data/part-i-of-n")
     parser.add_argument("--merge", action="store_true", help="join data/part-*-of-n folders into data/ and stop")
+    parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                        help="data stage: spread the shards over Ray replicas (the ray: config section); "
+                             "ADDRESS joins a cluster (else ray.address; none = a local instance)")
     parser.add_argument("--help-config", action="store_true", help="list every config key with its help and exit")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. data.num_samples=8")
     return parser
 
 
-def run_data_stage(cfg, shard: str | None, progress: bool) -> int:
+def run_data_stage(cfg, shard: str | None, progress: bool, ray_address: str | None = None) -> int:
+    """ray_address: None = this process only; "" = Ray at ray.address or a local instance."""
     from data_gen.contexts import parse_part
     from data_gen.pipeline import generate_dataset
 
     part = parse_part(shard) if shard else None
-    result = generate_dataset(cfg, part=part, progress=progress)
+    if ray_address is None:
+        result = generate_dataset(cfg, part=part, progress=progress)
+    else:
+        from data_gen.distributed import generate_dataset_on_ray
+
+        result = generate_dataset_on_ray(cfg, address=ray_address or None, part=part, progress=progress)
     print(result.summary())
     if part is not None:
         print(f"part {part[0]} of {part[1]} done; when every part is done: probe-train --config <file> --merge")
@@ -49,11 +60,11 @@ def run_data_stage(cfg, shard: str | None, progress: bool) -> int:
 
 
 def run_merge(cfg) -> int:
-    from data_gen.pipeline import DataResult, RunStats
+    from data_gen.pipeline import DataGenStats, DataResult
     from data_gen.store import merge_parts
 
     manifest = merge_parts(cfg.data_dir)
-    print(DataResult(cfg.data_dir, manifest, False, RunStats()).summary())
+    print(DataResult(cfg.data_dir, manifest, False, DataGenStats()).summary())
     if manifest["status"] != "complete":
         missing = manifest["plan"]["num_shards"] - len(manifest["shards"])
         print(f"{missing} shard(s) are in no finished part; run the data stage without --shard to finish them")
@@ -78,15 +89,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.config:
         build_parser().error("--config is required (e.g. --config configs/tiny.yaml)")
-    if (args.shard or args.merge) and args.stage == "train":
-        build_parser().error("--shard and --merge belong to the data stage")
+    if (args.shard or args.merge or args.ray is not None) and args.stage == "train":
+        build_parser().error("--shard, --merge and --ray belong to the data stage")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(args.config, args.overrides)
         if args.merge:
             return run_merge(cfg)
         if args.stage in ("data", "all"):
-            run_data_stage(cfg, args.shard, progress=not args.no_progress)
+            run_data_stage(cfg, args.shard, progress=not args.no_progress, ray_address=args.ray)
             if args.shard:
                 return 0
         if args.stage in ("train", "all"):

@@ -18,8 +18,9 @@ Validation metrics of both: AUROC, and precision / recall / acceptance at the ch
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,7 +48,7 @@ class PairSet:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def take(self, index: Any) -> "PairSet":
+    def take(self, index: Any) -> PairSet:
         idx = np.flatnonzero(index) if np.asarray(index).dtype == bool else np.asarray(index, dtype=np.int64)
         return PairSet(self.context_ids[idx], self.questions[idx], self.a[idx], self.b[idx], self.labels[idx],
                        self.source[idx], self.contexts)
@@ -128,10 +129,7 @@ class EmbeddingResult:
     metrics: dict[str, Any]
     seconds: float
 
-    def to_json(self, model_id: str) -> dict[str, Any]:
-        return {"kind": "embedding_threshold", "embedding_model": self.model, "embedding_model_id": model_id,
-                "score": "cosine of mean-pooled, L2-normalised sentence embeddings of the two steps",
-                "threshold": self.fit.threshold, "fit": self.fit.to_dict()}
+    score_description = "cosine of the two steps' sentence embeddings (pooled as the embedder's model says)"
 
 
 def train_embedding(train: PairSet, val: PairSet, vcfg, device: str | None = None, embedder=None,
@@ -161,9 +159,6 @@ def train_embedding(train: PairSet, val: PairSet, vcfg, device: str | None = Non
 
 
 # ----------------------------------------------------------------------------- judge LoRA
-JUDGE_FORMAT = "specprobe.judge_lora"
-
-
 def balanced_pairs(pairs: PairSet, max_pairs: int, seed: int = 0) -> tuple[list[tuple[str, str, str]], np.ndarray]:
     """Equal numbers of equivalent and non-equivalent pairs (at most `max_pairs` in all), shuffled, each
     pair's (a, b) order drawn at random. Returns ((context, step_a, step_b) items, labels)."""
@@ -214,35 +209,31 @@ class JudgeResult:
     def threshold(self) -> float:
         return self.fit.threshold if self.fit is not None else 0.5
 
-    def meta(self) -> dict[str, Any]:
-        from infer.judge_prompt import NO_WORD, PREFILL, PROMPT_VERSION, YES_WORD, answer_token_ids
-        from infer.models import describe_source
-
-        yes, no = answer_token_ids(self.tokenizer)
-        v = self.vcfg
-        return {"format": JUDGE_FORMAT, "format_version": 1, "base_model": self.base,
-                "base_model_id": describe_source(self.base), "prompt_version": PROMPT_VERSION,
-                "prompt": "infer.judge_prompt.build_judge_prompt (default max_context_chars)",
-                "prefill": PREFILL, "answer_words": [YES_WORD, NO_WORD], "answer_tokens": {"yes": yes, "no": no},
-                "probability": "softmax over the logits of the two answer tokens after the prefill; P(yes)",
-                "threshold": self.threshold, "fit": None if self.fit is None else self.fit.to_dict(),
-                "lora": {"r": v.judge_lora_r, "alpha": v.judge_lora_alpha, "dropout": v.judge_lora_dropout,
-                         "target_modules": list(v.judge_target_modules), "last_layers": v.judge_lora_layers},
-                "training": {"steps": v.judge_steps, "lr": v.judge_lr, "batch_size": v.judge_batch_size,
-                             "balanced_pairs": self.metrics.get("n_train"), "seed": v.seed,
-                             "first_loss": self.losses[0] if self.losses else None,
-                             "last_loss": self.losses[-1] if self.losses else None}}
-
     def save(self, folder) -> None:
         """PEFT adapter (adapter_config.json + adapter_model.safetensors) and judge.json in `folder`."""
         from pathlib import Path
 
-        from probes.io import write_json
-        from train.checkpoint import JUDGE_JSON, clean_json
+        from infer.checkpoint_format import write_judge_meta
+        from infer.judge_prompt import NO_WORD, PREFILL, PROMPT_VERSION, YES_WORD, answer_token_ids
+        from infer.models import describe_source
 
         folder = Path(folder)
         self.model.save_pretrained(str(folder), safe_serialization=True)
-        write_json(folder / JUDGE_JSON, clean_json(self.meta()))
+        yes, no = answer_token_ids(self.tokenizer)
+        v = self.vcfg
+        write_judge_meta(
+            folder, base_model=self.base, threshold=self.threshold, prompt_version=PROMPT_VERSION,
+            answer_tokens={"yes": yes, "no": no}, base_model_id=describe_source(self.base),
+            prompt="infer.judge_prompt.build_judge_prompt (default max_context_chars)", prefill=PREFILL,
+            answer_words=[YES_WORD, NO_WORD],
+            probability="softmax over the logits of the two answer tokens after the prefill; P(yes)",
+            fit=None if self.fit is None else self.fit.to_dict(),
+            lora={"r": v.judge_lora_r, "alpha": v.judge_lora_alpha, "dropout": v.judge_lora_dropout,
+                  "target_modules": list(v.judge_target_modules), "last_layers": v.judge_lora_layers},
+            training={"steps": v.judge_steps, "lr": v.judge_lr, "batch_size": v.judge_batch_size,
+                      "balanced_pairs": self.metrics.get("n_train"), "seed": v.seed,
+                      "first_loss": self.losses[0] if self.losses else None,
+                      "last_loss": self.losses[-1] if self.losses else None})
 
 
 def lora_model(model, vcfg):
@@ -347,15 +338,11 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
 
 def load_judge(folder, device: str | None = None):
     """(PeftModel, tokenizer, judge.json) of a saved judge adapter folder (checkpoint/judge_lora)."""
-    from pathlib import Path
-
     from peft import PeftModel
 
+    from infer.checkpoint_format import read_judge
     from infer.models import load_model
-    from probes.io import read_json
-    from train.checkpoint import JUDGE_JSON
 
-    folder = Path(folder)
-    meta = read_json(folder / JUDGE_JSON)
-    base, tokenizer = load_model(meta["base_model"], kind="causal_lm", device=device)
-    return PeftModel.from_pretrained(base, str(folder)).eval(), tokenizer, meta
+    entry = read_judge(folder)
+    base, tokenizer = load_model(entry.base_model, kind="causal_lm", device=device)
+    return PeftModel.from_pretrained(base, str(entry.adapter_dir)).eval(), tokenizer, entry.raw

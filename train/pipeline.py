@@ -13,9 +13,10 @@ written at the end, in one rename (a failed run never leaves a half checkpoint b
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,7 @@ class QuestionSplit:
     test_fraction: float
 
     @classmethod
-    def make(cls, question_ids, probe_cfg) -> "QuestionSplit":
+    def make(cls, question_ids, probe_cfg) -> QuestionSplit:
         unique = sorted({str(q) for q in question_ids})
         if not unique:
             raise TrainingDataError("the data folder holds no samples (no question ids): nothing to train on")

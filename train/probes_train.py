@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from probes.features import FeatureSpec, layers_from_option
 from probes.metrics import probe_report
-from probes.mlp import FitHistory, ProbeConfig as MLPConfig, SemanticProbe, fit_probe
+from probes.mlp import FitHistory, SemanticProbe, fit_probe
+from probes.mlp import ProbeMLPConfig as MLPConfig
 from train.baselines import ConstantBaseline, LogprobBaseline
 
 LogFn = Callable[[dict[str, Any]], None]
@@ -71,7 +73,7 @@ class RowSet:
     def __len__(self) -> int:
         return len(self.sample_ids)
 
-    def take(self, mask: np.ndarray) -> "RowSet":
+    def take(self, mask: np.ndarray) -> RowSet:
         idx = np.flatnonzero(mask)
         t = torch.from_numpy(idx)
         return RowSet(self.name, self.sample_ids[idx], self.questions[idx], self.x[t], self.y[t], self.logprob[idx])
@@ -159,7 +161,7 @@ def feature_spec(engine: dict, kept_layers: Sequence[int], option: str, combine:
 
 
 def mlp_config(probe_cfg) -> MLPConfig:
-    """The experiment's `probe` section as the probes package's ProbeConfig."""
+    """The experiment's `probe` section as the probes package's ProbeMLPConfig."""
     return MLPConfig(hidden_dim=probe_cfg.hidden_dim, dropout=probe_cfg.dropout, loss=probe_cfg.loss,
                      lr=probe_cfg.lr, betas=tuple(probe_cfg.betas), weight_decay=probe_cfg.weight_decay,
                      epochs=probe_cfg.epochs, batch_size=probe_cfg.batch_size, patience=probe_cfg.patience,

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 PrintFn = Callable[[str], None]
 
@@ -44,7 +45,7 @@ class Tracker:
         if wandb_cfg is not None and wandb_cfg.enabled:
             self.run = _start_wandb(wandb_cfg, run_name, Path(output_dir), config or {})
 
-    def __enter__(self) -> "Tracker":
+    def __enter__(self) -> Tracker:
         return self
 
     def __exit__(self, *exc) -> None:

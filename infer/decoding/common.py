@@ -224,6 +224,7 @@ class GenState:
         st = self.stats
         if role == "target":
             st.target_forward_passes += es.forward_passes
+            st.target_prefill_tokens += es.prefill_tokens
             st.draft_forward_passes += es.proposer_forward_passes  # the assistant is the draft model
             st.spec_rounds += es.spec_rounds
             st.spec_proposed += es.spec_proposed

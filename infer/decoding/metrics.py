@@ -49,6 +49,7 @@ class RunStats:
     target_row_iterations: int = 0  # sum over target forwards of the rows in them
     target_forward_passes: int = 0
     draft_forward_passes: int = 0
+    target_prefill_tokens: int = 0  # prompt tokens the target ran through the model (cache hits excluded)
     draft_abandoned: int = 0  # async: drafts cut short because a rejection made them useless
     draft_abandoned_s: float = 0.0
     spec_rounds: int = 0  # token-level speculation inside steps (target): rounds with a proposal

@@ -1,4 +1,5 @@
-"""Step engines: one interface (`StepEngine`, see `infer.engines.base`), implemented with transformers."""
+"""Step engines: one interface (`StepEngine`, see `infer.engines.base`), implemented with transformers
+(`HFStepEngine`) and vLLM (`infer.engines.vllm_engine.VLLMStepEngine`, imported only when used)."""
 from __future__ import annotations
 
 from infer.engines.base import (EngineInfo, EngineStats, Generation, Prefix, PromptTooLongError, SamplingParams,
@@ -7,24 +8,47 @@ from infer.engines.hf import HFStepEngine
 
 __all__ = ["EngineInfo", "EngineStats", "Generation", "Prefix", "PromptTooLongError", "SamplingParams",
            "ScoredStep", "Scoring", "SerialStream", "Step", "StepEngine", "StepRequest", "StepStream",
-           "HFStepEngine", "build_engine", "build_engine_pair", "sampling_params"]
+           "HFStepEngine", "build_engine", "build_engine_pair", "sampling_params", "vllm_settings"]
 
 
-def build_engine(name: str, models_cfg, **kw) -> HFStepEngine:
-    """An engine for `name` with the device, dtype, cache and template settings of a ModelsConfig."""
-    return HFStepEngine(
-        name, device=models_cfg.resolved_device(), dtype=models_cfg.dtype, cache_dir=models_cfg.cache_dir,
-        use_chat_template=models_cfg.use_chat_template, system_prompt=models_cfg.system_prompt,
-        max_batch_rows=models_cfg.max_batch_rows, **kw)
+def vllm_settings(models_cfg, seed: int = 0):
+    """VLLMSettings from a ModelsConfig's `vllm` section."""
+    from infer.engines.vllm_engine import VLLMSettings
+
+    v = models_cfg.vllm
+    return VLLMSettings(max_model_len=v.max_model_len, tensor_parallel_size=v.tensor_parallel_size,
+                        gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_gib=v.kv_cache_gib,
+                        enforce_eager=v.enforce_eager, block_size=v.block_size, enable_lora=v.enable_lora,
+                        max_lora_rank=v.max_lora_rank, hidden_states=v.hidden_states, seed=seed)
 
 
-def build_engine_pair(models_cfg) -> tuple[HFStepEngine, HFStepEngine]:
-    """(target, draft); when both name the same model its weights are loaded once and shared."""
-    target = build_engine(models_cfg.target, models_cfg)
-    if models_cfg.draft == models_cfg.target:
-        draft = build_engine(models_cfg.draft, models_cfg, model=target.model, tokenizer=target.tokenizer)
-    else:
-        draft = build_engine(models_cfg.draft, models_cfg)
+def build_engine(name: str, models_cfg, *, role: str = "target", token_spec=None, share=None,
+                 stop_at_eos: bool = True) -> StepEngine:
+    """An engine for `name` (the `role` model) on the engine kind, device, dtype, cache and template settings
+    of a ModelsConfig. share: an engine of the same kind on the same model whose weights (transformers) or
+    vLLM engine this one reuses. token_spec: token speculation fixed at start (vLLM engines only; the
+    transformers engine takes it per run with `set_token_spec`)."""
+    common = dict(device=models_cfg.resolved_device(), dtype=models_cfg.dtype, cache_dir=models_cfg.cache_dir,
+                  use_chat_template=models_cfg.use_chat_template, system_prompt=models_cfg.system_prompt,
+                  stop_at_eos=stop_at_eos)
+    if models_cfg.engine_of(role) == "vllm":
+        from infer.engines.vllm_engine import VLLMStepEngine
+
+        return VLLMStepEngine(name, settings=vllm_settings(models_cfg), token_spec=token_spec, share=share, **common)
+    if share is not None:
+        common.update(model=share.model, tokenizer=share.tokenizer)
+    return HFStepEngine(name, max_batch_rows=models_cfg.max_batch_rows, **common)
+
+
+def build_engine_pair(models_cfg, names: tuple[str, str] | None = None, *, token_spec=None,
+                      stop_at_eos: bool = True) -> tuple[StepEngine, StepEngine]:
+    """(target, draft) for `names` (default: the config's target and draft); when both are the same model on
+    the same engine kind, the weights (transformers) or the vLLM engine are loaded once and shared."""
+    target_name, draft_name = names or (models_cfg.target, models_cfg.draft)
+    target = build_engine(target_name, models_cfg, role="target", token_spec=token_spec, stop_at_eos=stop_at_eos)
+    same = draft_name == target_name and models_cfg.engine_of("draft") == models_cfg.engine_of("target")
+    draft = build_engine(draft_name, models_cfg, role="draft", token_spec=token_spec, stop_at_eos=stop_at_eos,
+                         share=target if same else None)
     return target, draft
 
 

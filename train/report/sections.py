@@ -15,7 +15,7 @@ import torch
 
 from probes.acceptance import semantic_accept_prob
 from probes.metrics import brier
-from probes.mlp import ProbeConfig as MLPConfig, fit_probe
+from probes.mlp import ProbeMLPConfig as MLPConfig, fit_probe
 from probes.features import FeatureSpec
 from probes.splits import group_split
 from train.probes_train import ROW_SETS, RowSet, load_row_set

@@ -1,0 +1,307 @@
+"""The probe-train checkpoint folder: its file names, format tags, and the functions that write and read it.
+
+This module is the one owner of the layout documented in checkpoints/README.md. `train.checkpoint`
+writes through it (it knows what was trained), `infer.verifiers` reads through it (it knows what the
+runtime needs); neither spells a file name or a JSON key of the format itself. It lives in `infer`
+because the runtime may import `probes` and `infer` only.
+
+A folder is assembled under a temporary name beside its destination and renamed into place
+(`assemble`), so an interrupted run leaves the previous checkpoint or the new one, never a mix.
+Everything is safetensors + JSON (+ PEFT's safetensors adapter); `find_pickles` enforces that.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from probes.io import model_paths, read_json, write_json
+
+FORMAT = "specprobe-checkpoint"
+FORMAT_VERSION = 1
+CHECKPOINT_JSON = "checkpoint.json"
+METRICS_JSON = "metrics.json"
+MODEL_CARD = "README.md"
+BASELINES_JSON = "baselines.json"
+BASELINES_FORMAT = "specprobe.baselines"
+EMBEDDING_JSON = "embedding_threshold.json"
+EMBEDDING_FORMAT = "specprobe.embedding_threshold"
+JUDGE_DIR = "judge_lora"
+JUDGE_JSON = "judge.json"
+JUDGE_FORMAT = "specprobe.judge_lora"
+ADAPTER_CONFIG = "adapter_config.json"  # PEFT's file: its presence marks a LoRA adapter folder
+# names in checkpoint.json's `components`
+BASELINES = "baselines"
+EMBEDDING = "embedding_threshold"
+JUDGE = "judge"
+PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".joblib", ".npy", ".npz")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing a component, is malformed, or does not fit the models it is used with."""
+
+
+def probe_name(role: str) -> str:
+    """File stem of the runtime probe for `role` (target: p, draft: q)."""
+    if role not in ("target", "draft"):
+        raise ValueError(f"probe role must be 'target' or 'draft', got {role!r}")
+    return f"probe_{role}"
+
+
+def is_probe_component(name: str) -> bool:
+    """Components stored as a SemanticProbe pair of files (runtime probes, variants, last-layer baselines)."""
+    return name.startswith(("probe_", "baseline_last_layer_"))
+
+
+def clean_json(obj: Any) -> Any:
+    """NaN/inf -> None, numpy scalars -> Python, tuples -> lists (JSON-ready, recursively)."""
+    if isinstance(obj, dict):
+        return {str(k): clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean_json(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+# ----------------------------------------------------------------------------- folder
+def checkpoint_folder(path: str | os.PathLike) -> Path:
+    """The folder of a checkpoint given as the folder or its checkpoint.json; CheckpointError if absent."""
+    folder = Path(path)
+    if folder.name == CHECKPOINT_JSON:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint folder {folder} does not exist; train one with `probe-train` "
+                              "or choose a verifier that needs none (exact, bernoulli, llm_judge, ...)")
+    return folder
+
+
+def _read(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{what}: {path} not found")
+    try:
+        data = read_json(path)
+    except ValueError as err:  # json.JSONDecodeError
+        raise CheckpointError(f"{what}: {path} is not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{what}: {path} must hold a JSON object, found {type(data).__name__}")
+    return data
+
+
+def _check_format(data: dict, path: Path, expected: str) -> None:
+    """Files written before format tags existed carry none and are accepted; another tag is an error."""
+    found = data.get("format")
+    if found is not None and found != expected:
+        raise CheckpointError(f"{path}: format {found!r}, expected {expected!r}")
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    """checkpoint.json, with its format and version checked."""
+    folder = checkpoint_folder(path)
+    meta_path = folder / CHECKPOINT_JSON
+    if not meta_path.is_file():
+        raise CheckpointError(f"{folder} is not a probe-train checkpoint: no {CHECKPOINT_JSON} "
+                              "(train one with `probe-train --config <file>`)")
+    meta = _read(meta_path, "checkpoint")
+    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{meta_path}: format {meta.get('format')!r} version {meta.get('format_version')!r}; "
+                              f"this specprobe reads {FORMAT!r} version {FORMAT_VERSION}: re-run `probe-train`")
+    return meta
+
+
+def read_metrics(path: str | os.PathLike) -> dict:
+    file = checkpoint_folder(path) / METRICS_JSON
+    return _read(file, "checkpoint metrics") if file.is_file() else {}
+
+
+def file_list(folder: Path) -> list[dict[str, Any]]:
+    return [{"file": str(p.relative_to(folder)), "bytes": p.stat().st_size}
+            for p in sorted(folder.rglob("*")) if p.is_file()]
+
+
+@contextmanager
+def assemble(folder: str | os.PathLike) -> Iterator[Path]:
+    """Yield a fresh temporary folder beside `folder`; on success it replaces `folder` in one rename.
+
+    Refuses to install a folder holding pickle-like files; on any error the temporary folder is removed.
+    """
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        bad = find_pickles(tmp)
+        if bad:
+            raise RuntimeError(f"refusing to write a checkpoint with pickle files: {bad}")
+        _swap_in(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _make_readable(folder: Path) -> None:
+    """Files 0644, folders 0755: checkpoints are meant to be shared (temporary files are created 0600)."""
+    for path in [folder, *folder.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
+def _swap_in(tmp: Path, folder: Path) -> None:
+    _make_readable(tmp)
+    old = folder.with_name(f".{folder.name}.old{os.getpid()}")
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def find_pickles(folder: str | os.PathLike) -> list[str]:
+    """Files that are or may be pickles: a pickle-ish suffix, a .safetensors file that safetensors cannot
+    open, or any other file starting like a pickle (protocol 2-5 header) or a zip (torch.save)."""
+    from safetensors import safe_open
+
+    bad = []
+    for path in Path(folder).rglob("*"):
+        if not path.is_file():
+            continue
+        if path.suffix.lower() in PICKLE_SUFFIXES:
+            bad.append(str(path))
+        elif path.suffix == ".safetensors":
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    list(f.keys())
+            except Exception:  # noqa: BLE001 - anything safetensors cannot read is suspect
+                bad.append(str(path))
+        else:
+            with open(path, "rb") as f:
+                head = f.read(2)
+            if head == b"PK" or (len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5):
+                bad.append(str(path))
+    return sorted(bad)
+
+
+# ----------------------------------------------------------------------------- writing
+def write_meta(folder: Path, *, name: str, created: str, components: list[str], data: dict, config: dict,
+               versions: dict) -> dict:
+    """checkpoint.json, listing every file already in `folder` (write it last)."""
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "name": name, "created": created,
+            "components": components, "data": data, "config": config, "versions": versions}
+    write_json(folder / CHECKPOINT_JSON, clean_json(meta))
+    meta["files"] = file_list(folder)
+    write_json(folder / CHECKPOINT_JSON, clean_json(meta))
+    return meta
+
+
+def write_metrics(folder: Path, metrics: dict) -> dict:
+    metrics = clean_json(metrics)
+    write_json(folder / METRICS_JSON, metrics)
+    return metrics
+
+
+def write_model_card(folder: Path, text: str) -> None:
+    (folder / MODEL_CARD).write_text(text, encoding="utf-8")
+
+
+def write_baselines(folder: Path, per_role: dict[str, dict]) -> str:
+    """baselines.json: per role the constant and log-prob baselines' own dicts plus what they read."""
+    write_json(folder / BASELINES_JSON, clean_json({"format": BASELINES_FORMAT, "format_version": 1, **per_role}))
+    return BASELINES
+
+
+def write_embedding(folder: Path, *, model: str, model_id: str, threshold: float, fit: dict | None,
+                    validation: dict | None, score: str) -> str:
+    payload = {"format": EMBEDDING_FORMAT, "format_version": 1, "kind": "embedding_threshold",
+               "embedding_model": model, "embedding_model_id": model_id, "score": score,
+               "threshold": threshold, "fit": fit, "validation": validation}
+    write_json(folder / EMBEDDING_JSON, clean_json(payload))
+    return EMBEDDING
+
+
+def write_judge_meta(adapter_dir: Path, *, base_model: str, threshold: float, prompt_version: int,
+                     answer_tokens: dict[str, int], **details: Any) -> None:
+    """judge.json beside a PEFT adapter (the adapter itself is written by PEFT's save_pretrained)."""
+    meta = {"format": JUDGE_FORMAT, "format_version": 1, "base_model": base_model, "threshold": threshold,
+            "prompt_version": prompt_version, "answer_tokens": dict(answer_tokens), **details}
+    write_json(Path(adapter_dir) / JUDGE_JSON, clean_json(meta))
+
+
+# ----------------------------------------------------------------------------- reading components
+def read_baselines(path: str | os.PathLike) -> dict[str, dict]:
+    """baselines.json as {role: entry} (entries are the baselines' own dicts; `train.baselines` rebuilds them)."""
+    file = checkpoint_folder(path) / BASELINES_JSON
+    data = _read(file, "baselines")
+    if data.get("format") != BASELINES_FORMAT:
+        raise CheckpointError(f"{file}: format {data.get('format')!r}, expected {BASELINES_FORMAT!r}")
+    return {role: data[role] for role in ("target", "draft") if role in data}
+
+
+@dataclass(frozen=True)
+class EmbeddingEntry:
+    model: str  # config name of the sentence embedder
+    threshold: float  # cosine threshold
+    raw: dict  # the whole file (fit, validation, ...)
+
+
+def read_embedding(path: str | os.PathLike) -> EmbeddingEntry:
+    file = checkpoint_folder(path) / EMBEDDING_JSON
+    data = _read(file, "embedding verifier")
+    _check_format(data, file, EMBEDDING_FORMAT)
+    model, threshold = data.get("embedding_model"), data.get("threshold")
+    if not isinstance(model, str) or not isinstance(threshold, (int, float)):
+        raise CheckpointError(f"{file} must name the embedding model ('embedding_model') and a numeric "
+                              f"'threshold'; found keys {sorted(data)}. Re-run `probe-train` with 'embedding' "
+                              "in verifiers.train to rewrite it")
+    return EmbeddingEntry(model, float(threshold), data)
+
+
+@dataclass(frozen=True)
+class JudgeEntry:
+    adapter_dir: Path  # PEFT adapter folder
+    base_model: str  # config name of the base causal LM
+    threshold: float  # decision threshold on P(aligned)
+    prompt_version: int | None
+    answer_tokens: tuple[int, int] | None  # (yes, no) token ids the adapter was trained with
+    raw: dict
+
+
+def judge_dir(path: str | os.PathLike) -> Path:
+    """The adapter folder of a checkpoint (`<folder>/judge_lora`), or `path` itself when it is one."""
+    folder = checkpoint_folder(path)
+    return folder / JUDGE_DIR if (folder / JUDGE_DIR).is_dir() else folder
+
+
+def read_judge(path: str | os.PathLike) -> JudgeEntry:
+    """judge.json of a checkpoint (or of an adapter folder), checked for what the runtime needs."""
+    adapter = judge_dir(path)
+    file = adapter / JUDGE_JSON
+    meta = _read(file, "judge-LoRA verifier")
+    _check_format(meta, file, JUDGE_FORMAT)
+    if not (adapter / ADAPTER_CONFIG).is_file():
+        raise CheckpointError(f"{adapter} has no {ADAPTER_CONFIG} (a PEFT LoRA adapter); re-run `probe-train` "
+                              "with 'judge' in verifiers.train")
+    base = meta.get("base_model")
+    if not isinstance(base, str) or not base:
+        raise CheckpointError(f"{file} does not name its base model ('base_model'); re-run `probe-train` with "
+                              "'judge' in verifiers.train")
+    version = meta.get("prompt_version")
+    tokens = meta.get("answer_tokens")
+    if tokens is not None:
+        if not isinstance(tokens, dict) or not {"yes", "no"} <= set(tokens):
+            raise CheckpointError(f"{file}: 'answer_tokens' must be {{\"yes\": id, \"no\": id}}, got {tokens!r}")
+        tokens = (int(tokens["yes"]), int(tokens["no"]))
+    threshold = meta.get("threshold", 0.5)
+    if not isinstance(threshold, (int, float)):
+        raise CheckpointError(f"{file}: 'threshold' must be a number, got {threshold!r}")
+    return JudgeEntry(adapter, base, float(threshold), None if version is None else int(version), tokens, meta)
+
+
+def has_probe(path: str | os.PathLike, name: str) -> bool:
+    return all(p.is_file() for p in model_paths(checkpoint_folder(path), name))

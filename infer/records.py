@@ -1,0 +1,174 @@
+"""Reading records (one dict per problem or trace) from local files and hub data sets.
+
+One reader for every consumer: `data_gen.sources` turns records into traces, `infer.bench` into
+benchmark problems. Local .jsonl/.ndjson/.json/.parquet files are read lazily; a bad line (not UTF-8,
+invalid JSON, not an object) is skipped with a `SourceWarning` naming the file and line, and a file
+with no records at all warns too. A hub data set is loaded with `datasets`; when that fails (no hub
+access, no cache) the error says how to make a local file instead.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HUB_CONFIGS = {"openai/gsm8k": "main", "gsm8k": "main"}
+FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
+
+
+class SourceWarning(UserWarning):
+    """A line or record was skipped or changed while reading a source."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """A raw source record with its position (for default ids) and location (for messages)."""
+
+    index: int
+    where: str
+    record: dict
+
+
+def _warn(message: str) -> None:
+    """Emit a SourceWarning attributed to the code that iterates the reader."""
+    warnings.warn(message, SourceWarning, stacklevel=3)
+
+
+def check_path(path: str | os.PathLike) -> Path:
+    """The path as a Path; FileNotFoundError naming it when it does not exist."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(errno.ENOENT, "file not found", str(p))
+    return p
+
+
+def source_stem(path: str | os.PathLike | None, name: str | None) -> str:
+    """Short source name used in default ids: file stem or last part of a hub name."""
+    if path is not None:
+        stem = Path(path).name
+        for suffix in FILE_SUFFIXES:
+            if stem.endswith(suffix):
+                return stem[: -len(suffix)]
+        return stem
+    return str(name).rstrip("/").split("/")[-1]
+
+
+# ---------------------------------------------------------------- readers
+def _iter_jsonl(path: Path) -> Iterator[Record]:
+    """Records of a jsonl file; bad lines are skipped with a warning naming the line."""
+    with open(path, "rb") as f:
+        for lineno, raw_line in enumerate(f, start=1):
+            try:
+                line = raw_line.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                _warn(f"{path}:{lineno}: line is not valid UTF-8 ({e.reason} at byte {e.start}); line skipped")
+                continue
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                _warn(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}); line skipped")
+                continue
+            if not isinstance(record, dict):
+                _warn(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}; line skipped")
+                continue
+            yield Record(lineno - 1, f"{path}:{lineno}", record)
+
+
+def _iter_json_array(path: Path) -> Iterator[Record]:
+    """Records of a .json file holding one array of objects (a .json in jsonl form also works)."""
+    data = path.read_bytes()
+    if not data.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"["):
+        yield from _iter_jsonl(path)
+        return
+    try:
+        items = json.loads(data.decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: invalid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    for i, record in enumerate(items):
+        if not isinstance(record, dict):
+            _warn(f"{path}[{i}]: expected a JSON object, got {type(record).__name__}; item skipped")
+            continue
+        yield Record(i, f"{path}[{i}]", record)
+
+
+def _iter_parquet(path: Path) -> Iterator[Record]:
+    """Records of a parquet file, read in batches."""
+    import pyarrow.parquet as pq
+
+    index = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+        for record in batch.to_pylist():
+            yield Record(index, f"{path} row {index}", record)
+            index += 1
+
+
+def iter_file(path: str | os.PathLike) -> Iterator[Record]:
+    """Records of a local .jsonl/.ndjson/.json/.parquet file (existence checked eagerly)."""
+    p = check_path(path)
+    readers = {".jsonl": _iter_jsonl, ".ndjson": _iter_jsonl, ".json": _iter_json_array,
+               ".parquet": _iter_parquet}
+    reader = readers.get(p.suffix.lower())
+    if reader is None:
+        raise ValueError(f"{p}: unsupported file type {p.suffix!r}; expected one of {sorted(readers)}")
+    return _warn_if_empty(p, reader(p))
+
+
+def _warn_if_empty(path: Path, records: Iterator[Record]) -> Iterator[Record]:
+    empty = True
+    for record in records:
+        empty = False
+        yield record
+    if empty:
+        _warn(f"{path}: no records read (the file is empty or every line was skipped); check the path")
+
+
+def _offline_flags() -> list[str]:
+    """Names of the hub-offline environment variables that are switched on."""
+    on = ("1", "true", "yes", "on")
+    return [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if os.environ.get(v, "").lower() in on]
+
+
+def _hub_error(name: str, config: str | None, split: str, error: Exception) -> RuntimeError:
+    """A short RuntimeError explaining that a hub data set could not be loaded, and what to do."""
+    flags = _offline_flags()
+    why = f"{', '.join(flags)} is set" if flags else "set HF_HUB_OFFLINE=1 to fail fast without retries"
+    config_text = f"config {config!r}, " if config else ""
+    config_arg = f", {config!r}" if config else ""
+    return RuntimeError(
+        f"could not load the hub dataset {name!r} ({config_text}split {split!r}): "
+        f"{type(error).__name__}: {str(error)[:300]}\n"
+        f"This machine may have no hub access ({why}) and no cached copy. On a connected machine run\n"
+        f"  python -c \"import datasets; datasets.load_dataset({name!r}{config_arg}, split={split!r})"
+        f".to_json('{source_stem(None, name)}.jsonl')\"\n"
+        f"(or .to_parquet(...)), copy the file here and pass path='<file>' instead of name=."
+    )
+
+
+def iter_hub(name: str, config: str | None, split: str) -> Iterator[Record]:
+    """Rows of a hub data set via ``datasets.load_dataset`` (loaded eagerly, errors made readable)."""
+    try:
+        import datasets
+    except ImportError as e:
+        raise RuntimeError(f"loading {name!r} from the hub needs the 'datasets' package: {e}") from None
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as e:  # connection, offline-mode, missing-cache and not-found errors all land here
+        raise _hub_error(name, config, split, e) from None
+    return (Record(i, f"{name}[{split}] row {i}", dict(row)) for i, row in enumerate(ds))
+
+
+def iter_records(path: str | os.PathLike | None, name: str | None, config: str | None, split: str) -> Iterator[Record]:
+    """Raw records from a local file (preferred when given) or a hub data set."""
+    if path is not None:
+        return iter_file(path)
+    if name is None:
+        raise ValueError("give path= (a local .jsonl/.json/.parquet file) or name= (a hub dataset)")
+    return iter_hub(name, config if config is not None else DEFAULT_HUB_CONFIGS.get(name), split)

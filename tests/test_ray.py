@@ -1,0 +1,253 @@
+"""Scale-out on Ray, on a local instance with 2 CPUs: the data stage spread over replicas writes the
+single-process dataset row for row, also when a replica or the driver is killed mid-run; bad cluster
+settings are quick, clear errors."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infer.ray_cluster import INSTALL_HINT, ActorDemand, ClusterError, check_resources
+
+try:
+    import ray
+except ImportError:  # pragma: no cover - CI installs the extra and fails when these are skipped
+    pytest.skip(INSTALL_HINT, allow_module_level=True)
+
+from _data_fixtures import assert_same_data, dataset_arrays, write_config  # noqa: E402
+from data_gen.pipeline import generate_dataset  # noqa: E402
+from data_gen.store import read_manifest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("one_thread")]
+# 4 problems x 1 context, N = 4, one context per shard: 4 shards to spread, kill and resume between
+SMALL = {"source": {"size": 4}, "sampling": {"max_step_tokens": 10}}
+
+
+def small_config(folder: Path, **ray_settings):
+    return write_config(folder, folder / "run", **SMALL, ray={"local_cpus": 2, **ray_settings})
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------- fast: bad cluster input
+def test_resource_check_names_the_setting_before_any_actor_exists():
+    node = {"CPU": 2.0, "GPU": 0.0}
+    with pytest.raises(ClusterError, match=r"asks for 1 GPUs \(ray.gpus_per_replica\).*largest node .* has 0"):
+        check_resources([ActorDemand("replica", 1, 1.0, 1.0)], nodes=[node])
+    with pytest.raises(ClusterError, match=r"need 3 CPUs .* cluster has 2"):
+        check_resources([ActorDemand("replica", 2, 1.0, 0.0), ActorDemand("judge actor", 1, 1.0, 0.0)], nodes=[node])
+    with pytest.raises(ClusterError, match=r"ray.judge_gpus"):
+        check_resources([ActorDemand("judge actor", 1, 1.0, 0.5)], nodes=[node])
+    # fits: two nodes of 1 GPU hold two 1-GPU replicas, and half-GPU replicas share one
+    check_resources([ActorDemand("replica", 2, 1.0, 1.0)], nodes=[{"CPU": 4, "GPU": 1}, {"CPU": 4, "GPU": 1}])
+    check_resources([ActorDemand("replica", 2, 1.0, 0.5)], nodes=[{"CPU": 4, "GPU": 1}])
+    with pytest.raises(ClusterError, match="largest node"):  # 2 GPUs in total, but not on one node
+        check_resources([ActorDemand("replica", 1, 1.0, 2.0)], nodes=[{"CPU": 4, "GPU": 1}, {"CPU": 4, "GPU": 1}])
+
+
+def test_unreachable_address_is_a_quick_clear_cli_error(tmp_path):
+    path, _ = small_config(tmp_path, connect_timeout_s=2)
+    address = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    proc = subprocess.run([sys.executable, "-m", "train.cli", "--config", str(path), "--stage", "data",
+                           "--ray", address], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert f"no Ray cluster answers at {address}" in proc.stderr and "ray start --head" in proc.stderr
+    assert not (tmp_path / "run" / "data" / "manifest.json").exists()
+
+
+# ----------------------------------------------------------------------------- real runs
+@pytest.fixture(scope="module")
+def local_ray():
+    from infer.config import RayConfig
+    from infer.ray_cluster import connect
+
+    connect(RayConfig(local_cpus=2))
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The single-process run of the small config (real SmolLM2 + MiniLM judge)."""
+    folder = tmp_path_factory.mktemp("single")
+    _, cfg = small_config(folder)
+    result = generate_dataset(cfg, progress=False)
+    assert result.complete and len(result.manifest["shards"]) == 4
+    return result
+
+
+def _cache_keys(data_dir: Path) -> set[str]:
+    import json
+
+    return {json.loads(line)["key"] for line in (data_dir / "judge-cache.jsonl").read_text().splitlines()}
+
+
+@pytest.mark.slow
+def test_too_many_gpus_is_refused_before_loading_anything(local_ray, tmp_path):
+    from data_gen.distributed import generate_dataset_on_ray
+
+    _, cfg = small_config(tmp_path, gpus_per_replica=1)
+    with pytest.raises(ClusterError, match=r"1 GPUs \(ray.gpus_per_replica\).* has 0"):
+        generate_dataset_on_ray(cfg, progress=False)
+    assert not cfg.data_dir.exists()
+
+
+@pytest.mark.slow
+def test_a_replica_that_cannot_load_its_model_is_a_clear_error(local_ray, tmp_path):
+    from data_gen.distributed import generate_dataset_on_ray
+
+    _, cfg = write_config(tmp_path, tmp_path / "run", **SMALL, ray={"local_cpus": 2},
+                          models={"target": str(tmp_path / "no-such-model")})
+    with pytest.raises(ClusterError, match=r"could not start.*no-such-model"):
+        generate_dataset_on_ray(cfg, progress=False)
+    manifest = read_manifest(cfg.data_dir)
+    assert manifest is None  # nothing was planned into the folder
+
+
+@pytest.mark.slow
+def test_two_replicas_write_the_single_process_dataset(local_ray, reference, tmp_path):
+    from data_gen.distributed import generate_dataset_on_ray
+
+    _, cfg = small_config(tmp_path, replicas=2)
+    result = generate_dataset_on_ray(cfg, progress=False)
+    assert result.complete and result.run.contexts == 4
+    assert_same_data(dataset_arrays(result.data_dir), dataset_arrays(reference.data_dir))
+    assert result.manifest["judge"] == reference.manifest["judge"]
+    # the replicas' judge decisions reached the driver's cache: the same pairs as the single run
+    assert _cache_keys(result.data_dir) == _cache_keys(reference.data_dir)
+
+
+@pytest.mark.slow
+def test_replica_killed_mid_run_is_restarted_and_nothing_is_lost(local_ray, reference, tmp_path):
+    """One replica, the judge on its own actor; the replica is killed while it holds unfinished shards."""
+    from data_gen.distributed import RayShardWorkers
+
+    _, cfg = small_config(tmp_path, replicas=1, judge="actors", judge_replicas=1)
+    killed = []
+
+    def kill_after_first(index: int, replica: int) -> None:
+        if not killed:
+            killed.append((index, workers.described[replica]["pid"]))
+            ray.kill(workers.replicas[replica], no_restart=False)  # Ray restarts it (ray.max_restarts)
+
+    workers = RayShardWorkers(cfg, on_shard=kill_after_first)
+    written = []
+    try:
+        result = generate_dataset(cfg, progress=False, workers=_Recording(workers, written))
+        new_pid = ray.get(workers.replicas[0].describe.remote())["pid"]
+    finally:
+        workers.close()
+    assert killed and new_pid != killed[0][1], "the replica was not restarted"
+    assert sorted(written) == [0, 1, 2, 3]  # every shard written exactly once
+    assert result.complete
+    assert_same_data(dataset_arrays(result.data_dir), dataset_arrays(reference.data_dir))
+
+
+class _Recording:
+    """Passes through to the workers and records which shard indices reached the writer."""
+
+    def __init__(self, workers, written: list):
+        self.workers, self.written = workers, written
+
+    def start(self, judge_cache):
+        return self.workers.start(judge_cache)
+
+    def run(self, todo, on_context):
+        for shard, entry in self.workers.run(todo, on_context):
+            self.written.append(shard.index)
+            yield shard, entry
+
+
+@pytest.mark.slow
+def test_driver_killed_mid_run_then_the_same_command_finishes(reference, tmp_path):
+    path, cfg = small_config(tmp_path, replicas=2)
+    command = [sys.executable, "-m", "train.cli", "--config", str(path), "--stage", "data", "--ray", "--no-progress"]
+    data_dir = cfg.data_dir
+    with open(tmp_path / "killed.log", "wb") as log:
+        proc = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # its own group: the local Ray processes go with it
+        try:
+            deadline = time.time() + 400
+            while time.time() < deadline and proc.poll() is None:
+                manifest = read_manifest(data_dir) if (data_dir / "manifest.json").exists() else None
+                if manifest and manifest["shards"]:
+                    break
+                time.sleep(0.05)
+            alive = proc.poll() is None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert alive, "the run ended before it could be killed:\n" + (tmp_path / "killed.log").read_text()[-3000:]
+    before = read_manifest(data_dir)
+    assert before["status"] == "in_progress" and 1 <= len(before["shards"]) < 4
+    again = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=500,
+                           start_new_session=True)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    after = read_manifest(data_dir)
+    assert after["status"] == "complete" and [s["index"] for s in after["shards"]] == [0, 1, 2, 3]
+    for entry in before["shards"]:  # what the killed driver wrote was kept, not redone
+        assert after["shards"][entry["index"]] == entry
+    assert_same_data(dataset_arrays(data_dir), dataset_arrays(reference.data_dir))
+
+
+# ----------------------------------------------------------------------------- probe-bench --ray
+def test_problems_are_dealt_round_robin_and_results_merge():
+    from infer.bench import MethodResult, merge_results, parse_method
+    from infer.bench_ray import deal_problems
+    from infer.decoding import RunStats
+
+    assert deal_problems(list("abcde"), 2) == [["a", "c", "e"], ["b", "d"]]
+    assert deal_problems(list("ab"), 4) == [["a"], ["b"]]  # no idle replica holds an empty share
+    spec = parse_method("lr_sync")
+    one = MethodResult(spec, RunStats(problems=1, output_tokens=10), correct=1, answered=1, latencies=[2.0])
+    two = MethodResult(spec, RunStats(problems=2, output_tokens=5), correct=0, answered=2, latencies=[1.0, 3.0])
+    failed = MethodResult(spec, error="RuntimeError: boom")
+    merged = merge_results([{"lr_sync": one}, {"lr_sync": two}, {"lr_sync": failed}])["lr_sync"]
+    assert (merged.correct, merged.answered, merged.latencies) == (1, 3, [2.0, 1.0, 3.0])
+    assert merged.stats.problems == 3 and merged.stats.output_tokens == 15
+    assert merged.error == "RuntimeError: boom"
+
+
+BENCH = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "models.device=cpu",
+         "runtime.max_steps=3", "sampling.max_step_tokens=6", "runtime.accept_length_cut=true",
+         "bench.num_problems=2", "bench.warmup=false", "ray.local_cpus=2"]
+
+
+@pytest.mark.slow
+def test_bench_on_two_replicas_gives_the_single_process_table(local_ray, tmp_path, capsys):
+    import json
+
+    from infer.bench_cli import main
+
+    methods = ["--methods", "target,lr_sync,semanticspec", "--verifier", "bernoulli"]
+    assert main(["--config", "configs/tiny.yaml", *methods, "--out", str(tmp_path / "single"), *BENCH]) == 0
+    assert main(["--config", "configs/tiny.yaml", *methods, "--out", str(tmp_path / "ray"), "--ray",
+                 *BENCH, "ray.replicas=2"]) == 0
+    assert "| lr_sync |" in capsys.readouterr().out
+    single = json.loads((tmp_path / "single" / "results.json").read_text())
+    spread = json.loads((tmp_path / "ray" / "results.json").read_text())
+    assert spread["replicas"] == 2 and spread["problems"] == single["problems"]
+    assert [r["method"] for r in spread["rows"]] == ["target", "lr_sync", "semanticspec"]
+    for a, b in zip(spread["rows"], single["rows"]):
+        # every problem decoded by every method, with the same seeded draws as in one process
+        assert a["problems"] == 2 and not a["error"]
+        assert (a["output_tokens"], a["judged"], a["correct"]) == (b["output_tokens"], b["judged"], b["correct"])
+        assert a["speedup"] is not None and a["speedup"] > 0
+    traced = {json.loads(line)["problem"] for line in (tmp_path / "ray" / "traces" / "lr_sync.jsonl").open()}
+    assert traced == set(single["problems"])
