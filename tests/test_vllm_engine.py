@@ -184,7 +184,8 @@ def test_tiny_data_stage_on_vllm_feeds_the_train_stage(vllm_pair, tmp_path):
     from train.cli import main as train_main
 
     models = {"engine": "vllm", "vllm": {"max_model_len": 2048, "enforce_eager": True, "block_size": 32}}
-    path, cfg = write_config(tmp_path, tmp_path / "run", models=models,
+    # the draft at the target's temperature: at 1.0 its 14-token steps were all different (one label value)
+    path, cfg = write_config(tmp_path, tmp_path / "run", models=models, sampling={"draft_temperature": 0.6},
                              probe={"features": "range:27-30", "hidden_dim": 16, "epochs": 10, "batch_size": 8,
                                     "val_fraction": 0.3},
                              verifiers={"train": ["probes"]})
