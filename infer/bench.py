@@ -21,9 +21,10 @@ import json
 import math
 import platform
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from infer.answers import grade
 from infer.config import ConfigError, ExperimentConfig, SourceConfig, to_dict

@@ -7,11 +7,10 @@ the chat template off, a draft that writes another chain. Runs where vLLM is ins
 from __future__ import annotations
 
 import pytest
+from _margins import assert_same_greedy
 
 from infer.engines import Prefix, SamplingParams, StepRequest
 from infer.engines.vllm_engine import INSTALL_HINT, VLLMSettings, sample_seed, vllm_available
-
-from _margins import assert_same_greedy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -177,11 +176,12 @@ def test_speculation_is_fixed_at_start(vllm_pair):
 
 def test_tiny_data_stage_on_vllm_feeds_the_train_stage(vllm_pair, tmp_path):
     """The data-pipeline tests' tiny config (3 contexts, N = 4) with both models on vLLM; its probes train."""
-    from _data_fixtures import write_config
     from data_gen.judges import EmbeddingNumberJudge
     from data_gen.pipeline import generate_dataset
     from data_gen.store import open_dataset
     from train.cli import main as train_main
+
+    from _data_fixtures import write_config
 
     models = {"engine": "vllm", "vllm": {"max_model_len": 2048, "enforce_eager": True, "block_size": 32}}
     # the draft at the target's temperature: at 1.0 its 14-token steps were all different (one label value)

@@ -2,8 +2,21 @@
 (`HFStepEngine`) and vLLM (`infer.engines.vllm_engine.VLLMStepEngine`, imported only when used)."""
 from __future__ import annotations
 
-from infer.engines.base import (EngineInfo, EngineStats, Generation, Prefix, PromptTooLongError, SamplingParams,
-                                ScoredStep, Scoring, SerialStream, Step, StepEngine, StepRequest, StepStream)
+from infer.engines.base import (
+    EngineInfo,
+    EngineStats,
+    Generation,
+    Prefix,
+    PromptTooLongError,
+    SamplingParams,
+    ScoredStep,
+    Scoring,
+    SerialStream,
+    Step,
+    StepEngine,
+    StepRequest,
+    StepStream,
+)
 from infer.engines.hf import HFStepEngine
 
 __all__ = ["EngineInfo", "EngineStats", "Generation", "Prefix", "PromptTooLongError", "SamplingParams",

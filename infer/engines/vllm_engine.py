@@ -33,14 +33,25 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
-from infer.engines.base import (DEFAULT_STEP_DELIMITER, EngineInfo, EngineStats, Generation, Prefix, PrefixStep,
-                                PromptTooLongError, SamplingParams, ScoredStep, Scoring, SerialStream,
-                                StepRequest)
+from infer.engines.base import (
+    DEFAULT_STEP_DELIMITER,
+    EngineInfo,
+    EngineStats,
+    Generation,
+    Prefix,
+    PrefixStep,
+    PromptTooLongError,
+    SamplingParams,
+    ScoredStep,
+    Scoring,
+    SerialStream,
+    StepRequest,
+)
 from infer.engines.token_spec import TokenSpecConfig
 from infer.engines.tokens import StepTokenizer
 from infer.models import RANDOM_PREFIX, describe_source, load_tokenizer, parse_dtype, resolve_model_folder
@@ -166,7 +177,7 @@ class VLLMStepEngine:
     def __init__(self, model_name: str, *, device: str | None = None, dtype: str | None = None,
                  cache_dir: str | None = None, use_chat_template: bool = True, system_prompt: str | None = None,
                  settings: VLLMSettings | None = None, token_spec: TokenSpecConfig | None = None,
-                 stop_at_eos: bool = True, share: "VLLMStepEngine | None" = None):
+                 stop_at_eos: bool = True, share: VLLMStepEngine | None = None):
         """share: another VLLMStepEngine on the same model whose vLLM engine this one reuses (draft and
         target on the same weights); its settings and token speculation then apply."""
         if model_name.startswith(RANDOM_PREFIX):
