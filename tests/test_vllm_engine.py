@@ -175,31 +175,27 @@ def test_speculation_is_fixed_at_start(vllm_pair):
 
 
 def test_tiny_data_stage_on_vllm_feeds_the_train_stage(vllm_pair, tmp_path):
-    import yaml
-
+    """The data-pipeline tests' tiny config (3 contexts, N = 4) with both models on vLLM; its probes train."""
     from data_gen.judges import EmbeddingNumberJudge
     from data_gen.pipeline import generate_dataset
     from data_gen.store import open_dataset
     from train.cli import main as train_main
-    from train.config import load_config
 
-    tree = yaml.safe_load(open("configs/tiny-vllm.yaml"))
-    tree["output_dir"] = str(tmp_path / "run")
-    tree["source"]["size"] = 2
-    tree["data"].update(contexts_per_trace=1, num_samples=4, layers="range:28-30")
-    tree["sampling"]["max_step_tokens"] = 14
-    tree["verifiers"]["train"] = ["probes"]
-    tree["probe"].update(epochs=3, patience=2)
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(tree))
-    cfg = load_config(path)
+    from _data_fixtures import write_config
+
+    models = {"engine": "vllm", "vllm": {"max_model_len": 2048, "enforce_eager": True, "block_size": 32}}
+    # the draft at the target's temperature: at 1.0 its 14-token steps were all different (one label value)
+    path, cfg = write_config(tmp_path, tmp_path / "run", models=models, sampling={"draft_temperature": 0.6},
+                             probe={"features": "range:27-30", "hidden_dim": 16, "epochs": 10, "batch_size": 8,
+                                    "val_fraction": 0.3},
+                             verifiers={"train": ["probes"]})
     target, _ = vllm_pair
     draft = type(target)(SMOL, dtype="float32", share=target)  # chat template on, like the config's draft
     judge = EmbeddingNumberJudge("offline:minilm", threshold=0.8, device="cpu")
     result = generate_dataset(cfg, engines=(target, draft), judge=judge, progress=False)
     assert result.complete
     ds = open_dataset(result.data_dir)
-    assert ds.contexts.num_rows == 2 and 0 < ds.samples.num_rows <= 2 * 2 * 4  # empty steps are dropped
+    assert ds.contexts.num_rows == 3 and 0 < ds.samples.num_rows <= 3 * 2 * 4  # empty steps are dropped
     assert ds.manifest["engines"]["target"]["name"] == SMOL
     assert train_main(["--config", str(path), "--stage", "train"]) == 0
     assert (cfg.checkpoint_dir / "metrics.json").is_file()
