@@ -91,7 +91,7 @@ def test_small_heldout_set_withholds_intervals_and_says_so(report):
     assert report.metrics["parts"]["verifiers"]["by_verifier"]["embedding"]["metrics"]["auroc"]["low"] is None
     markdown = report.markdown.read_text()
     assert "THE HELD-OUT SET IS TOO SMALL" in "\n".join(markdown.splitlines()[:5])
-    assert "(no interval: set too small)" in markdown and "cannot be compared (set too small)" in markdown
+    assert "(no CI)" in markdown and "cannot be compared (set too small)" in markdown
 
 
 @pytest.mark.parametrize("probe, set_name", [("probe_target", "draft_via_target"), ("probe_target", "target_own"),

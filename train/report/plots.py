@@ -46,12 +46,18 @@ def reliability_diagram(path: str | Path, pred: np.ndarray, label: np.ndarray, n
     x, y = bins.mean_pred[filled], bins.mean_label[filled]
     top.errorbar(x, y, yerr=[y - low[filled], high[filled] - y], fmt="o-", color="tab:red", ms=4, capsize=3,
                  lw=1.2, label="(mean prediction, mean label), 90% interval")
-    for xi, _yi, hi, n in zip(x, y, high[filled], bins.count[filled]):
-        top.annotate(f"n={n}", (xi, min(hi, 0.97)), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7)
+    if strategy == "uniform":
+        for xi, hi, n in zip(x, high[filled], bins.count[filled]):
+            top.annotate(f"n={n}", (xi, min(hi, 0.97)), textcoords="offset points", xytext=(0, 4), ha="center",
+                         fontsize=7)
+    else:  # equal mass: one count for all bins (sizes differ by at most one), said once in the title
+        lo, hi = int(bins.count.min()), int(bins.count.max())
+        kind += f" bins, {lo}–{hi} rows each" if lo != hi else f" bins, {lo} rows each"
     top.set_xlim(0, 1)
     top.set_ylim(0, 1.05)
     top.set_ylabel(f"mean label per bin: {label_name}")
-    top.set_title(title + f"\n{kind} bins ({n_bins})" + (f", ECE = {ece:.3f}" if ece is not None else ""), fontsize=10)
+    kind = kind if strategy != "uniform" else kind + " bins"
+    top.set_title(title + f"\n{n_bins} {kind}" + (f", ECE = {ece:.3f}" if ece is not None else ""), fontsize=10)
     top.legend(loc="upper left", fontsize=7, framealpha=0.8)
     bottom.hist(pred, bins=np.linspace(0, 1, 21), color="grey", edgecolor="black")
     bottom.set_xlabel("predicted semantic probability")

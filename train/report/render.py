@@ -30,7 +30,7 @@ def ci(entry: dict[str, Any] | None) -> str:
     if not entry or entry.get("estimate") is None:
         return "–"
     if entry.get("withheld"):
-        return f"{num(entry['estimate'])} (no interval: set too small)"
+        return f"{num(entry['estimate'])} (no CI)"
     if entry.get("low") is None:
         return num(entry["estimate"])
     return f"{num(entry['estimate'])} [{num(entry['low'])}, {num(entry['high'])}]"
@@ -51,7 +51,7 @@ def figure_links(figures: Sequence[dict[str, Any]], section: str) -> str:
 def size_warning(m: dict[str, Any]) -> str | None:
     """'too small' when any block of the report withheld its intervals (fewer than 20 held-out questions or
     10 positives), naming the reasons."""
-    reasons = sorted({r for r in _too_small(m.get("parts", {})) if r})
+    reasons = sorted({part for r in _too_small(m.get("parts", {})) if r for part in r.split("; ")})
     return ("; ".join(reasons)) if reasons else None
 
 
@@ -112,6 +112,19 @@ def verdict_lines(name: str, set_name: str, versus: dict[str, Any]) -> list[str]
     return lines
 
 
+def summary_lines(versus: dict[str, Any]) -> list[str]:
+    """Per probe and row set: which baselines it beats and which it does not."""
+    lines = []
+    for name, per_set in versus.items():
+        for set_name, against in per_set.items():
+            groups: dict[str, list[str]] = {}
+            for other, v in against.items():
+                groups.setdefault(v["verdict"], []).append(other)
+            said = [f"{VERDICT_WORDS.get(verdict, verdict)} {', '.join(others)}" for verdict, others in groups.items()]
+            lines.append(f"- `{name}` on `{set_name}`: " + "; ".join(said) + ".")
+    return lines
+
+
 def probes_section(part: dict[str, Any] | None, figures) -> str:
     out = ["## 1. Probe calibration and baselines",
            "Each probe against the empirical semantic probabilities of held-out steps, next to its baselines "
@@ -121,6 +134,9 @@ def probes_section(part: dict[str, Any] | None, figures) -> str:
            "each label is a frequency over N samples (mean y(1−y)/(N−1)): no predictor can be expected to go below it."]
     if not part:
         return "\n\n".join(out + ["*Not evaluated (see Skipped parts).*"])
+    summary = summary_lines(part.get("versus") or {})
+    if summary:
+        out.append("**In short** (Brier score, paired per-question bootstrap):\n\n" + "\n".join(summary))
     out.append("All probes and baselines in one table (point estimates; intervals in the tables below):")
     out.append(table(["probe", "held-out rows", "predictor", "n"] + [METRIC_LABELS[k] for k in CALIBRATION_METRICS],
                      [[f"`{r['probe']}`", r["set"], f"**{r['predictor']}**" if r["predictor"] == "probe"
@@ -135,7 +151,7 @@ def probes_section(part: dict[str, Any] | None, figures) -> str:
                        f"mean label {num(first['mean_label'])}, majority share {num(first['positive_rate'])}"
                        + (f", label noise floor of the Brier score {num(floor)}" if floor is not None else "") + ")")
             if first.get("too_small"):
-                out.append(f"*Too small for intervals: {first['too_small']}.*")
+                out.append(f"*Too small for intervals ({first['too_small']}): estimates are marked (no CI).*")
             out.append(table(["predictor", "mean pred"] + [METRIC_LABELS[k] for k in CALIBRATION_METRICS],
                              [[f"**{p}**" if p == "probe" else p, num(b["mean_pred"])]
                               + [ci(b["metrics"].get(k)) for k in CALIBRATION_METRICS] for p, b in blocks.items()]))
