@@ -113,9 +113,9 @@ def test_probe_acceptance_draws_are_reproducible(smol, tmp_path):
               for d in c["drafts"] if d["verdict"] and "p" in d["verdict"]] for c in a.trace]
     assert draws == [[(d["verdict"]["accepted"], round(d["verdict"]["p"], 6), round(d["verdict"]["q"], 6))
                       for d in c["drafts"] if d["verdict"] and "p" in d["verdict"]] for c in b.trace]
-    assert a.step_texts == b.step_texts and sum(map(len, draws)) >= 2
+    assert a.step_texts == b.step_texts and sum(map(len, draws)) >= 1  # EOS drafts are refused before the probe
     flat = [d for cycle in draws for d in cycle]
     assert all(0.2 < p < 0.4 and 0.5 < q < 0.7 for _, p, q in flat)
     # the same probe pair plugs into Lookahead Reasoning
     lr = decode("lr_sync", Q, target, plain, verifier, o)
-    assert lr.stats.judged >= 1 and lr.stop_reason == "max_steps"
+    assert lr.stats.judged >= 1 and lr.stop_reason in ("max_steps", "eos")
