@@ -31,9 +31,10 @@ CONFIG = {
                   "judge_max_pairs": 8, "judge_eval_pairs": 16, "judge_lora_r": 4, "judge_lora_alpha": 8},
     "eval": {"n_boot": 50, "umap_max_points": 200, "judge_max_pairs": 30, "sweep_epochs": 5},
 }
-FIGURES = {"reliability_probe_target_draft_via_target.png", "reliability_probe_target_target_own.png",
-           "reliability_probe_draft_draft_own.png", "acceptance_scatter.png", "layer_sweep.png", "umap.png",
-           "verifiers_roc_pr.png"}
+RELIABILITY = ("reliability_probe_target_draft_via_target", "reliability_probe_target_target_own",
+               "reliability_probe_draft_draft_own")
+FIGURES = ({f"{name}.png" for name in RELIABILITY} | {f"{name}_equal_mass.png" for name in RELIABILITY}
+           | {"acceptance_scatter.png", "layer_sweep.png", "umap.png", "verifiers_roc_pr.png"})
 
 
 @pytest.fixture(scope="module")
@@ -68,4 +69,5 @@ def test_real_tiny_checkpoint_report_has_every_part(real_checkpoint, tmp_path):
     assert judge["n"] <= 30 and judge["n_positive"] >= 1  # stratified: the curves are defined
     assert judge["metrics"]["auroc"]["estimate"] is not None
     split = json.loads((cfg.checkpoint_dir / "metrics.json").read_text())["split"]
-    assert report.metrics["heldout"]["questions"] == sorted(split["val"])
+    assert split["test"], "the default config holds out test questions"
+    assert report.metrics["heldout"]["questions"] == sorted(split["test"])  # the report scores the test split

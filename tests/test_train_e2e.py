@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow
 VERIFIERS = {"train": ["probes", "embedding", "judge"], "embedding_model": "offline:minilm", "target_precision": 0.8,
              "judge_base": "offline:smollm2-135m-instruct", "judge_lora_r": 2, "judge_lora_alpha": 4,
              "judge_lora_layers": 1, "judge_steps": 2, "judge_batch_size": 2, "judge_eval_pairs": 4}
-PROBE = {"features": "range:27-30", "hidden_dim": 16, "epochs": 10, "batch_size": 8, "val_fraction": 0.3}
+PROBE = {"features": "range:27-30", "hidden_dim": 16, "epochs": 10, "batch_size": 8, "val_fraction": 0.3,
+         "test_fraction": 0.0}  # 4 questions: 3 to train on (a test split is exercised in test_train_pipeline)
 
 
 def test_probe_train_all_stages(tmp_path, capsys, smol_engine):
@@ -24,6 +25,9 @@ def test_probe_train_all_stages(tmp_path, capsys, smol_engine):
     from train.cli import main
 
     path, cfg = write_config(tmp_path, tmp_path / "run", source={"size": 4}, data={"num_samples": 5},
+                             # cool enough that some of the N = 5 samples share a meaning: every probe needs
+                             # labels that vary (the tiny data fixture's draft at T = 1.0 gives all singletons)
+                             sampling={"temperature": 0.3, "draft_temperature": 0.5},
                              probe=PROBE, verifiers=VERIFIERS)
     assert main(["--config", str(path), "--no-progress"]) == 0
     out = capsys.readouterr().out

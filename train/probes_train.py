@@ -304,6 +304,8 @@ def prepare_probes(ds, probe_cfg, models: Sequence[str], split_of: Callable[[np.
         for name in plan.train_sets:
             check_row_set(sets["train"][name], "training", f" (for {plan.name})")
             check_row_set(sets["val"][name], "validation", f" (for {plan.name})")
+            if len(sets["test"][name]):  # held-out rows are scored later: a bad one must stop the run now
+                check_row_set(sets["test"][name], "test", f" (for {plan.name})")
         check_labels_vary([sets["train"][n] for n in plan.train_sets], plan)
     return [p for p in plans if p.name in specs], specs, sets, skipped
 
