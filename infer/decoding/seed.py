@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from infer.engines.lookahead_decoding import _crop_to, additive_mask
+from infer.engines.lookahead_decoding import additive_mask, crop_cache
 from infer.engines.token_spec import filtered_probs, sample_from
 
 
@@ -300,7 +300,7 @@ class SeedGenerator:
                                               [ctx + depth] * len(level), ctx)
             self.stats.draft_forward_passes += 1
             frontier = {i: logits[j] for j, i in enumerate(level)}
-        _crop_to(s.d_cache, ctx)
+        crop_cache(s.d_cache, ctx)
         s.d_cached = ctx
         self.stats.draft_s += time.perf_counter() - t0
         return _Proposal(tokens, list(self.parents[:len(tokens)]), q)
@@ -317,7 +317,7 @@ class SeedGenerator:
         logits, s.t_cache = self._forward(self.target, s.t_cache, s.t_cached, fresh, prop.tokens, anc,
                                           [ctx - 1 + d for d in self.depths[:len(prop.tokens)]], ctx)
         self.stats.target_forward_passes += 1
-        _crop_to(s.t_cache, ctx)
+        crop_cache(s.t_cache, ctx)
         s.t_cached = ctx
         rows = {-1: logits[len(fresh) - 1]}
         rows.update({i: logits[len(fresh) + i] for i in range(len(prop.tokens))})

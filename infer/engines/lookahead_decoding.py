@@ -196,7 +196,7 @@ def _chunk_logprob(cur: torch.Tensor, verify_logits, cands, chunk: list[int], i:
     return float(torch.log_softmax(row.float(), -1)[chunk[i]])
 
 
-def _crop_to(cache, length: int) -> None:
+def crop_cache(cache, length: int) -> None:
     """Drop cached positions beyond `length` (a negative count: the form every transformers 5 accepts)."""
     extra = cache.get_seq_length() - length
     if extra > 0:
@@ -266,7 +266,7 @@ class LookaheadDecoder:
             stats.forward_passes += 1
             logits = res.logits[0].float()
             cache = res.past_key_values
-            _crop_to(cache, len(ids))  # keep only the committed context; accepted tokens are re-fed next pass
+            crop_cache(cache, len(ids))  # keep only the committed context; accepted tokens are re-fed next pass
             cached = len(ids)
             n_look = len(levels) * cfg.window
             levels = self._advance_window(levels, logits[len(fresh):len(fresh) + n_look], pool)
@@ -307,7 +307,7 @@ class LookaheadDecoder:
         common = min(common, len(ids) - 1)
         if common < 1:
             return None, 0
-        _crop_to(cache, common)
+        crop_cache(cache, common)
         return cache, common
 
     def _finish(self, out, stats, ids, cache, cached):
