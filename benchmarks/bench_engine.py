@@ -71,16 +71,23 @@ def main() -> None:
     parser.add_argument("--model", default="offline:smollm2-135m-instruct")
     parser.add_argument("--tokens", type=int, default=48, help="step token cap")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
+    parser.add_argument("--batches", default="1,8,20", help="batch sizes (samples of one prefix)")
     args = parser.parse_args()
-    shared = HFStepEngine(args.model, device="cpu")
+    shared = HFStepEngine(args.model, device=args.device, dtype=args.dtype)
     unshared = UnsharedPrefixEngine(args.model, model=shared.model, tokenizer=shared.tokenizer)
     prefix = Prefix(QUESTION, tuple(STEPS))
+    batches = [int(b) for b in args.batches.split(",")]
     n_prefix = len(shared.prefix_ids(prefix))
-    print(f"model {shared.info.model_id}  threads {torch.get_num_threads()}  prefix {n_prefix} tokens  "
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"threads {torch.get_num_threads()}"
+    print(f"model {shared.info.model_id}  {args.device} {where}  {shared.model.dtype}  prefix {n_prefix} tokens  "
           f"cap {args.tokens} tokens/step")
-    time_sampling(shared, prefix, 2, 4, 1)  # warm-up
+    for batch in batches:  # warm-up at every batch shape (CUDA picks kernels per shape on first use)
+        time_sampling(shared, prefix, batch, 4, 1)
+        time_sampling(unshared, prefix, batch, 4, 1)
     print(f"{'batch':>5} {'shared tok/s':>13} {'unshared tok/s':>15} {'shared s':>9} {'unshared s':>11}")
-    for batch in (1, 8, 20):
+    for batch in batches:
         rate_s, sec_s = time_sampling(shared, prefix, batch, args.tokens, args.repeats)
         rate_u, sec_u = time_sampling(unshared, prefix, batch, args.tokens, args.repeats)
         print(f"{batch:>5} {rate_s:>13.1f} {rate_u:>15.1f} {sec_s:>9.2f} {sec_u:>11.2f}")

@@ -152,6 +152,7 @@ def main(argv=None) -> int:
     p.add_argument("--target", default="random:qwen2-0.5b")
     p.add_argument("--draft", default="random:llama-20m")
     p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--gamma", type=int, default=3)
     p.add_argument("--problems", type=int, default=None,
@@ -161,6 +162,8 @@ def main(argv=None) -> int:
     p.add_argument("--step-tokens", type=int, default=16)
     p.add_argument("--methods", default="target,lr_sync,lr_async")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "runtime"))
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="further config overrides, e.g. bench.source.kind=jsonl bench.source.path=q.jsonl")
     args = p.parse_args(argv)
 
     needed = problems_needed(args.alpha, args.gamma, args.max_steps, args.alpha_half_width)
@@ -168,17 +171,18 @@ def main(argv=None) -> int:
     load0 = os.getloadavg()
     cfg = load_config(ROOT / "configs" / "tiny.yaml", [
         "bench.system_speed=true", f"bench.system_target={args.target}", f"bench.system_draft={args.draft}",
-        f"models.dtype={args.dtype}", "models.device=cpu", f"runtime.bernoulli_alpha={args.alpha}",
+        f"models.dtype={args.dtype}", f"models.device={args.device}", f"runtime.bernoulli_alpha={args.alpha}",
         f"runtime.gamma={args.gamma}", f"runtime.max_steps={args.max_steps}", "runtime.max_new_tokens=100000",
         f"sampling.max_step_tokens={args.step_tokens}", f"bench.num_problems={problems}", "bench.warmup=true",
-        "bench.trace=true"])
+        "bench.trace=true", *args.set])
     env = bench.prepare(cfg)
     print(f"# runtime benchmark: target {args.target}, draft {args.draft}, {args.dtype}, Bernoulli({args.alpha}), "
           f"γ={args.gamma}, {len(env.problems)} problems x {args.max_steps} steps of {args.step_tokens} tokens")
     print(f"# problems for α within ±{args.alpha_half_width} (95%): {needed} "
           f"({positions_needed(args.alpha, args.alpha_half_width)} judged positions at "
           f"{judged_per_step(args.alpha, args.gamma):.2f} per step); running {len(env.problems)}")
-    print(f"# host: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+    gpu = f", {torch.cuda.get_device_name()}" if args.device.startswith("cuda") else ""
+    print(f"# host: {platform.processor() or platform.machine()}{gpu}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} torch thread(s), {os.cpu_count()} logical CPUs, load avg {load0[0]:.2f}")
 
     ks = list(range(1, args.gamma + 2))

@@ -246,8 +246,10 @@ def random_config(size: str, vocab_size: int):
 def load_tokenizer(name: str, cache_dir: str | Path | None = None):
     from transformers import AutoTokenizer
 
-    if name.startswith(RANDOM_PREFIX):  # random models borrow the offline SmolLM2 tokenizer
-        name = OFFLINE_PREFIX + "smollm2-135m-instruct"
+    if name.startswith(RANDOM_PREFIX):
+        # random models borrow the offline SmolLM2 tokenizer, or a tokenizer folder named by
+        # $SPECPROBE_RANDOM_TOKENIZER (a GPU box without the 98 MB offline package: copy its tokenizer files)
+        name = os.environ.get("SPECPROBE_RANDOM_TOKENIZER") or OFFLINE_PREFIX + "smollm2-135m-instruct"
     folder, revision = resolve_model_folder(name, cache_dir)
     tok = _from_pretrained(AutoTokenizer, folder, revision)
     if tok.pad_token is None:
@@ -278,7 +280,8 @@ def load_model(
         if kind != "causal_lm":
             raise ValueError(f"random models are causal LMs only, not {kind}")
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(random_config(name, len(tok)), dtype=torch_dtype)
+        with torch.device(device):  # initialise on the device: a 7B model's CPU init alone takes minutes
+            model = AutoModelForCausalLM.from_config(random_config(name, len(tok)), dtype=torch_dtype)
     else:
         folder, revision = resolve_model_folder(name, cache_dir)
         cls = {"causal_lm": AutoModelForCausalLM, "encoder": AutoModel,
