@@ -71,9 +71,9 @@ def scheme_comparison(data_dir, inner_judge) -> str:
     """Judge pairs per context of the reference and first-match schemes on the stored samples."""
     from collections import defaultdict
 
-    from data_gen.cluster import SCHEMES, cluster_many
-    from data_gen.judges import CachedJudge
-    from data_gen.store import JUDGE_CACHE, open_dataset
+    from specprobe.data_gen.cluster import SCHEMES, cluster_many
+    from specprobe.data_gen.judges import CachedJudge
+    from specprobe.data_gen.store import JUDGE_CACHE, open_dataset
 
     ds = open_dataset(data_dir)
     context_text = {r["context_id"]: r["context_text"] for r in ds.contexts.to_pylist()}
@@ -106,9 +106,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    from data_gen.pipeline import build_judge, generate_dataset
-    from infer.engines import build_engine_pair
-    from train.config import load_config
+    from specprobe.data_gen.pipeline import build_judge, generate_dataset
+    from specprobe.infer.engines import build_engine_pair
+    from specprobe.train.config import load_config
 
     if args.threads:
         torch.set_num_threads(args.threads)

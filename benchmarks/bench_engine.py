@@ -22,9 +22,9 @@ import time
 
 import torch
 
-from infer.engines import Prefix, SamplingParams, StepRequest
-from infer.engines.hf import HFStepEngine
-from infer.engines.hf_kv import ModelRunner
+from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
+from specprobe.infer.engines.hf import HFStepEngine
+from specprobe.infer.engines.hf_kv import ModelRunner
 
 QUESTION = ("A carpenter works for 2 weeks every month and for 6 days every week. He gets paid 195 every day. "
             "How much does he earn if he works for a year? Explain each step.")
@@ -116,7 +116,7 @@ def _timed(fn):
 def _start(kind: str, model: str):
     if kind == "hf":
         return HFStepEngine(model, device="cpu", dtype="float32")
-    from infer.engines.vllm_engine import VLLMSettings, VLLMStepEngine
+    from specprobe.infer.engines.vllm_engine import VLLMSettings, VLLMStepEngine
 
     settings = VLLMSettings(max_model_len=2048, enforce_eager=True, block_size=32, kv_cache_gib=1.0)
     return VLLMStepEngine(model, device="cpu", dtype="float32", settings=settings)

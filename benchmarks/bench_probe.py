@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from probes.features import FeatureSpec, layers_from_option
-from probes.mlp import SemanticProbe
-from train.config import load_config
-from train.probes_train import mlp_config, torch_threads
+from specprobe.probes.features import FeatureSpec, layers_from_option
+from specprobe.probes.mlp import SemanticProbe
+from specprobe.train.config import load_config
+from specprobe.train.probes_train import mlp_config, torch_threads
 
 QUESTION = ("A carpenter works for 2 weeks every month and for 6 days every week. He gets paid 195 every day. "
             "How much does he earn if he works for a year? Explain each step.")
@@ -77,7 +77,7 @@ def bench_probes(cfg, info, repeats: int) -> dict:
 
 
 def bench_target_step(cfg, engine, repeats: int) -> dict:
-    from infer.engines import Prefix, SamplingParams, StepRequest
+    from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
 
     prefix = Prefix(QUESTION, tuple(STEPS))
     params = dict(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
@@ -99,8 +99,8 @@ def bench_target_step(cfg, engine, repeats: int) -> dict:
 
 
 def bench_training(cfg, data: str | None, judge: bool) -> dict | None:
-    from data_gen.store import DataFolderError, open_dataset
-    from train import pair_verifiers, pipeline, probes_train
+    from specprobe.data_gen.store import DataFolderError, open_dataset
+    from specprobe.train import pair_verifiers, pipeline, probes_train
 
     try:
         ds = open_dataset(data or cfg.data_dir)
@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
-    from infer.engines.hf import HFStepEngine
+    from specprobe.infer.engines.hf import HFStepEngine
 
     engine = HFStepEngine(cfg.models.target, device="cpu", dtype="float32")
     result = {"torch_threads": torch.get_num_threads(),

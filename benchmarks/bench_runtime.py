@@ -41,22 +41,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from infer import bench  # noqa: E402
-from infer.decoding.analytic import predict  # noqa: E402
-from infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest  # noqa: E402
-from train.config import load_config  # noqa: E402
-
-Z95 = 1.959963984540054  # two-sided 95% normal quantile
-
-
-def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None:
-    """Wilson score interval of a binomial proportion; None without trials."""
-    if n <= 0:
-        return None
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+from specprobe.infer import bench  # noqa: E402
+from specprobe.infer.decoding.analytic import predict  # noqa: E402
+from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest  # noqa: E402
+from specprobe.probes.metrics import Z95, wilson_interval  # noqa: E402
+from specprobe.train.config import load_config  # noqa: E402
 
 
 def positions_needed(alpha: float, half_width: float, z: float = Z95) -> int:

@@ -45,8 +45,8 @@ class _Timed:
 
 
 def single_process(cfg) -> tuple[float, float, int]:
-    from data_gen.pipeline import build_judge, generate_dataset
-    from infer.engines import build_engine_pair
+    from specprobe.data_gen.pipeline import build_judge, generate_dataset
+    from specprobe.infer.engines import build_engine_pair
 
     started = time.perf_counter()
     engines = build_engine_pair(cfg.models)
@@ -57,8 +57,8 @@ def single_process(cfg) -> tuple[float, float, int]:
 
 
 def on_ray(cfg) -> tuple[float, float, int]:
-    from data_gen.distributed import RayShardWorkers
-    from data_gen.pipeline import generate_dataset
+    from specprobe.data_gen.distributed import RayShardWorkers
+    from specprobe.data_gen.pipeline import generate_dataset
 
     workers = _Timed(RayShardWorkers(cfg))
     try:
@@ -82,8 +82,8 @@ def main() -> int:
     args = p.parse_args()
     import torch
 
-    from infer.ray_cluster import check_resources, connect, replica_demands
-    from train.config import load_config
+    from specprobe.infer.ray_cluster import check_resources, connect, replica_demands
+    from specprobe.train.config import load_config
 
     print(f"host: {os.cpu_count()} CPUs; config {args.config} + {' '.join(DEFAULTS + args.overrides)}")
     print("| run | replicas | load s | processing s | contexts | contexts/min (after load) | contexts/min (end to end) |")

@@ -5,7 +5,7 @@ Usage: python benchmarks/export_test_questions.py CHECKPOINT DATA_FOLDER OUT.jso
 import json
 import sys
 
-from data_gen.store import open_dataset
+from specprobe.data_gen.store import open_dataset
 
 ckpt, data, out = sys.argv[1:4]
 split = json.load(open(f"{ckpt}/metrics.json"))["split"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from infer.config import ConfigError, check_layer_option, check_positive, opt
+from specprobe.infer.config import ConfigError, check_layer_option, check_positive, opt
 
 
 @dataclass

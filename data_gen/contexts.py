@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from data_gen.sources import InvalidRecord, Trace
+from specprobe.data_gen.sources import InvalidRecord, Trace
 
 __all__ = ["Context", "DataWarning", "context_positions", "coerce_traces", "build_contexts", "context_seed",
            "context_text", "plan_shards", "part_shards", "parse_part"]

@@ -108,7 +108,7 @@ def _summary(manifest: dict) -> str:
 
 
 USAGE = '''```python
-from data_gen.store import open_dataset
+from specprobe.data_gen.store import open_dataset
 
 ds = open_dataset("OUTPUT_DIR/data")
 samples = ds.samples.to_pandas()                 # one row per sample, no features

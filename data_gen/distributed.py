@@ -25,10 +25,24 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from data_gen.contexts import Context
-from data_gen.judges import CachedJudge, EquivalenceJudge, PairQuery
-from data_gen.pipeline import DataResult, ShardWorkers, build_judge, engine_info, generate_dataset, process_shard
-from infer.ray_cluster import ClusterError, actor_options, check_resources, connect, import_ray, replica_demands
+from specprobe.data_gen.contexts import Context
+from specprobe.data_gen.judges import CachedJudge, EquivalenceJudge, PairQuery
+from specprobe.data_gen.pipeline import (
+    DataResult,
+    ShardWorkers,
+    build_judge,
+    engine_info,
+    generate_dataset,
+    process_shard,
+)
+from specprobe.infer.ray_cluster import (
+    ClusterError,
+    actor_options,
+    check_resources,
+    connect,
+    import_ray,
+    replica_demands,
+)
 
 __all__ = ["generate_dataset_on_ray", "RayShardWorkers"]
 
@@ -76,7 +90,7 @@ class _DataReplica:
     """Target and draft engines (and, colocated, the judge) that turn shards into rows."""
 
     def __init__(self, cfg, judge_handles: list, index: int, known: dict[str, bool]):
-        from infer.engines import build_engine_pair
+        from specprobe.infer.engines import build_engine_pair
 
         _set_threads(cfg.ray.cpus_per_replica, cfg.ray.gpus_per_replica)
         self.cfg = cfg

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from data_gen.cluster import PairQuery, normalise_step
+from specprobe.data_gen.cluster import PairQuery, normalise_step
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class NLIJudge(EquivalenceJudge):
         if batch_size < 1:
             raise ValueError(f"NLIJudge.batch_size must be >= 1, got {batch_size}")
         if isinstance(model, str):
-            from infer.models import load_model
+            from specprobe.infer.models import load_model
 
             model_name = model
             self.model, self.tokenizer = load_model(model, kind="seq_cls", device=device)
@@ -312,7 +312,7 @@ class EmbeddingNumberJudge(EquivalenceJudge):
         if not -1.0 <= threshold <= 1.0:
             raise ValueError(f"EmbeddingNumberJudge.threshold is a cosine in [-1, 1], got {threshold}")
         if isinstance(embedder, str):
-            from infer.embedder import SentenceEmbedder
+            from specprobe.infer.embedder import SentenceEmbedder
 
             embedder = SentenceEmbedder(embedder, device=device)
         self.embedder = embedder

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from data_gen.cluster import normalise_step, semantic_entropy, semantic_probabilities
+from specprobe.data_gen.cluster import normalise_step, semantic_entropy, semantic_probabilities
 
 __all__ = ["is_empty_step", "ModelLabels", "model_labels", "draft_under_target", "pair_key", "build_pairs"]
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from data_gen.cluster import Clustering, PairQuery, assign_many, cluster_many
-from data_gen.contexts import (
+from specprobe.data_gen.cluster import Clustering, PairQuery, assign_many, cluster_many
+from specprobe.data_gen.contexts import (
     Context,
     DataWarning,
     build_contexts,
@@ -41,9 +41,16 @@ from data_gen.contexts import (
     part_shards,
     plan_shards,
 )
-from data_gen.judges import CachedJudge, EquivalenceJudge, make_judge
-from data_gen.labels import ModelLabels, build_pairs, draft_under_target, is_empty_step, model_labels, pair_key
-from data_gen.store import (
+from specprobe.data_gen.judges import CachedJudge, EquivalenceJudge, make_judge
+from specprobe.data_gen.labels import (
+    ModelLabels,
+    build_pairs,
+    draft_under_target,
+    is_empty_step,
+    model_labels,
+    pair_key,
+)
+from specprobe.data_gen.store import (
     FORMAT,
     JUDGE_CACHE,
     DataFolderError,
@@ -60,8 +67,8 @@ from data_gen.store import (
     write_manifest,
     write_shard,
 )
-from infer.versions import package_versions
-from probes.features import layers_from_option
+from specprobe.infer.versions import package_versions
+from specprobe.probes.features import layers_from_option
 
 __all__ = ["generate_dataset", "DataResult", "DataGenStats", "layer_rows", "build_judge", "load_source_traces",
            "engine_info", "process_shard", "ShardWorkers"]
@@ -92,7 +99,7 @@ def build_judge(data_cfg, cache_path: str | Path | None, device: str | None = No
 
 def load_source_traces(source_cfg) -> list:
     """Traces of the configured source (bad records are skipped by data_gen.sources with a warning)."""
-    from data_gen.sources import load_traces
+    from specprobe.data_gen.sources import load_traces
 
     name = source_cfg.task if source_cfg.kind == "reasoning_gym" else source_cfg.name
     return load_traces(source_cfg.kind, path=source_cfg.path, name=name, split=source_cfg.split,
@@ -243,13 +250,13 @@ class _ShardRunner:
 
     # -- sampling and recording
     def _prefix(self, ctx: Context):
-        from infer.engines import Prefix
+        from specprobe.infer.engines import Prefix
 
         return Prefix(ctx.question, tuple(ctx.steps), self.delimiter)  # reference steps: delimiter after each
 
     def sample(self, ctx: Context, timing: dict) -> _ContextWork | str:
         """The context's samples, or the reason it must be skipped."""
-        from infer.engines import PromptTooLongError, StepRequest, sampling_params
+        from specprobe.infer.engines import PromptTooLongError, StepRequest, sampling_params
 
         work = _ContextWork(ctx, {r: context_seed(self.cfg.sampling.seed, ctx.id, r) for r in self.models})
         for engine in {id(e): e for e in self.engines.values()}.values():
@@ -450,7 +457,7 @@ class ShardWorkers:
 
     def start(self, judge_cache: Path) -> dict:
         if self.engines is None:
-            from infer.engines import build_engine_pair
+            from specprobe.infer.engines import build_engine_pair
 
             self.engines = build_engine_pair(self.cfg.models)
         self.engine_map = dict(zip(ROLES, self.engines))
@@ -516,7 +523,7 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
     settings is a DataMismatchError. workers: who processes the shards (default: this process, with
     `engines` and `judge`; ``data_gen.distributed`` passes Ray actors); this process writes them.
     """
-    from infer.config import to_dict
+    from specprobe.infer.config import to_dict
 
     started = time.perf_counter()
     cfg_dict = to_dict(cfg)

@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from data_gen.steps import MODES, normalise_text, split_steps
-from infer.answers import extract_boxed, strip_thousands_separators
-from infer.records import Record, SourceWarning, check_path, iter_records, source_stem
+from specprobe.data_gen.steps import MODES, normalise_text, split_steps
+from specprobe.infer.answers import extract_boxed, strip_thousands_separators
+from specprobe.infer.records import Record, SourceWarning, check_path, iter_records, source_stem
 
 __all__ = [
     "KINDS",

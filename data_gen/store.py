@@ -33,8 +33,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, render_card, schema
-from probes.io import stage_file, write_text
+from specprobe.data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, render_card, schema
+from specprobe.probes.io import stage_file, write_text
 
 __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "FolderLock", "shard_path",
            "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",

@@ -2,8 +2,8 @@
 pass@1, latency, speedup over target-only (measured in the same run), acceptance, Ratio, and next to each
 measured speedup the analytic one at the α and c measured in that run (`infer.decoding.analytic`).
 
-    from train.config import load_config
-    from infer import bench
+    from specprobe.train.config import load_config
+    from specprobe.infer import bench
     cfg = load_config("configs/tiny.yaml", ["bench.num_problems=2"])
     env = bench.prepare(cfg, verifier="bernoulli")
     report = bench.run_benchmark(env, ["target", "lr_sync", "lr_async"])
@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infer.answers import extract_boxed, grade, strip_thousands_separators
-from infer.config import ConfigError, SourceConfig, to_dict
-from infer.decoding import METHODS, DecodeOptions, RunStats, decode, fast_thread_switching, write_trace
-from infer.decoding.analytic import predict, token_level_factor
-from infer.engines import build_engine_pair, sampling_params
-from infer.engines.token_spec import TokenSpecConfig
-from infer.verifiers import VERIFIER_KINDS, build_verifier
+from specprobe.infer.answers import extract_boxed, grade, strip_thousands_separators
+from specprobe.infer.config import ConfigError, SourceConfig, to_dict
+from specprobe.infer.decoding import METHODS, DecodeOptions, RunStats, decode, fast_thread_switching, write_trace
+from specprobe.infer.decoding.analytic import predict, token_level_factor
+from specprobe.infer.engines import build_engine_pair, sampling_params
+from specprobe.infer.engines.token_spec import TokenSpecConfig
+from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier
+from specprobe.probes.metrics import wilson_interval
 
 # hub datasets reachable by short name (kind: jsonl, name: <alias>) when a hub or a datasets cache exists
 HUB_ALIASES: dict[str, tuple[str, str | None, str]] = {
@@ -90,7 +91,7 @@ def _from_records(records, stem: str, limit: int) -> list[Problem]:
 
 
 def _records(path: str | None, name: str | None, config: str | None, split: str):
-    from infer.records import iter_records
+    from specprobe.infer.records import iter_records
 
     try:
         return iter_records(path, name, config, split)
@@ -284,7 +285,7 @@ def _engines(env: BenchEnv, spec: MethodSpec) -> tuple:
     mode = spec.token_spec if spec.token_spec != "none" else env.cfg.runtime.token_spec
     if mode != "lookahead":
         return env.target, env.draft
-    from infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
+    from specprobe.infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
 
     la = env.cfg.runtime.lookahead
     cfg = LookaheadConfig(la.window, la.ngram, la.max_verify, env.cfg.runtime.seed)
@@ -297,11 +298,11 @@ def _settings(env: BenchEnv, spec: MethodSpec):
     """SpecSConfig / SeedConfig of the search methods from runtime.specs / runtime.tree."""
     rt = env.cfg.runtime
     if spec.base in ("specs", "beam_target"):
-        from infer.decoding.specs import SpecSConfig
+        from specprobe.infer.decoding.specs import SpecSConfig
 
         return SpecSConfig(rt.specs.n, rt.specs.beta, rt.specs.tau)
     if spec.base in ("seed_tot", "tot_target"):
-        from infer.decoding.seed import SeedConfig
+        from specprobe.infer.decoding.seed import SeedConfig
 
         t = rt.tree
         return SeedConfig(t.thoughts, t.keep, t.depth, tuple(int(k) for k in t.k_config), t.threaded)
@@ -461,11 +462,13 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
         latency = sum(res.latencies) if res.latencies else None
         row = {"method": label, "problems": res.answered, "error": res.error,
                "pass@1": _div(res.correct, res.answered), "correct": res.correct,
+               "pass@1_ci95": wilson_interval(res.correct, res.answered),
                "latency_total_s": latency, "latency_mean_s": _div(latency, res.answered),
                # a method (or baseline) that failed mid-run timed fewer problems: no speedup
                "speedup": _div(base_latency, latency) if latency and not res.error and not base.error else None,
                "output_tokens": st.output_tokens, "tokens_per_s": st.tokens_per_second,
                "acceptance": st.acceptance_rate, "acceptance_by_position": st.acceptance_by_position,
+               "acceptance_ci95": wilson_interval(st.accepted, st.judged),
                "judged": st.judged, "mean_accepted_per_cycle": st.mean_accepted_per_cycle, "ratio": st.ratio,
                "target_forward_passes": st.target_forward_passes, "draft_forward_passes": st.draft_forward_passes,
                "mean_target_rows": st.mean_target_rows, "mean_rows_per_forward": st.mean_rows_per_forward,
@@ -525,10 +528,10 @@ def _search_prediction(env: BenchEnv, kind: str, st: RunStats) -> dict:
     """SpecS: its latency model over target beam search at the measured share of draft rounds; SEED:
     token SD's g(k) at the measured per-position acceptance and draft/target forward cost."""
     if kind == "specs":
-        from infer.decoding.specs import specs_predicted_speedup
+        from specprobe.infer.decoding.specs import specs_predicted_speedup
 
         return specs_predicted_speedup(st)
-    from infer.decoding.seed import seed_predicted_speedup
+    from specprobe.infer.decoding.seed import seed_predicted_speedup
 
     return seed_predicted_speedup(st, env.cfg.runtime.tree.k_config)
 
@@ -539,6 +542,10 @@ def _fmt(value, digits: int = 2) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
+
+
+def _ci(interval) -> str:
+    return f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""
 
 
 def format_markdown(report: dict) -> str:
@@ -553,9 +560,10 @@ def format_markdown(report: dict) -> str:
         by_pos = "/".join(_fmt(a) for a in (r["acceptance_by_position"] or [])[:6]) or "–"
         stops = ",".join(f"{k}:{v}" for k, v in (r["stop_reasons"] or {}).items())
         lines.append(
-            f"| {r['method']} | {_fmt(r['pass@1'])} | {_fmt(r['latency_mean_s'])} | {_fmt(r['speedup'])} | "
+            f"| {r['method']} | {_fmt(r['pass@1'])}{_ci(r.get('pass@1_ci95'))} | {_fmt(r['latency_mean_s'])} | "
+            f"{_fmt(r['speedup'])} | "
             f"{_fmt(r['analytic_ideal'])} | {_fmt(r['measured_over_ideal'])} | {_fmt(r['analytic_adjusted'])} | "
-            f"{_fmt(r['measured_over_adjusted'])} | {_fmt(r['acceptance'])} | {by_pos} | "
+            f"{_fmt(r['measured_over_adjusted'])} | {_fmt(r['acceptance'])}{_ci(r.get('acceptance_ci95'))} | {by_pos} | "
             f"{_fmt(r['mean_accepted_per_cycle'])} | {_fmt(r['ratio'])} | {_fmt(r['c'], 3)} | {_fmt(r['b'])} | "
             f"{_fmt(r['tokens_per_s'], 1)} | {stops} |")
     notes = [
@@ -566,6 +574,7 @@ def format_markdown(report: dict) -> str:
         "specs / seed_tot: meas/analytic compares their speedup over their own search baseline "
         "(beam_target / tot_target, same run) with the prediction; +lookahead: analytic = tokens per target "
         "forward (the paper's compression S). "
+        "pass@1 and α with 95% Wilson intervals (over problems / judged positions). "
         "speedup = target-only latency / method latency, same run. analytic = the paper's formula at the "
         "measured α and c (f_sync(k=γ+1) for lr_sync, S₁/S₂ for lr_async, S_ss for semanticspec, 1/c for "
         "draft); batch-adj. = same formula with one target forward of the method's batch costing b target "

@@ -13,9 +13,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from infer import bench
-from infer.config import ConfigError
-from infer.ray_cluster import ClusterError, actor_options, check_resources, connect, import_ray, replica_demands
+from specprobe.infer import bench
+from specprobe.infer.config import ConfigError
+from specprobe.infer.ray_cluster import (
+    ClusterError,
+    actor_options,
+    check_resources,
+    connect,
+    import_ray,
+    replica_demands,
+)
 
 __all__ = ["run_benchmark_on_ray", "deal_problems"]
 

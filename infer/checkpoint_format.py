@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from probes.io import model_paths, read_json, write_json
+from specprobe.probes.io import model_paths, read_json, write_json
 
 FORMAT = "specprobe-checkpoint"
 FORMAT_VERSION = 1

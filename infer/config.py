@@ -299,7 +299,7 @@ class RayConfig:
 
 
 def check_layer_option(option: str, key: str) -> None:
-    from probes.features import parse_layer_option
+    from specprobe.probes.features import parse_layer_option
 
     try:
         parse_layer_option(option)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from infer.models import load_model, resolve_model_folder
+from specprobe.infer.models import load_model, resolve_model_folder
 
 log = logging.getLogger(__name__)
 POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len", "lasttoken")

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from infer import checkpoint_format as ckpt
-from infer.checkpoint_format import CheckpointError
-from infer.engines.base import Prefix
-from probes.acceptance import DEFAULT_EPS, bernoulli, make_rng, semantic_accept_prob
+from specprobe.infer import checkpoint_format as ckpt
+from specprobe.infer.checkpoint_format import CheckpointError
+from specprobe.infer.engines.base import Prefix
+from specprobe.probes.acceptance import DEFAULT_EPS, bernoulli, make_rng, semantic_accept_prob
 
 VERIFIER_KINDS = ("probe", "embedding", "judge", "llm_judge", "exact", "accept_all", "reject_all", "bernoulli")
 CHECKPOINT_KINDS = ("probe", "embedding", "judge")
@@ -202,7 +202,7 @@ class JudgeVerifier(Verifier):
 
     def __init__(self, model, tokenizer, threshold: float = 0.5, name: str = "llm_judge", batch_size: int = 8,
                  model_id: str | None = None):
-        from infer.judge_prompt import answer_token_ids
+        from specprobe.infer.judge_prompt import answer_token_ids
 
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"judge threshold must be in [0, 1], got {threshold}")
@@ -211,7 +211,7 @@ class JudgeVerifier(Verifier):
         self.threshold, self.name, self.batch_size, self.model_id = float(threshold), name, batch_size, model_id
 
     def _score(self, items):
-        from infer.judge_prompt import judge_probability
+        from specprobe.infer.judge_prompt import judge_probability
 
         batch = [(it.context.text(), it.target, it.draft) for it in items]
         probs = judge_probability(self.model, self.tokenizer, batch, batch_size=self.batch_size).tolist()
@@ -344,7 +344,7 @@ class ProbePairVerifier(Verifier):
 # ----------------------------------------------------------------------------- loading
 def load_probe_pair(path: str | Path, *, target_engine=None, draft_engine=None, eps: float = DEFAULT_EPS,
                     allow_model_mismatch: bool = False, device: str | torch.device = "cpu") -> ProbePairVerifier:
-    from probes.mlp import SemanticProbe
+    from specprobe.probes.mlp import SemanticProbe
 
     folder = ckpt.checkpoint_folder(path)
     probes = []
@@ -360,7 +360,7 @@ def load_probe_pair(path: str | Path, *, target_engine=None, draft_engine=None, 
 def load_embedding_threshold(path: str | Path, *, device: str | None = None, embedder=None) -> EmbeddingThreshold:
     entry = ckpt.read_embedding(path)
     if embedder is None:
-        from infer.embedder import SentenceEmbedder
+        from specprobe.infer.embedder import SentenceEmbedder
 
         embedder = SentenceEmbedder(entry.model, device=device)
     return EmbeddingThreshold(embedder, entry.threshold)
@@ -372,8 +372,8 @@ def load_judge_lora(path: str | Path, *, device: str | None = None, threshold: f
     the adapter's base model, started with enable_lora), the adapter served by vLLM."""
     from peft import PeftModel
 
-    from infer.judge_prompt import PROMPT_VERSION, answer_token_ids
-    from infer.models import describe_source, load_model
+    from specprobe.infer.judge_prompt import PROMPT_VERSION, answer_token_ids
+    from specprobe.infer.models import describe_source, load_model
 
     entry = ckpt.read_judge(path)
     if entry.prompt_version is not None and entry.prompt_version != PROMPT_VERSION:
@@ -382,7 +382,7 @@ def load_judge_lora(path: str | Path, *, device: str | None = None, threshold: f
                               "specprobe")
     thr = entry.threshold if threshold is None else threshold
     if vllm_engine is not None:
-        from infer.engines.vllm_engine import VLLMJudge
+        from specprobe.infer.engines.vllm_engine import VLLMJudge
 
         if describe_source(entry.base_model) != vllm_engine.info.model_id:
             raise CheckpointError(f"the judge adapter's base model is {entry.base_model}, but the vLLM engine serves "
@@ -449,7 +449,7 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
         return ExactMatch()
     # llm_judge
     if _is_vllm(llm_judge_engine):
-        from infer.engines.vllm_engine import VLLMJudge
+        from specprobe.infer.engines.vllm_engine import VLLMJudge
 
         return VLLMJudgeVerifier(VLLMJudge(llm_judge_engine), 0.5 if threshold is None else threshold,
                                  name="llm_judge", model_id=llm_judge_engine.model_name)
@@ -458,7 +458,7 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
     else:
         if not llm_judge_model:
             raise ValueError("the llm_judge verifier needs runtime.llm_judge_model (an instruct model)")
-        from infer.models import load_model
+        from specprobe.infer.models import load_model
 
         model, tok = load_model(llm_judge_model, device=device)
         name = llm_judge_model

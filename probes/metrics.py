@@ -264,6 +264,22 @@ class BootstrapCI:
                 "alpha": self.alpha, "n_boot": self.n_boot, "n_valid": self.n_valid}
 
 
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None:
+    """Wilson score interval of a binomial proportion (pass@1 over problems, acceptance over judged steps);
+    None without trials. Unlike the normal interval it stays inside [0, 1] and is not empty at 0 or n."""
+    if n <= 0:
+        return None
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be in [0, {n}], got {successes}")
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def bootstrap_ci(metric_fn: Callable[..., float], *arrays: Any, n_boot: int = 1000, alpha: float = 0.10,
                  seed: int = 0, groups: Sequence[Any] | None = None) -> BootstrapCI:
     """Percentile bootstrap interval (1 - alpha) of ``metric_fn(*arrays)``.

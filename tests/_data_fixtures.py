@@ -8,9 +8,9 @@ import numpy as np
 import torch
 import yaml
 
-from data_gen.store import open_dataset
-from infer.engines import EngineStats, Generation, Step
-from train.config import load_config
+from specprobe.data_gen.store import open_dataset
+from specprobe.infer.engines import EngineStats, Generation, Step
+from specprobe.train.config import load_config
 
 # 3 reasoning-gym problems x 1 context, N = 4 per model, short steps, 4 layers; one context per
 # shard so that a run has 3 shards to kill and resume between.

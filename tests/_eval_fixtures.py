@@ -14,9 +14,9 @@ import numpy as np
 import torch
 import yaml
 
-from data_gen.store import FORMAT, ShardData, fingerprint, write_manifest, write_shard
-from infer.config import to_dict
-from train.config import load_config
+from specprobe.data_gen.store import FORMAT, ShardData, fingerprint, write_manifest, write_shard
+from specprobe.infer.config import to_dict
+from specprobe.train.config import load_config
 
 NUM_LAYERS, HIDDEN = 4, 16
 MEANINGS = [
@@ -167,7 +167,7 @@ def _shard(folder: Path, index: int, contexts: int, n: int, rng, direction: np.n
 
 def make_checkpoint(tmp: Path, **sections):
     """Synthetic data + a checkpoint trained on it by train.pipeline.train_all: returns (config, checkpoint dir)."""
-    from train.pipeline import train_all
+    from specprobe.train.pipeline import train_all
 
     torch.set_num_threads(1)
     _, cfg = write_config(tmp, tmp / "run", **sections)

@@ -1,8 +1,8 @@
 """A probe with a chosen output level, for runtime and verifier tests."""
 import torch
 
-from probes.features import FeatureSpec
-from probes.mlp import ProbeMLPConfig, SemanticProbe
+from specprobe.probes.features import FeatureSpec
+from specprobe.probes.mlp import ProbeMLPConfig, SemanticProbe
 
 
 def make_probe(engine, bias: float, seed: int = 0, layers: str = "all") -> SemanticProbe:

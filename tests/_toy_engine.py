@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from infer.engines.base import (
+from specprobe.infer.engines.base import (
     EngineInfo,
     EngineStats,
     Generation,
@@ -29,7 +29,7 @@ from infer.engines.base import (
     SerialStream,
     StepRequest,
 )
-from infer.engines.tokens import StepTokenizer
+from specprobe.infer.engines.tokens import StepTokenizer
 
 WORDS = [" one", " two", " plus", " is", " so", "."]
 

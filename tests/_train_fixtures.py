@@ -13,9 +13,9 @@ import numpy as np
 import torch
 import yaml
 
-from data_gen.store import FORMAT, ShardData, fingerprint, write_manifest, write_shard
-from infer.config import build, to_dict
-from train.config import ExperimentConfig, load_config
+from specprobe.data_gen.store import FORMAT, ShardData, fingerprint, write_manifest, write_shard
+from specprobe.infer.config import build, to_dict
+from specprobe.train.config import ExperimentConfig, load_config
 
 ENGINES = {
     "target": {"model_id": "toy/target-model", "revision": None, "num_layers": 3, "hidden_size": 8,

@@ -14,7 +14,7 @@ SMOL = "offline:smollm2-135m-instruct"
 @pytest.fixture(scope="session")
 def smol_engine():
     """The real offline SmolLM2-135M-Instruct behind the step engine (loaded once per session)."""
-    from infer.engines.hf import HFStepEngine
+    from specprobe.infer.engines.hf import HFStepEngine
 
     return HFStepEngine(SMOL, device="cpu", dtype="float32")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from probes.acceptance import bernoulli, make_rng, semantic_accept_prob
+from specprobe.probes.acceptance import bernoulli, make_rng, semantic_accept_prob
 
 
 def semantic_accept(p, q, rng):

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from infer.answers import answers_match, grade, math_equivalent, strip_thousands_separators
+from specprobe.infer.answers import answers_match, grade, math_equivalent, strip_thousands_separators
 
 
 @pytest.mark.parametrize("raw, clean", [("1,234", "1234"), ("-$12,345.5", "-$12345.5"), ("1,234,567", "1234567"),

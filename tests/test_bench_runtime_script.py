@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from infer import bench
-from infer.decoding import RunStats
-from infer.decoding.analytic import predict
-from train.config import load_config
+from specprobe.infer import bench
+from specprobe.infer.decoding import RunStats
+from specprobe.infer.decoding.analytic import predict
+from specprobe.train.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 

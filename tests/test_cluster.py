@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from data_gen.cluster import (
+from specprobe.data_gen.cluster import (
     ClusterStats,
     PairQuery,
     assign_many,

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from infer.config import ConfigError, dump_yaml
-from train.config import ExperimentConfig, field_help, load_config
+from specprobe.infer.config import ConfigError, dump_yaml
+from specprobe.train.config import ExperimentConfig, field_help, load_config
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").glob("*.yaml"))
 
@@ -47,13 +47,15 @@ def test_vllm_settings_are_validated():
     cfg = load_config(None, ["models.engine=vllm", "models.draft_engine=hf", "models.vllm.max_model_len=8192"])
     assert (cfg.models.engine_of("target"), cfg.models.engine_of("draft")) == ("vllm", "hf")
     assert cfg.models.vllm.max_model_len == 8192
-    from infer.engines import vllm_settings  # the engine-start settings (vLLM itself is imported only on start)
+    from specprobe.infer.engines import (
+        vllm_settings,  # the engine-start settings (vLLM itself is imported only on start)
+    )
 
     assert vllm_settings(cfg.models).max_model_len == 8192 and vllm_settings(cfg.models).hidden_states == "transformers"
 
 
 def test_small_config_holds_out_at_least_40_test_questions():
-    from probes.splits import group_split
+    from specprobe.probes.splits import group_split
 
     cfg = load_config(CONFIGS[0].with_name("small.yaml"))
     assert cfg.models.target.startswith("offline:") and cfg.data.contexts_per_trace == 1
@@ -120,4 +122,4 @@ def test_each_section_lives_beside_its_owner():
     owners = {"models": "infer", "sampling": "infer", "source": "infer", "runtime": "infer", "bench": "infer",
               "ray": "infer", "data": "data_gen", "probe": "train", "verifiers": "train", "eval": "train",
               "wandb": "train"}
-    assert {name: type(getattr(cfg, name)).__module__.split(".")[0] for name in owners} == owners
+    assert {name: type(getattr(cfg, name)).__module__.split(".")[1] for name in owners} == owners

@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from data_gen.cluster import normalise_step
-from data_gen.contexts import (
+from specprobe.data_gen.cluster import normalise_step
+from specprobe.data_gen.contexts import (
     DataWarning,
     build_contexts,
     coerce_traces,
@@ -27,11 +27,11 @@ from data_gen.contexts import (
     part_shards,
     plan_shards,
 )
-from data_gen.labels import build_pairs, draft_under_target, model_labels, pair_key
-from data_gen.pipeline import generate_dataset, layer_rows
-from data_gen.sources import Trace
-from data_gen.store import DataFolderError, DataMismatchError, merge_parts, open_dataset, read_manifest
-from infer.engines import Prefix
+from specprobe.data_gen.labels import build_pairs, draft_under_target, model_labels, pair_key
+from specprobe.data_gen.pipeline import generate_dataset, layer_rows
+from specprobe.data_gen.sources import Trace
+from specprobe.data_gen.store import DataFolderError, DataMismatchError, merge_parts, open_dataset, read_manifest
+from specprobe.infer.engines import Prefix
 
 from _data_fixtures import HIDDEN, LAYERS, BlankingEngine, assert_same_data, dataset_arrays, write_config
 
@@ -161,15 +161,15 @@ def test_pairs_are_unique_per_unordered_pair_and_judged_labels_win():
 
 @pytest.fixture(scope="module")
 def engines():
-    from infer.config import ModelsConfig
-    from infer.engines import build_engine_pair
+    from specprobe.infer.config import ModelsConfig
+    from specprobe.infer.engines import build_engine_pair
 
     return build_engine_pair(ModelsConfig(device="cpu", dtype="float32"))
 
 
 @pytest.fixture(scope="module")
 def judge():
-    from data_gen.judges import EmbeddingNumberJudge
+    from specprobe.data_gen.judges import EmbeddingNumberJudge
 
     return EmbeddingNumberJudge("offline:minilm", threshold=0.8, device="cpu")
 
@@ -264,7 +264,7 @@ def test_pairs_are_symmetric_and_carry_the_judges_decisions(tiny, judge):
     contexts = {c["context_id"]: c["context_text"] for c in ds.contexts.to_pylist()}
     judged = [p for p in pairs if p["judged"]]
     assert judged
-    from data_gen.cluster import PairQuery
+    from specprobe.data_gen.cluster import PairQuery
 
     swapped = judge.judge([PairQuery(contexts[p["context_id"]], p["b_text"], p["a_text"]) for p in judged])
     assert swapped == [p["equivalent"] for p in judged]  # (b, a) decided afresh gives the stored label
@@ -347,7 +347,7 @@ def test_complete_folder_is_reused_and_other_models_are_refused(tiny, monkeypatc
     def no_loading(*a, **k):
         raise AssertionError("models must not be loaded")
 
-    monkeypatch.setattr("infer.engines.build_engine_pair", no_loading)
+    monkeypatch.setattr("specprobe.infer.engines.build_engine_pair", no_loading)
     again = generate_dataset(cfg, progress=False)
     assert again.reused and again.manifest["counts"] == result.manifest["counts"]
     other = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, draft="random:llama-tiny"))
@@ -360,7 +360,7 @@ def test_kill_9_then_resume_equals_uninterrupted(tiny, tmp_path):
     _, reference = tiny
     path, cfg = write_config(tmp_path, tmp_path / "run")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "train.cli", "--config", str(path), "--stage", "data", "--no-progress"]
+    command = [sys.executable, "-m", "specprobe.train.cli", "--config", str(path), "--stage", "data", "--no-progress"]
     log = open(tmp_path / "killed-run.log", "wb")
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     data_dir = cfg.data_dir
@@ -387,7 +387,7 @@ def test_kill_9_then_resume_equals_uninterrupted(tiny, tmp_path):
     # a half-written shard left behind must never count: plant garbage under a final name
     missing = min({0, 1, 2} - {s["index"] for s in manifest["shards"]})
     (data_dir / "shards" / f"samples-{missing:05d}.parquet").write_bytes(b"not parquet")
-    from train.cli import main
+    from specprobe.train.cli import main
 
     assert main(["--config", str(path), "--stage", "data", "--no-progress"]) == 0
     resumed = read_manifest(data_dir)
@@ -416,7 +416,7 @@ def test_shard_parts_then_merge_equals_single_run(tiny, tmp_path, engines, judge
 
 @pytest.mark.slow
 def test_bad_traces_and_empty_contexts_are_skipped_with_warnings(tmp_path, engines, judge):
-    from data_gen.sources import load_traces
+    from specprobe.data_gen.sources import load_traces
 
     good = load_traces("reasoning_gym", name="gsm_symbolic", size=2, seed=5)
     half = Trace(good[1].id, "math", good[1].question + " (EMPTY-HALF)", good[1].steps, good[1].answer)
@@ -449,7 +449,7 @@ def test_bad_traces_and_empty_contexts_are_skipped_with_warnings(tmp_path, engin
 def test_nli_model_without_entailment_label_fails_before_any_work(tmp_path, monkeypatch):
     from transformers import AutoTokenizer, DebertaV2Config, DebertaV2ForSequenceClassification
 
-    from infer.models import offline_model_folder
+    from specprobe.infer.models import offline_model_folder
 
     tok = AutoTokenizer.from_pretrained(offline_model_folder("minilm"))
     config = DebertaV2Config(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
@@ -458,9 +458,9 @@ def test_nli_model_without_entailment_label_fails_before_any_work(tmp_path, monk
     folder = tmp_path / "nli"
     DebertaV2ForSequenceClassification(config).save_pretrained(folder)
     tok.save_pretrained(folder)
-    monkeypatch.setattr("infer.engines.build_engine_pair",
+    monkeypatch.setattr("specprobe.infer.engines.build_engine_pair",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("no model may load first")))
-    monkeypatch.setattr("data_gen.pipeline.load_source_traces",
+    monkeypatch.setattr("specprobe.data_gen.pipeline.load_source_traces",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("no trace may load first")))
     _, cfg = write_config(tmp_path, tmp_path / "run", data={"judge": "nli", "nli_model": str(folder)})
     with pytest.raises(ValueError, match="no 'entailment' label"):
@@ -469,7 +469,7 @@ def test_nli_model_without_entailment_label_fails_before_any_work(tmp_path, monk
 
 
 def test_cli_help_config_and_train_stage(capsys):
-    from train.cli import main
+    from specprobe.train.cli import main
 
     assert main(["--help-config"]) == 0
     out = capsys.readouterr().out

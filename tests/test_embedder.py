@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infer.embedder import PoolingSpec, SentenceEmbedder, mean_pool, pool, read_pooling
+from specprobe.infer.embedder import PoolingSpec, SentenceEmbedder, mean_pool, pool, read_pooling
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

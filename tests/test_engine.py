@@ -3,9 +3,9 @@ import pytest
 import torch
 from _margins import assert_same_greedy
 
-from infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams, StepRequest
-from infer.engines.token_spec import draw_tokens
-from infer.engines.tokens import find_step_end
+from specprobe.infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams, StepRequest
+from specprobe.infer.engines.token_spec import draw_tokens
+from specprobe.infer.engines.tokens import find_step_end
 
 
 def sample(engine, prefixes, n, params):
@@ -193,7 +193,7 @@ def test_engine_modules_import_one_way():
         tree = ast.parse(path.read_text())
         deps = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         deps |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        graph[f"infer.engines.{path.stem}"] = {d for d in deps if d.startswith("infer.engines.")}
+        graph[f"specprobe.infer.engines.{path.stem}"] = {d for d in deps if d.startswith("specprobe.infer.engines.")}
     done = set()
 
     def visit(mod, stack):
@@ -208,4 +208,4 @@ def test_engine_modules_import_one_way():
         visit(mod, [])
     for path in (root / "infer" / "decoding").glob("*.py"):
         text = path.read_text()
-        assert "infer.engines.hf" not in text, f"{path.name} reaches into the transformers engine"
+        assert "specprobe.infer.engines.hf" not in text, f"{path.name} reaches into the transformers engine"

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from sklearn.metrics import cohen_kappa_score, precision_recall_curve, roc_auc_score, roc_curve
 
-from probes.acceptance import semantic_accept_prob
-from probes.metrics import brier, ece, mae
-from train.report import evaluate as ev
+from specprobe.probes.acceptance import semantic_accept_prob
+from specprobe.probes.metrics import brier, ece, mae
+from specprobe.train.report import evaluate as ev
 
 
 # ----------------------------------------------------------------------------- acceptance ratio

@@ -10,8 +10,8 @@ import torch
 import yaml
 from matplotlib.image import imread
 
-from train.config import load_config
-from train.report import evaluate_checkpoint
+from specprobe.train.config import load_config
+from specprobe.train.report import evaluate_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +39,8 @@ FIGURES = ({f"{name}.png" for name in RELIABILITY} | {f"{name}_equal_mass.png" f
 
 @pytest.fixture(scope="module")
 def real_checkpoint(tmp_path_factory):
-    from data_gen.pipeline import generate_dataset
-    from train.pipeline import train_all
+    from specprobe.data_gen.pipeline import generate_dataset
+    from specprobe.train.pipeline import train_all
 
     torch.set_num_threads(2)
     root = tmp_path_factory.mktemp("eval-real")

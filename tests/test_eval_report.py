@@ -11,10 +11,10 @@ import pytest
 import torch
 from matplotlib.image import imread
 
-from data_gen.store import open_dataset
-from train.eval_cli import main
-from train.report import evaluate_checkpoint
-from train.report.evaluate import empirical_ratio
+from specprobe.data_gen.store import open_dataset
+from specprobe.train.eval_cli import main
+from specprobe.train.report import evaluate_checkpoint
+from specprobe.train.report.evaluate import empirical_ratio
 
 from _eval_fixtures import make_checkpoint, make_data, write_config
 
@@ -286,7 +286,7 @@ def test_umap_view(trained, tmp_path):
 
 
 def test_compare_two_checkpoints_evaluates_both(trained, tmp_path):
-    from train.report import compare_checkpoints
+    from specprobe.train.report import compare_checkpoints
 
     _, ckpt = trained
     partial = tmp_path / "no-draft-probe"
@@ -304,7 +304,7 @@ def test_compare_two_checkpoints_evaluates_both(trained, tmp_path):
 def test_default_report_folder():
     from pathlib import Path
 
-    from train.report.runner import default_out
+    from specprobe.train.report.runner import default_out
 
     assert default_out(Path("runs/tiny/checkpoint")) == Path("runs/tiny/report")
     assert default_out(Path("checkpoints/r1-7b")) == Path("checkpoints/r1-7b-report")

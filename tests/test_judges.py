@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, DebertaV2Config, DebertaV2ForSequenceClassification
 
-from data_gen.cluster import cluster_samples
-from data_gen.judges import (
+from specprobe.data_gen.cluster import cluster_samples
+from specprobe.data_gen.judges import (
     CachedJudge,
     EmbeddingNumberJudge,
     EquivalenceJudge,
@@ -23,7 +23,7 @@ from data_gen.judges import (
     make_judge,
     nli_equivalent,
 )
-from infer.models import offline_model_folder
+from specprobe.infer.models import offline_model_folder
 
 STANDARD = {0: "ENTAILMENT", 1: "NEUTRAL", 2: "CONTRADICTION"}
 PERMUTED = {0: "contradiction", 1: "neutral", 2: "entailment"}
@@ -215,7 +215,7 @@ def test_overlong_steps_are_cut_with_a_warning(tokenizer, caplog):
     model = tiny_nli(tokenizer, STANDARD, winner=0)
     seen = record_inputs(model)
     judge = NLIJudge((model, tokenizer), max_length=16)
-    with caplog.at_level(logging.WARNING, logger="data_gen.judges"):
+    with caplog.at_level(logging.WARNING, logger="specprobe.data_gen.judges"):
         judge.judge([PairQuery("ctx", " ".join(["word"] * 20), "eleven")])
     assert all(len(r) <= 16 for r in torch.cat(seen).tolist())
     assert judge.truncated_steps == 1 and "exceed max_length" in caplog.text
@@ -235,7 +235,7 @@ def test_extract_numbers():
 
 @pytest.fixture(scope="module")
 def embedder(one_thread):
-    from infer.embedder import SentenceEmbedder
+    from specprobe.infer.embedder import SentenceEmbedder
 
     return SentenceEmbedder("offline:minilm", device="cpu")
 
@@ -367,7 +367,7 @@ def test_cache_survives_a_truncated_last_line(tmp_path, caplog):
     # Crash mid-write: the last record is cut in half, and a garbage line sits in the middle.
     path.write_text(lines[0] + "\n" + "{not json\n" + lines[1] + "\n" + lines[2][:20])
     inner = CountingJudge()
-    with caplog.at_level(logging.WARNING, logger="data_gen.judges"):
+    with caplog.at_level(logging.WARNING, logger="specprobe.data_gen.judges"):
         resumed = CachedJudge(inner, path)
     assert "truncated" in caplog.text
     assert len(resumed) == 2 and resumed.skipped_lines == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infer.engines.lookahead_decoding import (
+from specprobe.infer.engines.lookahead_decoding import (
     LookaheadConfig,
     LookaheadDecoder,
     NgramPool,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from infer import bench
-from infer.config import ConfigError
-from infer.engines import HFStepEngine, SamplingParams
-from infer.engines.base import Prefix, StepRequest
-from infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
-from train.config import format_help, load_config
+from specprobe.infer import bench
+from specprobe.infer.config import ConfigError
+from specprobe.infer.engines import HFStepEngine, SamplingParams
+from specprobe.infer.engines.base import Prefix, StepRequest
+from specprobe.infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
+from specprobe.train.config import format_help, load_config
 
 
 def test_method_names_and_config_sections():
@@ -73,10 +73,10 @@ def test_bench_runs_the_three_methods_with_their_baselines(engines, tmp_path):
 
 
 def test_predictions_of_the_search_methods():
-    from infer.decoding.metrics import RunStats
-    from infer.decoding.seed import seed_predicted_speedup
-    from infer.decoding.specs import specs_predicted_speedup
-    from probes.speedup import token_sd_speedup
+    from specprobe.infer.decoding.metrics import RunStats
+    from specprobe.infer.decoding.seed import seed_predicted_speedup
+    from specprobe.infer.decoding.specs import specs_predicted_speedup
+    from specprobe.probes.speedup import token_sd_speedup
 
     st = RunStats(target_calls=2, draft_calls=6, target_time_s=4.0, draft_time_s=1.2, score_time_s=0.6)
     for i in range(8):

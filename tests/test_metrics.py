@@ -11,7 +11,7 @@ from sklearn.calibration import calibration_curve
 from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
 from torchmetrics.classification import BinaryCalibrationError
 
-from probes.metrics import (
+from specprobe.probes.metrics import (
     auprc,
     auroc,
     bootstrap_ci,
@@ -201,7 +201,7 @@ def test_labels_outside_unit_interval_are_refused(bad):
 
 
 def test_log_loss_brier_skill_and_noise_floor_by_hand():
-    from probes.metrics import brier_skill, label_noise_floor, log_loss
+    from specprobe.probes.metrics import brier_skill, label_noise_floor, log_loss
 
     pred, label = np.array([0.8, 0.4]), np.array([1.0, 0.5])
     expected = -(math.log(0.8) + 0.5 * math.log(0.4) + 0.5 * math.log(0.6)) / 2
@@ -223,3 +223,15 @@ def test_reliability_bins_carry_an_interval_per_bin():
     assert d["label_low"][1] < 0.5 < d["label_high"][1]
     assert d["label_low"][8] == d["label_high"][8] == 1.0  # no spread, no width
     assert d["label_low"][0] is None  # empty bin
+
+
+def test_wilson_interval_known_values_and_bad_counts():
+    from specprobe.probes.metrics import wilson_interval
+
+    lo, hi = wilson_interval(0, 10)  # closed form at 0 successes: [0, z^2 / (n + z^2)]
+    assert lo == 0.0 and hi == pytest.approx(1.959963984540054 ** 2 / (10 + 1.959963984540054 ** 2))
+    lo, hi = wilson_interval(5, 10)
+    assert lo == pytest.approx(1 - hi) and 0.23 < lo < 0.24  # symmetric at p = 1/2
+    assert wilson_interval(0, 0) is None
+    with pytest.raises(ValueError, match="successes"):
+        wilson_interval(11, 10)

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from infer import models
-from infer.models import ModelUnavailableError, load_model, resolve_model_folder
+from specprobe.infer import models
+from specprobe.infer.models import ModelUnavailableError, load_model, resolve_model_folder
 
 
 def test_offline_smollm2_is_converted_once_and_cached(tmp_path):

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from probes.features import FeatureSpec, layers_from_option
-from probes.mlp import PROB_EPS, ProbeMLPConfig, SemanticProbe, fit_probe
+from specprobe.probes.features import FeatureSpec, layers_from_option
+from specprobe.probes.mlp import PROB_EPS, ProbeMLPConfig, SemanticProbe, fit_probe
 
 NUM_LAYERS, HIDDEN = 4, 16
 SIGNAL_ROW = 3  # the planted relation lives in hidden-state row 3
@@ -147,7 +147,7 @@ def test_early_stopping_restores_best_weights(data):
     probe, history = fit_probe(tx[:200], ty[:200], vx, vy, make_spec(), cfg)
     assert history.stopped_early and history.epochs_run < 40
     assert history.epochs_run == history.best_epoch + 1 + cfg.patience
-    from probes.mlp import _eval_loss
+    from specprobe.probes.mlp import _eval_loss
     restored = _eval_loss(probe, make_spec().select(vx), vy, "bce", 1024)
     assert restored == pytest.approx(history.best_val_loss, rel=1e-5)
 
@@ -267,20 +267,26 @@ def test_forward_shape_check():
         probe(torch.randn(3, 3, HIDDEN))
 
 
+def _package(module: str) -> str:
+    """Top-level package of an import, with specprobe's own namespace removed (specprobe.infer -> infer)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "specprobe" and len(parts) > 1 else parts[0]
+
+
 def test_probes_package_imports_no_project_or_lm_code():
     """probes/ must stay pure torch/numpy/scipy/sklearn: a static scan of every import statement."""
     import ast
     from pathlib import Path
 
-    import probes
+    import specprobe.probes as probes
 
     forbidden = {"data_gen", "train", "infer", "transformers", "vllm", "peft", "datasets", "accelerate"}
     for path in Path(probes.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                roots = {alias.name.split(".")[0] for alias in node.names}
+                roots = {_package(alias.name) for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                roots = {(node.module or "").split(".")[0]}
+                roots = {_package(node.module or "")}
             else:
                 continue
             assert not roots & forbidden, f"{path.name} imports {roots & forbidden}"

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from infer.ray_cluster import INSTALL_HINT, ActorDemand, ClusterError, check_resources
+from specprobe.infer.ray_cluster import INSTALL_HINT, ActorDemand, ClusterError, check_resources
 
 try:
     import ray
 except ImportError:  # pragma: no cover - CI installs the extra and fails when these are skipped
     pytest.skip(INSTALL_HINT, allow_module_level=True)
 
-from data_gen.pipeline import generate_dataset  # noqa: E402
-from data_gen.store import read_manifest  # noqa: E402
+from specprobe.data_gen.pipeline import generate_dataset  # noqa: E402
+from specprobe.data_gen.store import read_manifest  # noqa: E402
 
 from _data_fixtures import assert_same_data, dataset_arrays, write_config  # noqa: E402
 
@@ -64,7 +64,7 @@ def test_resource_check_names_the_setting_before_any_actor_exists():
 def test_unreachable_address_is_a_quick_clear_cli_error(tmp_path):
     path, _ = small_config(tmp_path, connect_timeout_s=2)
     address = f"127.0.0.1:{_free_port()}"  # nothing listens there
-    proc = subprocess.run([sys.executable, "-m", "train.cli", "--config", str(path), "--stage", "data",
+    proc = subprocess.run([sys.executable, "-m", "specprobe.train.cli", "--config", str(path), "--stage", "data",
                            "--ray", address], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert f"no Ray cluster answers at {address}" in proc.stderr and "ray start --head" in proc.stderr
@@ -74,8 +74,8 @@ def test_unreachable_address_is_a_quick_clear_cli_error(tmp_path):
 # ----------------------------------------------------------------------------- real runs
 @pytest.fixture(scope="module")
 def local_ray():
-    from infer.config import RayConfig
-    from infer.ray_cluster import connect
+    from specprobe.infer.config import RayConfig
+    from specprobe.infer.ray_cluster import connect
 
     connect(RayConfig(local_cpus=2))
     yield ray
@@ -100,7 +100,7 @@ def _cache_keys(data_dir: Path) -> set[str]:
 
 @pytest.mark.slow
 def test_too_many_gpus_is_refused_before_loading_anything(local_ray, tmp_path):
-    from data_gen.distributed import generate_dataset_on_ray
+    from specprobe.data_gen.distributed import generate_dataset_on_ray
 
     _, cfg = small_config(tmp_path, gpus_per_replica=1)
     with pytest.raises(ClusterError, match=r"1 GPUs \(ray.gpus_per_replica\).* has 0"):
@@ -110,7 +110,7 @@ def test_too_many_gpus_is_refused_before_loading_anything(local_ray, tmp_path):
 
 @pytest.mark.slow
 def test_a_replica_that_cannot_load_its_model_is_a_clear_error(local_ray, tmp_path):
-    from data_gen.distributed import generate_dataset_on_ray
+    from specprobe.data_gen.distributed import generate_dataset_on_ray
 
     _, cfg = write_config(tmp_path, tmp_path / "run", **SMALL, ray={"local_cpus": 2},
                           models={"target": str(tmp_path / "no-such-model")})
@@ -122,7 +122,7 @@ def test_a_replica_that_cannot_load_its_model_is_a_clear_error(local_ray, tmp_pa
 
 @pytest.mark.slow
 def test_two_replicas_write_the_single_process_dataset(local_ray, reference, tmp_path):
-    from data_gen.distributed import generate_dataset_on_ray
+    from specprobe.data_gen.distributed import generate_dataset_on_ray
 
     _, cfg = small_config(tmp_path, replicas=2)
     result = generate_dataset_on_ray(cfg, progress=False)
@@ -136,7 +136,7 @@ def test_two_replicas_write_the_single_process_dataset(local_ray, reference, tmp
 @pytest.mark.slow
 def test_replica_killed_mid_run_is_restarted_and_nothing_is_lost(local_ray, reference, tmp_path):
     """One replica, the judge on its own actor; the replica is killed while it holds unfinished shards."""
-    from data_gen.distributed import RayShardWorkers
+    from specprobe.data_gen.distributed import RayShardWorkers
 
     _, cfg = small_config(tmp_path, replicas=1, judge="actors", judge_replicas=1)
     killed = []
@@ -177,7 +177,7 @@ class _Recording:
 @pytest.mark.slow
 def test_driver_killed_mid_run_then_the_same_command_finishes(reference, tmp_path):
     path, cfg = small_config(tmp_path, replicas=2)
-    command = [sys.executable, "-m", "train.cli", "--config", str(path), "--stage", "data", "--ray", "--no-progress"]
+    command = [sys.executable, "-m", "specprobe.train.cli", "--config", str(path), "--stage", "data", "--ray", "--no-progress"]
     data_dir = cfg.data_dir
     with open(tmp_path / "killed.log", "wb") as log:
         proc = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=log, stderr=subprocess.STDOUT,
@@ -209,9 +209,9 @@ def test_driver_killed_mid_run_then_the_same_command_finishes(reference, tmp_pat
 
 # ----------------------------------------------------------------------------- probe-bench --ray
 def test_problems_are_dealt_round_robin_and_results_merge():
-    from infer.bench import MethodResult, merge_results, parse_method
-    from infer.bench_ray import deal_problems
-    from infer.decoding import RunStats
+    from specprobe.infer.bench import MethodResult, merge_results, parse_method
+    from specprobe.infer.bench_ray import deal_problems
+    from specprobe.infer.decoding import RunStats
 
     assert deal_problems(list("abcde"), 2) == [["a", "c", "e"], ["b", "d"]]
     assert deal_problems(list("ab"), 4) == [["a"], ["b"]]  # no idle replica holds an empty share
@@ -234,7 +234,7 @@ BENCH = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "mo
 def test_bench_on_two_replicas_gives_the_single_process_table(local_ray, tmp_path, capsys):
     import json
 
-    from train.bench_cli import main
+    from specprobe.train.bench_cli import main
 
     methods = ["--methods", "target,lr_sync,semanticspec", "--verifier", "bernoulli"]
     assert main(["--config", "configs/tiny.yaml", *methods, "--out", str(tmp_path / "single"), *BENCH]) == 0

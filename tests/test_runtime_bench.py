@@ -6,12 +6,13 @@ import json
 import pytest
 import torch
 
-from infer import bench
-from infer.config import ConfigError, SourceConfig
-from infer.decoding import read_trace, replay_text
-from probes.features import FeatureSpec
-from probes.mlp import ProbeMLPConfig, SemanticProbe
-from train.bench_cli import main
+from specprobe.infer import bench
+from specprobe.infer.config import ConfigError, SourceConfig
+from specprobe.infer.decoding import read_trace, replay_text
+from specprobe.probes.features import FeatureSpec
+from specprobe.probes.metrics import wilson_interval
+from specprobe.probes.mlp import ProbeMLPConfig, SemanticProbe
+from specprobe.train.bench_cli import main
 
 TINY_MODELS = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "models.device=cpu",
                "runtime.max_steps=3", "sampling.max_step_tokens=6", "runtime.accept_length_cut=true"]
@@ -36,7 +37,7 @@ def test_load_problems_local_files(tmp_path):
 
 
 def _write_probes(folder, target_name, draft_name):
-    from infer.engines import HFStepEngine
+    from specprobe.infer.engines import HFStepEngine
 
     for role, name, bias in (("target", target_name, -0.85), ("draft", draft_name, 0.4)):
         eng = HFStepEngine(name, device="cpu")
@@ -91,6 +92,11 @@ def test_system_speed_mode(tmp_path, capsys):
     assert report["models"] == {"target": "random:llama-20m", "draft": "random:llama-tiny"}
     lr = next(r for r in report["rows"] if r["method"] == "lr_sync")
     assert lr["judged"] > 0 and lr["acceptance"] is not None and lr["c"] > 0 and lr["b"] > 0
+    lo, hi = lr["acceptance_ci95"]  # Wilson interval from the run's own counts
+    assert lo <= lr["acceptance"] <= hi and hi - lo > 0
+    target = next(r for r in report["rows"] if r["method"] == "target")
+    assert target["pass@1_ci95"] == wilson_interval(target["correct"], target["problems"])
+    assert target["acceptance_ci95"] is None  # target-only judges nothing
     assert "system-speed mode" in capsys.readouterr().out
 
 

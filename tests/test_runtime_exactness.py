@@ -15,10 +15,10 @@ import pytest
 import torch
 from _margins import assert_same_greedy
 
-from infer.decoding import DecodeOptions, decode
-from infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
-from infer.engines.token_spec import TokenSpecConfig
-from infer.verifiers import build_verifier, load_verifier
+from specprobe.infer.decoding import DecodeOptions, decode
+from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
+from specprobe.infer.engines.token_spec import TokenSpecConfig
+from specprobe.infer.verifiers import build_verifier, load_verifier
 
 from _probe_fixtures import make_probe
 

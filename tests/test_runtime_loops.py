@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from _margins import assert_same_greedy
 
-from infer.config import ConfigError
-from infer.decoding import DecodeOptions, decode, read_trace, replay_text, stats_from_trace, write_trace
-from infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams
-from infer.verifiers import BernoulliVerifier, Verifier, build_verifier
-from train.config import load_config
+from specprobe.infer.config import ConfigError
+from specprobe.infer.decoding import DecodeOptions, decode, read_trace, replay_text, stats_from_trace, write_trace
+from specprobe.infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams
+from specprobe.infer.verifiers import BernoulliVerifier, Verifier, build_verifier
+from specprobe.train.config import load_config
 
 Q = "What is 17 + 25? Think step by step."
 SPEC = ["lr_sync", "lr_async", "semanticspec"]

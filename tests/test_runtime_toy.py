@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from _toy_engine import ToyEngine
 
-from infer.decoding import DecodeOptions, decode
-from infer.engines import Prefix, SamplingParams, StepRequest
-from infer.verifiers import BernoulliVerifier, Verifier, build_verifier
+from specprobe.infer.decoding import DecodeOptions, decode
+from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
+from specprobe.infer.verifiers import BernoulliVerifier, Verifier, build_verifier
 
 Q = "What is one plus two?"
 SPEC = ["lr_sync", "lr_async", "semanticspec"]

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from infer.answers import answers_match, extract_answer, extract_boxed, grade, to_number
-from infer.bench import parse_method
-from infer.config import ConfigError
-from infer.decoding.analytic import predict, semanticspec_speedup, token_level_factor
-from infer.decoding.common import seed_for
-from infer.decoding.metrics import RunStats, join_steps, replay_text, stats_from_trace
-from probes.speedup import async_speedup, sync_speedup
+from specprobe.infer.answers import answers_match, extract_answer, extract_boxed, grade, to_number
+from specprobe.infer.bench import parse_method
+from specprobe.infer.config import ConfigError
+from specprobe.infer.decoding.analytic import predict, semanticspec_speedup, token_level_factor
+from specprobe.infer.decoding.common import seed_for
+from specprobe.infer.decoding.metrics import RunStats, join_steps, replay_text, stats_from_trace
+from specprobe.probes.speedup import async_speedup, sync_speedup
 
 
 def test_seed_for_is_stable_and_separates_its_parts():

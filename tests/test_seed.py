@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infer.decoding.seed import (
+from specprobe.infer.decoding.seed import (
     RoundsQueue,
     SeedConfig,
     SeedGenerator,
@@ -53,7 +53,7 @@ def test_sampled_tree_verification_is_lossless():
     n = 6000
     first = torch.zeros(4)
     pair = torch.zeros(4, 4)
-    from infer.engines.token_spec import sample_from
+    from specprobe.infer.engines.token_spec import sample_from
 
     for _ in range(n):
         c = [sample_from(q_root, gen) for _ in range(2)]
@@ -156,9 +156,9 @@ def test_sampled_seed_keeps_the_targets_distribution_per_draft():
 # ----------------------------------------------------------------------------- tree-of-thoughts loops
 @pytest.mark.slow
 def test_seed_tot_and_tot_target_on_step_engines(one_thread):
-    from infer.decoding.common import DecodeOptions
-    from infer.decoding.specs import BernoulliReward
-    from infer.engines import HFStepEngine, SamplingParams
+    from specprobe.infer.decoding.common import DecodeOptions
+    from specprobe.infer.decoding.specs import BernoulliReward
+    from specprobe.infer.engines import HFStepEngine, SamplingParams
 
     target = HFStepEngine("random:llama-20m", device="cpu", stop_at_eos=False)
     draft = HFStepEngine("random:llama-tiny", device="cpu", stop_at_eos=False)

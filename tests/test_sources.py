@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from data_gen.sources import KINDS, InvalidRecord, SourceWarning, Trace, iter_traces, load_traces
+from specprobe.data_gen.sources import KINDS, InvalidRecord, SourceWarning, Trace, iter_traces, load_traces
 
 DATA = Path(__file__).parent / "data"
 
@@ -151,9 +151,9 @@ def test_final_answers_lose_thousands_separators(tmp_path):
 
 
 def test_strip_calculator_is_set_from_the_config():
-    from data_gen.pipeline import load_source_traces
-    from infer.config import SourceConfig
-    from train.config import field_help, load_config
+    from specprobe.data_gen.pipeline import load_source_traces
+    from specprobe.infer.config import SourceConfig
+    from specprobe.train.config import field_help, load_config
 
     kept = load_config(None, ["source.kind=gsm8k", f"source.path={DATA / 'gsm8k.jsonl'}",
                               "source.strip_calculator=false"]).source

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from infer.decoding.common import DecodeOptions
-from infer.decoding.specs import (
+from specprobe.infer.decoding.common import DecodeOptions
+from specprobe.infer.decoding.specs import (
     BernoulliReward,
     SpecSConfig,
     next_generator,
@@ -17,8 +17,8 @@ from infer.decoding.specs import (
     specs_scores,
     subsample,
 )
-from infer.engines import HFStepEngine, SamplingParams
-from infer.verifiers import BernoulliVerifier, build_verifier
+from specprobe.infer.engines import HFStepEngine, SamplingParams
+from specprobe.infer.verifiers import BernoulliVerifier, build_verifier
 
 Q = "What is 17 + 25? Think step by step."
 
@@ -129,8 +129,8 @@ def test_probe_reward_is_the_target_probes_semantic_probability(engines):
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from infer.decoding.specs import ProbeReward
-    from infer.verifiers import ProbePairVerifier
+    from specprobe.infer.decoding.specs import ProbeReward
+    from specprobe.infer.verifiers import ProbePairVerifier
 
     from _probe_fixtures import make_probe
 
@@ -142,7 +142,7 @@ def test_probe_reward_is_the_target_probes_semantic_probability(engines):
     res = specs(Q, target, draft, reward, options(max_steps=3), SpecSConfig(n=2, tau=0.8))
     first = res.trace[0]
     assert all(0.85 < r < 0.9 for r in first["rewards"])  # sigmoid(2) = 0.881 for any input
-    from infer.engines.base import Prefix
+    from specprobe.infer.engines.base import Prefix
 
     scored = target.score(Prefix(Q), [res.steps[0].text], hidden=True, layers=reward.layers).steps
     direct = float(verifier.p(verifier.pooled(scored[0], "target")[None]).reshape(-1)[0])

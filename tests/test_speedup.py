@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from probes.speedup import (
+from specprobe.probes.speedup import (
     async_saturation_depth,
     async_speedup,
     best_allocation,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from probes.splits import group_position, group_split
+from specprobe.probes.splits import group_position, group_split
 
 
 def rows_for(n_groups: int, per_group: int = 3, prefix: str = "q") -> list[str]:

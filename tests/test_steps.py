@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from data_gen.steps import join_steps, normalise_text, split_steps, steps_to_prefix_text
+from specprobe.data_gen.steps import join_steps, normalise_text, split_steps, steps_to_prefix_text
 
 # Pieces chosen to hit the awkward cases: CR/CRLF, stray spaces and tabs, runs of blank lines,
 # whitespace-only lines, sentence punctuation, decimals, abbreviations, list markers, markers.

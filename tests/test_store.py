@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, TENSORS, render_card
-from data_gen.store import (
+from specprobe.data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, TENSORS, render_card
+from specprobe.data_gen.store import (
     JUDGE_CACHE,
     DataFolderError,
     DataMismatchError,
@@ -29,8 +29,8 @@ from data_gen.store import (
     write_manifest,
     write_shard,
 )
-from infer.config import to_dict
-from train.config import ExperimentConfig
+from specprobe.infer.config import to_dict
+from specprobe.train.config import ExperimentConfig
 
 L, H = 3, 5
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import f1_score, precision_score, recall_score
 
-from probes.threshold import ThresholdFit, fit_threshold, operating_points
+from specprobe.probes.threshold import ThresholdFit, fit_threshold, operating_points
 
 
 def synthetic_scores(n: int = 3000, seed: int = 0):

@@ -9,9 +9,9 @@ import pytest
 import torch
 from _margins import assert_same_greedy
 
-from infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
-from infer.engines.hf_kv import common_prefix_len
-from infer.engines.token_spec import (
+from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
+from specprobe.infer.engines.hf_kv import common_prefix_len
+from specprobe.infer.engines.token_spec import (
     AssistantProposer,
     TokenSpecConfig,
     filtered_probs,
@@ -238,7 +238,7 @@ def test_ngram_speculation_is_exact_on_real_smollm2():
 
 
 def test_sample_from_inverts_the_cdf():
-    from infer.engines.token_spec import sample_from
+    from specprobe.infer.engines.token_spec import sample_from
 
     probs = torch.tensor([0.0, 0.2, 0.0, 0.5, 0.3])
     gen = torch.Generator().manual_seed(4)
@@ -250,7 +250,7 @@ def test_sample_from_inverts_the_cdf():
 def test_prefix_cache_reuses_the_longest_shared_token_prefix(tiny):
     """A cached prefix that is not a token prefix of the new one is cut back to the shared tokens instead
     of re-encoding everything; the logits equal a fresh computation."""
-    from infer.engines.base import EngineStats
+    from specprobe.infer.engines.base import EngineStats
 
     a = tiny.prefix_ids(Prefix("Question?", ("Step one is here.",)))
     b = a[:-1] + tiny.text.text_ids(" and more.\n\nStep two.")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from train import probes_train
-from train.pipeline import train_all
-from train.probes_train import TrainingDataError, feature_spec
+from specprobe.train import probes_train
+from specprobe.train.pipeline import train_all
+from specprobe.train.probes_train import TrainingDataError, feature_spec
 
 from _train_fixtures import ENGINES, synthetic_config, write_synthetic_data
 
@@ -20,7 +20,7 @@ def no_training(monkeypatch):
         raise AssertionError("training started although the input is bad")
 
     monkeypatch.setattr(probes_train, "fit_probe", boom)
-    monkeypatch.setattr("train.pair_verifiers.fit_threshold", boom)
+    monkeypatch.setattr("specprobe.train.pair_verifiers.fit_threshold", boom)
 
 
 def _train(tmp_path: Path, **sections):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from infer.checkpoint_format import find_pickles
-from train.checkpoint import load_checkpoint
+from specprobe.infer.checkpoint_format import find_pickles
+from specprobe.train.checkpoint import load_checkpoint
 
 from _data_fixtures import write_config
 
@@ -21,8 +21,8 @@ PROBE = {"features": "range:27-30", "hidden_dim": 16, "epochs": 10, "batch_size"
 
 
 def test_probe_train_all_stages(tmp_path, capsys, smol_engine):
-    from infer.verifiers import load_verifier
-    from train.cli import main
+    from specprobe.infer.verifiers import load_verifier
+    from specprobe.train.cli import main
 
     path, cfg = write_config(tmp_path, tmp_path / "run", source={"size": 4}, data={"num_samples": 5},
                              # cool enough that some of the N = 5 samples share a meaning: every probe needs

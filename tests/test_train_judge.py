@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from infer.models import load_model
-from train.config import VerifiersConfig
-from train.pair_verifiers import PairSet, answer_logits, balanced_pairs, load_judge, train_judge
+from specprobe.infer.models import load_model
+from specprobe.train.config import VerifiersConfig
+from specprobe.train.pair_verifiers import PairSet, answer_logits, balanced_pairs, load_judge, train_judge
 
 SMOL = "offline:smollm2-135m-instruct"
 pytestmark = pytest.mark.slow
@@ -55,7 +55,7 @@ def trained(tmp_path_factory):
 
 
 def test_fit_on_pairs_needs_ten_of_each_class():
-    from train.pair_verifiers import fit_on_pairs
+    from specprobe.train.pair_verifiers import fit_on_pairs
 
     scores = np.r_[np.linspace(0.6, 1.0, 12), np.linspace(0.0, 0.5, 12)]
     labels = np.r_[np.ones(12, bool), np.zeros(12, bool)]
@@ -75,7 +75,7 @@ def test_balanced_pairs_are_balanced_and_keep_labels():
 
 
 def test_training_logits_equal_the_runtime_readout():
-    from infer.judge_prompt import judge_answer_logits
+    from specprobe.infer.judge_prompt import judge_answer_logits
 
     model, tok = load_model(SMOL, device="cpu", dtype="float32")
     batch = [(CONTEXT, a, b) for a, b, _ in PAIRS[:3]]
@@ -107,8 +107,8 @@ def test_threshold_is_fitted_on_validation_pairs_or_says_why_not(trained):
 
 
 def test_adapter_reloads_with_identical_probabilities(trained):
-    from infer.judge_prompt import judge_probability
-    from infer.verifiers import StepContext, VerifyItem, load_verifier
+    from specprobe.infer.judge_prompt import judge_probability
+    from specprobe.infer.verifiers import StepContext, VerifyItem, load_verifier
 
     result, folder = trained
     files = {p.name for p in (folder / "judge_lora").iterdir()}

@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from data_gen.store import open_dataset
-from infer.checkpoint_format import find_pickles
-from train import pipeline
-from train.checkpoint import load_checkpoint
-from train.pipeline import QuestionSplit, train_all
+from specprobe.data_gen.store import open_dataset
+from specprobe.infer.checkpoint_format import find_pickles
+from specprobe.train import pipeline
+from specprobe.train.checkpoint import load_checkpoint
+from specprobe.train.pipeline import QuestionSplit, train_all
 
 from _train_fixtures import synthetic_config, write_synthetic_data
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny MLPs: one thread is f
 
 @pytest.fixture(scope="module")
 def embedder():
-    from infer.embedder import SentenceEmbedder
+    from specprobe.infer.embedder import SentenceEmbedder
 
     return SentenceEmbedder("offline:minilm", device="cpu")
 
@@ -138,7 +138,7 @@ def test_find_pickles_flags_torch_save(tmp_path):
 
 
 def test_runtime_loader_reads_the_checkpoint(run):
-    from infer.verifiers import CheckpointError, load_verifier
+    from specprobe.infer.verifiers import CheckpointError, load_verifier
 
     cfg, result, _ = run
     verifier = load_verifier(cfg.checkpoint_dir, kind="probe")
@@ -172,7 +172,7 @@ def test_target_probe_without_draft_rows(tmp_path, embedder):
 
 
 def test_cli_train_stage(tmp_path, capsys):
-    from train.cli import main
+    from specprobe.train.cli import main
 
     synthetic_config(tmp_path, tmp_path)
     config = str(tmp_path / "synthetic.yaml")
@@ -197,7 +197,7 @@ def test_wandb_offline_run(tmp_path):
 
 
 def test_stratified_subset_keeps_both_classes():
-    from train.pair_verifiers import stratified_subset
+    from specprobe.train.pair_verifiers import stratified_subset
 
     labels = np.array([True] + [False] * 99)
     idx = stratified_subset(labels, 4, seed=1)

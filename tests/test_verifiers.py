@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from infer.engines import HFStepEngine, Prefix
-from infer.judge_prompt import (
+from specprobe.infer.engines import HFStepEngine, Prefix
+from specprobe.infer.judge_prompt import (
     PREFILL,
     PROMPT_VERSION,
     answer_token_ids,
@@ -16,7 +16,7 @@ from infer.judge_prompt import (
     judge_answer_logits,
     judge_probability,
 )
-from infer.verifiers import (
+from specprobe.infer.verifiers import (
     AcceptAll,
     BernoulliVerifier,
     CheckpointError,
@@ -27,7 +27,7 @@ from infer.verifiers import (
     load_verifier,
     normalize_exact,
 )
-from probes.acceptance import semantic_accept_prob
+from specprobe.probes.acceptance import semantic_accept_prob
 
 from _probe_fixtures import make_probe
 
@@ -124,7 +124,7 @@ def test_probe_for_another_org_with_the_same_model_name_is_refused(tmp_path, tin
     """Identity is the full model id (and revision), not the last path component."""
     from dataclasses import replace
 
-    from infer.verifiers import check_probe_model
+    from specprobe.infer.verifiers import check_probe_model
 
     write_probe_checkpoint(tmp_path, tiny, tiny)
     meta = json.loads((tmp_path / "probe_target.json").read_text())
@@ -165,7 +165,7 @@ def test_embedding_threshold_from_checkpoint(tmp_path):
 
 # ----------------------------------------------------------------------------- judges
 def test_judge_prompt_and_answer_tokens():
-    from infer.models import load_tokenizer
+    from specprobe.infer.models import load_tokenizer
 
     tok = load_tokenizer("offline:smollm2-135m-instruct")
     prompt = build_judge_prompt(tok, "Q: what is 6*7?\n\nWe multiply.", "6*7 = 42.", "Six times seven is 42.")
@@ -199,7 +199,7 @@ def test_llm_judge_reuses_a_loaded_engine(tiny):
 def test_judge_lora_checkpoint_round_trip(tmp_path, tiny):
     from peft import LoraConfig, get_peft_model
 
-    from infer.models import load_model
+    from specprobe.infer.models import load_model
 
     base, tok = load_model("random:llama-tiny", device="cpu")
     peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],

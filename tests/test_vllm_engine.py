@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from _margins import assert_same_greedy
 
-from infer.engines import Prefix, SamplingParams, StepRequest
-from infer.engines.vllm_engine import INSTALL_HINT, VLLMSettings, sample_seed, vllm_available
+from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
+from specprobe.infer.engines.vllm_engine import INSTALL_HINT, VLLMSettings, sample_seed, vllm_available
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -26,7 +26,7 @@ def vllm_pair():
     """(target, draft) on one vLLM engine: the draft is the same weights without the chat template."""
     if not vllm_available():
         pytest.skip(INSTALL_HINT)
-    from infer.engines.vllm_engine import VLLMStepEngine
+    from specprobe.infer.engines.vllm_engine import VLLMStepEngine
 
     settings = VLLMSettings(max_model_len=2048, enforce_eager=True, block_size=32, kv_cache_gib=0.5)
     target = VLLMStepEngine(SMOL, device="cpu", dtype="float32", settings=settings)
@@ -36,7 +36,7 @@ def vllm_pair():
 
 @pytest.fixture(scope="module")
 def hf_pair(smol_engine):
-    from infer.engines import HFStepEngine
+    from specprobe.infer.engines import HFStepEngine
 
     plain = HFStepEngine(SMOL, model=smol_engine.model, tokenizer=smol_engine.tokenizer, use_chat_template=False)
     return smol_engine, plain
@@ -124,8 +124,8 @@ def test_seeded_sampling_reproduces_and_seeds_matter(vllm_pair):
 
 
 def test_reject_all_runtime_equals_target_only(vllm_pair, hf_pair):
-    from infer.decoding import DecodeOptions, decode
-    from infer.verifiers import build_verifier
+    from specprobe.infer.decoding import DecodeOptions, decode
+    from specprobe.infer.verifiers import build_verifier
 
     target, draft = vllm_pair
     opts = DecodeOptions(gamma=2, max_steps=3, max_new_tokens=200, target_params=GREEDY)
@@ -142,8 +142,8 @@ def test_reject_all_runtime_equals_target_only(vllm_pair, hf_pair):
 
 
 def test_accept_all_sync_is_the_draft_chain_then_the_target_step(vllm_pair, hf_pair):
-    from infer.decoding import DecodeOptions, decode
-    from infer.verifiers import build_verifier
+    from specprobe.infer.decoding import DecodeOptions, decode
+    from specprobe.infer.verifiers import build_verifier
 
     target, draft = vllm_pair
     d0 = one_step(draft, Prefix(Q))
@@ -166,7 +166,7 @@ def test_accept_all_sync_is_the_draft_chain_then_the_target_step(vllm_pair, hf_p
 
 
 def test_speculation_is_fixed_at_start(vllm_pair):
-    from infer.engines.token_spec import TokenSpecConfig
+    from specprobe.infer.engines.token_spec import TokenSpecConfig
 
     target, _ = vllm_pair
     target.set_token_spec(None)  # what it was started with: fine
@@ -176,10 +176,10 @@ def test_speculation_is_fixed_at_start(vllm_pair):
 
 def test_tiny_data_stage_on_vllm_feeds_the_train_stage(vllm_pair, tmp_path):
     """The data-pipeline tests' tiny config (3 contexts, N = 4) with both models on vLLM; its probes train."""
-    from data_gen.judges import EmbeddingNumberJudge
-    from data_gen.pipeline import generate_dataset
-    from data_gen.store import open_dataset
-    from train.cli import main as train_main
+    from specprobe.data_gen.judges import EmbeddingNumberJudge
+    from specprobe.data_gen.pipeline import generate_dataset
+    from specprobe.data_gen.store import open_dataset
+    from specprobe.train.cli import main as train_main
 
     from _data_fixtures import write_config
 
@@ -202,9 +202,9 @@ def test_tiny_data_stage_on_vllm_feeds_the_train_stage(vllm_pair, tmp_path):
 
 
 def test_one_token_judge_on_vllm_matches_transformers(vllm_pair, hf_pair):
-    from infer.engines.vllm_engine import VLLMJudge
-    from infer.judge_prompt import judge_probability
-    from infer.verifiers import VLLMJudgeVerifier, build_verifier
+    from specprobe.infer.engines.vllm_engine import VLLMJudge
+    from specprobe.infer.judge_prompt import judge_probability
+    from specprobe.infer.verifiers import VLLMJudgeVerifier, build_verifier
 
     (vt, _), (ht, _) = vllm_pair, hf_pair
     batch = [("Tom has 3 apples.", "He buys 2 more, so he has 5.", "3 + 2 = 5 apples."),

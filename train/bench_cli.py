@@ -54,8 +54,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from infer.config import ConfigError
-    from train.config import format_help, load_config
+    from specprobe.infer.config import ConfigError
+    from specprobe.train.config import format_help, load_config
 
     args = _parser().parse_args(argv)
     if args.help_config:
@@ -67,16 +67,16 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"bench.num_problems={args.num_problems}")
     if args.system_speed:
         overrides.append("bench.system_speed=true")
-    from infer.models import ModelUnavailableError
+    from specprobe.infer.models import ModelUnavailableError
 
     try:
         cfg = load_config(args.config, overrides)
-        from infer import bench
+        from specprobe.infer import bench
 
         methods = [m for m in args.methods.split(",") if m.strip()] if args.methods else None
         out = Path(args.out) if args.out else Path(cfg.bench.out_dir or Path(cfg.output_dir) / "bench")
         if args.ray is not None:
-            from infer.bench_ray import run_benchmark_on_ray
+            from specprobe.infer.bench_ray import run_benchmark_on_ray
 
             report = run_benchmark_on_ray(cfg, methods, checkpoint=args.checkpoint, verifier=args.verifier,
                                           address=args.ray or None, out_dir=out,

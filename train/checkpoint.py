@@ -13,10 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from infer import checkpoint_format as fmt
-from infer.versions import package_versions
-from probes.mlp import SemanticProbe
-from train.baselines import ConstantBaseline, LogprobBaseline
+from specprobe.infer import checkpoint_format as fmt
+from specprobe.infer.versions import package_versions
+from specprobe.probes.mlp import SemanticProbe
+from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
 
 LOGPROB_INPUTS = {"target_own": "mean_logprob", "draft_via_target": "target_logprob / target_num_tokens",
                   "draft_own": "mean_logprob"}
@@ -37,7 +37,7 @@ def _write_probes(folder: Path, probes) -> list[str]:
 
 
 def _write_embedding(folder: Path, embedding) -> str:
-    from infer.models import describe_source
+    from specprobe.infer.models import describe_source
 
     return fmt.write_embedding(folder, model=embedding.model, model_id=describe_source(embedding.model),
                                threshold=embedding.threshold,
@@ -49,8 +49,8 @@ def _write_embedding(folder: Path, embedding) -> str:
 def write_checkpoint(folder: str | os.PathLike, cfg, result, manifest: dict,
                      data_folder: str | os.PathLike | None = None) -> Path:
     """Write every trained component of a `train.pipeline.TrainResult` to `folder` (replacing it)."""
-    from infer.config import to_dict
-    from train.tracking import format_metrics
+    from specprobe.infer.config import to_dict
+    from specprobe.train.tracking import format_metrics
 
     folder = Path(folder)
     data_folder = data_folder if data_folder is not None else cfg.data_dir
@@ -81,7 +81,7 @@ CARD_TAGS = ("specprobe", "speculative-decoding", "speculative-reasoning", "veri
 def card_metadata(cfg, components: list[str], manifest: dict) -> dict[str, Any]:
     """The Hub's YAML metadata for the model card: the models the verifiers read, the data they were
     trained on (hub names where the source is a hub data set), tags the Hub can filter on."""
-    from infer.models import describe_source
+    from specprobe.infer.models import describe_source
 
     bases = [e["model_id"] for e in manifest["engines"].values()]
     tags = list(CARD_TAGS)

@@ -43,14 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_data_stage(cfg, shard: str | None, progress: bool, ray_address: str | None = None) -> int:
     """ray_address: None = this process only; "" = Ray at ray.address or a local instance."""
-    from data_gen.contexts import parse_part
-    from data_gen.pipeline import generate_dataset
+    from specprobe.data_gen.contexts import parse_part
+    from specprobe.data_gen.pipeline import generate_dataset
 
     part = parse_part(shard) if shard else None
     if ray_address is None:
         result = generate_dataset(cfg, part=part, progress=progress)
     else:
-        from data_gen.distributed import generate_dataset_on_ray
+        from specprobe.data_gen.distributed import generate_dataset_on_ray
 
         result = generate_dataset_on_ray(cfg, address=ray_address or None, part=part, progress=progress)
     print(result.summary())
@@ -60,8 +60,8 @@ def run_data_stage(cfg, shard: str | None, progress: bool, ray_address: str | No
 
 
 def run_merge(cfg) -> int:
-    from data_gen.pipeline import DataGenStats, DataResult
-    from data_gen.store import merge_parts
+    from specprobe.data_gen.pipeline import DataGenStats, DataResult
+    from specprobe.data_gen.store import merge_parts
 
     manifest = merge_parts(cfg.data_dir)
     print(DataResult(cfg.data_dir, manifest, False, DataGenStats()).summary())
@@ -74,7 +74,7 @@ def run_merge(cfg) -> int:
 def run_train_stage(cfg) -> int:
     """Train every verifier in verifiers.train on <output_dir>/data; prints validation metrics next to
     the baselines and writes <output_dir>/checkpoint."""
-    from train.pipeline import train_all
+    from specprobe.train.pipeline import train_all
 
     train_all(cfg)
     return 0
@@ -82,8 +82,8 @@ def run_train_stage(cfg) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from infer.config import ConfigError
-    from train.config import format_help, load_config
+    from specprobe.infer.config import ConfigError
+    from specprobe.train.config import format_help, load_config
 
     if args.help_config:
         print(format_help())

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from data_gen.config import DataConfig
-from infer import config as base
-from infer.config import (
+from specprobe.data_gen.config import DataConfig
+from specprobe.infer import config as base
+from specprobe.infer.config import (
     BenchConfig,
     ConfigError,
     ModelsConfig,

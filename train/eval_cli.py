@@ -41,8 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.checkpoint and args.compare:
         parser.error("--checkpoint and --compare are exclusive")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from infer.config import ConfigError
-    from train.report import CheckpointError, compare_checkpoints, evaluate_checkpoint
+    from specprobe.infer.config import ConfigError
+    from specprobe.train.report import CheckpointError, compare_checkpoints, evaluate_checkpoint
 
     try:
         if args.compare:

@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from probes.metrics import auroc
-from probes.threshold import ThresholdFit, fit_threshold
-from train.probes_train import TrainingDataError
+from specprobe.probes.metrics import auroc
+from specprobe.probes.threshold import ThresholdFit, fit_threshold
+from specprobe.train.probes_train import TrainingDataError
 
 LogFn = Callable[[dict[str, Any]], None]
 MIN_FIT_POSITIVES = 10  # equivalent (and non-equivalent) pairs needed to fit a decision threshold
@@ -174,7 +174,7 @@ def train_embedding(train: PairSet, val: PairSet, vcfg, device: str | None = Non
                     test: PairSet | None = None) -> EmbeddingResult:
     """Fit the cosine threshold on `train` and score it (and its baselines) on `val` (and `test`)."""
     if embedder is None:
-        from infer.embedder import SentenceEmbedder
+        from specprobe.infer.embedder import SentenceEmbedder
 
         embedder = SentenceEmbedder(vcfg.embedding_model, device=device)
     start = time.perf_counter()
@@ -261,9 +261,9 @@ class JudgeResult:
         """PEFT adapter (adapter_config.json + adapter_model.safetensors) and judge.json in `folder`."""
         from pathlib import Path
 
-        from infer.checkpoint_format import write_judge_meta
-        from infer.judge_prompt import NO_WORD, PREFILL, PROMPT_VERSION, YES_WORD, answer_token_ids
-        from infer.models import describe_source
+        from specprobe.infer.checkpoint_format import write_judge_meta
+        from specprobe.infer.judge_prompt import NO_WORD, PREFILL, PROMPT_VERSION, YES_WORD, answer_token_ids
+        from specprobe.infer.models import describe_source
 
         folder = Path(folder)
         self.model.save_pretrained(str(folder), safe_serialization=True)
@@ -272,7 +272,7 @@ class JudgeResult:
         write_judge_meta(
             folder, base_model=self.base, threshold=self.threshold, prompt_version=PROMPT_VERSION,
             answer_tokens={"yes": yes, "no": no}, base_model_id=describe_source(self.base),
-            prompt="infer.judge_prompt.build_judge_prompt (default max_context_chars)", prefill=PREFILL,
+            prompt="specprobe.infer.judge_prompt.build_judge_prompt (default max_context_chars)", prefill=PREFILL,
             answer_words=[YES_WORD, NO_WORD],
             probability="softmax over the logits of the two answer tokens after the prefill; P(yes)",
             fit=None if self.fit is None else self.fit.to_dict(), fit_on=self.fitted.fit_on,
@@ -309,7 +309,7 @@ def answer_logits(model, tokenizer, batch: Sequence[tuple[str, str, str]]) -> to
     """(B, 2) [yes, no] logits at the answer position: `infer.judge_prompt.judge_answer_logits` with the LM
     head applied to the last position only (`logits_to_keep=1`), which saves a (B, T, vocab) tensor and
     its gradient during training; same inputs, same numbers."""
-    from infer.judge_prompt import answer_token_ids, encode_judge_batch
+    from specprobe.infer.judge_prompt import answer_token_ids, encode_judge_batch
 
     enc = encode_judge_batch(tokenizer, batch, next(model.parameters()).device)
     yes, no = answer_token_ids(tokenizer)
@@ -345,7 +345,7 @@ def judge_train_loop(model, tokenizer, items: Sequence[tuple[str, str, str]], la
 
 
 def _probabilities(model, tokenizer, items, batch_size: int) -> np.ndarray:
-    from infer.judge_prompt import judge_probability
+    from specprobe.infer.judge_prompt import judge_probability
 
     if not items:
         return np.empty(0)
@@ -355,7 +355,7 @@ def _probabilities(model, tokenizer, items, batch_size: int) -> np.ndarray:
 def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, log_fn: LogFn | None = None,
                 model=None, test: PairSet | None = None) -> JudgeResult:
     """Fine-tune the judge LoRA on balanced training pairs; score it and its untrained base on `val`."""
-    from infer.models import load_model
+    from specprobe.infer.models import load_model
 
     start = time.perf_counter()
     base, tokenizer = model if model is not None else load_model(vcfg.judge_base, kind="causal_lm", device=device,
@@ -392,8 +392,8 @@ def load_judge(folder, device: str | None = None):
     """(PeftModel, tokenizer, judge.json) of a saved judge adapter folder (checkpoint/judge_lora)."""
     from peft import PeftModel
 
-    from infer.checkpoint_format import read_judge
-    from infer.models import load_model
+    from specprobe.infer.checkpoint_format import read_judge
+    from specprobe.infer.models import load_model
 
     entry = read_judge(folder)
     base, tokenizer = load_model(entry.base_model, kind="causal_lm", device=device)

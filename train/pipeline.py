@@ -1,7 +1,7 @@
 """The training stage of probe-train: data folder -> every verifier the config asks for -> checkpoint.
 
-    from train.config import load_config
-    from train.pipeline import train_all
+    from specprobe.train.config import load_config
+    from specprobe.train.pipeline import train_all
     result = train_all(load_config("configs/tiny.yaml"))   # needs <output_dir>/data (probe-train --stage data)
     result.metrics["probes"]["probe_target"]["val"]["draft_via_target"]["probe"]["mae"]
 
@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from data_gen.store import DataFolderError, open_dataset
-from infer.config import to_dict
-from infer.models import describe_source
-from probes.splits import group_split
-from train import pair_verifiers, probes_train
-from train.probes_train import TrainingDataError
-from train.tracking import Tracker, format_metrics
+from specprobe.data_gen.store import DataFolderError, open_dataset
+from specprobe.infer.config import to_dict
+from specprobe.infer.models import describe_source
+from specprobe.probes.splits import group_split
+from specprobe.train import pair_verifiers, probes_train
+from specprobe.train.probes_train import TrainingDataError
+from specprobe.train.tracking import Tracker, format_metrics
 
 SIDES = ("train", "val", "test")
 
@@ -122,7 +122,7 @@ class _Prepared:
 def _device(name: str, cfg) -> str:
     if name != "auto":
         return name
-    from infer.models import default_device
+    from specprobe.infer.models import default_device
 
     return cfg.models.resolved_device() or default_device()
 
@@ -157,7 +157,7 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
     into that model in place). Raises TrainingDataError (a ValueError) for unusable input before any
     training starts.
     """
-    from train.checkpoint import write_checkpoint
+    from specprobe.train.checkpoint import write_checkpoint
 
     t0 = time.perf_counter()
     ds = dataset if dataset is not None else _open(cfg)

@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from probes.features import FeatureSpec, layers_from_option
-from probes.metrics import probe_report
-from probes.mlp import FitHistory, SemanticProbe, fit_probe
-from probes.mlp import ProbeMLPConfig as MLPConfig
-from train.baselines import ConstantBaseline, LogprobBaseline
+from specprobe.probes.features import FeatureSpec, layers_from_option
+from specprobe.probes.metrics import probe_report
+from specprobe.probes.mlp import FitHistory, SemanticProbe, fit_probe
+from specprobe.probes.mlp import ProbeMLPConfig as MLPConfig
+from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
 
 LogFn = Callable[[dict[str, Any]], None]
 

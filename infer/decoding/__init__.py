@@ -1,16 +1,22 @@
 """Step-level speculative decoding: SemanticSpec, Lookahead Reasoning (sync, async, multi-branch) and the
 target-only / draft-only baselines, all with the same options, metrics and per-cycle trace.
 
-    from infer.decoding import DecodeOptions, decode
+    from specprobe.infer.decoding import DecodeOptions, decode
     result = decode("lr_sync", question, target, draft, verifier, DecodeOptions(gamma=3))
     result.text, result.stop_reason, result.stats.acceptance_rate, result.trace
 """
 from __future__ import annotations
 
-from infer.decoding.common import DecodeOptions, GenerationResult, OutputStep, seed_for
-from infer.decoding.lookahead import draft_only, fast_thread_switching, lookahead_async, lookahead_sync, target_only
-from infer.decoding.metrics import RunStats, read_trace, replay_text, stats_from_trace, write_trace
-from infer.decoding.semanticspec import semanticspec
+from specprobe.infer.decoding.common import DecodeOptions, GenerationResult, OutputStep, seed_for
+from specprobe.infer.decoding.lookahead import (
+    draft_only,
+    fast_thread_switching,
+    lookahead_async,
+    lookahead_sync,
+    target_only,
+)
+from specprobe.infer.decoding.metrics import RunStats, read_trace, replay_text, stats_from_trace, write_trace
+from specprobe.infer.decoding.semanticspec import semanticspec
 
 METHODS = ("target", "draft", "semanticspec", "lr_sync", "lr_async", "specs", "beam_target", "seed_tot", "tot_target")
 
@@ -45,8 +51,8 @@ def decode(method: str, question: str, target, draft=None, verifier=None,
 def _search_method(method, question, target, draft, verifier, opts, settings) -> GenerationResult:
     from dataclasses import replace
 
-    from infer.decoding.seed import SeedConfig, tot_search
-    from infer.decoding.specs import SpecSConfig, reward_from_verifier, specs
+    from specprobe.infer.decoding.seed import SeedConfig, tot_search
+    from specprobe.infer.decoding.specs import SpecSConfig, reward_from_verifier, specs
 
     if verifier is None:
         raise ValueError(f"{method} scores steps with a reward: pass a verifier (probe, bernoulli, ...)")

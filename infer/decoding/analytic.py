@@ -18,7 +18,7 @@ emitted: Σ_{i≤γ} α^i + (1 − α^γ) = (1 − α^γ)/(1 − α), so
 """
 from __future__ import annotations
 
-from probes.speedup import async_speedup, geometric_sum, sync_speedup, token_sd_speedup
+from specprobe.probes.speedup import async_speedup, geometric_sum, sync_speedup, token_sd_speedup
 
 
 def semanticspec_speedup(alpha: float, c: float, gamma: int, tau: float = 0.0) -> float:

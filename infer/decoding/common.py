@@ -20,10 +20,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from infer.answers import extract_boxed
-from infer.decoding.metrics import RunStats, join_steps
-from infer.engines.base import EngineStats, Prefix, SamplingParams, Step, StepRequest
-from infer.verifiers import Verdict
+from specprobe.infer.answers import extract_boxed
+from specprobe.infer.decoding.metrics import RunStats, join_steps
+from specprobe.infer.engines.base import EngineStats, Prefix, SamplingParams, Step, StepRequest
+from specprobe.infer.verifiers import Verdict
 
 STOP_REASONS = ("eos", "max_new_tokens", "max_steps")
 

@@ -35,7 +35,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from infer.decoding.common import (
+from specprobe.infer.decoding.common import (
     DecodeOptions,
     GenerationResult,
     GenState,
@@ -44,8 +44,8 @@ from infer.decoding.common import (
     seed_for,
     step_record,
 )
-from infer.engines.base import Prefix, Step, StepRequest
-from infer.verifiers import StepContext, Verdict, Verifier, VerifyItem
+from specprobe.infer.engines.base import Prefix, Step, StepRequest
+from specprobe.infer.verifiers import StepContext, Verdict, Verifier, VerifyItem
 
 
 @dataclass

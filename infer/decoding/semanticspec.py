@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from infer.decoding.common import (
+from specprobe.infer.decoding.common import (
     DecodeOptions,
     GenerationResult,
     GenState,
@@ -28,7 +28,7 @@ from infer.decoding.common import (
     seed_for,
     step_record,
 )
-from infer.verifiers import StepContext, Verifier, VerifyItem
+from specprobe.infer.verifiers import StepContext, Verifier, VerifyItem
 
 
 def semanticspec(question: str, target, draft, verifier: Verifier, opts: DecodeOptions) -> GenerationResult:

@@ -2,7 +2,7 @@
 (`HFStepEngine`) and vLLM (`infer.engines.vllm_engine.VLLMStepEngine`, imported only when used)."""
 from __future__ import annotations
 
-from infer.engines.base import (
+from specprobe.infer.engines.base import (
     EngineInfo,
     EngineStats,
     Generation,
@@ -17,7 +17,7 @@ from infer.engines.base import (
     StepRequest,
     StepStream,
 )
-from infer.engines.hf import HFStepEngine
+from specprobe.infer.engines.hf import HFStepEngine
 
 __all__ = ["EngineInfo", "EngineStats", "Generation", "Prefix", "PromptTooLongError", "SamplingParams",
            "ScoredStep", "Scoring", "SerialStream", "Step", "StepEngine", "StepRequest", "StepStream",
@@ -26,7 +26,7 @@ __all__ = ["EngineInfo", "EngineStats", "Generation", "Prefix", "PromptTooLongEr
 
 def vllm_settings(models_cfg, seed: int = 0):
     """VLLMSettings from a ModelsConfig's `vllm` section."""
-    from infer.engines.vllm_engine import VLLMSettings
+    from specprobe.infer.engines.vllm_engine import VLLMSettings
 
     v = models_cfg.vllm
     return VLLMSettings(max_model_len=v.max_model_len, tensor_parallel_size=v.tensor_parallel_size,
@@ -45,7 +45,7 @@ def build_engine(name: str, models_cfg, *, role: str = "target", token_spec=None
                   use_chat_template=models_cfg.use_chat_template, system_prompt=models_cfg.system_prompt,
                   stop_at_eos=stop_at_eos)
     if models_cfg.engine_of(role) == "vllm":
-        from infer.engines.vllm_engine import VLLMStepEngine
+        from specprobe.infer.engines.vllm_engine import VLLMStepEngine
 
         return VLLMStepEngine(name, settings=vllm_settings(models_cfg), token_spec=token_spec, share=share, **common)
     if share is not None:

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Hashable, Sequence
 
-from infer.engines.base import (
+from specprobe.infer.engines.base import (
     DEFAULT_STEP_DELIMITER,
     EngineInfo,
     EngineStats,
@@ -24,10 +24,10 @@ from infer.engines.base import (
     Step,
     StepRequest,
 )
-from infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec, sample_seed
-from infer.engines.token_spec import AssistantProposer, NgramProposer, TokenSpecConfig
-from infer.engines.tokens import StepTokenizer, eos_token_ids
-from infer.models import describe_source, load_model
+from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec, sample_seed
+from specprobe.infer.engines.token_spec import AssistantProposer, NgramProposer, TokenSpecConfig
+from specprobe.infer.engines.tokens import StepTokenizer, eos_token_ids
+from specprobe.infer.models import describe_source, load_model
 
 log = logging.getLogger(__name__)
 

@@ -43,9 +43,9 @@ from typing import Any
 
 import torch
 
-from infer.engines.base import EngineStats, PromptTooLongError, SamplingParams, ScoredStep, Step
-from infer.engines.token_spec import draw_tokens
-from infer.engines.tokens import StepTokenizer
+from specprobe.infer.engines.base import EngineStats, PromptTooLongError, SamplingParams, ScoredStep, Step
+from specprobe.infer.engines.token_spec import draw_tokens
+from specprobe.infer.engines.tokens import StepTokenizer
 
 
 def clone_cache(cache):

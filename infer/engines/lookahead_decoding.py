@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from infer.engines.token_spec import filtered_probs, sample_from
+from specprobe.infer.engines.token_spec import filtered_probs, sample_from
 
 
 @dataclass(frozen=True)
@@ -362,8 +362,8 @@ class LookaheadStepEngine:
     def generate(self, requests, params):
         import time
 
-        from infer.engines.base import EngineStats, Generation
-        from infer.engines.hf_kv import sample_seed
+        from specprobe.infer.engines.base import EngineStats, Generation
+        from specprobe.infer.engines.hf_kv import sample_seed
 
         t0 = time.perf_counter()
         stats = EngineStats()
@@ -392,6 +392,6 @@ class LookaheadStepEngine:
         return Generation(steps, stats)
 
     def open_stream(self, params):
-        from infer.engines.base import SerialStream
+        from specprobe.infer.engines.base import SerialStream
 
         return SerialStream(self, params)

@@ -25,7 +25,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from infer.engines.base import EngineStats
+from specprobe.infer.engines.base import EngineStats
 
 TokenSpecMethod = Literal["ngram", "assistant"]
 

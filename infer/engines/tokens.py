@@ -10,7 +10,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from infer.engines.base import DEFAULT_STEP_DELIMITER, Prefix, PrefixStep, Step, StopReason, with_delimiter
+from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER, Prefix, PrefixStep, Step, StopReason, with_delimiter
 
 
 def find_step_end(text: str, delimiter: str) -> int | None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from infer.engines.base import (
+from specprobe.infer.engines.base import (
     DEFAULT_STEP_DELIMITER,
     EngineInfo,
     EngineStats,
@@ -52,9 +52,9 @@ from infer.engines.base import (
     SerialStream,
     StepRequest,
 )
-from infer.engines.token_spec import TokenSpecConfig
-from infer.engines.tokens import StepTokenizer
-from infer.models import RANDOM_PREFIX, describe_source, load_tokenizer, parse_dtype, resolve_model_folder
+from specprobe.infer.engines.token_spec import TokenSpecConfig
+from specprobe.infer.engines.tokens import StepTokenizer
+from specprobe.infer.models import RANDOM_PREFIX, describe_source, load_tokenizer, parse_dtype, resolve_model_folder
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class _Core:
     def hf_twin(self, use_chat_template: bool, system_prompt: str | None):
         """The transformers engine on the same weights, for hidden states (built on first use)."""
         if self._hf is None:
-            from infer.engines.hf import HFStepEngine
+            from specprobe.infer.engines.hf import HFStepEngine
 
             log.info("building a transformers engine on %s for hidden states (vLLM gives none)", self.model_name)
             self._hf = HFStepEngine(self.model_name, device=self.device, dtype=self.dtype, cache_dir=self.cache_dir,
@@ -393,9 +393,9 @@ class VLLMJudge:
     the engine must be started with enable_lora)."""
 
     def __init__(self, engine: VLLMStepEngine, adapter: str | None = None):
-        from infer.judge_prompt import answer_token_ids
+        from specprobe.infer.judge_prompt import answer_token_ids
 
-        if adapter is not None and not engine._core.settings.enable_lora:
+        if adapter is not None and not engine.lora_enabled:
             raise ValueError(f"serving the LoRA adapter {adapter} needs a vLLM engine started with LoRA on: set "
                              "models.vllm.enable_lora: true (and models.vllm.max_lora_rank >= the adapter's rank)")
         self.engine, self.adapter = engine, adapter
@@ -411,7 +411,7 @@ class VLLMJudge:
         from vllm import SamplingParams as VSP
         from vllm.inputs import TokensPrompt
 
-        from infer.judge_prompt import build_judge_prompt, uses_chat_template
+        from specprobe.infer.judge_prompt import build_judge_prompt, uses_chat_template
 
         if not batch:
             return torch.empty(0)

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from probes.acceptance import semantic_accept_prob
-from probes.metrics import (
+from specprobe.probes.acceptance import semantic_accept_prob
+from specprobe.probes.metrics import (
     auprc,
     auroc,
     bootstrap_ci,
@@ -35,7 +35,7 @@ from probes.metrics import (
     reliability_bins,
     spearman,
 )
-from probes.threshold import operating_points
+from specprobe.probes.threshold import operating_points
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
 

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 
-from probes.metrics import reliability_bins  # noqa: E402
+from specprobe.probes.metrics import reliability_bins  # noqa: E402
 
 DPI = 110
 ROLE_COLORS = {"target": "tab:blue", "draft": "tab:orange"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from train.report.evaluate import CALIBRATION_METRICS
+from specprobe.train.report.evaluate import CALIBRATION_METRICS
 
 METRIC_LABELS = {"ece_uniform": "ECE (equal-width)", "ece_quantile": "ECE (equal-mass)", "mce": "MCE",
                  "brier": "Brier", "log_loss": "log-loss", "mae": "MAE", "spearman": "Spearman", "auroc": "AUROC", "auprc": "AUPRC"}

@@ -1,6 +1,6 @@
 """evaluate_checkpoint: checkpoint (+ data) -> report folder (metrics.json, report.md, PNG figures).
 
-    from train.report import evaluate_checkpoint
+    from specprobe.train.report import evaluate_checkpoint
     report = evaluate_checkpoint("runs/tiny/checkpoint")            # held-out questions of its own data
     report.metrics["parts"]["probes"]["table"]                       # every probe next to its baselines
     report.skipped                                                    # parts that could not be evaluated
@@ -20,10 +20,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from train.report import evaluate as ev
-from train.report import plots, render
-from train.report.inputs import CheckpointFolder, HeldOut, heldout_questions, open_checkpoint, open_data
-from train.report.sections import (
+from specprobe.train.report import evaluate as ev
+from specprobe.train.report import plots, render
+from specprobe.train.report.inputs import CheckpointFolder, HeldOut, heldout_questions, open_checkpoint, open_data
+from specprobe.train.report.sections import (
     EvalContext,
     PartResult,
     acceptance_part,
@@ -32,7 +32,7 @@ from train.report.sections import (
     probes_part,
     umap_part,
 )
-from train.report.verifiers import verifiers_part
+from specprobe.train.report.verifiers import verifiers_part
 
 REPORT_FORMAT = "specprobe-eval-report"
 REPORT_VERSION = 1
@@ -63,8 +63,8 @@ class Report:
 def eval_settings(ckpt: CheckpointFolder, eval_cfg: Any = None, overrides: Sequence[str] = ()):
     """The EvalConfig: `eval_cfg` if given, else the checkpoint's own `eval` section; then `overrides`
     (``eval.n_boot=200`` or ``n_boot=200``)."""
-    from infer.config import build, to_dict
-    from train.config import EvalConfig
+    from specprobe.infer.config import build, to_dict
+    from specprobe.train.config import EvalConfig
 
     if eval_cfg is None:
         known = {f.name for f in dataclasses.fields(EvalConfig)}
@@ -73,7 +73,7 @@ def eval_settings(ckpt: CheckpointFolder, eval_cfg: Any = None, overrides: Seque
         base = to_dict(eval_cfg)
     else:
         base = dict(eval_cfg)
-    from infer.config import parse_override
+    from specprobe.infer.config import parse_override
 
     for text in overrides:
         keys, value = parse_override(text)
@@ -191,9 +191,9 @@ def without_bookkeeping(tree: Any) -> Any:
 
 def log_to_wandb(report: Report, ckpt: CheckpointFolder) -> None:
     """Metrics into the run summary, figures as images; files under <report>/wandb (offline by default)."""
-    from infer.config import build
-    from train.config import WandbConfig
-    from train.tracking import Tracker
+    from specprobe.infer.config import build
+    from specprobe.train.config import WandbConfig
+    from specprobe.train.tracking import Tracker
 
     known = {f.name for f in dataclasses.fields(WandbConfig)}
     section = {k: v for k, v in ckpt.section("wandb").items() if k in known}

@@ -14,16 +14,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from infer import checkpoint_format as fmt
-from probes.acceptance import semantic_accept_prob
-from probes.features import FeatureSpec
-from probes.metrics import brier
-from probes.mlp import ProbeMLPConfig as MLPConfig
-from probes.mlp import fit_probe
-from probes.splits import group_split
-from train.probes_train import ROW_SETS, RowSet, load_row_set
-from train.report import evaluate as ev
-from train.report.inputs import CheckpointFolder, HeldOut, PartError, check_probe_fits_data, predict
+from specprobe.infer import checkpoint_format as fmt
+from specprobe.probes.acceptance import semantic_accept_prob
+from specprobe.probes.features import FeatureSpec
+from specprobe.probes.metrics import brier
+from specprobe.probes.mlp import ProbeMLPConfig as MLPConfig
+from specprobe.probes.mlp import fit_probe
+from specprobe.probes.splits import group_split
+from specprobe.train.probes_train import ROW_SETS, RowSet, load_row_set
+from specprobe.train.report import evaluate as ev
+from specprobe.train.report.inputs import CheckpointFolder, HeldOut, PartError, check_probe_fits_data, predict
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def probe_predictions(ctx: EvalContext, name: str, role: str, set_name: str) -> 
 
 def baseline_predictions(ctx: EvalContext, role: str, rows: RowSet) -> dict[str, np.ndarray]:
     """Constant and log-probability baselines of `role` from baselines.json."""
-    from train.baselines import ConstantBaseline, LogprobBaseline
+    from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
 
     data = ctx.ckpt.read_json(fmt.BASELINES_JSON, "constant and log-probability baselines")
     entry = data.get(role) or (data.get("roles") or {}).get(role)
@@ -328,7 +328,7 @@ def sweep_role(ctx: EvalContext, role: str) -> dict[str, Any]:
 
 
 def layer_sweep_part(ctx: EvalContext) -> PartResult:
-    from train.probes_train import torch_threads
+    from specprobe.train.probes_train import torch_threads
 
     out: dict[str, Any] = {}
     with torch_threads(ctx.cfg.num_threads):

@@ -11,16 +11,16 @@ from typing import Any
 
 import numpy as np
 
-from infer import checkpoint_format as fmt
-from train.report import evaluate as ev
-from train.report.inputs import PartError
-from train.report.sections import EvalContext, Figure, PartResult, guarded
+from specprobe.infer import checkpoint_format as fmt
+from specprobe.train.report import evaluate as ev
+from specprobe.train.report.inputs import PartError
+from specprobe.train.report.sections import EvalContext, Figure, PartResult, guarded
 
 
 def heldout_pairs(ctx: EvalContext):
     """Held-out pairs (train.pair_verifiers.PairSet), subsampled to eval.max_pairs keeping the share of
     equivalent pairs."""
-    from train.pair_verifiers import load_pairs
+    from specprobe.train.pair_verifiers import load_pairs
 
     pairs = load_pairs(ctx.ds)
     held = pairs.take(ctx.heldout.mask(pairs.questions))
@@ -31,7 +31,7 @@ def heldout_pairs(ctx: EvalContext):
 
 def embedding_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, Any]]:
     """Cosines of every pair under the runtime's embedding verifier; its thresholds (chosen, F1-optimal)."""
-    from infer.verifiers import load_embedding_threshold
+    from specprobe.infer.verifiers import load_embedding_threshold
 
     if not (ctx.ckpt.path / fmt.EMBEDDING_JSON).is_file():
         raise PartError(f"the checkpoint has no {fmt.EMBEDDING_JSON}; was 'embedding' in verifiers.train?")
@@ -47,8 +47,8 @@ def embedding_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, d
 
 def judge_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, Any]]:
     """P(aligned) of the runtime's judge-LoRA on a subset of eval.judge_max_pairs pairs; its threshold."""
-    from infer.judge_prompt import judge_probability
-    from infer.verifiers import load_judge_lora
+    from specprobe.infer.judge_prompt import judge_probability
+    from specprobe.infer.verifiers import load_judge_lora
 
     if not (ctx.ckpt.path / fmt.JUDGE_DIR / fmt.JUDGE_JSON).is_file():
         raise PartError(f"the checkpoint has no {fmt.JUDGE_DIR}/{fmt.JUDGE_JSON}; was 'judge' in verifiers.train?")
