@@ -220,3 +220,37 @@ def test_one_token_judge_on_vllm_matches_transformers(vllm_pair, hf_pair):
 
 def torch_allclose(a, b, tol):
     return bool((a - b).abs().max() <= tol)
+
+
+def test_judge_lora_served_by_vllm_equals_peft_on_transformers(hf_pair, tmp_path):
+    """A PEFT LoRA adapter (the judge-LoRA checkpoint's format) served per request by vLLM gives the judge
+    probabilities PEFT gives on transformers, and differs from the base model (so the adapter is applied).
+    Its own engine, started with LoRA on (~40-90 s on 2 cores)."""
+    if not vllm_available():
+        pytest.skip(INSTALL_HINT)
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from specprobe.infer.engines import HFStepEngine
+    from specprobe.infer.engines.vllm_engine import VLLMJudge, VLLMStepEngine
+    from specprobe.infer.judge_prompt import judge_probability
+
+    base_hf, _ = hf_pair
+    own = HFStepEngine(SMOL, device="cpu", dtype="float32")  # PEFT wraps (and changes) the model it gets
+    torch.manual_seed(0)
+    # random A and B with a large scale: an adapter that moves P(aligned) well away from the base model's
+    adapted = get_peft_model(own.model, LoraConfig(r=8, lora_alpha=256, target_modules=["q_proj", "v_proj"],
+                                                   init_lora_weights=False, task_type="CAUSAL_LM")).eval()
+    adapted.save_pretrained(tmp_path / "judge_lora")
+    batch = [("Tom has 3 apples.", "He buys 2 more, so he has 5.", "3 + 2 = 5 apples."),
+             ("Tom has 3 apples.", "The sky is blue.", "He has 5 apples.")]
+    want = judge_probability(adapted, own.tokenizer, batch)
+    base = judge_probability(base_hf.model, base_hf.tokenizer, batch)
+    assert (want - base).abs().max() > 0.05
+
+    settings = VLLMSettings(max_model_len=2048, enforce_eager=True, block_size=32, kv_cache_gib=0.5,
+                            enable_lora=True, max_lora_rank=8)
+    engine = VLLMStepEngine(SMOL, device="cpu", dtype="float32", settings=settings)
+    got = VLLMJudge(engine, str(tmp_path / "judge_lora")).probability(batch)
+    assert torch_allclose(got, want, 2e-3), (got, want)
+    assert torch_allclose(VLLMJudge(engine).probability(batch), base, 2e-3)  # no adapter: the base model

@@ -71,12 +71,12 @@ def run_merge(cfg) -> int:
     return 0
 
 
-def run_train_stage(cfg) -> int:
+def run_train_stage(cfg, progress: bool = True) -> int:
     """Train every verifier in verifiers.train on <output_dir>/data; prints validation metrics next to
     the baselines and writes <output_dir>/checkpoint."""
     from specprobe.train.pipeline import train_all
 
-    train_all(cfg)
+    train_all(cfg, progress=progress)
     return 0
 
 
@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.shard:
                 return 0
         if args.stage in ("train", "all"):
-            return run_train_stage(cfg)
+            return run_train_stage(cfg, progress=not args.no_progress)
         return 0
     except (ConfigError, ValueError, RuntimeError, FileNotFoundError) as err:
         print(f"probe-train: error: {type(err).__name__}: {err}", file=sys.stderr)

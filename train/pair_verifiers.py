@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from specprobe.probes.metrics import auroc
 from specprobe.probes.threshold import ThresholdFit, fit_threshold
@@ -318,7 +319,7 @@ def answer_logits(model, tokenizer, batch: Sequence[tuple[str, str, str]]) -> to
 
 
 def judge_train_loop(model, tokenizer, items: Sequence[tuple[str, str, str]], labels: np.ndarray, vcfg,
-                     log_fn: LogFn | None = None) -> list[float]:
+                     log_fn: LogFn | None = None, progress: bool = False) -> list[float]:
     """`judge_steps` AdamW steps of cross-entropy on the two answer-token logits; returns the step losses."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=vcfg.judge_lr, weight_decay=0.0)
@@ -327,7 +328,7 @@ def judge_train_loop(model, tokenizer, items: Sequence[tuple[str, str, str]], la
     rng = np.random.default_rng(vcfg.seed + 1)
     order, pos, losses = rng.permutation(len(items)), 0, []
     model.train()
-    for step in range(vcfg.judge_steps):
+    for step in tqdm(range(vcfg.judge_steps), desc="judge LoRA steps", unit="step", disable=not progress):
         if pos + vcfg.judge_batch_size > len(order) and pos > 0:
             order, pos = rng.permutation(len(items)), 0
         idx = order[pos:pos + vcfg.judge_batch_size]
@@ -344,17 +345,22 @@ def judge_train_loop(model, tokenizer, items: Sequence[tuple[str, str, str]], la
     return losses
 
 
-def _probabilities(model, tokenizer, items, batch_size: int) -> np.ndarray:
+def _probabilities(model, tokenizer, items, batch_size: int, desc: str = "", progress: bool = False) -> np.ndarray:
+    """P(aligned) for pairs, in chunks of `batch_size` (one forward each) behind an optional progress bar."""
     from specprobe.infer.judge_prompt import judge_probability
 
     if not items:
         return np.empty(0)
-    return judge_probability(model, tokenizer, items, batch_size=batch_size).double().numpy()
+    starts = range(0, len(items), batch_size)
+    chunks = [judge_probability(model, tokenizer, items[i:i + batch_size], batch_size=batch_size)
+              for i in tqdm(starts, desc=desc, unit="batch", disable=not progress)]
+    return torch.cat(chunks).double().numpy()
 
 
 def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, log_fn: LogFn | None = None,
-                model=None, test: PairSet | None = None) -> JudgeResult:
-    """Fine-tune the judge LoRA on balanced training pairs; score it and its untrained base on `val`."""
+                model=None, test: PairSet | None = None, progress: bool = False) -> JudgeResult:
+    """Fine-tune the judge LoRA on balanced training pairs; score it and its untrained base on `val` (and
+    `test`). progress: bars for the scoring passes and the LoRA steps (minutes on a CPU)."""
     from specprobe.infer.models import load_model
 
     start = time.perf_counter()
@@ -363,11 +369,13 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
     batch = max(vcfg.judge_batch_size, 8)
     evals = {split: pair_items(p, vcfg.judge_eval_pairs, vcfg.seed)
              for split, p in (("val", val), ("test", test)) if p is not None and len(p)}
-    base_probs = {split: _probabilities(base, tokenizer, items, batch) for split, (items, _) in evals.items()}
+    base_probs = {split: _probabilities(base, tokenizer, items, batch, f"judge base, {split} pairs", progress)
+                  for split, (items, _) in evals.items()}
     items, labels = balanced_pairs(train, vcfg.judge_max_pairs, vcfg.seed)
     peft_model = lora_model(base, vcfg)
-    losses = judge_train_loop(peft_model, tokenizer, items, labels, vcfg, log_fn)
-    probs = {split: _probabilities(peft_model, tokenizer, split_items, batch) for split, (split_items, _) in evals.items()}
+    losses = judge_train_loop(peft_model, tokenizer, items, labels, vcfg, log_fn, progress)
+    probs = {split: _probabilities(peft_model, tokenizer, split_items, batch, f"judge LoRA, {split} pairs", progress)
+             for split, (split_items, _) in evals.items()}
     if "val" in probs:
         fitted = fit_on_pairs(probs["val"], evals["val"][1], vcfg.target_precision,
                               "validation pairs (the LoRA did not train on them)")

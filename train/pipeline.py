@@ -149,12 +149,12 @@ def prepare(ds, cfg, split: QuestionSplit) -> _Prepared:
 
 # ----------------------------------------------------------------------------- the stage
 def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, embedder=None,
-              judge_model=None) -> TrainResult:
+              judge_model=None, progress: bool = False) -> TrainResult:
     """Train every verifier in ``cfg.verifiers.train`` on ``<output_dir>/data`` and write the checkpoint.
 
     dataset: an open ProbeDataset instead of ``cfg.data_dir``; embedder: a SentenceEmbedder to reuse;
     judge_model: a preloaded (model, tokenizer) of ``verifiers.judge_base`` (the LoRA adapter is injected
-    into that model in place). Raises TrainingDataError (a ValueError) for unusable input before any
+    into that model in place); progress: progress bars for the judge LoRA's scoring and steps. Raises TrainingDataError (a ValueError) for unusable input before any
     training starts.
     """
     from specprobe.train.checkpoint import write_checkpoint
@@ -190,7 +190,8 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
             tracker.message(f"judge LoRA on {cfg.verifiers.judge_base} ...")
             result.judge = pair_verifiers.train_judge(
                 prepared.pairs["train"], prepared.pairs["val"], cfg.verifiers, _device("auto", cfg),
-                log_fn=tracker.curve("judge", "step"), model=judge_model, test=prepared.pairs["test"])
+                log_fn=tracker.curve("judge", "step"), model=judge_model, test=prepared.pairs["test"],
+                progress=progress)
             metrics["judge"] = result.judge.metrics
             result.seconds["judge"] = result.judge.seconds
         result.seconds["total"] = time.perf_counter() - t0
