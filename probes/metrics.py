@@ -176,19 +176,28 @@ def brier_skill(pred: Any, label: Any, reference: Any) -> float:
     return math.nan if ref == 0 else 1.0 - brier(pred, label) / ref
 
 
-def label_noise_floor(label: Any, num_samples: int) -> float:
+def label_noise_floor(label: Any, num_samples: int, includes_self: bool = False) -> float:
     """The Brier score a perfect predictor of the true probability still gets against labels that are
-    frequencies of `num_samples` draws: mean of the unbiased binomial variance estimate y(1-y)/(N-1).
+    frequencies of `num_samples` draws. No predictor can be expected to score below it; a probe near it is
+    as good as N-sample labels can show.
 
-    No predictor can be expected to score below it; a probe near it is as good as N-sample labels can show.
+    Each label's variance is estimated without bias from its own count: y = m/N with m ~ Bin(N, p) gives
+    y(1-y)/(N-1). With `includes_self` the labelled sample is one of the N (SemanticSpec's |C_k|/N for a
+    model's own sample), so y = (1 + m)/N with m ~ Bin(N-1, p): Var(y) = (N-1)p(1-p)/N^2, estimated by
+    m(N-1-m)/(N^2 (N-2)); a sample alone in its cluster (y = 1/N) then adds nothing.
     """
     y = np.asarray(label, dtype=np.float64).reshape(-1)
     if y.size == 0:
         raise ValueError("label is empty")
     _check_probabilities(y, "label")
-    if num_samples < 2:
-        raise ValueError(f"num_samples must be >= 2 for a noise floor, got {num_samples}")
-    return float(np.mean(y * (1 - y)) / (num_samples - 1))
+    n = num_samples - 1 if includes_self else num_samples
+    if n < 2:
+        raise ValueError(f"num_samples must be >= {3 if includes_self else 2} for a noise floor, got {num_samples}")
+    m = y * num_samples - (1 if includes_self else 0)  # the binomial count behind each label
+    if includes_self and np.any(m < -1e-6):
+        raise ValueError(f"a label that counts its own sample is at least 1/{num_samples}; got {y.min():.4f}")
+    m = np.clip(m, 0, n)
+    return float(np.mean(m * (n - m)) / (num_samples ** 2 * (n - 1)))
 
 
 def mae(pred: Any, label: Any) -> float:

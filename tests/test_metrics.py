@@ -235,3 +235,19 @@ def test_wilson_interval_known_values_and_bad_counts():
     assert wilson_interval(0, 0) is None
     with pytest.raises(ValueError, match="successes"):
         wilson_interval(11, 10)
+
+
+def test_noise_floor_of_labels_that_count_their_own_sample():
+    """|C_k|/N for a model's own sample is (1 + Bin(N-1, p)) / N: the floor estimates its variance without
+    bias, and a sample alone in its cluster (label 1/N) adds nothing."""
+    from specprobe.probes.metrics import label_noise_floor
+
+    n, p = 6, 0.3
+    assert label_noise_floor(np.full(5, 1 / n), n, includes_self=True) == 0.0
+    assert label_noise_floor(np.full(5, 1 / n), n) > 0.02  # the plain formula would claim a floor here
+    y = (1 + np.random.default_rng(0).binomial(n - 1, p, size=200_000)) / n
+    true_var = (n - 1) * p * (1 - p) / n ** 2
+    assert y.var() == pytest.approx(true_var, rel=0.02)
+    assert label_noise_floor(y, n, includes_self=True) == pytest.approx(true_var, rel=0.02)
+    with pytest.raises(ValueError, match="at least 1/6"):
+        label_noise_floor([0.0, 0.5], n, includes_self=True)

@@ -50,6 +50,12 @@ class SetDef:
     label: str  # label column
     description: str
 
+    @property
+    def label_includes_self(self) -> bool:
+        """semantic_prob (|C_k|/N) counts the labelled sample among the N; prob_under_target counts only
+        the target's N samples, which a draft step is not one of."""
+        return self.label == "semantic_prob"
+
 
 ROW_SETS: dict[str, SetDef] = {s.name: s for s in (
     SetDef("target_own", "target", "target", "semantic_prob", "target steps, target features"),

@@ -126,12 +126,12 @@ def withhold_intervals(metrics: dict[str, dict[str, Any]], reason: str | None) -
 
 def calibration_block(pred: Any, label: Any, groups: Any, *, n_bins: int = 10, n_boot: int = 1000,
                       alpha: float = 0.10, seed: int = 0, threshold: float = 0.5,
-                      num_samples: int | None = None) -> dict[str, Any]:
+                      num_samples: int | None = None, label_includes_self: bool = False) -> dict[str, Any]:
     """Calibration of one predictor against (soft) empirical labels, with per-question bootstrap CIs.
 
     `threshold` binarises the labels for AUROC / AUPRC ("majority meaning": label >= 0.5). With
     `num_samples` (N draws behind each label) the block also holds the label noise floor of the Brier
-    score. Too few questions or positives: intervals withheld (`size_guard`).
+    score (`label_includes_self`: the labelled sample is one of the N, see `label_noise_floor`). Too few questions or positives: intervals withheld (`size_guard`).
     """
     p, y, g = _aligned(pred, label, groups)
     n_questions, n_positive = np.unique(g).size, int((y >= threshold).sum())
@@ -147,7 +147,8 @@ def calibration_block(pred: Any, label: Any, groups: Any, *, n_bins: int = 10, n
         "threshold": threshold,
         "n_bins": n_bins,
         "too_small": guard,
-        "noise_floor_brier": label_noise_floor(y, num_samples) if num_samples and num_samples > 1 else None,
+        "noise_floor_brier": label_noise_floor(y, num_samples, label_includes_self)
+        if num_samples and num_samples > (2 if label_includes_self else 1) else None,
         "metrics": withhold_intervals(metrics, guard),
         "reliability_uniform": reliability_bins(p, y, n_bins, "uniform").to_dict(),
         "reliability_quantile": reliability_bins(p, y, n_bins, "quantile").to_dict(),

@@ -100,7 +100,8 @@ def _block(ctx: EvalContext, pred: np.ndarray, rows: RowSet) -> dict[str, Any]:
     c = ctx.cfg
     return ev.calibration_block(np.clip(pred, 0.0, 1.0), rows.y.double().numpy(), rows.questions,
                                 n_bins=c.n_bins, n_boot=c.n_boot, alpha=c.alpha, seed=c.seed,
-                                num_samples=ctx.ds.manifest.get("num_samples"))
+                                num_samples=ctx.ds.manifest.get("num_samples"),
+                                label_includes_self=ROW_SETS[rows.name].label_includes_self)
 
 
 def _comparisons(ctx: EvalContext, preds: dict[str, np.ndarray], rows: RowSet) -> dict[str, Any]:
