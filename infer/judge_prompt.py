@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from tqdm.auto import tqdm
 
 PROMPT_VERSION = 1
 PREFILL = "["
@@ -103,17 +104,19 @@ def encode_judge_batch(tokenizer, batch: Sequence[tuple[str, str, str]], device=
 
 def judge_answer_logits(model, tokenizer, batch: Sequence[tuple[str, str, str]],
                         max_context_chars: int = MAX_CONTEXT_CHARS) -> torch.Tensor:
-    """(B, 2) logits of [yes, no] at the answer position; differentiable (use it to train a LoRA judge)."""
+    """(B, 2) logits of [yes, no] at the answer position; differentiable (use it to train a LoRA judge).
+    The LM head runs on the last position only (`logits_to_keep=1`): no (B, T, vocab) tensor, same numbers."""
     device = next(model.parameters()).device
     enc = encode_judge_batch(tokenizer, batch, device, max_context_chars)
     yes, no = answer_token_ids(tokenizer)
-    out = model(**enc, use_cache=False)
+    out = model(**enc, use_cache=False, logits_to_keep=1)
     return out.logits[:, -1, [yes, no]].float()
 
 
 def judge_probability(model, tokenizer, batch: Sequence[tuple[str, str, str]], *, batch_size: int = 8,
-                      max_context_chars: int = MAX_CONTEXT_CHARS) -> torch.Tensor:
-    """P(aligned) for each (context, step_a, step_b): one forward pass per chunk of `batch_size`."""
+                      max_context_chars: int = MAX_CONTEXT_CHARS, progress: str | None = None) -> torch.Tensor:
+    """P(aligned) for each (context, step_a, step_b): one forward pass per chunk of `batch_size`;
+    `progress`: a progress bar with this description over the chunks."""
     batch = list(batch)
     if not batch:
         return torch.empty(0)
@@ -122,7 +125,8 @@ def judge_probability(model, tokenizer, batch: Sequence[tuple[str, str, str]], *
     try:
         probs = []
         with torch.inference_mode():
-            for start in range(0, len(batch), batch_size):
+            starts = range(0, len(batch), batch_size)
+            for start in tqdm(starts, desc=progress, unit="batch", disable=progress is None):
                 logits = judge_answer_logits(model, tokenizer, batch[start:start + batch_size], max_context_chars)
                 probs.append(torch.softmax(logits, -1)[:, 0].cpu())
     finally:

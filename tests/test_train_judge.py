@@ -8,7 +8,7 @@ import torch
 
 from specprobe.infer.models import load_model
 from specprobe.train.config import VerifiersConfig
-from specprobe.train.pair_verifiers import PairSet, answer_logits, balanced_pairs, load_judge, train_judge
+from specprobe.train.pair_verifiers import PairSet, balanced_pairs, load_judge, train_judge
 
 SMOL = "offline:smollm2-135m-instruct"
 pytestmark = pytest.mark.slow
@@ -74,14 +74,17 @@ def test_balanced_pairs_are_balanced_and_keep_labels():
     assert all(truth[(a, b)] == bool(y) for (_, a, b), y in zip(items, labels))
 
 
-def test_training_logits_equal_the_runtime_readout():
-    from specprobe.infer.judge_prompt import judge_answer_logits
+def test_last_position_readout_equals_the_full_logits():
+    """judge_answer_logits (training and runtime) runs the LM head on the last position only; the numbers
+    equal reading the [yes, no] logits off the full (B, T, vocab) output."""
+    from specprobe.infer.judge_prompt import answer_token_ids, encode_judge_batch, judge_answer_logits
 
     model, tok = load_model(SMOL, device="cpu", dtype="float32")
     batch = [(CONTEXT, a, b) for a, b, _ in PAIRS[:3]]
+    yes, no = answer_token_ids(tok)
     with torch.no_grad():
-        torch.testing.assert_close(answer_logits(model, tok, batch), judge_answer_logits(model, tok, batch),
-                                   rtol=1e-4, atol=1e-4)
+        full = model(**encode_judge_batch(tok, batch, "cpu"), use_cache=False).logits[:, -1, [yes, no]].float()
+        torch.testing.assert_close(judge_answer_logits(model, tok, batch), full, rtol=1e-4, atol=1e-4)
 
 
 def test_loss_falls(trained):

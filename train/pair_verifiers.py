@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from specprobe.infer.judge_prompt import judge_answer_logits
 from specprobe.probes.metrics import auroc
 from specprobe.probes.threshold import ThresholdFit, fit_threshold
 from specprobe.train.probes_train import TrainingDataError
@@ -306,18 +307,6 @@ def lora_model(model, vcfg):
                              f"judge base model: {err}") from None
 
 
-def answer_logits(model, tokenizer, batch: Sequence[tuple[str, str, str]]) -> torch.Tensor:
-    """(B, 2) [yes, no] logits at the answer position: `infer.judge_prompt.judge_answer_logits` with the LM
-    head applied to the last position only (`logits_to_keep=1`), which saves a (B, T, vocab) tensor and
-    its gradient during training; same inputs, same numbers."""
-    from specprobe.infer.judge_prompt import answer_token_ids, encode_judge_batch
-
-    enc = encode_judge_batch(tokenizer, batch, next(model.parameters()).device)
-    yes, no = answer_token_ids(tokenizer)
-    out = model(**enc, use_cache=False, logits_to_keep=1)
-    return out.logits[:, -1, [yes, no]].float()
-
-
 def judge_train_loop(model, tokenizer, items: Sequence[tuple[str, str, str]], labels: np.ndarray, vcfg,
                      log_fn: LogFn | None = None, progress: bool = False) -> list[float]:
     """`judge_steps` AdamW steps of cross-entropy on the two answer-token logits; returns the step losses."""
@@ -333,7 +322,7 @@ def judge_train_loop(model, tokenizer, items: Sequence[tuple[str, str, str]], la
             order, pos = rng.permutation(len(items)), 0
         idx = order[pos:pos + vcfg.judge_batch_size]
         pos += len(idx)
-        logits = answer_logits(model, tokenizer, [items[i] for i in idx])
+        logits = judge_answer_logits(model, tokenizer, [items[i] for i in idx])
         loss = torch.nn.functional.cross_entropy(logits, targets[idx].to(logits.device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -346,15 +335,12 @@ def judge_train_loop(model, tokenizer, items: Sequence[tuple[str, str, str]], la
 
 
 def _probabilities(model, tokenizer, items, batch_size: int, desc: str = "", progress: bool = False) -> np.ndarray:
-    """P(aligned) for pairs, in chunks of `batch_size` (one forward each) behind an optional progress bar."""
     from specprobe.infer.judge_prompt import judge_probability
 
     if not items:
         return np.empty(0)
-    starts = range(0, len(items), batch_size)
-    chunks = [judge_probability(model, tokenizer, items[i:i + batch_size], batch_size=batch_size)
-              for i in tqdm(starts, desc=desc, unit="batch", disable=not progress)]
-    return torch.cat(chunks).double().numpy()
+    return judge_probability(model, tokenizer, items, batch_size=batch_size,
+                             progress=desc if progress else None).double().numpy()
 
 
 def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, log_fn: LogFn | None = None,
