@@ -6,6 +6,8 @@ the chat template off, a draft that writes another chain. Runs where vLLM is ins
 """
 from __future__ import annotations
 
+import multiprocessing
+
 import pytest
 from _margins import assert_same_greedy
 
@@ -31,7 +33,8 @@ def vllm_pair():
     settings = VLLMSettings(max_model_len=2048, enforce_eager=True, block_size=32, kv_cache_gib=0.5)
     target = VLLMStepEngine(SMOL, device="cpu", dtype="float32", settings=settings)
     draft = VLLMStepEngine(SMOL, dtype="float32", use_chat_template=False, share=target)
-    return target, draft
+    yield target, draft
+    target.close()
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +254,12 @@ def test_judge_lora_served_by_vllm_equals_peft_on_transformers(hf_pair, tmp_path
     settings = VLLMSettings(max_model_len=2048, enforce_eager=True, block_size=32, kv_cache_gib=0.5,
                             enable_lora=True, max_lora_rank=8)
     engine = VLLMStepEngine(SMOL, device="cpu", dtype="float32", settings=settings)
-    got = VLLMJudge(engine, str(tmp_path / "judge_lora")).probability(batch)
-    assert torch_allclose(got, want, 2e-3), (got, want)
-    assert torch_allclose(VLLMJudge(engine).probability(batch), base, 2e-3)  # no adapter: the base model
+    try:
+        got = VLLMJudge(engine, str(tmp_path / "judge_lora")).probability(batch)
+        assert torch_allclose(got, want, 2e-3), (got, want)
+        assert torch_allclose(VLLMJudge(engine).probability(batch), base, 2e-3)  # no adapter: the base model
+    finally:
+        running = len(multiprocessing.active_children())
+        engine.close()
+        engine.close()  # a second close is a no-op
+    assert len(multiprocessing.active_children()) < running  # its engine-core process has stopped

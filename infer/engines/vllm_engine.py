@@ -161,6 +161,12 @@ class _Core:
                                     use_chat_template=use_chat_template, system_prompt=system_prompt)
         return self._hf
 
+    def close(self) -> None:
+        """Stop vLLM's engine-core process now, not in an exit hook (idempotent)."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+
     def spec_counters(self) -> dict[str, int]:
         if self.token_spec is None:
             return {}
@@ -224,6 +230,12 @@ class VLLMStepEngine:
     @property
     def token_spec(self) -> TokenSpecConfig | None:
         return self._core.token_spec
+
+    def close(self) -> None:
+        """Stop the vLLM engine (its worker process and KV cache). Every engine built with `share=` on this one
+        stops with it. Without a call, vLLM stops at interpreter exit, when its log lines may find the streams
+        closed (pytest's captured output)."""
+        self._core.close()
 
     # ------------------------------------------------------------------ text and capacity
     def format_prefix(self, question: str, steps: Sequence[PrefixStep] = (),
