@@ -32,7 +32,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from specprobe.infer.judge_prompt import judge_answer_logits
+from specprobe.infer.judge_prompt import (
+    NO_WORD,
+    PREFILL,
+    PROMPT_VERSION,
+    YES_WORD,
+    answer_token_ids,
+    judge_answer_logits,
+    judge_probability,
+)
 from specprobe.probes.metrics import auroc
 from specprobe.probes.threshold import ThresholdFit, fit_threshold
 from specprobe.train.probes_train import TrainingDataError
@@ -264,7 +272,6 @@ class JudgeResult:
         from pathlib import Path
 
         from specprobe.infer.checkpoint_format import write_judge_meta
-        from specprobe.infer.judge_prompt import NO_WORD, PREFILL, PROMPT_VERSION, YES_WORD, answer_token_ids
         from specprobe.infer.models import describe_source
 
         folder = Path(folder)
@@ -335,10 +342,6 @@ def judge_train_loop(model, tokenizer, items: Sequence[tuple[str, str, str]], la
 
 
 def _probabilities(model, tokenizer, items, batch_size: int, desc: str = "", progress: bool = False) -> np.ndarray:
-    from specprobe.infer.judge_prompt import judge_probability
-
-    if not items:
-        return np.empty(0)
     return judge_probability(model, tokenizer, items, batch_size=batch_size,
                              progress=desc if progress else None).double().numpy()
 

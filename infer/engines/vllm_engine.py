@@ -162,10 +162,8 @@ class _Core:
         return self._hf
 
     def close(self) -> None:
-        """Stop vLLM's engine-core process now, not in an exit hook (idempotent)."""
-        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
-        if core is not None and hasattr(core, "shutdown"):
-            core.shutdown()
+        """Stop vLLM's engine-core process now, not in an exit hook (vLLM's shutdown is idempotent)."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     def spec_counters(self) -> dict[str, int]:
         if self.token_spec is None:
