@@ -15,10 +15,8 @@ import pytest
 
 from specprobe.infer.ray_cluster import INSTALL_HINT, ActorDemand, ClusterError, check_resources
 
-try:
-    import ray
-except ImportError:  # pragma: no cover - CI installs the extra and fails when these are skipped
-    pytest.skip(INSTALL_HINT, allow_module_level=True)
+# skipped only where Ray is not installed; `.ci/run` installs it and fails first if it cannot import it
+ray = pytest.importorskip("ray", reason=INSTALL_HINT)
 
 from specprobe.data_gen.pipeline import generate_dataset  # noqa: E402
 from specprobe.data_gen.store import read_manifest  # noqa: E402

@@ -15,7 +15,9 @@ from _margins import assert_same_greedy
 from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.vllm_engine import INSTALL_HINT, VLLMSettings, sample_seed, vllm_available
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# skipped only where vLLM is not installed; `.ci/run` installs it and sets SPECPROBE_REQUIRE_VLLM=1, which
+# turns a skip into a failure (tests/conftest.py)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason=INSTALL_HINT)]
 
 SMOL = "offline:smollm2-135m-instruct"
 Q = "Step 1: Tom has 3 apples.\n\nStep 2: He buys 2 more apples.\n\nStep 3: He eats 1 apple."
@@ -27,8 +29,6 @@ GREEDY = SamplingParams(temperature=0.0, max_step_tokens=24)
 @pytest.fixture(scope="module")
 def vllm_pair():
     """(target, draft) on one vLLM engine: the draft is the same weights without the chat template."""
-    if not vllm_available():
-        pytest.skip(INSTALL_HINT)
     from specprobe.infer.engines.vllm_engine import VLLMStepEngine
 
     settings = VLLMSettings(max_model_len=2048, enforce_eager=True, block_size=32, kv_cache_gib=0.5)
@@ -230,8 +230,6 @@ def test_judge_lora_served_by_vllm_equals_peft_on_transformers(hf_pair, tmp_path
     """A PEFT LoRA adapter (the judge-LoRA checkpoint's format) served per request by vLLM gives the judge
     probabilities PEFT gives on transformers, and differs from the base model (so the adapter is applied).
     Its own engine, started with LoRA on (~40-90 s on 2 cores)."""
-    if not vllm_available():
-        pytest.skip(INSTALL_HINT)
     import torch
     from peft import LoraConfig, get_peft_model
 
