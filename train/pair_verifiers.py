@@ -26,12 +26,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from specprobe.infer.checkpoint_format import read_judge, write_judge_meta
 from specprobe.infer.judge_prompt import (
     NO_WORD,
     PREFILL,
@@ -41,6 +43,7 @@ from specprobe.infer.judge_prompt import (
     judge_answer_logits,
     judge_probability,
 )
+from specprobe.infer.models import describe_source, load_model
 from specprobe.probes.metrics import auroc
 from specprobe.probes.threshold import ThresholdFit, fit_threshold
 from specprobe.train.probes_train import TrainingDataError
@@ -269,11 +272,6 @@ class JudgeResult:
 
     def save(self, folder) -> None:
         """PEFT adapter (adapter_config.json + adapter_model.safetensors) and judge.json in `folder`."""
-        from pathlib import Path
-
-        from specprobe.infer.checkpoint_format import write_judge_meta
-        from specprobe.infer.models import describe_source
-
         folder = Path(folder)
         self.model.save_pretrained(str(folder), safe_serialization=True)
         yes, no = answer_token_ids(self.tokenizer)
@@ -350,8 +348,6 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
                 model=None, test: PairSet | None = None, progress: bool = False) -> JudgeResult:
     """Fine-tune the judge LoRA on balanced training pairs; score it and its untrained base on `val` (and
     `test`). progress: bars for the scoring passes and the LoRA steps (minutes on a CPU)."""
-    from specprobe.infer.models import load_model
-
     start = time.perf_counter()
     base, tokenizer = model if model is not None else load_model(vcfg.judge_base, kind="causal_lm", device=device,
                                                                   dtype=vcfg.judge_dtype)
@@ -388,9 +384,6 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
 def load_judge(folder, device: str | None = None):
     """(PeftModel, tokenizer, judge.json) of a saved judge adapter folder (checkpoint/judge_lora)."""
     from peft import PeftModel
-
-    from specprobe.infer.checkpoint_format import read_judge
-    from specprobe.infer.models import load_model
 
     entry = read_judge(folder)
     base, tokenizer = load_model(entry.base_model, kind="causal_lm", device=device)
