@@ -58,6 +58,9 @@ class VLLMConfig:
         "transformers", "where hidden states (probe features) come from: a transformers engine on the same weights "
                         "(built on first use; a second copy of the weights), or vllm (not implemented: needs a GPU "
                         "to test extract_hidden_states)")
+    chunked_prefill: bool | None = opt(
+        None, "vLLM's chunked prefill (default: off on the CPU build, where a seeded sample whose prefill is split "
+              "kills the engine; vLLM's default on GPU). On CPU with it on, calls are sent in waves that fit one step")
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "tensor_parallel_size", "max_lora_rank", "block_size"):
@@ -80,6 +83,12 @@ class ModelsConfig:
     use_chat_template: bool = opt(True, "wrap questions in each model's own chat template")
     system_prompt: str | None = opt(None, "optional system message for both models")
     max_batch_rows: int = opt(32, "most sequences decoded or scored in one batch")
+    decode: Literal["auto", "fast", "eager"] = opt(
+        "auto", "transformers decode path: fast (static KV buffers, device-side sampling, one host sync per "
+                "iteration, CUDA graphs), eager (the reference path; token speculation always runs there) or auto "
+                "(fast on CUDA, eager on CPU)")
+    compile_decode: bool | None = opt(None, "compile the fast path's decode step (CUDA graphs via torch.compile "
+                                            "'reduce-overhead'); default: on CUDA only")
     engine: Literal["hf", "vllm"] = opt("hf", "step engine of the target (and of the draft unless draft_engine is "
                                               "set): hf (transformers) or vllm (pip install -e \".[vllm]\")")
     draft_engine: Literal["hf", "vllm"] | None = opt(None, "step engine of the draft (default: models.engine)")
@@ -207,6 +216,10 @@ class RuntimeConfig:
     max_steps: int = opt(40, "step limit of one generation; stop reason max_steps")
     accept_length_cut: bool = opt(False, "allow accepting a draft step cut by the step-token cap (LR never does; "
                                          "system-speed runs set it, random models rarely write the delimiter)")
+    judge_after_cut: bool = opt(False, "judge drafts that continue a committed step cut by the token cap (off: "
+                                       "Lookahead Reasoning's public rule ignore_half_sentence, such drafts are refused)")
+    refuse_boxed: bool = opt(False, "refuse drafts that write a \\boxed{} answer (no paper or public code does; the "
+                                    "answer's EOS step is always the target's)")
     token_spec: Literal["none", "ngram", "assistant", "lookahead"] = opt(
         "none", "token-level speculation inside each target step: ngram (prompt lookup), assistant "
                 "(the draft model, same tokenizer only) or lookahead (Lookahead Decoding, runtime.lookahead); "

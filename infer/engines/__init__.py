@@ -32,7 +32,8 @@ def vllm_settings(models_cfg, seed: int = 0):
     return VLLMSettings(max_model_len=v.max_model_len, tensor_parallel_size=v.tensor_parallel_size,
                         gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_gib=v.kv_cache_gib,
                         enforce_eager=v.enforce_eager, block_size=v.block_size, enable_lora=v.enable_lora,
-                        max_lora_rank=v.max_lora_rank, hidden_states=v.hidden_states, seed=seed)
+                        max_lora_rank=v.max_lora_rank, hidden_states=v.hidden_states, seed=seed,
+                        chunked_prefill=v.chunked_prefill)
 
 
 def build_engine(name: str, models_cfg, *, role: str = "target", token_spec=None, share=None,
@@ -50,7 +51,8 @@ def build_engine(name: str, models_cfg, *, role: str = "target", token_spec=None
         return VLLMStepEngine(name, settings=vllm_settings(models_cfg), token_spec=token_spec, share=share, **common)
     if share is not None:
         common.update(model=share.model, tokenizer=share.tokenizer)
-    return HFStepEngine(name, max_batch_rows=models_cfg.max_batch_rows, **common)
+    return HFStepEngine(name, max_batch_rows=models_cfg.max_batch_rows, decode=models_cfg.decode,
+                        compile_decode=models_cfg.compile_decode, **common)
 
 
 def build_engine_pair(models_cfg, names: tuple[str, str] | None = None, *, token_spec=None,

@@ -25,6 +25,7 @@ from specprobe.infer.engines.base import (
     StepRequest,
 )
 from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec, sample_seed
+from specprobe.infer.engines.static_kv import FastDecodeBatch, static_cache_supported
 from specprobe.infer.engines.token_spec import AssistantProposer, NgramProposer, TokenSpecConfig
 from specprobe.infer.engines.tokens import StepTokenizer, eos_token_ids
 from specprobe.infer.models import describe_source, load_model
@@ -49,7 +50,15 @@ class HFStepEngine:
         model=None,
         tokenizer=None,
         stop_at_eos: bool = True,
+        decode: str = "auto",
+        compile_decode: bool | None = None,
     ):
+        """decode: "fast" (static KV buffers, device-side sampling, one host sync per iteration:
+        `infer.engines.static_kv`), "eager" (the reference `hf_kv.DecodeBatch`) or "auto" (fast on CUDA,
+        eager on CPU, where both run at about the same speed). compile_decode: compile the fast path's
+        decode step (CUDA graphs through torch.compile's "reduce-overhead"); default on CUDA only."""
+        if decode not in ("auto", "fast", "eager"):
+            raise ValueError(f"decode must be 'auto', 'fast' or 'eager', got {decode!r}")
         if model is None:
             model, tokenizer = load_model(model_name, device=device, dtype=dtype, cache_dir=cache_dir)
         self.model, self.tokenizer = model, tokenizer
@@ -73,6 +82,14 @@ class HFStepEngine:
         )
         self.token_spec: TokenSpecConfig | None = None
         self._proposer = None
+        on_cuda = self.runner.device.type == "cuda"
+        self.decode = ("fast" if on_cuda else "eager") if decode == "auto" else decode
+        self.compile_decode = on_cuda if compile_decode is None else compile_decode
+        if self.decode == "fast":
+            why = static_cache_supported(model)
+            if why is not None:
+                log.warning("%s: the fast decode path cannot run (%s); decoding on the eager path", model_name, why)
+                self.decode = "eager"
 
     @property
     def eos_ids(self) -> set[int]:
@@ -128,7 +145,10 @@ class HFStepEngine:
         return self.runner.greedy_continue(list(ids), k, self.eos_ids, stats)
 
     # ---------------------------------------------------------------- generation
-    def _batch(self, params: SamplingParams) -> DecodeBatch:
+    def _batch(self, params: SamplingParams) -> DecodeBatch | FastDecodeBatch:
+        if self.decode == "fast" and self._proposer is None:  # token speculation runs on the eager path
+            return FastDecodeBatch(self.runner, self.text, params, max_length=self.info.max_length,
+                                   compile=self.compile_decode)
         return DecodeBatch(self.runner, self.text, params, max_length=self.info.max_length,
                            proposer=self._proposer, spec_tokens=self.token_spec.num_tokens if self.token_spec else 0)
 

@@ -54,6 +54,7 @@ class StepTokenizer:
         self.stop_at_eos = stop_at_eos
         self.tokenizer_id = tokenizer_fingerprint(tokenizer)
         self._heads: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
+        self._pieces: dict[int, str] = {}
 
     # ------------------------------------------------------------------ text
     def head_text(self, question: str, delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
@@ -102,6 +103,13 @@ class StepTokenizer:
         for step in prefix.steps:
             ids.extend(self.step_ids(step, prefix.delimiter))
         return ids
+
+    def piece(self, token_id: int) -> str:
+        """One token decoded on its own (cached): the fast path's cheap delimiter test reads these."""
+        text = self._pieces.get(token_id)
+        if text is None:
+            text = self._pieces[token_id] = self.tokenizer.decode([token_id])
+        return text
 
     # ------------------------------------------------------------------ the stop rule
     def finished(self, tokens: Sequence[int], cap: int, delimiter: str) -> tuple[str, StopReason] | None:

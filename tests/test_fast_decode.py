@@ -1,0 +1,194 @@
+"""The fast decode path (`infer.engines.static_kv`, `infer.engines.device_sampling`) against the eager one.
+
+Greedy steps must equal the eager path's (up to a near-tie of the reference: `_margins`), for single
+rows, nested-prefix batches, different questions side by side, and rows that join and leave a running
+stream; seeded sampling must reproduce and draw from the eager path's distribution (chi-square).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from _margins import assert_same_greedy
+
+from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
+from specprobe.infer.engines.device_sampling import nucleus_logprobs, sample_tokens, seed_key, uniforms
+from specprobe.infer.engines.token_spec import filtered_probs
+
+GREEDY = SamplingParams(temperature=0.0, max_step_tokens=24)
+QUESTIONS = ["A baker makes 12 muffins per tray and bakes 4 trays. She sells 30 muffins. How many muffins are left? "
+             "Think step by step.",
+             "Tom has 3 apples. He buys 2 more apples and eats 1. How many apples does he have?"]
+
+
+def chi_square_p(counts: list[int], probs: list[float]) -> float:
+    """p-value of Pearson's chi-square test of `counts` against `probs` (cells with expected < 5 pooled)."""
+    from scipy.stats import chi2
+
+    n = sum(counts)
+    cells, pool_c, pool_p = [], 0, 0.0
+    for c, p in zip(counts, probs):
+        if n * p >= 5:
+            cells.append((c, p))
+        else:
+            pool_c, pool_p = pool_c + c, pool_p + p
+    if pool_p > 0:
+        cells.append((pool_c, pool_p))
+    stat = sum((c - n * p) ** 2 / (n * p) for c, p in cells)
+    return float(chi2.sf(stat, len(cells) - 1))
+
+
+# ----------------------------------------------------------------------------- pure sampling rules
+def test_uniforms_are_uniform_reproducible_and_row_independent():
+    keys = torch.tensor([seed_key(s) for s in range(64)])
+    counters = torch.arange(64)
+    u = uniforms(keys, counters, 1000)
+    assert u.shape == (64, 1000) and bool(((u > 0) & (u < 1)).all())
+    assert torch.equal(u, uniforms(keys, counters, 1000))  # counter-based: no state
+    assert torch.equal(u[5], uniforms(keys[5:6], counters[5:6], 1000)[0])  # a row alone draws the same
+    counts = torch.histc(u.flatten(), bins=10, min=0, max=1).long().tolist()
+    assert chi_square_p(counts, [0.1] * 10) > 1e-3
+    assert not torch.equal(u[0], uniforms(keys[:1], counters[:1] + 1, 1000)[0])  # the counter matters
+    assert abs(float(torch.corrcoef(torch.stack([u[:, :-1].flatten(), u[:, 1:].flatten()]))[0, 1])) < 0.02
+
+
+def test_seed_keys_differ_for_nearby_and_large_seeds():
+    keys = {seed_key(s) for s in list(range(1000)) + [2**62 + 1, 2**62 + 2, -1]}
+    assert len(keys) == 1003
+
+
+def test_nucleus_matches_the_eager_distribution():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 50, generator=gen) * 3
+    for temperature, top_p in ((0.6, 0.95), (1.0, 1.0), (0.3, 0.5), (1.3, 0.9)):
+        fast = nucleus_logprobs(logits, temperature, top_p).exp()
+        eager = filtered_probs(logits, temperature, top_p)
+        assert torch.allclose(fast, eager, atol=1e-6), (temperature, top_p)
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.7, 0.9), (1.0, 1.0)])
+def test_sample_tokens_draw_from_the_filtered_distribution(temperature, top_p):
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.2, -0.5, -1.0, -3.0, 0.8]])
+    draws = 20000
+    keys = torch.full((draws,), seed_key(7))
+    tok, lp = sample_tokens(logits.expand(draws, -1), temperature, top_p, keys, torch.arange(draws))
+    probs = filtered_probs(logits[0], temperature, top_p).tolist()
+    counts = torch.bincount(tok, minlength=8).tolist()
+    assert chi_square_p(counts, probs) > 1e-3
+    assert all(c == 0 for c, p in zip(counts, probs) if p == 0)  # outside the nucleus: never
+    # the reported log-probability is the model's own (unfiltered) one
+    assert torch.allclose(lp, torch.log_softmax(logits[0], -1)[tok])
+
+
+def test_sample_tokens_greedy_is_argmax_and_power_catches_a_shift():
+    logits = torch.randn(4, 30, generator=torch.Generator().manual_seed(1))
+    tok, _ = sample_tokens(logits, 0.0, 1.0, torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long))
+    assert tok.tolist() == logits.argmax(-1).tolist()
+    # the test has the power to see a 1-point shift of mass: drawing at T = 0.9 is rejected against T = 1
+    row = torch.tensor([[1.0, 0.9, 0.8, 0.5, 0.0]])
+    draws = 40000
+    tok, _ = sample_tokens(row.expand(draws, -1), 0.9, 1.0, torch.full((draws,), seed_key(3)), torch.arange(draws))
+    assert chi_square_p(torch.bincount(tok, minlength=5).tolist(), filtered_probs(row[0], 1.0, 1.0).tolist()) < 1e-3
+
+
+# ----------------------------------------------------------------------------- the engine on SmolLM2
+@pytest.fixture(scope="module")
+def engines(smol_engine, one_thread):
+    fast = HFStepEngine("offline:smollm2-135m-instruct", model=smol_engine.model, tokenizer=smol_engine.tokenizer,
+                        decode="fast")
+    assert fast.decode == "fast" and smol_engine.decode == "eager"  # "auto" on CPU is the eager path
+    return smol_engine, fast
+
+
+def _same_greedy(model, engine, prefix, got, want):
+    return assert_same_greedy(model, engine.prefix_ids(prefix), got.token_ids, want.token_ids, at_least=4)
+
+
+@pytest.mark.slow
+def test_greedy_steps_equal_the_eager_path(engines):
+    eager, fast = engines
+    step1 = eager.generate([StepRequest(Prefix(QUESTIONS[0]))], GREEDY).steps[0][0]
+    step2 = eager.generate([StepRequest(Prefix(QUESTIONS[0], (step1,)))], GREEDY).steps[0][0]
+    cases = [
+        [Prefix(QUESTIONS[0])],  # one row
+        [Prefix(QUESTIONS[0]), Prefix(QUESTIONS[0], (step1,)), Prefix(QUESTIONS[0], (step1, step2))],  # nested (LR)
+        [Prefix(QUESTIONS[0]), Prefix(QUESTIONS[1])],  # different questions: no shared base beyond the template
+    ]
+    whole = 0
+    for prefixes in cases:
+        reqs = [StepRequest(p) for p in prefixes]
+        eager.clear_prefix_cache()
+        fast.clear_prefix_cache()
+        want, got = eager.generate(reqs, GREEDY), fast.generate(reqs, GREEDY)
+        for p, (w,), (g,) in zip(prefixes, want.steps, got.steps):
+            n = _same_greedy(eager.model, eager, p, g, w)
+            if n == w.num_tokens:
+                whole += 1
+                assert (g.text, g.stop_reason) == (w.text, w.stop_reason)
+                assert g.logprob == pytest.approx(w.logprob, abs=1e-3)
+        assert got.stats.generated_tokens == sum(s.num_tokens for (s,) in got.steps)
+    assert whole >= 4
+
+
+@pytest.mark.slow
+def test_rows_join_and_leave_a_running_fast_stream(engines):
+    """Async LR's pattern: rows join while others decode, one is cancelled; columns outgrow the first
+    buffer, so the batch compacts / grows its static buffers on the way."""
+    eager, fast = engines
+    params = SamplingParams(temperature=0.0, max_step_tokens=40)
+    prefixes = [Prefix(QUESTIONS[i % 2], ("Let me think.",) * (i // 2)) for i in range(7)]
+    want = [s[0] for s in eager.generate([StepRequest(p) for p in prefixes], params).steps]
+    stream = fast.open_stream(params)
+    done = dict(stream.add([(0, StepRequest(prefixes[0])), (1, StepRequest(prefixes[1]))]))
+    stream.add([(99, StepRequest(Prefix(QUESTIONS[1], ("Cancel me.",))))])
+    later = {3: 2, 5: 3, 8: 4, 12: 5, 20: 6}
+    for it in range(200):
+        if it in later:
+            i = later[it]
+            done.update(stream.add([(i, StepRequest(prefixes[i]))]))
+        if it == 4:
+            stream.cancel([99])
+        done.update(stream.step())
+        if len(done) == 7 and not len(stream):
+            break
+    assert 99 not in done and sorted(done) == list(range(7))
+    for i, p in enumerate(prefixes):
+        _same_greedy(eager.model, eager, p, done[i], want[i])
+
+
+@pytest.mark.slow
+def test_seeded_fast_sampling_reproduces_and_seeds_matter(engines):
+    _, fast = engines
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_step_tokens=16, seed=5)
+    reqs = [StepRequest(Prefix(QUESTIONS[0]), 4), StepRequest(Prefix(QUESTIONS[1]), 2, seed=9)]
+    a, b = fast.generate(reqs, params), fast.generate(reqs, params)
+    ids = lambda g: [[s.token_ids for s in row] for row in g.steps]  # noqa: E731
+    assert ids(a) == ids(b)
+    assert len({tuple(t) for t in ids(a)[0]}) > 1  # the 4 samples of one request differ
+    c = fast.generate([StepRequest(Prefix(QUESTIONS[0]), 4, seed=6)], params)
+    assert ids(c)[0] != ids(a)[0]
+
+
+@pytest.mark.slow
+def test_fast_first_tokens_follow_the_models_distribution(engines):
+    """Chi-square of 200 one-token samples against the eager path's distribution (filtered_probs of the
+    prompt's logits)."""
+    eager, fast = engines
+    prefix = Prefix(QUESTIONS[0])
+    ids = eager.prefix_ids(prefix)
+    with torch.inference_mode():
+        logits = eager.model(torch.tensor([ids])).logits[0, -1].float()
+    # top-p half-way between the mass of the top 5 and the top 6 tokens: a nucleus of 6 with a margin that
+    # rounding cannot cross
+    cum = torch.softmax(logits, -1).sort(descending=True).values.cumsum(0)
+    top_p = float(cum[4] + cum[5]) / 2
+    params = SamplingParams(temperature=1.0, top_p=top_p, max_step_tokens=1, seed=123)
+    steps = fast.generate([StepRequest(prefix, 200)], params).steps[0]
+    probs = filtered_probs(logits, 1.0, top_p)
+    support = probs.nonzero().squeeze(1).tolist()
+    assert len(support) == 6
+    counts = [sum(1 for s in steps if s.token_ids[0] == t) for t in support]
+    assert sum(counts) == 200  # nothing drawn outside the nucleus
+    assert chi_square_p(counts, [float(probs[t]) for t in support]) > 1e-3
+    assert math.isfinite(steps[0].logprob)
