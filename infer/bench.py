@@ -175,7 +175,8 @@ def options_from_config(cfg: Any, system_speed: bool = False) -> DecodeOptions:
         cfg = replace(cfg, sampling=replace(cfg.sampling, temperature=0.0, draft_temperature=None))
     return DecodeOptions(
         gamma=rt.gamma, width=rt.width, max_new_tokens=rt.max_new_tokens, max_steps=rt.max_steps, seed=rt.seed,
-        accept_length_cut=rt.accept_length_cut or system_speed,
+        accept_length_cut=rt.accept_length_cut or system_speed, judge_after_cut=rt.judge_after_cut,
+        refuse_boxed=rt.refuse_boxed,
         target_params=sampling_params(cfg.sampling, "target", delimiter, seed=rt.seed),
         draft_params=sampling_params(cfg.sampling, "draft", delimiter, seed=rt.seed))
 
@@ -343,15 +344,22 @@ def method_specs(methods: Sequence[str]) -> list[MethodSpec]:
     return specs
 
 
+# A throwaway problem for the warm-up: no timed problem is ever decoded before its timed run.
+WARMUP_QUESTION = "Warm-up (not timed): a shop sells 3 pens for 4 dollars. How much do 12 pens cost?"
+
+
 def warm_up(env: BenchEnv, specs: Sequence[MethodSpec], log: Callable[[str], None] = print) -> dict[str, MethodResult]:
-    """Fresh results per method; with bench.warmup, one untimed one-step generation per method first
-    (a method failing there is marked and skipped)."""
+    """Fresh results per method; with bench.warmup, each method first decodes a throwaway problem, untimed, for
+    γ + 2 steps (at most max_steps): every batch shape a cycle uses (1 to γ + 1 target rows) meets its lazy
+    initialisation, kernel choice and, on the fast path, graph capture there, the baseline's included (a
+    method failing there is marked and skipped)."""
     results = {s.label: MethodResult(s) for s in specs}
     if env.cfg.bench.warmup:
         for s in specs:
+            opts = _method_options(env, s)
             try:
-                _run_one(env, s, env.problems[0].question + env.cfg.bench.prompt_suffix,
-                         _method_options(env, s).replace(max_steps=1))
+                _run_one(env, s, WARMUP_QUESTION + env.cfg.bench.prompt_suffix,
+                         opts.replace(max_steps=min(opts.max_steps, opts.gamma + 2)))
             except (ValueError, RuntimeError) as err:
                 results[s.label].error = f"{type(err).__name__}: {err}"
                 log(f"[{s.label}] skipped: {results[s.label].error}")

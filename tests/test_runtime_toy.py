@@ -135,3 +135,32 @@ def test_async_output_does_not_depend_on_lookahead_depth():
     target, draft = ToyEngine("target"), ToyEngine("draft")
     outs = {decode("lr_async", Q, target, draft, BernoulliVerifier(0.5), options(0.8, gamma=g)).text for g in (1, 2, 4)}
     assert len(outs) == 1
+
+
+@pytest.mark.parametrize("method", SPEC)
+def test_no_draft_is_judged_after_a_cut_step_unless_asked(method):
+    """LR's public rule (ignore_half_sentence): after a committed step cut by the token cap, the next draft
+    is refused before the verifier; judge_after_cut=True judges (and here accepts) such drafts."""
+    target = ToyEngine("target", delimiter_weight=45)
+    draft = ToyEngine("draft", delimiter_weight=45)
+    opts = options(cap=3, max_steps=30, max_new_tokens=120)
+    res = decode(method, Q, target, draft, build_verifier("accept_all"), opts)
+    after_cut = [i for i in range(1, len(res.steps)) if res.steps[i - 1].stop_reason == "length"]
+    assert after_cut and all(res.steps[i].source == "target" for i in after_cut)
+    reasons = {d["verdict"]["reason"] for c in res.trace for d in c["drafts"] if d["verdict"] and "reason" in d["verdict"]}
+    assert "after cut step" in reasons
+    loose = decode(method, Q, target, draft, build_verifier("accept_all"), opts.replace(judge_after_cut=True))
+    assert any(loose.steps[i].source == "draft" for i in range(1, len(loose.steps))
+               if loose.steps[i - 1].stop_reason == "length")
+
+
+def test_boxed_drafts_are_refused_only_when_asked():
+    from specprobe.infer.decoding.common import GenState
+    from specprobe.infer.engines.base import Step
+
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    boxed = Step("so the answer is \\boxed{3}\n\n", [1, 2, 3], "delimiter", -1.0)
+    plain = Step("one plus two\n\n", [1, 2], "delimiter", -1.0)
+    assert GenState(Q, target, draft, options(), "lr_sync").unacceptable(boxed) is None
+    strict = GenState(Q, target, draft, options(refuse_boxed=True), "lr_sync")
+    assert strict.unacceptable(boxed) == "boxed answer" and strict.unacceptable(plain) is None

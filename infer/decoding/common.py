@@ -44,6 +44,10 @@ class DecodeOptions:
     max_steps: int = 40
     seed: int = 0
     accept_length_cut: bool = False  # a draft cut by the step-token cap may be accepted (system-speed only)
+    # Lookahead Reasoning's public rule (ignore_half_sentence): a draft whose prefix ends in a step cut by the
+    # token cap is never judged, since verifiers and probes learn on whole steps. True judges such drafts.
+    judge_after_cut: bool = False
+    refuse_boxed: bool = False  # refuse drafts that write a \boxed{} answer (in no paper or public code)
     target_params: SamplingParams = field(default_factory=SamplingParams)
     draft_params: SamplingParams | None = None  # None: same as target_params
     keep_trace: bool = True
@@ -190,12 +194,21 @@ class GenState:
         """Why this draft step may not be accepted whatever the verifier says, or None.
 
         "length": cut by the token cap (LR's rule; allowed with accept_length_cut, for system-speed runs
-        where random-weight models rarely write the delimiter). "ends answer": it ends the answer (EOS or a
-        boxed final answer) — the answer always ends on the target's own step at that position."""
-        if step.stop_reason == "length" and not self.opts.accept_length_cut:
+        where random-weight models rarely write the delimiter). "after cut step": the committed step before it
+        was cut by the cap, so the draft continues a half sentence (LR's public `ignore_half_sentence`, on
+        unless judge_after_cut; with accept_length_cut a cut step counts as whole, so it is off too). "ends
+        answer": it ends the answer (EOS) — the answer always ends on the target's own step at that position.
+        "boxed answer": it writes a \\boxed{} answer (only with refuse_boxed)."""
+        opts = self.opts
+        if step.stop_reason == "length" and not opts.accept_length_cut:
             return "length"
-        if ends_answer(step):
+        if (self.committed and self.committed[-1].stop_reason == "length" and not opts.judge_after_cut
+                and not opts.accept_length_cut):
+            return "after cut step"
+        if step.stop_reason == "eos":
             return "ends answer"
+        if opts.refuse_boxed and extract_boxed(step.text) is not None:
+            return "boxed answer"
         return None
 
     def acceptable(self, step: Step) -> bool:
@@ -274,11 +287,6 @@ def check_verifier(verifier, draft) -> None:
 def refused(reason: str) -> Verdict:
     """The verdict on a draft step that may not be accepted whatever the verifier says."""
     return Verdict(False, float("nan"), 0.0, {"reason": reason})
-
-
-def ends_answer(step: Step) -> bool:
-    """Does this step end the answer: EOS, or a boxed final answer?"""
-    return step.stop_reason == "eos" or extract_boxed(step.text) is not None
 
 
 def step_record(step: Step, tokens: int | None = None, **extra) -> dict:
