@@ -1,15 +1,17 @@
 """Step-engine throughput on the offline model (issue: foundations).
 
     python benchmarks/bench_engine.py [--model offline:smollm2-135m-instruct] [--tokens 48] [--repeats 2]
-    python benchmarks/bench_engine.py --compare [--tokens 16]     # transformers vs vLLM, side by side
+    python benchmarks/bench_engine.py --compare [--tokens 48]     # transformers vs vLLM, side by side
 
 Prints sampling throughput (generated tokens per second) at batch 1, 8 and 20, with the shared prefix
 encoded once (KV cache repeated across the batch) and without (the prefix encoded once per row), and
 the time of one teacher-forced scoring pass over 20 steps. Run it on an otherwise idle machine.
 
 --compare runs both engines (transformers, vLLM) in one process on the same weights and prints one table:
-engine start time; step sampling tokens/s with n = 10 samples for 1, 8 and 20 different prefixes, each
-with the share of prompt tokens served from a cache (and for one prefix sampled again, cache warm);
+engine start time; step sampling tokens/s with n = 10 seeded samples (T 0.6, top-p 0.95) for 1, 8 and 20
+different prefixes, each with the share of prompt tokens served from a cache (and for one prefix sampled
+again, cache warm), with a raw-vLLM column beside specprobe's vLLM engine (the same engine object,
+`LLM.generate` with n = 10 and a seed per prefix), so the engine's overhead over vLLM shows;
 teacher-forced scoring time of 20 steps without hidden states and with all layers pooled (vLLM hands
 the latter to a transformers engine on the same weights, built on first use: that first call is timed
 separately).
@@ -52,14 +54,18 @@ class UnsharedPrefixEngine(HFStepEngine):
         self.runner = UnsharedPrefixRunner(self.model, self.tokenizer.pad_token_id or 0)
 
 
-def time_sampling(engine, prefix, batch, tokens, repeats, seed=0):
+def time_sampling(engine, prefix, batch, tokens, repeats, seed=0, greedy=False):
     rates, seconds = [], []
     for r in range(repeats):
         engine.clear_prefix_cache()
         engine.runner.rows_hint = batch
         start = time.perf_counter()
-        params = SamplingParams(seed=seed + r, max_step_tokens=tokens)
+        # greedy: every row runs to the cap (no delimiter can end it early), the per-token cost alone
+        params = (SamplingParams(temperature=0.0, max_step_tokens=tokens, delimiter="\x00\x00") if greedy
+                  else SamplingParams(seed=seed + r, max_step_tokens=tokens))
         steps = engine.generate([StepRequest(prefix, batch)], params).steps[0]
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         rates.append(sum(s.num_tokens for s in steps) / elapsed)
         seconds.append(elapsed)
@@ -74,22 +80,25 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
     parser.add_argument("--batches", default="1,8,20", help="batch sizes (samples of one prefix)")
+    parser.add_argument("--greedy", action="store_true", help="greedy rows that all run to the cap (tokens/s of "
+                                                              "decoding alone, no early stops)")
+    parser.add_argument("--decode", default="auto", help="decode path: auto (fast on CUDA), fast or eager")
     args = parser.parse_args()
-    shared = HFStepEngine(args.model, device=args.device, dtype=args.dtype)
-    unshared = UnsharedPrefixEngine(args.model, model=shared.model, tokenizer=shared.tokenizer)
+    shared = HFStepEngine(args.model, device=args.device, dtype=args.dtype, decode=args.decode)
+    unshared = UnsharedPrefixEngine(args.model, model=shared.model, tokenizer=shared.tokenizer, decode=args.decode)
     prefix = Prefix(QUESTION, tuple(STEPS))
     batches = [int(b) for b in args.batches.split(",")]
     n_prefix = len(shared.prefix_ids(prefix))
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"threads {torch.get_num_threads()}"
     print(f"model {shared.info.model_id}  {args.device} {where}  {shared.model.dtype}  prefix {n_prefix} tokens  "
-          f"cap {args.tokens} tokens/step")
-    for batch in batches:  # warm-up at every batch shape (CUDA picks kernels per shape on first use)
-        time_sampling(shared, prefix, batch, 4, 1)
-        time_sampling(unshared, prefix, batch, 4, 1)
+          f"cap {args.tokens} tokens/step  decode {shared.decode}{' greedy' if args.greedy else ''}")
+    for batch in batches:  # warm-up at every batch shape (kernel choice, graph capture on the fast path)
+        time_sampling(shared, prefix, batch, 8, 1, greedy=args.greedy)
+        time_sampling(unshared, prefix, batch, 8, 1, greedy=args.greedy)
     print(f"{'batch':>5} {'shared tok/s':>13} {'unshared tok/s':>15} {'shared s':>9} {'unshared s':>11}")
     for batch in batches:
-        rate_s, sec_s = time_sampling(shared, prefix, batch, args.tokens, args.repeats)
-        rate_u, sec_u = time_sampling(unshared, prefix, batch, args.tokens, args.repeats)
+        rate_s, sec_s = time_sampling(shared, prefix, batch, args.tokens, args.repeats, greedy=args.greedy)
+        rate_u, sec_u = time_sampling(unshared, prefix, batch, args.tokens, args.repeats, greedy=args.greedy)
         print(f"{batch:>5} {rate_s:>13.1f} {rate_u:>15.1f} {sec_s:>9.2f} {sec_u:>11.2f}")
     params = SamplingParams(seed=1, max_step_tokens=args.tokens)
     steps = [s.text for s in shared.generate([StepRequest(prefix, 20)], params).steps[0]]
@@ -135,6 +144,7 @@ def measure(kind: str, model: str, tokens: int) -> dict[str, str]:
     engine.generate([StepRequest(Prefix(QUESTIONS[0]), 2)], SamplingParams(max_step_tokens=4))  # warm-up
     for k in (1, 8, 20):
         reqs = [StepRequest(Prefix(q, tuple(STEPS)), 10, seed=i) for i, q in enumerate(QUESTIONS[:k])]
+        engine.clear_prefix_cache()
         st = engine.generate(reqs, params).stats
         col[f"sampling tok/s, {k} prefix(es) x n=10"] = f"{st.generated_tokens / max(st.seconds, 1e-9):.1f}"
         col[f"  prompt tokens from a cache, {k} prefix(es)"] = f"{100 * _hit_rate(st):.0f}%"
@@ -148,6 +158,24 @@ def measure(kind: str, model: str, tokens: int) -> dict[str, str]:
     col["score 20 steps, log-probs only (s)"] = f"{light:.2f}"
     col["score 20 steps, + all hidden states (s)"] = f"{hidden:.2f}"
     col["  first such call (s)"] = f"{first_hidden:.2f}"
+    col["_engine"] = engine
+    return col
+
+
+def raw_vllm(engine, tokens: int) -> dict[str, str]:
+    """vLLM alone on the same engine object: one request per prefix with n = 10 and the prefix's seed."""
+    from vllm import SamplingParams as VSP
+    from vllm.inputs import TokensPrompt
+
+    col = {}
+    for k in (1, 8, 20):
+        prompts = [TokensPrompt(prompt_token_ids=engine.prefix_ids(Prefix(q, tuple(STEPS)))) for q in QUESTIONS[:k]]
+        params = [VSP(n=10, temperature=0.6, top_p=0.95, max_tokens=tokens, stop=["\n\n"], seed=i, logprobs=0)
+                  for i in range(k)]
+        engine.clear_prefix_cache()
+        outs, seconds = _timed(lambda: engine.llm.generate(prompts, params, use_tqdm=False))  # noqa: B023
+        generated = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        col[f"sampling tok/s, {k} prefix(es) x n=10"] = f"{generated / seconds:.1f}"
     return col
 
 
@@ -155,10 +183,13 @@ def compare(model: str, tokens: int) -> None:
     cols = {}
     for kind in ("hf", "vllm"):
         cols[kind] = measure(kind, model, tokens)
+    cols["raw"] = raw_vllm(cols["vllm"].pop("_engine"), tokens)
     print(f"model {model}  threads {torch.get_num_threads()}  cap {tokens} tokens/step  fp32 CPU")
-    print(f"{'':46s} {'transformers':>13s} {'vLLM':>10s}")
+    print(f"{'':46s} {'transformers':>13s} {'specprobe-vLLM':>15s} {'raw vLLM':>9s}")
     for row in cols["hf"]:
-        print(f"{row:46s} {cols['hf'][row]:>13s} {cols['vllm'][row]:>10s}")
+        if row.startswith("_"):
+            continue
+        print(f"{row:46s} {cols['hf'][row]:>13s} {cols['vllm'][row]:>15s} {cols['raw'].get(row, '–'):>9s}")
 
 
 if __name__ == "__main__":
@@ -168,7 +199,7 @@ if __name__ == "__main__":
         ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
         ap.add_argument("--compare", action="store_true")
         ap.add_argument("--model", default="offline:smollm2-135m-instruct")
-        ap.add_argument("--tokens", type=int, default=16, help="step token cap")
+        ap.add_argument("--tokens", type=int, default=48, help="step token cap")
         a = ap.parse_args()
         compare(a.model, a.tokens)
     else:

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -118,21 +119,25 @@ def format_explained(rows: list[dict], gamma: int, b_of_k: dict) -> str:
     return "\n".join(lines)
 
 
-def batch_cost(engine: HFStepEngine, question: str, ks: list[int], tokens: int = 12, repeats: int = 3) -> dict:
+def batch_cost(engine: HFStepEngine, question: str, ks: list[int], tokens: int = 12, repeats: int = 5) -> dict:
     """b(k): time of one step decoded for k rows (each after a different prefix, as in an LR batch) over
-    the time for one row. Best of `repeats`, greedy, no delimiter (every row runs `tokens` tokens)."""
+    the time for one row. Every k is warmed once first (kernel choice, graph capture), then timed `repeats`
+    times (at least 5); the median counts. Greedy, no delimiter (every row runs `tokens` tokens)."""
+    repeats = max(5, repeats)
     params = SamplingParams(temperature=0.0, max_step_tokens=tokens, delimiter="\x00\x00")
     base = Prefix(question)
-    engine.generate([StepRequest(base)], params)
     times = {}
     for k in ks:
         requests = [StepRequest(base.extend(*["step"] * j)) for j in range(k)]
-        best = float("inf")
+        engine.generate(requests, params)  # warm-up of this batch shape
+        runs = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             engine.generate(requests, params)
-            best = min(best, time.perf_counter() - t0)
-        times[k] = best
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            runs.append(time.perf_counter() - t0)
+        times[k] = statistics.median(runs)
     return {k: times[k] / times[ks[0]] for k in ks} | {"seconds_per_row_step": times[ks[0]]}
 
 
@@ -150,6 +155,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-steps", type=int, default=24)
     p.add_argument("--step-tokens", type=int, default=16)
     p.add_argument("--methods", default="target,lr_sync,lr_async")
+    p.add_argument("--decode", default="auto", help="transformers decode path: auto (fast on CUDA), fast or eager")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "runtime"))
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="further config overrides, e.g. bench.source.kind=jsonl bench.source.path=q.jsonl")
@@ -160,7 +166,8 @@ def main(argv=None) -> int:
     load0 = os.getloadavg()
     cfg = load_config(ROOT / "configs" / "tiny.yaml", [
         "bench.system_speed=true", f"bench.system_target={args.target}", f"bench.system_draft={args.draft}",
-        f"models.dtype={args.dtype}", f"models.device={args.device}", f"runtime.bernoulli_alpha={args.alpha}",
+        f"models.dtype={args.dtype}", f"models.device={args.device}", f"models.decode={args.decode}",
+        f"runtime.bernoulli_alpha={args.alpha}",
         f"runtime.gamma={args.gamma}", f"runtime.max_steps={args.max_steps}", "runtime.max_new_tokens=100000",
         f"sampling.max_step_tokens={args.step_tokens}", f"bench.num_problems={problems}", "bench.warmup=true",
         "bench.trace=true", *args.set])

@@ -8,7 +8,10 @@
 #            1/8/20, with and without the shared prefix encoded once, and one teacher-forced scoring pass.
 # runtime:   bench_runtime.py, target random:qwen2-7b, draft random:qwen2-1.5b, Bernoulli(0.6) verifier, γ=3.
 # runtime32: the same with target random:qwen2-32b (the Lookahead Reasoning paper's 1.5B -> 32B pair).
-# PROBLEMS / STEPS override the runtime phases' problem count and steps per problem.
+# PROBLEMS / STEPS override the runtime phases' problem count and steps per problem; GAMMA (default 3) the
+# drafted steps per cycle; METHODS (default target,lr_sync,lr_async,semanticspec,draft) the methods;
+# DECODE (default auto = the fast path on CUDA) the transformers decode path (fast | eager), so the same
+# command measures the eager path for the 'today' column.
 # Problems: a jsonl file of questions (QUESTIONS, default .gpu/questions.jsonl); their text only sets the prompt.
 set -euo pipefail
 phase=$1
@@ -21,15 +24,15 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
   | tee -a "$out/gpu.txt"
 runtime() {  # target, problems, max steps, label
   python3 benchmarks/bench_runtime.py --device cuda --dtype bfloat16 --target "$1" --draft random:qwen2-1.5b \
-    --alpha 0.6 --gamma 3 --problems "$2" --max-steps "$3" --step-tokens 32 \
-    --methods target,lr_sync,lr_async,semanticspec,draft --out "$out/$4" \
+    --alpha 0.6 --gamma "${GAMMA:-3}" --problems "$2" --max-steps "$3" --step-tokens 32 --decode "${DECODE:-auto}" \
+    --methods "${METHODS:-target,lr_sync,lr_async,semanticspec,draft}" --out "$out/$4" \
     --set bench.source.kind=jsonl "bench.source.path=$questions" 2>&1 | tee "$out/$4.txt"
 }
 case $phase in
   engine)
-    for m in random:qwen2-1.5b random:qwen2-7b; do
-      python3 benchmarks/bench_engine.py --device cuda --model "$m" --tokens 48 --repeats 3 2>&1 \
-        | tee "$out/engine_${m#random:}.txt"
+    for m in random:qwen2-1.5b random:qwen2-7b random:qwen2-32b; do
+      python3 benchmarks/bench_engine.py --device cuda --model "$m" --tokens 48 --repeats 3 --greedy \
+        --decode "${DECODE:-auto}" 2>&1 | tee "$out/engine_${m#random:}.txt"
     done ;;
   runtime) runtime random:qwen2-7b "${PROBLEMS:-8}" "${STEPS:-16}" runtime_7b ;;
   runtime32) runtime random:qwen2-32b "${PROBLEMS:-6}" "${STEPS:-12}" runtime_32b ;;
