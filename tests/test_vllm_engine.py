@@ -127,6 +127,25 @@ def test_seeded_sampling_reproduces_and_seeds_matter(vllm_pair):
     assert sample_seed(1, 1) != sample_seed(2, 0)  # vLLM's own n > 1 would give both seed 2
 
 
+def test_twenty_prefixes_of_ten_seeded_samples_reproduce(vllm_pair):
+    """200 seeded samples whose prompts (20 x 10 x ~150 tokens) outgrow one scheduler step: with chunked
+    prefill on (vLLM's default) the CPU engine core died here ("CPU Generator does not use offset")."""
+    target, _ = vllm_pair
+    base = "A carpenter works for 2 weeks every month and for 6 days every week. He gets paid 195 every day."
+    reqs = [StepRequest(Prefix(f"{base} (Case {i}: {i} extra days.) How much does he earn in a year?",
+                               ("He works 6 days a week for 2 weeks, so 6 * 2 = 12 days a month.",)), 10, seed=i)
+            for i in range(20)]
+    assert sum(len(target.prefix_ids(r.prefix)) * r.n for r in reqs) > 2 * 4096
+    params = SamplingParams(temperature=0.6, top_p=0.95, max_step_tokens=48)
+    first = target.generate(reqs, params)
+    target.clear_prefix_cache()
+    again = target.generate(reqs, params)
+    ids = [[s.token_ids for s in row] for row in first.steps]
+    assert ids == [[s.token_ids for s in row] for row in again.steps]
+    assert all(len(row) == 10 and all(row) for row in ids)
+    assert len({tuple(t) for t in ids[0]}) > 1  # the samples of one request are not one sample repeated
+
+
 def test_reject_all_runtime_equals_target_only(vllm_pair, hf_pair):
     from specprobe.infer.decoding import DecodeOptions, decode
     from specprobe.infer.verifiers import build_verifier
@@ -203,6 +222,34 @@ def test_tiny_data_stage_on_vllm_feeds_the_train_stage(vllm_pair, tmp_path):
     assert ds.manifest["engines"]["target"]["name"] == SMOL
     assert train_main(["--config", str(path), "--stage", "train"]) == 0
     assert (cfg.checkpoint_dir / "metrics.json").is_file()
+
+
+def test_data_stage_with_a_batch_larger_than_one_scheduler_step(vllm_pair, tmp_path, monkeypatch):
+    """One context with N = 64 target samples: 64 seeded prompts of ~80 tokens outgrow vLLM's 4096-token
+    step, the batch that killed the CPU engine core before chunked prefill was turned off there."""
+    from specprobe.data_gen.judges import EmbeddingNumberJudge
+    from specprobe.data_gen.pipeline import generate_dataset
+    from specprobe.data_gen.store import open_dataset
+
+    from _data_fixtures import write_config
+
+    models = {"engine": "vllm", "vllm": {"max_model_len": 2048, "enforce_eager": True, "block_size": 32}}
+    _, cfg = write_config(tmp_path, tmp_path / "run", models=models, data={"num_samples": 64, "models": ["target"],
+                                                                           "max_contexts": 1})
+    target, _ = vllm_pair
+    prompt_tokens = []
+    generate = target.generate
+
+    def counting(requests, params):
+        prompt_tokens.append(sum(len(target.prefix_ids(r.prefix)) * r.n for r in requests))
+        return generate(requests, params)
+    monkeypatch.setattr(target, "generate", counting)
+    judge = EmbeddingNumberJudge("offline:minilm", threshold=0.8, device="cpu")
+    result = generate_dataset(cfg, engines=(target, target), judge=judge, progress=False)
+    assert result.complete
+    assert prompt_tokens and max(prompt_tokens) > 4096  # the call did outgrow one step
+    ds = open_dataset(result.data_dir)
+    assert ds.contexts.num_rows == 1 and 0 < ds.samples.num_rows <= 64
 
 
 def test_one_token_judge_on_vllm_matches_transformers(vllm_pair, hf_pair):
