@@ -283,9 +283,16 @@ def _canonical_number(raw: str) -> str:
     return format(value.normalize(), "f")
 
 
+# A list marker at the start of a line ("1. ", "2) ", "Step 3: "): it numbers the step, it is not a quantity of
+# the reasoning, so "1. First, ..." and "2. First, ..." must not differ by their numbers.
+_LIST_MARKER = re.compile(r"^[ \t]*(?:step[ \t]+)?\d{1,2}[.):][ \t]+", re.IGNORECASE | re.MULTILINE)
+
+
 def extract_numbers(text: str) -> frozenset[str]:
     """The SET of numbers written with digits in `text`, canonicalised: "1,000" -> "1000",
-    "3.50" -> "3.5", "-0" -> "0". Number words ("twelve") are not recognised."""
+    "3.50" -> "3.5", "-0" -> "0". Number words ("twelve") are not recognised; list markers at a line's
+    start ("1. ", "Step 2: ") are not numbers of the step."""
+    text = _LIST_MARKER.sub("", text)
     return frozenset(_canonical_number(m.group()) for m in _NUMBER.finditer(text))
 
 

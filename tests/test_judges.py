@@ -231,6 +231,12 @@ def test_extract_numbers():
     assert extract_numbers("x2 + v1 has no numbers; 0.00 = -0") == {"0"}
     assert extract_numbers("half is .5 or 1/2") == {"0.5", "1", "2"}
     assert extract_numbers("twelve") == frozenset()
+    # list markers number the step, they are not quantities (SmolLM2 writes "1. First, ...")
+    assert extract_numbers("1. First, we need the total.") == frozenset()
+    assert extract_numbers("2) She bakes 4 trays\n3. So 12 * 4 = 48") == {"4", "12", "48"}
+    assert extract_numbers("Step 2: 48 muffins") == {"48"}
+    assert extract_numbers("48. Then") == frozenset()  # a line opening "N. " reads as a marker (known limit)
+    assert extract_numbers("so x = 5. 7 is prime") == {"5", "7"}  # not at a line start: numbers
 
 
 @pytest.fixture(scope="module")
