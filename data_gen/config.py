@@ -36,14 +36,21 @@ class DataConfig:
     max_context_steps: int | None = opt(None, "keep at most this many trace steps in a context")
     max_contexts: int | None = opt(None, "use only the first this-many contexts of the plan (quick runs); "
                                          "changes the dataset, so a folder made without it is not reused")
+    pilot_contexts: int = opt(8, "contexts after which the run reports the share of sampled steps cut by the token "
+                                 "cap (the pilot), and stops if it is above max_capped_share")
+    max_capped_share: float | None = opt(
+        None, "stop after the pilot when more than this share of sampled steps hit sampling.max_step_tokens without "
+              "the delimiter (cut steps make singleton meanings and labels the model never writes); null: report only")
     judge_pairs_per_call: int | None = opt(
         1024, "most step pairs per equivalence-judge call; decisions are saved after each call, so this "
               "bounds the judge work a killed run loses (null = one call per clustering round)")
 
     def __post_init__(self) -> None:
         for name in ("contexts_per_trace", "num_samples", "nli_batch_size", "contexts_per_shard",
-                     "max_contexts", "judge_pairs_per_call"):
+                     "max_contexts", "judge_pairs_per_call", "pilot_contexts"):
             check_positive(self, name)
+        if self.max_capped_share is not None and not 0 <= self.max_capped_share <= 1:
+            raise ConfigError(f"data.max_capped_share must be in [0, 1] or null, got {self.max_capped_share}")
         if self.max_context_steps is not None and self.max_context_steps < 0:
             raise ConfigError(f"data.max_context_steps must be >= 0, got {self.max_context_steps}")
         bad = [m for m in self.models if m not in ("target", "draft")]

@@ -9,11 +9,12 @@ its ``num_empty`` sum to N; ``num_clusters`` and the entropy include the empty g
 A draft sample's probability under the TARGET's meaning distribution is |C_t| / N_target for the
 target cluster C_t it was assigned to (compared with each target cluster's first member), else 0.
 
-The two scales differ by design (SemanticSpec's |C_k| / N kept as the paper defines it): a target
-sample is one of the N it is counted among, so its label is at least 1 / N and, for a meaning the target
-says with probability pi, averages pi + (1 - pi) / N; a draft step is not among the target's samples,
-so its label under the target averages pi and is 0 for a meaning no target sample has. A draft step
-textually equal to a target sample gets exactly that sample's label.
+One scale for training and scoring: |C_k| / N counts the sample itself (it is at least 1 / N and, for a
+meaning said with probability pi, averages pi + (1 - pi) / N), while a draft step is not among the target's
+samples, so its label under the target averages pi. A model's own step therefore also gets the
+leave-one-out label (|C_k| - 1) / (N - 1) (``own_probs``: the other N - 1 samples that agree with it,
+averaging pi), which the probes learn; |C_k| / N (SemanticSpec's definition) stays as a column. A draft
+step textually equal to a target sample gets |C_t| / N_target under the target.
 
 Pairs for verifier training: every distinct sample against every cluster representative of the same
 model, and every distinct draft sample against every target representative. Each unordered pair of
@@ -62,6 +63,15 @@ class ModelLabels:
     @property
     def semantic_probs(self) -> list[float]:
         return semantic_probabilities(self._with_empty())[: len(self.cluster_ids)]
+
+    @property
+    def own_probs(self) -> list[float | None]:
+        """(|C_k| - 1) / (N - 1): the share of the OTHER N - 1 samples that agree with each sample, an unbiased
+        estimate of its meaning's probability on the scale of a draft step's label under the target (None
+        when N = 1)."""
+        if self.num_samples < 2:
+            return [None] * len(self.cluster_ids)
+        return [(self.cluster_sizes[c] - 1) / (self.num_samples - 1) for c in self.cluster_ids]
 
     @property
     def num_clusters(self) -> int:

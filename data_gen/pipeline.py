@@ -22,6 +22,7 @@ them over Ray replicas); whoever does, only the process that called `generate_da
 """
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -63,6 +64,7 @@ from specprobe.data_gen.store import (
     open_dataset,
     part_dir,
     read_manifest,
+    summarize_shards,
     write_card,
     write_manifest,
     write_shard,
@@ -115,6 +117,9 @@ def engine_info(engine) -> dict:
     info = engine.info
     return {"model_id": info.model_id, "revision": info.revision, "num_layers": info.num_layers,
             "hidden_size": info.hidden_size, "vocab_size": info.vocab_size, "name": info.extra.get("name")}
+
+
+log = logging.getLogger(__name__)
 
 
 def _warn(message: str) -> None:
@@ -351,7 +356,7 @@ class _ShardRunner:
     def _model_rows(self, work: _ContextWork, role: str, lab: ModelLabels, under: dict, shard: ShardData,
                     feats: _FeatureRows, stats: dict) -> None:
         ctx = work.context
-        probs = lab.semantic_probs
+        probs, own = lab.semantic_probs, lab.own_probs
         entropy = lab.semantic_entropy
         for n, step in enumerate(work.steps[role]):
             target_view = work.under_target[role][n]
@@ -365,13 +370,15 @@ class _ShardRunner:
                 num_tokens=step.num_tokens, stop_reason=step.stop_reason, logprob=float(step.logprob),
                 mean_logprob=float(step.logprob) / max(1, step.num_tokens),
                 target_logprob=float(target_view.logprob), target_num_tokens=target_view.num_tokens,
-                cluster_id=cid, cluster_size=lab.cluster_sizes[cid], semantic_prob=probs[n],
+                cluster_id=cid, cluster_size=lab.cluster_sizes[cid], semantic_prob=probs[n], own_prob=own[n],
                 num_samples=self.n, num_empty=lab.num_empty, num_clusters=lab.num_clusters,
                 semantic_entropy=entropy,
                 target_cluster_id=cid if role == "target" else under["draft_ids"][n],
-                prob_under_target=probs[n] if role == "target" else under["draft_probs"][n],
+                prob_under_target=own[n] if role == "target" else under["draft_probs"][n],
                 own_feature_row=own_row, target_feature_row=target_row))
         stats["samples"][role] = stats["samples"].get(role, 0) + len(work.steps[role])
+        capped = sum(1 for s in work.steps[role] if s.stop_reason == "length")
+        stats.setdefault("capped", {})[role] = stats.get("capped", {}).get(role, 0) + capped
         stats["sum_semantic_prob"][role] = stats["sum_semantic_prob"].get(role, 0.0) + float(sum(probs))
         stats["sum_num_clusters"][role] = stats["sum_num_clusters"].get(role, 0) + lab.num_clusters
 
@@ -421,7 +428,8 @@ class _ShardRunner:
         clusterings, matches, judge_counts = (self.cluster(works, recorder, timing) if works
                                               else ({r: [] for r in self.models}, [], {}))
         shard = ShardData(index)
-        stats = {"samples": {}, "sum_semantic_prob": {}, "sum_num_clusters": {}, "judge": dict(judge_counts)}
+        stats = {"samples": {}, "sum_semantic_prob": {}, "sum_num_clusters": {}, "judge": dict(judge_counts),
+                 "capped": {}}
         self.rows(works, clusterings, matches, recorder, shard, stats)
         entry = {"index": index, "contexts": [w.context.id for w in works], "skipped": skipped,
                  "rows": len(shard.samples), "target_feature_rows": len(shard.samples),
@@ -568,7 +576,10 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
                 raise DataFolderError(f"{folder}: the context plan changed since this folder was started "
                                       f"({manifest['plan']} vs {plan}); the source data differ. Use another output_dir.")
         clean_temporaries(folder)
-        _run_shards(folder, manifest, shards, my_shards, workers, run, progress)
+        pilot = CappedPilot(cfg.data.pilot_contexts, cfg.data.max_capped_share, cfg.sampling.max_step_tokens,
+                            cfg.source.delimiter, folder)
+        pilot.check(manifest["shards"])  # a resumed run that already passed the pilot size is checked at once
+        _run_shards(folder, manifest, shards, my_shards, workers, run, progress, pilot)
         if len(manifest["shards"]) == len(my_shards) and manifest["status"] != "complete":
             manifest["status"], manifest["completed"] = "complete", now()
             write_manifest(folder, manifest)
@@ -577,8 +588,50 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
     return DataResult(folder, manifest, False, run)
 
 
+class CappedStepsError(DataFolderError):
+    """Too many sampled steps were cut by the token cap (raised after the pilot; finished shards are kept)."""
+
+
+@dataclass
+class CappedPilot:
+    """After `contexts` contexts, report the share of sampled steps cut by the token cap, and stop the run
+    when it is above `max_share` (None: report only). Checked once per run."""
+
+    contexts: int
+    max_share: float | None
+    cap: int
+    delimiter: str
+    folder: Path
+    done: bool = False
+    share: float | None = None
+
+    def check(self, finished_shards: Sequence[dict]) -> None:
+        if self.done:
+            return
+        counts = summarize_shards(finished_shards)
+        if counts["contexts"] < self.contexts:
+            return
+        self.done = True
+        samples, capped = sum(counts["samples"].values()), sum(counts["capped"].values())
+        if not samples:
+            return
+        self.share = capped / samples
+        per_model = ", ".join(f"{m} {counts['capped'].get(m, 0)}/{n}" for m, n in sorted(counts["samples"].items()))
+        log.info("pilot (%d contexts): %.1f%% of sampled steps hit the %d-token cap (%s)", counts["contexts"],
+                 100 * self.share, self.cap, per_model)
+        if self.max_share is not None and self.share > self.max_share:
+            raise CappedStepsError(
+                f"{self.folder}: after the pilot's {counts['contexts']} contexts, {100 * self.share:.1f}% of the "
+                f"sampled steps ({per_model}) hit sampling.max_step_tokens={self.cap} before the step delimiter "
+                f"{self.delimiter!r}, above data.max_capped_share={self.max_share}. Cut steps make singleton "
+                "meanings and labels of text the model never writes as a step. Set the delimiter the model writes "
+                "(source.delimiter, e.g. '\\n' for models that end lines, not paragraphs) or raise the cap and use "
+                "another output_dir, or set data.max_capped_share=null to go on with this data (the finished "
+                "shards are kept)")
+
+
 def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_shards: list[int],
-                workers: ShardWorkers, run: DataGenStats, progress: bool) -> None:
+                workers: ShardWorkers, run: DataGenStats, progress: bool, pilot: CappedPilot | None = None) -> None:
     from tqdm.auto import tqdm
 
     done = {s["index"] for s in manifest["shards"]}
@@ -598,3 +651,5 @@ def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_sh
             run.contexts += len(entry["contexts"])
             run.skipped += len(entry["skipped"])
             run.shards += 1
+            if pilot is not None:
+                pilot.check(manifest["shards"])

@@ -41,7 +41,7 @@ __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "Folde
            "fingerprint", "fingerprint_diff", "summarize_shards", "ProbeDataset", "open_dataset",
            "merge_parts", "SAMPLES_SCHEMA", "CONTEXTS_SCHEMA", "PAIRS_SCHEMA"]
 
-FORMAT = "specprobe-data/1"
+FORMAT = "specprobe-data/2"  # 2: own_prob, the leave-one-out label of a model's own steps
 MANIFEST = "manifest.json"
 CARD = "README.md"
 SHARDS = "shards"
@@ -107,14 +107,14 @@ def write_card(folder: str | os.PathLike, manifest: dict) -> None:
 def summarize_shards(shards: Iterable[dict]) -> dict:
     """Totals over complete shards (what the manifest's `counts` holds)."""
     counts: dict[str, Any] = {"shards": 0, "contexts": 0, "skipped_contexts": 0, "samples": {}, "rows": 0,
-                              "pairs": 0, "sum_num_clusters": {}, "sum_semantic_prob": {}, "judge": {}}
+                              "pairs": 0, "sum_num_clusters": {}, "sum_semantic_prob": {}, "judge": {}, "capped": {}}
     for shard in shards:
         counts["shards"] += 1
         counts["contexts"] += len(shard["contexts"])
         counts["skipped_contexts"] += len(shard["skipped"])
         counts["rows"] += shard["rows"]
         counts["pairs"] += shard["pairs"]
-        for key in ("samples", "sum_num_clusters", "sum_semantic_prob", "judge"):
+        for key in ("samples", "sum_num_clusters", "sum_semantic_prob", "judge", "capped"):
             for name, value in shard["stats"].get(key, {}).items():
                 counts[key][name] = counts[key].get(name, 0) + value
     return counts
@@ -123,7 +123,7 @@ def summarize_shards(shards: Iterable[dict]) -> dict:
 # ----------------------------------------------------------------------------- fingerprint
 # Settings that do not change what is generated (where it runs, how work is batched).
 _NOT_IN_FINGERPRINT = {"models": {"device", "cache_dir", "max_batch_rows"},
-                       "data": {"nli_batch_size", "judge_pairs_per_call"}}
+                       "data": {"nli_batch_size", "judge_pairs_per_call", "pilot_contexts", "max_capped_share"}}
 _FINGERPRINT_SECTIONS = ("models", "source", "sampling", "data")
 
 

@@ -78,6 +78,8 @@ def _context_rows(rng, qid: str, j: int, n: int, meanings: list[int]):
             text = MEANINGS[meanings[c]][int(rng.integers(0, 3))]
             target_cluster = int(c) if model == "target" or c < len(t_sizes) else -1
             put = (t_sizes[target_cluster] / n) if target_cluster >= 0 else 0.0
+            if model == "target":
+                put = (sizes[c] - 1) / (n - 1)  # a target row's label under the target is its own_prob
             lp = float(np.log(sizes[c] / n) * 3 + rng.normal(scale=0.5))
             p = sizes[c] / n
             probs = sizes[sizes > 0] / n
@@ -85,7 +87,8 @@ def _context_rows(rng, qid: str, j: int, n: int, meanings: list[int]):
                          "domain": "math", "context_j": j, "model": model, "sample_index": k, "text": text,
                          "num_tokens": 8, "stop_reason": "delimiter", "logprob": lp * 8, "mean_logprob": lp,
                          "target_logprob": lp * 8 - 1.0, "target_num_tokens": 8, "cluster_id": int(c),
-                         "cluster_size": int(sizes[c]), "semantic_prob": float(p), "num_samples": n, "num_empty": 0,
+                         "cluster_size": int(sizes[c]), "semantic_prob": float(p),
+                         "own_prob": float((sizes[c] - 1) / (n - 1)), "num_samples": n, "num_empty": 0,
                          "num_clusters": int((sizes > 0).sum()), "semantic_entropy": float(-(probs * np.log(probs)).sum()),
                          "target_cluster_id": target_cluster, "prob_under_target": float(put)})
     return rows
@@ -153,9 +156,9 @@ def _shard(folder: Path, index: int, contexts: int, n: int, rng, direction: np.n
             draft_rows += 1
         else:
             r["own_feature_row"] = i
-    target_labels = np.array([r["semantic_prob"] if r["model"] == "target" else r["prob_under_target"]
+    target_labels = np.array([r["own_prob"] if r["model"] == "target" else r["prob_under_target"]
                               for r in shard.samples])
-    draft_labels = np.array([r["semantic_prob"] for r in shard.samples if r["model"] == "draft"])
+    draft_labels = np.array([r["own_prob"] for r in shard.samples if r["model"] == "draft"])
     tm, dm = _features(rng, target_labels, direction), _features(rng, draft_labels, -direction)
     shard.features = {"target.mean": tm, "target.last": tm + 0.1, "draft.mean": dm, "draft.last": dm + 0.1}
     files = write_shard(folder, shard)

@@ -61,9 +61,10 @@ def _samples(q: int, j: int, model: str, n: int, rng: np.random.Generator) -> li
                          domain="math", context_j=j, model=model, sample_index=k,
                          text=_SENTENCES[k % 4].format(n=10 * q + c), num_tokens=8, stop_reason="delimiter",
                          logprob=lp * 8, mean_logprob=lp, target_logprob=lp * 8 - 1.0, target_num_tokens=8,
-                         cluster_id=c, cluster_size=size, semantic_prob=size / n, num_samples=n, num_empty=0,
+                         cluster_id=c, cluster_size=size, semantic_prob=size / n, own_prob=(size - 1) / (n - 1),
+                         num_samples=n, num_empty=0,
                          num_clusters=int((sizes > 0).sum()), semantic_entropy=0.5, target_cluster_id=c,
-                         prob_under_target=size / n))
+                         prob_under_target=(size - 1) / (n - 1)))
     return rows
 
 
@@ -105,8 +106,8 @@ def write_synthetic_data(output_dir: Path, questions: int = 10, contexts_per_q: 
             shard.pairs += _pairs(q, j, target)
             shard.contexts.append(_context(q, j, n))
         rows = shard.samples
-        all_y = np.array([r["semantic_prob"] if r["model"] == "target" else r["prob_under_target"] for r in rows])
-        draft_y = np.array([r["semantic_prob"] for r in rows if r["model"] == "draft"])
+        all_y = np.array([r["prob_under_target"] for r in rows])  # target rows: own_prob
+        draft_y = np.array([r["own_prob"] for r in rows if r["model"] == "draft"])
         t, d = engines["target"], engines["draft"]
         shard.features = {
             "target.mean": _label_to_features(all_y, t["num_layers"] + 1, t["hidden_size"], gen),

@@ -208,11 +208,12 @@ def test_labels_follow_the_clusters(tiny):
         for r in members:
             assert r["cluster_size"] == sizes[r["cluster_id"]]
             assert r["semantic_prob"] == pytest.approx(sizes[r["cluster_id"]] / n)
+            assert r["own_prob"] == pytest.approx((sizes[r["cluster_id"]] - 1) / (n - 1))  # the other N - 1 agree
             assert r["semantic_entropy"] == pytest.approx(-sum(p * math.log(p) for p in dist))
             assert r["mean_logprob"] == pytest.approx(r["logprob"] / r["num_tokens"])
             assert r["stop_reason"] in ("delimiter", "eos", "length") and r["text"].strip()
             if model == "target":
-                assert r["target_cluster_id"] == r["cluster_id"] and r["prob_under_target"] == r["semantic_prob"]
+                assert r["target_cluster_id"] == r["cluster_id"] and r["prob_under_target"] == r["own_prob"]
     contexts = {c["context_id"]: c for c in ds.contexts.to_pylist()}
     for (cid, model), members in groups.items():
         assert contexts[cid][f"{model}_num_clusters"] == members[0]["num_clusters"]
@@ -478,3 +479,23 @@ def test_cli_help_config_and_train_stage(capsys):
         main(["--stage", "data"])  # --config missing
     assert main(["--config", "does-not-exist.yaml", "--stage", "data"]) == 1
     assert "config file not found" in capsys.readouterr().err
+
+
+def test_pilot_stops_a_run_whose_steps_hit_the_cap_and_keeps_its_shards(tmp_path, engines, judge):
+    """A 3-token cap cuts nearly every step: after the 1-context pilot the run stops with an error naming the
+    share, the cap and the delimiter; the finished shard stays, and the same folder goes on once told to."""
+    from specprobe.data_gen.pipeline import CappedStepsError
+    from specprobe.data_gen.store import read_manifest
+
+    sections = dict(sampling={"max_step_tokens": 3}, data={"pilot_contexts": 1, "max_capped_share": 0.15})
+    _, cfg = write_config(tmp_path, tmp_path / "run", **sections)
+    with pytest.raises(CappedStepsError, match=r"after the pilot's 1 contexts, \d+\.\d% .*max_step_tokens=3.*'\\n\\n'"):
+        generate_dataset(cfg, engines=engines, judge=judge, progress=False)
+    manifest = read_manifest(cfg.data_dir)
+    assert len(manifest["shards"]) == 1 and manifest["status"] != "complete"
+    capped, samples = manifest["shards"][0]["stats"]["capped"], manifest["shards"][0]["stats"]["samples"]
+    assert sum(capped.values()) > 0.15 * sum(samples.values())
+    sections["data"]["max_capped_share"] = None
+    _, cfg = write_config(tmp_path, tmp_path / "run", **sections)  # not in the fingerprint: the folder is reused
+    result = generate_dataset(cfg, engines=engines, judge=judge, progress=False)
+    assert result.complete and len(result.manifest["shards"]) == 3

@@ -4,9 +4,12 @@ Three labelled row sets come out of a data folder (``load_row_sets``):
 
 | set                | rows          | features            | label               | log-prob baseline input          |
 |--------------------|---------------|---------------------|---------------------|----------------------------------|
-| `target_own`       | target steps  | target view         | `semantic_prob`     | `mean_logprob`                   |
+| `target_own`       | target steps  | target view         | `own_prob`          | `mean_logprob`                   |
 | `draft_via_target` | draft steps   | target view (t.f.)  | `prob_under_target` | `target_logprob / target_num_tokens` |
-| `draft_own`        | draft steps   | draft's own         | `semantic_prob`     | `mean_logprob`                   |
+| `draft_own`        | draft steps   | draft's own         | `own_prob`          | `mean_logprob`                   |
+
+All three labels are on one scale: the share of a model's N samples (the other N - 1 for its own steps)
+that mean the same as the step, averaging the meaning's probability pi (see `data_gen.labels`).
 
 The target probe scores DRAFT steps at run time, so its headline validation set is
 `draft_via_target`. With ``probe.target_with_draft`` it learns from `target_own` + `draft_via_target`
@@ -52,16 +55,20 @@ class SetDef:
 
     @property
     def label_includes_self(self) -> bool:
-        """semantic_prob (|C_k|/N) counts the labelled sample among the N; prob_under_target counts only
-        the target's N samples, which a draft step is not one of."""
+        """semantic_prob (|C_k|/N) counts the labelled sample among the N; own_prob and prob_under_target
+        do not (no set uses semantic_prob since the leave-one-out label)."""
         return self.label == "semantic_prob"
+
+    def label_draws(self, num_samples: int) -> int:
+        """The binomial draws behind one label: N - 1 for own_prob (the other samples), else N."""
+        return num_samples - 1 if self.label == "own_prob" else num_samples
 
 
 ROW_SETS: dict[str, SetDef] = {s.name: s for s in (
-    SetDef("target_own", "target", "target", "semantic_prob", "target steps, target features"),
+    SetDef("target_own", "target", "target", "own_prob", "target steps, target features"),
     SetDef("draft_via_target", "draft", "target", "prob_under_target",
            "draft steps teacher-forced through the target"),
-    SetDef("draft_own", "draft", "draft", "semantic_prob", "draft steps, draft features"),
+    SetDef("draft_own", "draft", "draft", "own_prob", "draft steps, draft features"),
 )}
 
 

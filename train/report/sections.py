@@ -34,7 +34,7 @@ MAIN_PROBES = {"probe_target": ("target", ["draft_via_target", "target_own"]),
 PROBE_COMPARATORS = {"target": {"probe_target_own": "target_own_only", "baseline_last_layer_target": "last_layer"},
                      "draft": {"baseline_last_layer_draft": "last_layer"}}
 OWN_SET = {"target": "target_own", "draft": "draft_own"}
-LABEL_NAMES = {"target_own": "semantic_prob (target)", "draft_own": "semantic_prob (draft)",
+LABEL_NAMES = {"target_own": "own_prob (target)", "draft_own": "own_prob (draft)",
                "draft_via_target": "prob_under_target"}
 
 
@@ -100,8 +100,13 @@ def _block(ctx: EvalContext, pred: np.ndarray, rows: RowSet) -> dict[str, Any]:
     c = ctx.cfg
     return ev.calibration_block(np.clip(pred, 0.0, 1.0), rows.y.double().numpy(), rows.questions,
                                 n_bins=c.n_bins, n_boot=c.n_boot, alpha=c.alpha, seed=c.seed,
-                                num_samples=ctx.ds.manifest.get("num_samples"),
+                                num_samples=_label_draws(ctx, rows),
                                 label_includes_self=ROW_SETS[rows.name].label_includes_self)
+
+
+def _label_draws(ctx: EvalContext, rows: RowSet) -> int | None:
+    n = ctx.ds.manifest.get("num_samples")
+    return ROW_SETS[rows.name].label_draws(n) if n else None
 
 
 def _comparisons(ctx: EvalContext, preds: dict[str, np.ndarray], rows: RowSet) -> dict[str, Any]:
@@ -206,7 +211,9 @@ def acceptance_part(ctx: EvalContext) -> PartResult:
     own = ctx.heldout_rows("draft_own", ctx.ckpt.probe("probe_draft").spec.pooling)
     if not np.array_equal(via.sample_ids, own.sample_ids):
         raise PartError("draft rows of the target and draft views are not aligned (sample ids differ)")
-    put, sp = via.y.double().numpy(), own.y.double().numpy()
+    # the empirical ratio uses SemanticSpec's own q, |C_k|/N (never 0), not the probes' leave-one-out label
+    raw = dict(zip(ctx.ds.column("sample_id"), ctx.ds.column("semantic_prob")))
+    put, sp = via.y.double().numpy(), np.array([raw[s] for s in own.sample_ids], dtype=np.float64)
     c = ctx.cfg
     pairs = {"probes": (p, q), **acceptance_baselines(ctx, via, own)}
     blocks = {label: ev.acceptance_block(pb, qb, put, sp, via.questions, n_bins=c.n_bins, n_boot=c.n_boot,
