@@ -59,12 +59,14 @@ from specprobe.data_gen.store import (
     ShardData,
     check_same_data,
     clean_temporaries,
+    file_digests,
     fingerprint,
     now,
     open_dataset,
     part_dir,
     read_manifest,
     summarize_shards,
+    verify_shards,
     write_card,
     write_manifest,
     write_shard,
@@ -513,9 +515,31 @@ def _reuse(folder: Path, cfg_dict: dict) -> DataResult | None:
     if manifest is None:
         return None
     check_same_data(folder, manifest, cfg_dict)
-    if manifest["status"] == "complete":
+    if manifest["status"] == "complete" and not verify_shards(folder, manifest):
         return DataResult(folder, manifest, True, DataGenStats())
-    return None
+    return None  # unfinished, or a shard broke since: generate_dataset redoes what is missing
+
+
+def _drop_broken_shards(folder: Path, manifest: dict) -> None:
+    """Take shards whose files are missing, truncated or changed out of the manifest (they are redone)."""
+    bad = verify_shards(folder, manifest)
+    if not bad:
+        return
+    for k, why in sorted(bad.items()):
+        _warn(f"shard {k} will be generated again: {why}")
+    manifest["shards"] = [s for s in manifest["shards"] if s["index"] not in bad]
+    manifest["status"], manifest["completed"] = "in_progress", None
+    write_manifest(folder, manifest)
+
+
+def _check_no_orphan_shards(folder: Path) -> None:
+    """Shard files without a manifest: generating here would overwrite them silently."""
+    orphans = sorted((folder / "shards").glob("*.parquet")) + sorted((folder / "shards").glob("*.safetensors"))
+    if orphans:
+        raise DataFolderError(
+            f"{folder} holds {len(orphans)} shard files (e.g. {orphans[0].name}) but no manifest.json, so nothing "
+            "says which settings made them or whether they are whole. Restore manifest.json to resume, or move the "
+            "folder away (or delete it) to generate the data again; nothing was overwritten")
 
 
 def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | None = None,
@@ -567,6 +591,7 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
     with FolderLock(folder):
         manifest = read_manifest(folder)
         if manifest is None:
+            _check_no_orphan_shards(folder)
             manifest = _new_manifest(cfg_dict, cfg, engine_infos, layers, started_workers["judge"], plan, part,
                                      my_shards)
         else:
@@ -575,6 +600,7 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
             if manifest["plan"] != plan:
                 raise DataFolderError(f"{folder}: the context plan changed since this folder was started "
                                       f"({manifest['plan']} vs {plan}); the source data differ. Use another output_dir.")
+            _drop_broken_shards(folder, manifest)
         clean_temporaries(folder)
         pilot = CappedPilot(cfg.data.pilot_contexts, cfg.data.max_capped_share, cfg.sampling.max_step_tokens,
                             cfg.source.delimiter, folder)
@@ -643,6 +669,7 @@ def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_sh
             k = shard.index
             start = time.perf_counter()
             entry["files"] = write_shard(folder, shard, metadata={"format": FORMAT, "shard": str(k)})
+            entry["digests"] = file_digests(folder, entry["files"])
             entry["timing"]["seconds"]["writing"] = time.perf_counter() - start
             manifest["shards"].append(entry)  # only now is the shard part of the data set
             manifest["shards"].sort(key=lambda s: s["index"])

@@ -37,6 +37,7 @@ from specprobe.data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_CO
 from specprobe.probes.io import stage_file, write_text
 
 __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "FolderLock", "shard_path",
+           "file_digests", "shard_problem", "verify_shards",
            "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
            "fingerprint", "fingerprint_diff", "summarize_shards", "ProbeDataset", "open_dataset",
            "merge_parts", "SAMPLES_SCHEMA", "CONTEXTS_SCHEMA", "PAIRS_SCHEMA"]
@@ -241,6 +242,49 @@ def write_shard(folder: str | os.PathLike, shard: ShardData, metadata: dict[str,
     return files
 
 
+def file_digests(folder: str | os.PathLike, files: dict[str, str]) -> dict[str, dict]:
+    """Size and SHA-256 of each of a shard's files (recorded in the manifest when the shard is committed)."""
+    import hashlib
+
+    out = {}
+    for kind, rel in files.items():
+        path = Path(folder) / rel
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        out[kind] = {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+    return out
+
+
+def shard_problem(folder: str | os.PathLike, shard: dict) -> str | None:
+    """Why a shard the manifest lists as complete cannot be used (a file missing, truncated or changed since
+    it was committed), or None. Shards committed before digests were recorded are checked for presence only."""
+    folder = Path(folder)
+    recorded = shard.get("digests")
+    for kind, rel in shard["files"].items():
+        path = folder / rel
+        if not path.is_file():
+            return f"{path} is missing"
+        if recorded is None:
+            continue
+        size = path.stat().st_size
+        if size != recorded[kind]["bytes"]:
+            return f"{path} has {size} bytes, {recorded[kind]['bytes']} when it was written (truncated or replaced)"
+    if recorded is not None:
+        now_digests = file_digests(folder, shard["files"])
+        bad = [kind for kind in shard["files"] if now_digests[kind]["sha256"] != recorded[kind]["sha256"]]
+        if bad:
+            return f"{folder / shard['files'][bad[0]]} changed since it was written (SHA-256 differs)"
+    return None
+
+
+def verify_shards(folder: str | os.PathLike, manifest: dict) -> dict[int, str]:
+    """{shard index: problem} for every complete shard that cannot be used."""
+    problems = {s["index"]: shard_problem(folder, s) for s in manifest.get("shards", [])}
+    return {k: v for k, v in problems.items() if v is not None}
+
+
 def clean_temporaries(folder: str | os.PathLike) -> int:
     """Remove temporary files a killed writer left in `folder/shards` (call while holding the lock)."""
     removed = 0
@@ -428,6 +472,11 @@ def open_dataset(folder: str | os.PathLike, allow_incomplete: bool = False) -> P
         done, total = len(manifest.get("shards", [])), manifest.get("plan", {}).get("num_shards")
         raise DataFolderError(f"{path} is incomplete ({done} of {total} shards); finish it by running the same "
                               "`probe-train --stage data` command again, or pass allow_incomplete=True")
+    bad = verify_shards(path, manifest)
+    if bad:
+        k, why = next(iter(sorted(bad.items())))
+        raise DataFolderError(f"{path}: {len(bad)} shard(s) listed as complete cannot be used, first shard {k}: {why}. "
+                              "Run the same `probe-train --stage data` command again: it redoes broken shards")
     return ProbeDataset(path, manifest)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import random
@@ -396,6 +397,50 @@ def test_kill_9_then_resume_equals_uninterrupted(tiny, tmp_path):
     assert [s["index"] for s in resumed["shards"]] == [0, 1, 2]
     assert resumed["shards"][0] == manifest["shards"][0]  # the finished shard was not redone
     assert_same_data(dataset_arrays(data_dir), dataset_arrays(reference.data_dir))
+
+
+@pytest.mark.slow
+def test_a_broken_shard_of_a_finished_run_is_redone_not_reused(tiny, tmp_path, engines, judge):
+    import shutil
+
+    cfg, reference = tiny
+    _, copy_cfg = write_config(tmp_path, tmp_path / "run")
+    shutil.copytree(reference.data_dir, copy_cfg.data_dir)
+    before = read_manifest(copy_cfg.data_dir)
+    path = copy_cfg.data_dir / before["shards"][1]["files"]["features"]
+    path.write_bytes(path.read_bytes()[:-100])  # truncated after the run finished
+    with pytest.warns(UserWarning, match="shard 1 will be generated again: .*features-00001.safetensors has"):
+        result = generate_dataset(copy_cfg, engines=engines, judge=judge, progress=False)
+    assert result.complete and not result.reused
+    after = read_manifest(copy_cfg.data_dir)
+    assert after["shards"][0] == before["shards"][0] and after["shards"][2] == before["shards"][2]  # kept
+    assert_same_data(dataset_arrays(copy_cfg.data_dir), dataset_arrays(reference.data_dir))
+
+
+def test_shards_without_a_manifest_are_not_overwritten(tiny, tmp_path, engines, judge):
+    import shutil
+
+    _, reference = tiny
+    _, cfg = write_config(tmp_path, tmp_path / "run")
+    shutil.copytree(reference.data_dir, cfg.data_dir)
+    (cfg.data_dir / "manifest.json").unlink()
+    stamp = {p.name: p.stat().st_mtime_ns for p in (cfg.data_dir / "shards").iterdir()}
+    with pytest.raises(DataFolderError, match="holds 12 shard files .* but no manifest.json.*nothing was overwritten"):
+        generate_dataset(cfg, engines=engines, judge=judge, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in (cfg.data_dir / "shards").iterdir()} == stamp
+
+
+def test_train_refuses_data_whose_recorded_model_differs_in_any_field(tiny):
+    from specprobe.train.pipeline import check_data_models
+    from specprobe.train.probes_train import TrainingDataError
+
+    cfg, reference = tiny
+    manifest = read_manifest(reference.data_dir)
+    check_data_models(manifest, cfg)  # as written: every field matches
+    edited = json.loads(json.dumps(manifest))
+    edited["engines"]["target"]["model_id"] = "someone/other-model"  # name and config entry still match
+    with pytest.raises(TrainingDataError, match=r"fields that differ: engines\.target\.model_id"):
+        check_data_models(edited, cfg)
 
 
 @pytest.mark.slow

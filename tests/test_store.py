@@ -11,6 +11,7 @@ from safetensors import safe_open
 
 from specprobe.data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, TENSORS, render_card
 from specprobe.data_gen.store import (
+    FORMAT,
     JUDGE_CACHE,
     DataFolderError,
     DataMismatchError,
@@ -18,6 +19,7 @@ from specprobe.data_gen.store import (
     ShardData,
     check_same_data,
     clean_temporaries,
+    file_digests,
     fingerprint,
     fingerprint_diff,
     merge_parts,
@@ -87,7 +89,7 @@ def _entry(shard: ShardData, files: dict) -> dict:
 def _manifest(num_shards: int, cfg_dict: dict | None = None, part=None) -> dict:
     cfg_dict = cfg_dict or to_dict(ExperimentConfig())
     info = {"model_id": "m", "revision": None, "num_layers": 4, "hidden_size": H, "vocab_size": 10, "name": "m"}
-    return {"format": "specprobe-data/1", "status": "in_progress", "created": "t", "completed": None,
+    return {"format": FORMAT, "status": "in_progress", "created": "t", "completed": None,
             "config": cfg_dict, "fingerprint": fingerprint(cfg_dict), "engines": {"target": info, "draft": info},
             "layers": {"target": [2, 3, 4], "draft": [2, 3, 4]}, "store_last_token": True, "num_samples": 2,
             "models": ["target", "draft"], "judge": "j", "plan": {"num_shards": num_shards}, "part": part,
@@ -98,7 +100,8 @@ def build_folder(folder, indices, num_shards, complete=True, part=None):
     manifest = _manifest(num_shards, part=part)
     for i in indices:
         shard = make_shard(i)
-        manifest["shards"].append(_entry(shard, write_shard(folder, shard)))
+        files = write_shard(folder, shard)
+        manifest["shards"].append({**_entry(shard, files), "digests": file_digests(folder, files)})
     if complete:
         manifest["status"] = "complete"
     write_manifest(folder, manifest)
@@ -161,8 +164,25 @@ def test_only_shards_in_the_manifest_count(tmp_path):
     with pytest.raises(DataFolderError, match="has 8 rows, the manifest says 7"):
         _ = open_dataset(tmp_path, allow_incomplete=True).samples
     (tmp_path / shard_path("pairs", 0)).unlink()
-    with pytest.raises(DataFolderError, match="pairs-00000.parquet is listed as complete .* but missing"):
+    with pytest.raises(DataFolderError, match="shard 0: .*pairs-00000.parquet is missing.*redoes broken shards"):
         _ = open_dataset(tmp_path, allow_incomplete=True).pairs
+
+
+def test_a_truncated_or_changed_shard_is_named_never_read(tmp_path):
+    build_folder(tmp_path, [0, 1], 2)
+    assert open_dataset(tmp_path).samples.num_rows == 16
+    path = tmp_path / shard_path("features", 1)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataFolderError, match=r"shard 1: .*features-00001.safetensors has \d+ bytes, \d+ when it was"):
+        open_dataset(tmp_path)
+    flipped = bytearray(data)
+    flipped[-1] ^= 0xFF  # same size, one byte of a float16 feature changed
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(DataFolderError, match="features-00001.safetensors changed since it was written"):
+        open_dataset(tmp_path)
+    path.write_bytes(data)
+    assert open_dataset(tmp_path).samples.num_rows == 16
 
 
 def test_failed_shard_write_leaves_nothing(tmp_path):

@@ -40,19 +40,22 @@ def _same_name(a: str | None, b: str | None) -> bool:
 
 
 def check_data_models(manifest: dict, cfg, folder: Path | str = "the data folder") -> None:
-    """TrainingDataError when the data was made with other models than `cfg.models` names."""
+    """TrainingDataError when the data was made with other models than `cfg.models` names. Every identity the
+    manifest records (the config's model name, the engine's name, its resolved model id) must match."""
     for role in manifest.get("models", []):
         want = getattr(cfg.models, role)
         engine = manifest["engines"][role]
         made_with = manifest.get("config", {}).get("models", {}).get(role)
-        if _same_name(want, made_with) or _same_name(want, engine.get("name")) \
-                or _same_name(describe_source(want), engine.get("model_id")):
+        recorded = {f"config.models.{role}": (made_with, want), f"engines.{role}.name": (engine.get("name"), want),
+                    f"engines.{role}.model_id": (engine.get("model_id"), describe_source(want))}
+        differ = [key for key, (have, expected) in recorded.items() if have and not _same_name(expected, have)]
+        if not differ:
             continue
         raise TrainingDataError(
             f"{folder} was made with {role} model {made_with or engine.get('name')!r} ({engine.get('model_id')}, "
             f"{engine.get('num_layers')} layers, hidden {engine.get('hidden_size')}), but the config's models.{role} "
-            f"is {want!r}. Probes trained on it would not fit the configured model: use the output_dir of that "
-            "data, or generate data for this config (another output_dir)")
+            f"is {want!r} (manifest fields that differ: {', '.join(differ)}). Probes trained on it would not fit the "
+            "configured model: use the output_dir of that data, or generate data for this config (another output_dir)")
 
 
 @dataclass
