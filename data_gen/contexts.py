@@ -14,6 +14,7 @@ same contexts, ids, order and shard plan, which is what makes resumption and ``-
 from __future__ import annotations
 
 import hashlib
+import re
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -87,6 +88,34 @@ def _trace_from(item: Any, index: int) -> Trace:
     raise InvalidRecord("<record>", f"expected a Trace or a dict, got {type(item).__name__}")
 
 
+# Lone surrogates cannot be encoded (the tokenizer fails on them) and control characters other than tab and
+# line breaks are not text: both are replaced, the record kept, and a warning names it.
+_BAD_CHARS = re.compile(r"[\ud800-\udfff\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def clean_text(text: str) -> tuple[str, int]:
+    """(text with lone surrogates and control characters replaced by U+FFFD, how many were replaced)."""
+    cleaned, n = _BAD_CHARS.subn("\ufffd", text)
+    return cleaned, n
+
+
+def _cleaned(trace: Trace, item: Any, index: int) -> Trace:
+    fields = {"question": trace.question, "answer": trace.answer}
+    fields.update({f"steps[{i}]": s for i, s in enumerate(trace.steps)})
+    bad = {}
+    for name, text in fields.items():
+        if isinstance(text, str):
+            fields[name], n = clean_text(text)
+            if n:
+                bad[name] = n
+    if not bad:
+        return trace
+    warnings.warn(f"{_describe(item, index)}: replaced {sum(bad.values())} lone surrogate or control characters in "
+                  f"{', '.join(bad)} with U+FFFD; trace kept", DataWarning, stacklevel=3)
+    steps = [fields[f"steps[{i}]"] for i in range(len(trace.steps))]
+    return Trace(trace.id, trace.domain, fields["question"], steps, fields["answer"], dict(trace.meta))
+
+
 def _describe(item: Any, index: int) -> str:
     rid = getattr(item, "id", None) if not isinstance(item, dict) else item.get("id")
     return f"trace #{index}" + (f" (id {rid!r})" if rid is not None else "")
@@ -99,7 +128,7 @@ def coerce_traces(items: Iterable[Any]) -> list[Trace]:
     seen: set[str] = set()
     for index, item in enumerate(items):
         try:
-            trace = _trace_from(item, index)
+            trace = _cleaned(_trace_from(item, index), item, index)
         except (InvalidRecord, TypeError, ValueError) as err:
             warnings.warn(f"{_describe(item, index)}: {err}; trace skipped", DataWarning, stacklevel=2)
             continue

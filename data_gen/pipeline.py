@@ -532,6 +532,16 @@ def _drop_broken_shards(folder: Path, manifest: dict) -> None:
     write_manifest(folder, manifest)
 
 
+def _check_some_contexts(folder: Path, manifest: dict) -> None:
+    """A finished run whose every context was skipped has nothing to train on: an error, not "complete"."""
+    if manifest["status"] != "complete" or any(s["contexts"] for s in manifest["shards"]):
+        return
+    skipped = [x for s in manifest["shards"] for x in s["skipped"]]
+    first = f" First: {skipped[0]['context_id']}: {skipped[0]['reason']}." if skipped else ""
+    raise DataFolderError(f"{folder}: all {len(skipped)} contexts were skipped, so the data set is empty.{first} "
+                          "Fix the source records or the limits named there (see the warnings above)")
+
+
 def _check_no_orphan_shards(folder: Path) -> None:
     """Shard files without a manifest: generating here would overwrite them silently."""
     orphans = sorted((folder / "shards").glob("*.parquet")) + sorted((folder / "shards").glob("*.safetensors"))
@@ -610,6 +620,7 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
             manifest["status"], manifest["completed"] = "complete", now()
             write_manifest(folder, manifest)
         write_card(folder, manifest)
+        _check_some_contexts(folder, manifest)
     run.wall_seconds = time.perf_counter() - started
     return DataResult(folder, manifest, False, run)
 

@@ -149,7 +149,7 @@ def parse_method(text: str) -> MethodSpec:
         if mod not in ("ngram", "assistant", "lookahead"):
             raise ConfigError(f"unknown method suffix +{mod} in {text!r}; use +ngram, +assistant or +lookahead")
         token_spec = mod
-    overrides = {}
+    overrides: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in opts.split(":"))):
         key, eq, value = part.partition("=")
         if not eq or key not in _OVERRIDE_TYPES:
@@ -160,6 +160,9 @@ def parse_method(text: str) -> MethodSpec:
             raise ConfigError(f"method option {key} in {text!r} must be {_OVERRIDE_TYPES[key].__name__}") from None
     if overrides.get("verifier") is not None and overrides["verifier"] not in VERIFIER_KINDS:
         raise ConfigError(f"unknown verifier {overrides['verifier']!r} in {text!r}")
+    small = [k for k in ("gamma", "width", "max_steps", "max_new_tokens") if k in overrides and overrides[k] < 1]
+    if small:
+        raise ConfigError(f"method option {small[0]} in {text!r} must be >= 1, got {overrides[small[0]]}")
     return MethodSpec(label, base, token_spec, overrides)
 
 

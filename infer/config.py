@@ -95,7 +95,34 @@ class ModelsConfig:
     vllm: VLLMConfig = section(VLLMConfig, "settings of the models served by vLLM")
 
     def __post_init__(self) -> None:
+        import re
+
+        from specprobe.infer.models import DTYPE_NAMES, check_model_name
+
         check_positive(self, "max_batch_rows")
+        if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
+            raise ConfigError(f"models.dtype: unknown dtype {self.dtype!r}; use auto or one of {sorted(DTYPE_NAMES)}")
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", str(self.device)):
+            raise ConfigError(f"models.device: {self.device!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
+        for role in ("target", "draft"):
+            problem = check_model_name(getattr(self, role))
+            if problem:
+                raise ConfigError(f"models.{role}: {problem}")
+
+    def check_available(self) -> None:
+        """Before any model loads: the device exists here and the models can be found (offline packages
+        installed, local paths present). Hub ids are checked when they load."""
+        import torch
+
+        from specprobe.infer.models import OFFLINE_PREFIX, offline_model_folder
+
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"models.device is {self.device!r}, but torch sees no CUDA device here (torch "
+                              f"{torch.__version__}); use models.device=cpu or auto")
+        for role in ("target", "draft"):
+            name = getattr(self, role)
+            if name.startswith(OFFLINE_PREFIX):
+                offline_model_folder(name)  # a clear error naming the package to install
 
     def engine_of(self, role: str) -> str:
         """The engine kind ("hf" / "vllm") of the "target" or "draft" model."""
@@ -132,6 +159,13 @@ class SourceConfig:
         check_positive(self, "size")
         if not self.delimiter:
             raise ConfigError("source.delimiter must not be empty")
+        if self.kind == "jsonl" and not self.path:
+            raise ConfigError("source.kind is jsonl but source.path is not set; name the .jsonl file (source.path=...)")
+
+    def check_available(self) -> None:
+        """Before any model loads: a local source file exists."""
+        if self.path and not Path(self.path).expanduser().exists():
+            raise ConfigError(f"source.path: {self.path} does not exist (source.kind={self.kind})")
 
 
 @dataclass

@@ -95,16 +95,41 @@ def default_dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
 
 
+DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+               "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
 def parse_dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
     if name is None or name == "auto":
         return default_dtype(device)
     if isinstance(name, torch.dtype):
         return name
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; use one of {sorted(table)} or 'auto'")
-    return table[name]
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {name!r}; use one of {sorted(DTYPE_NAMES)} or 'auto'")
+    return DTYPE_NAMES[name]
+
+
+def check_model_name(name: str) -> str | None:
+    """Why `name` cannot name a model (without loading anything), or None. offline:/random: names must be
+    known; a name that looks like a local path (absolute, ./, ../, ~, or a .gguf file) must exist; anything
+    else is taken as a hub id (org/name), checked when it loads."""
+    if not isinstance(name, str) or not name.strip():
+        return f"empty model name {name!r}"
+    if name.startswith(OFFLINE_PREFIX):
+        key = name.removeprefix(OFFLINE_PREFIX)
+        if key not in OFFLINE_MODELS:
+            return f"unknown offline model {name!r}; known: {', '.join(OFFLINE_PREFIX + k for k in OFFLINE_MODELS)}"
+        return None
+    if name.startswith(RANDOM_PREFIX):
+        key = name.removeprefix(RANDOM_PREFIX)
+        if key not in RANDOM_SIZES:
+            return f"unknown random model size {name!r}; known: {', '.join(RANDOM_PREFIX + k for k in RANDOM_SIZES)}"
+        return None
+    looks_local = name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf")
+    if looks_local and not Path(name).expanduser().exists():
+        return (f"local model path {name} does not exist (a hub id has the form org/name; a local folder must "
+                "hold config.json)")
+    return None
 
 
 def offline_model_folder(name: str) -> Path:

@@ -1,4 +1,5 @@
 """Typed configs: YAML + overrides, validation that names the key and the file."""
+import re
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,38 @@ def test_each_section_lives_beside_its_owner():
               "ray": "infer", "data": "data_gen", "probe": "train", "verifiers": "train", "eval": "train",
               "wandb": "train"}
     assert {name: type(getattr(cfg, name)).__module__.split(".")[1] for name in owners} == owners
+
+
+def test_inputs_are_checked_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    """Bad dtype, device, model names and paths, a jsonl source without a path, an output_dir that is a file:
+    errors naming the key, raised by the config or the CLI before a model is loaded."""
+    from specprobe.infer import models
+    from specprobe.train import cli
+    from specprobe.train.config import load_config
+
+    for override, match in [("models.dtype=float33", "models.dtype: unknown dtype 'float33'"),
+                            ("models.device=tpu", "models.device: 'tpu' is not a device"),
+                            ("models.target=offline:nope", "models.target: unknown offline model 'offline:nope'"),
+                            ("models.draft=./no-such-folder", "models.draft: local model path ./no-such-folder does not"),
+                            ("source.kind=jsonl", "source.kind is jsonl but source.path is not set")]:
+        with pytest.raises(ConfigError, match=match):
+            load_config("configs/tiny.yaml", [override])
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    for overrides, match in [([f"output_dir={a_file}"], "output_dir: .*taken is a file"),
+                             ([f"output_dir={a_file}/sub"], "output_dir: .*taken is a file"),
+                             (["source.kind=jsonl", f"source.path={tmp_path}/none.jsonl", f"output_dir={tmp_path}/o"],
+                              "source.path: .*none.jsonl does not exist")]:
+        assert cli.main(["--config", "configs/tiny.yaml", "--stage", "data", *overrides]) == 1
+        assert re.search(match, capsys.readouterr().err), match
+    out = tmp_path / "o"
+    assert not out.exists()
+
+
+def test_bench_method_options_below_one_are_config_errors():
+    from specprobe.infer.bench import parse_method
+
+    with pytest.raises(ConfigError, match="method option gamma in 'lr_sync:gamma=0' must be >= 1"):
+        parse_method("lr_sync:gamma=0")
+    assert parse_method("lr_sync:gamma=2").overrides == {"gamma": 2}

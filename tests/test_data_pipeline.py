@@ -544,3 +544,21 @@ def test_pilot_stops_a_run_whose_steps_hit_the_cap_and_keeps_its_shards(tmp_path
     _, cfg = write_config(tmp_path, tmp_path / "run", **sections)  # not in the fingerprint: the folder is reused
     result = generate_dataset(cfg, engines=engines, judge=judge, progress=False)
     assert result.complete and len(result.manifest["shards"]) == 3
+
+
+@pytest.mark.slow
+def test_a_run_that_skips_every_context_is_an_error_and_bad_text_is_cleaned(tmp_path, engines, judge):
+    from specprobe.data_gen.sources import load_traces
+
+    good = load_traces("reasoning_gym", name="gsm_symbolic", size=1, seed=5)[0]
+    empty = Trace("all-empty", "math", "EMPTY-ALL " + good.question, good.steps, good.answer)
+    _, cfg = write_config(tmp_path, tmp_path / "run")
+    wrapped = tuple(BlankingEngine(e) for e in engines)
+    with pytest.warns(DataWarning), pytest.raises(DataFolderError, match="all 1 contexts were skipped.*all-empty@0"):
+        generate_dataset(cfg, traces=[empty], engines=wrapped, judge=judge, progress=False)
+    # a lone surrogate and a control character: replaced, the record kept and named
+    bad = {"id": "surrogate", "question": good.question + " \ud800\x07", "steps": list(good.steps), "answer": good.answer}
+    _, cfg = write_config(tmp_path, tmp_path / "run2")
+    with pytest.warns(DataWarning, match=r"id 'surrogate'.*replaced 2 lone surrogate or control characters in question"):
+        result = generate_dataset(cfg, traces=[bad], engines=engines, judge=judge, progress=False)
+    assert result.complete and open_dataset(result.data_dir).contexts.num_rows == 1

@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default <output_dir>/bench)")
     p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                    help="problems over Ray replicas (the ray: config section); ADDRESS joins a cluster")
+    p.add_argument("--keep-going", action="store_true",
+                   help="exit 0 even when a method could not run (its row carries the error)")
     p.add_argument("--help-config", action="store_true", help="list every config key")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     return p
@@ -55,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from specprobe.infer.config import ConfigError
-    from specprobe.train.config import format_help, load_config
+    from specprobe.train.config import check_before_loading, check_folder, format_help, load_config
 
     args = _parser().parse_args(argv)
     if args.help_config:
@@ -71,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = load_config(args.config, overrides)
+        check_before_loading(cfg, sources=False)
+        if args.out:
+            check_folder(args.out, "--out")
         from specprobe.infer import bench
 
         methods = [m for m in args.methods.split(",") if m.strip()] if args.methods else None
@@ -89,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(bench.format_markdown(report))
     print(f"\nwrote {out / 'results.md'}, {out / 'results.json'} and traces in {out / 'traces'}", file=sys.stderr)
+    failed = [(r["method"], r["error"]) for r in report["rows"] if r.get("error")]
+    if failed and not args.keep_going:
+        for method, error in failed:
+            print(f"probe-bench: error: method {method} could not run: {error}", file=sys.stderr)
+        print("probe-bench: the other methods' results are written; pass --keep-going to exit 0 with failed methods",
+              file=sys.stderr)
+        return 3
     return 0
 
 

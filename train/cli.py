@@ -83,7 +83,7 @@ def run_train_stage(cfg, progress: bool = True) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from specprobe.infer.config import ConfigError
-    from specprobe.train.config import format_help, load_config
+    from specprobe.train.config import check_before_loading, format_help, load_config
 
     if args.help_config:
         print(format_help())
@@ -95,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(args.config, args.overrides)
+        check_before_loading(cfg, sources=args.stage in ("data", "all"))
         if args.merge:
             return run_merge(cfg)
         if args.stage in ("data", "all"):

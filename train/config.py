@@ -204,6 +204,23 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     return base.load_yaml(ExperimentConfig, path, overrides)
 
 
+def check_folder(path: str | Path, what: str) -> None:
+    """A folder the job will write: neither it nor any parent may be a file."""
+    path = Path(path).expanduser()
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            raise ConfigError(f"{what}: {p} is a file, not a folder; choose another {what}")
+
+
+def check_before_loading(cfg: ExperimentConfig, *, sources: bool = True) -> None:
+    """What can be checked before any model loads (a wrong device or path found after minutes of loading is
+    time lost): the output folder, the device, offline model packages and local paths, a local source file."""
+    check_folder(cfg.output_dir, "output_dir")
+    cfg.models.check_available()
+    if sources:
+        cfg.source.check_available()
+
+
 def field_help(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, object]]:
     """(key, help, default) for every field of the experiment config, nested sections flattened with dots."""
     return base.field_help(cls, prefix)

@@ -45,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from specprobe.train.report import CheckpointError, compare_checkpoints, evaluate_checkpoint
 
     try:
+        if args.out:
+            from specprobe.train.config import check_folder
+
+            check_folder(args.out, "--out")
         if args.compare:
             result = compare_checkpoints(*args.compare, data=args.data, out=args.out, overrides=args.overrides,
                                          wandb=args.wandb, device=args.device)
