@@ -14,3 +14,15 @@ def make_probe(engine, bias: float, seed: int = 0, layers: str = "all") -> Seman
         probe.mlp[-1].weight.mul_(0.01)
         probe.mlp[-1].bias.fill_(bias)
     return probe
+
+
+def make_input_probe(engine, bias: float = 0.0, seed: int = 0, layers: str = "last") -> SemanticProbe:
+    """Random small MLP whose output moves with its input (hidden states of different steps give different
+    probabilities): for tests that must notice which step's features a verifier was given."""
+    spec = FeatureSpec(engine.info.model_id, engine.info.num_layers, engine.info.hidden_size, layers=layers)
+    torch.manual_seed(seed)
+    probe = SemanticProbe(spec, ProbeMLPConfig(hidden_dim=8, dropout=0.0)).eval()
+    with torch.no_grad():
+        probe.mlp[-1].weight.mul_(20.0)
+        probe.mlp[-1].bias.fill_(bias)
+    return probe

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from _margins import assert_same_greedy
 
 from specprobe.infer.config import ConfigError
@@ -201,3 +202,42 @@ def test_committed_rows_are_not_encoded_again(engines):
     assert res.stats.output_tokens == 24 and res.stats.target_prefill_tokens == prompt + 5
     sync = run("lr_sync", engines, build_verifier("reject_all"), options(max_steps=6))
     assert sync.stats.target_prefill_tokens < prompt + 6 * 24  # nested rows and committed rows are reused
+
+
+def test_semanticspec_judges_each_draft_with_its_own_features_and_p_over_q(engines):
+    """Input-dependent probes: each judged draft carries its own step's hidden states (not the first draft's),
+    p comes from the target probe on the target's view and q from the draft probe on the draft's, and the
+    acceptance probability is min(1, p / q)."""
+    from specprobe.infer.verifiers import ProbePairVerifier
+
+    from _probe_fixtures import make_input_probe
+
+    target, draft = engines
+    seen = []
+
+    class Spy(ProbePairVerifier):
+        def _score(self, items):
+            out = super()._score(items)
+            seen.extend((it.meta["position"], it.draft, it.target_features, it.draft_features, o) for it, o in zip(items, out))
+            return out
+
+    pt, pd = make_input_probe(target, 0.0, 1), make_input_probe(draft, 0.5, 2)
+    res = run("semanticspec", engines, Spy(pt, pd), options(gamma=3, max_steps=8))
+    assert res.stats.judged >= 4 and len(seen) == res.stats.judged
+    # features differ between positions of a cycle whose texts differ
+    cycles, current = [], []
+    for entry in seen:
+        if entry[0] == 0 and current:
+            cycles.append(current)
+            current = []
+        current.append(entry)
+    cycles.append(current)
+    later = [(c[0], e) for c in cycles for e in c[1:] if e[1] != c[0][1]]
+    assert later, "no cycle judged two different drafts"
+    for first, entry in later:
+        assert not torch.equal(first[2], entry[2]) and not torch.equal(first[3], entry[3])
+    for _, _, tf, df, (_, prob, detail) in seen:
+        p, q = float(pt.predict_proba(tf[None]).reshape(-1)[0]), float(pd.predict_proba(df[None]).reshape(-1)[0])
+        assert detail["p"] == pytest.approx(p, abs=1e-6) and detail["q"] == pytest.approx(q, abs=1e-6)
+        assert prob == pytest.approx(min(1.0, p / q), abs=1e-6)
+    assert len({round(d["p"], 4) for *_, (_, _, d) in seen}) > 1  # the probes did see different inputs

@@ -10,8 +10,9 @@ One cycle:
    from the draft probe; the draw is seeded by the prefix, see common.seed_for). At the first rejection
    the target writes that step itself and the remaining drafts are dropped. When every draft passes the
    next cycle starts from the new prefix (no bonus step: the target pass wrote nothing).
-A draft cut by the step-token cap, empty, or ending the answer (EOS or a boxed final answer) is treated
-as rejected (the target rewrites it: the answer always ends on a target step). Any
+A draft cut by the step-token cap, empty, ending the answer (EOS), or following a committed step that was cut
+(`GenState.unacceptable`) is treated as rejected (the target rewrites it: the answer always ends on a target
+step). Any
 verifier that judges a draft without the target's own step also plugs in (bernoulli, accept_all,
 reject_all); then no hidden states are read, but the target pass still runs, as in the algorithm.
 """
