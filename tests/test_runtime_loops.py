@@ -82,6 +82,12 @@ def test_multi_branch_keeps_the_first_passing_branch(engines):
         assert committed_drafts == on_path[:len(committed_drafts)] and committed_drafts
     with pytest.raises(ValueError, match="width"):
         run("lr_async", engines, BranchOne(), options(width=2))
+    # when every branch passes, the FIRST one is kept (not the last)
+    both = run("lr_sync", engines, build_verifier("accept_all"), options(gamma=2, width=2, max_steps=6))
+    kept = [c["text"] for cycle in both.trace for c in cycle["committed"] if c["source"] == "draft"]
+    first_path = [d["text"] for cycle in both.trace for d in cycle["drafts"] if set(d["path"]) == {0}]
+    assert kept and set(kept) <= set(first_path)
+    assert all(p["branch"] == 0 for cycle in both.trace for p in cycle["positions"] if p.get("accepted"))
 
 
 def test_length_cut_drafts_are_never_accepted_by_lookahead(engines):
