@@ -2,6 +2,8 @@
 the runtime's loader) with the same probabilities, and training reads the answer exactly as the runtime."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -116,6 +118,11 @@ def test_adapter_reloads_with_identical_probabilities(trained):
     result, folder = trained
     files = {p.name for p in (folder / "judge_lora").iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "judge.json"} <= files
+    # the adapter names its base by hub id, not the local cache folder it was loaded from
+    adapter = json.loads((folder / "judge_lora" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    card = folder / "judge_lora" / "README.md"
+    assert not card.exists() or ".cache" not in card.read_text()
     items = [(CONTEXT, a, b) for a, b, _ in PAIRS]
     want = judge_probability(result.model, result.tokenizer, items)
     model, tok, meta = load_judge(folder / "judge_lora", device="cpu")

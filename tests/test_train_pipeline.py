@@ -113,7 +113,24 @@ def test_checkpoint_has_no_pickle_and_plain_safetensors(run):
                     "combine": "concat", "pooling": "mean", "revision": None}
     meta = json.loads((folder / "checkpoint.json").read_text())
     assert meta["format"] == "specprobe-checkpoint" and meta["config"]["probe"]["hidden_dim"] == 16
+    assert meta["data"]["folder"] == "../data"  # relative: a copied checkpoint + data finds its own copy
     assert "## Validation metrics" in (folder / "README.md").read_text()
+
+
+def test_a_copied_checkpoint_reads_the_copied_data(run, tmp_path):
+    import shutil
+
+    from specprobe.train.report.inputs import open_checkpoint, training_data_folder
+
+    cfg, _, _ = run
+    copy = tmp_path / "moved"
+    shutil.copytree(Path(cfg.output_dir) / "data", copy / "data")
+    shutil.copytree(cfg.checkpoint_dir, copy / "checkpoint")
+    shutil.move(str(Path(cfg.output_dir) / "data"), str(tmp_path / "original-gone"))  # the original is away
+    try:
+        assert training_data_folder(open_checkpoint(copy / "checkpoint")) == copy / "checkpoint" / "../data"
+    finally:
+        shutil.move(str(tmp_path / "original-gone"), str(Path(cfg.output_dir) / "data"))
 
 
 def test_model_card_carries_hub_metadata(run):

@@ -67,7 +67,9 @@ def write_checkpoint(folder: str | os.PathLike, cfg, result, manifest: dict,
         fmt.write_model_card(tmp, model_card(cfg, metrics, components, manifest, format_metrics(metrics)))
         fmt.write_meta(tmp, name=cfg.name, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        components=components,
-                       data={"folder": str(Path(data_folder).resolve()), "engines": manifest["engines"],
+                       # relative to the checkpoint, so a checkpoint copied with its data finds the copy
+                       data={"folder": os.path.relpath(Path(data_folder).resolve(), Path(folder).resolve()),
+                             "engines": manifest["engines"],
                              "layers": manifest["layers"], "created": manifest.get("created"),
                              "fingerprint": manifest.get("fingerprint")},
                        config=to_dict(cfg), versions=package_versions())

@@ -23,6 +23,7 @@ Validation metrics of both: AUROC, and precision / recall / acceptance at the ch
 """
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -274,6 +275,7 @@ class JudgeResult:
         """PEFT adapter (adapter_config.json + adapter_model.safetensors) and judge.json in `folder`."""
         folder = Path(folder)
         self.model.save_pretrained(str(folder), safe_serialization=True)
+        _portable_base(folder, describe_source(self.base))
         yes, no = answer_token_ids(self.tokenizer)
         v = self.vcfg
         write_judge_meta(
@@ -388,3 +390,16 @@ def load_judge(folder, device: str | None = None):
     entry = read_judge(folder)
     base, tokenizer = load_model(entry.base_model, kind="causal_lm", device=device)
     return PeftModel.from_pretrained(base, str(entry.adapter_dir)).eval(), tokenizer, entry.raw
+
+
+def _portable_base(folder: Path, base_id: str) -> None:
+    """PEFT records the base model as the folder it was loaded from (for offline models a local cache path);
+    record the public id instead in adapter_config.json and the adapter's card, so the adapter travels."""
+    config = folder / "adapter_config.json"
+    meta = json.loads(config.read_text(encoding="utf-8"))
+    local = meta.get("base_model_name_or_path")
+    meta["base_model_name_or_path"] = base_id
+    config.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    card = folder / "README.md"
+    if local and local != base_id and card.is_file():
+        card.write_text(card.read_text(encoding="utf-8").replace(local, base_id), encoding="utf-8")

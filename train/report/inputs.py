@@ -106,8 +106,8 @@ def training_data_folder(ckpt: CheckpointFolder) -> Path | None:
     candidates = []
     data_entry = ckpt.meta.get("data")
     recorded = ckpt.meta.get("data_dir") or (data_entry.get("folder") if isinstance(data_entry, dict) else None)
-    if recorded:
-        candidates.append(Path(recorded))
+    if recorded:  # relative to the checkpoint folder (older checkpoints: absolute)
+        candidates.append(Path(recorded) if Path(recorded).is_absolute() else ckpt.path / recorded)
     output_dir = ckpt.config.get("output_dir")
     if output_dir:
         candidates.append(Path(output_dir) / "data")
