@@ -30,11 +30,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specprobe.data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, render_card, schema
-from specprobe.probes.io import stage_file, write_text
+from specprobe.probes.io import open_tensors, stage_file, write_text
 
 __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "FolderLock", "shard_path",
            "file_digests", "shard_problem", "verify_shards",
@@ -444,7 +443,8 @@ class ProbeDataset:
         for shard in np.unique(shards):
             where = np.flatnonzero(shards == shard)
             wanted = feature_rows[where]
-            with safe_open(str(files[int(shard)]), framework="pt") as f:
+            with open_tensors(files[int(shard)], "run the same `probe-train --stage data` command again: it redoes "
+                                                 "broken shards") as f:
                 if key not in f.keys():
                     raise DataFolderError(f"{files[int(shard)]} has no tensor {key!r} (has {sorted(f.keys())})")
                 lo, hi = int(wanted.min()), int(wanted.max()) + 1

@@ -35,6 +35,7 @@ JUDGE_DIR = "judge_lora"
 JUDGE_JSON = "judge.json"
 JUDGE_FORMAT = "specprobe.judge_lora"
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's file: its presence marks a LoRA adapter folder
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # PEFT's weights file of that folder
 # names in checkpoint.json's `components`
 BASELINES = "baselines"
 EMBEDDING = "embedding_threshold"
@@ -87,9 +88,9 @@ def _read(path: Path, what: str) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{what}: {path} not found")
     try:
-        data = read_json(path)
-    except ValueError as err:  # json.JSONDecodeError
-        raise CheckpointError(f"{what}: {path} is not valid JSON ({err})") from None
+        data = read_json(path, "re-train the checkpoint (probe-train --stage train)")
+    except ValueError as err:  # probes.io.FileFormatError
+        raise CheckpointError(f"{what}: {err}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{what}: {path} must hold a JSON object, found {type(data).__name__}")
     return data
@@ -288,9 +289,10 @@ def read_judge(path: str | os.PathLike) -> JudgeEntry:
     file = adapter / JUDGE_JSON
     meta = _read(file, "judge-LoRA verifier")
     _check_format(meta, file, JUDGE_FORMAT)
-    if not (adapter / ADAPTER_CONFIG).is_file():
-        raise CheckpointError(f"{adapter} has no {ADAPTER_CONFIG} (a PEFT LoRA adapter); re-run `probe-train` "
-                              "with 'judge' in verifiers.train")
+    for needed in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):  # PEFT would read a missing file as a hub repo id
+        if not (adapter / needed).is_file():
+            raise CheckpointError(f"{adapter} has no {needed} (the PEFT LoRA adapter); re-run `probe-train` "
+                                  "with 'judge' in verifiers.train")
     base = meta.get("base_model")
     if not isinstance(base, str) or not base:
         raise CheckpointError(f"{file} does not name its base model ('base_model'); re-run `probe-train` with "

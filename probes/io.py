@@ -7,6 +7,7 @@ rule lives here (`stage_file`, `write_atomically`, `write_text`) for every packa
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -19,6 +20,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 PathLike = str | os.PathLike
+REDO = "the file is damaged or was edited; run the step that wrote it again (probe-train --stage data or --stage train)"
+
+
+class FileFormatError(ValueError):
+    """A file that exists but cannot be read as what it should be (truncated, damaged, edited by hand)."""
 
 
 def stage_file(path: PathLike, write: Callable[[str], Any]) -> Path:
@@ -65,12 +71,15 @@ def write_json(path: PathLike, obj: Any) -> Path:
     return write_text(path, text)
 
 
-def read_json(path: PathLike) -> Any:
+def read_json(path: PathLike, what_to_do: str = REDO) -> Any:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"JSON file not found: {path}")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise FileFormatError(f"{path} is not valid JSON ({err}); {what_to_do}") from None
 
 
 def save_tensors(path: PathLike, tensors: Mapping[str, torch.Tensor],
@@ -88,11 +97,30 @@ def save_tensors(path: PathLike, tensors: Mapping[str, torch.Tensor],
     return write_atomically(path, lambda tmp: save_file(plain, tmp, metadata=dict(metadata) if metadata else None))
 
 
-def load_tensors(path: PathLike) -> dict[str, torch.Tensor]:
+def load_tensors(path: PathLike, what_to_do: str = REDO) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"safetensors file not found: {path}")
-    return load_file(str(path), device="cpu")
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as err:  # noqa: BLE001 - SafetensorError and friends: the bytes are not a safetensors file
+        raise FileFormatError(f"{path} cannot be read as safetensors ({type(err).__name__}: {err}); {what_to_do}") from None
+
+
+@contextlib.contextmanager
+def open_tensors(path: PathLike, what_to_do: str = REDO):
+    """safetensors' lazy reader (`safe_open`) on `path`, with the same named errors as `load_tensors`."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            yield f
+    except FileFormatError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a damaged file fails on open or on a slice read
+        if isinstance(err, (KeyError, IndexError)):
+            raise
+        raise FileFormatError(f"{path} cannot be read as safetensors ({type(err).__name__}: {err}); {what_to_do}") from None
 
 
 def model_paths(directory: PathLike, name: str) -> tuple[Path, Path]:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .features import FeatureSpec
-from .io import load_model_files, save_model_files
+from .io import FileFormatError, load_model_files, save_model_files
 
 FORMAT_NAME = "specprobe.semantic_probe"
 FORMAT_VERSION = 1
@@ -190,6 +190,10 @@ class SemanticProbe(nn.Module):
         if missing or unexpected:
             raise ValueError(f"{name}.safetensors does not match its JSON config: "
                              f"missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        bad = [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if bad:
+            raise FileFormatError(f"{name}.safetensors in {directory} has NaN/inf weights ({', '.join(sorted(bad))}); "
+                                  "the probe cannot predict anything: train it again (probe-train --stage train)")
         probe.extra = config.get("extra", {})
         return probe.to(map_location).eval()
 

@@ -4,6 +4,7 @@ data folder (tests/_eval_fixtures.py): every part, every figure, errors for one 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -189,6 +190,46 @@ def test_missing_probe_skips_its_parts_and_reports_the_rest(trained, tmp_path):
     assert "reliability_probe_target_draft_via_target.png" in files and "acceptance_scatter.png" not in files
     markdown = report.markdown.read_text()
     assert "`probe_draft`" in markdown and "no probe 'probe_draft'" in markdown
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncate", r"probe_draft\.safetensors cannot be read as safetensors"),
+    ("nan", r"probe_draft\.safetensors .* has NaN/inf weights"),
+])
+def test_a_damaged_probe_is_named_and_skipped_the_report_goes_on(trained, tmp_path, damage, message):
+    from safetensors.torch import load_file, save_file
+
+    _, ckpt = trained
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(ckpt, copy)
+    weights = copy / "probe_draft.safetensors"
+    if damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[:50])
+    else:
+        tensors = load_file(str(weights))
+        first = sorted(tensors)[0]
+        tensors[first] = torch.full_like(tensors[first], float("nan"))
+        save_file(tensors, str(weights))
+    report = evaluate_checkpoint(copy, out=tmp_path / "report", overrides=QUICK, print_fn=quiet)
+    reasons = {s["part"]: s["reason"] for s in report.skipped}
+    assert re.search(message, reasons["probe_draft"]), reasons
+    assert "probe_target" in report.metrics["parts"]["probes"]["by_probe"]  # the rest was reported
+
+
+def test_a_judge_adapter_without_weights_is_named(tmp_path):
+    """PEFT reads a missing adapter file as a hub repo id ('Repo id must be in the form...'); the checkpoint
+    reader names the file instead."""
+    from specprobe.infer.checkpoint_format import CheckpointError, read_judge, write_judge_meta
+
+    folder = tmp_path / "judge_lora"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text("{}")
+    write_judge_meta(folder, base_model="offline:smollm2-135m-instruct", threshold=0.5, prompt_version=1,
+                     answer_tokens={"yes": 1, "no": 2})
+    with pytest.raises(CheckpointError, match=r"judge_lora has no adapter_model\.safetensors .*re-run `probe-train`"):
+        read_judge(folder)
+    (folder / "adapter_model.safetensors").write_bytes(b"")
+    assert read_judge(folder).base_model == "offline:smollm2-135m-instruct"
 
 
 @pytest.mark.parametrize("engine_change, message", [

@@ -294,3 +294,18 @@ def test_card_documents_every_column_and_tensor():
         assert f"| `{name}` |" in card
     for name, _ in TENSORS:
         assert f"`{name}`" in card
+
+
+def test_a_damaged_feature_file_of_an_old_shard_is_named(tmp_path):
+    """Shards committed before digests existed are checked for presence only; a damaged features file is
+    still named when read (a raw SafetensorError named no file)."""
+    from specprobe.probes.io import FileFormatError
+
+    manifest = build_folder(tmp_path, [0], 1)
+    del manifest["shards"][0]["digests"]
+    write_manifest(tmp_path, manifest)
+    path = tmp_path / shard_path("features", 0)
+    path.write_bytes(b"\x00" * 8 + path.read_bytes()[8:])  # a header length of 0: not safetensors
+    ds = open_dataset(tmp_path)
+    with pytest.raises(FileFormatError, match=r"features-00000\.safetensors cannot be read as safetensors.*redoes"):
+        ds.features("target", "mean")
