@@ -1,11 +1,12 @@
 """The transformers step engine on the real offline SmolLM2."""
 import pytest
 import torch
-from _margins import assert_same_greedy
 
 from specprobe.infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams, StepRequest
 from specprobe.infer.engines.token_spec import draw_tokens
 from specprobe.infer.engines.tokens import find_step_end
+
+from _margins import assert_same_greedy
 
 
 def sample(engine, prefixes, n, params):

@@ -10,33 +10,18 @@ import math
 
 import pytest
 import torch
-from _margins import assert_same_greedy
 
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.device_sampling import nucleus_logprobs, sample_tokens, seed_key, uniforms
 from specprobe.infer.engines.token_spec import filtered_probs
 
+from _margins import assert_same_greedy
+from _stats import chi_square_p
+
 GREEDY = SamplingParams(temperature=0.0, max_step_tokens=24)
 QUESTIONS = ["A baker makes 12 muffins per tray and bakes 4 trays. She sells 30 muffins. How many muffins are left? "
              "Think step by step.",
              "Tom has 3 apples. He buys 2 more apples and eats 1. How many apples does he have?"]
-
-
-def chi_square_p(counts: list[int], probs: list[float]) -> float:
-    """p-value of Pearson's chi-square test of `counts` against `probs` (cells with expected < 5 pooled)."""
-    from scipy.stats import chi2
-
-    n = sum(counts)
-    cells, pool_c, pool_p = [], 0, 0.0
-    for c, p in zip(counts, probs):
-        if n * p >= 5:
-            cells.append((c, p))
-        else:
-            pool_c, pool_p = pool_c + c, pool_p + p
-    if pool_p > 0:
-        cells.append((pool_c, pool_p))
-    stat = sum((c - n * p) ** 2 / (n * p) for c, p in cells)
-    return float(chi2.sf(stat, len(cells) - 1))
 
 
 # ----------------------------------------------------------------------------- pure sampling rules

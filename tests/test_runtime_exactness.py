@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _margins import assert_same_greedy
 
 from specprobe.infer.decoding import DecodeOptions, decode
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.token_spec import TokenSpecConfig
 from specprobe.infer.verifiers import build_verifier, load_verifier
 
+from _margins import assert_same_greedy
 from _probe_fixtures import make_probe
 
 pytestmark = pytest.mark.slow

@@ -8,13 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _margins import assert_same_greedy
 
 from specprobe.infer.config import ConfigError
 from specprobe.infer.decoding import DecodeOptions, decode, read_trace, replay_text, stats_from_trace, write_trace
 from specprobe.infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams
 from specprobe.infer.verifiers import BernoulliVerifier, Verifier, build_verifier
 from specprobe.train.config import load_config
+
+from _margins import assert_same_greedy
 
 Q = "What is 17 + 25? Think step by step."
 SPEC = ["lr_sync", "lr_async", "semanticspec"]

@@ -71,6 +71,39 @@ def test_sampled_tree_verification_is_lossless():
             assert torch.allclose(pair[x] / pair[x].sum(), p_after[x], atol=0.08), x
 
 
+def test_multi_candidate_rule_and_bonus_token_by_chi_square():
+    """Chi-square with the power to see a one-point shift. Two candidates drawn i.i.d. from q, judged in turn
+    against the residual max(0, p - q) (q itself is not renormalised): the kept first token follows p. A
+    one-token path the target always accepts (q = p) ends with a bonus token drawn from p after the LEAF."""
+    from specprobe.infer.engines.token_spec import sample_from
+
+    from _stats import chi_square_p
+
+    q_root = torch.tensor([0.5, 0.3, 0.1, 0.1])
+    p_root = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    p_after = torch.tensor([[0.2, 0.2, 0.5, 0.1], [0.6, 0.1, 0.1, 0.2], [0.3, 0.3, 0.2, 0.2], [0.1, 0.1, 0.1, 0.7]])
+    gen = torch.Generator().manual_seed(1)
+    parents, _ = expand_tree((2,))
+    n = 40000
+    first = [0] * 4
+    for _ in range(n):
+        tokens = [sample_from(q_root, gen) for _ in range(2)]
+        out, _ = verify_tree_sample(tokens, parents, {-1: q_root}, {-1: p_root, 0: p_after[tokens[0]],
+                                                                     1: p_after[tokens[1]]}, gen)
+        first[out[0]] += 1
+    assert chi_square_p(first, p_root.tolist()) > 1e-3
+    # the bonus token: root accepted for sure (q = p there), then drawn from p after the accepted leaf
+    parents, _ = expand_tree((1,))
+    bonus = torch.zeros(4, 4)
+    for _ in range(12000):
+        x = sample_from(p_root, gen)
+        out, nodes = verify_tree_sample([x], parents, {-1: p_root}, {-1: p_root, 0: p_after[x]}, gen)
+        assert out[0] == x and nodes == [0, -2]
+        bonus[x, out[1]] += 1
+    for x in range(4):
+        assert chi_square_p(bonus[x].long().tolist(), p_after[x].tolist()) > 1e-3, x
+
+
 def test_rounds_queue_is_fcfs_and_refuses_a_second_proposal_in_flight():
     rq = RoundsQueue()
     assert rq.submit("a", 1) == 0 and rq.submit("b", 2) == 1

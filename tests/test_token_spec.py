@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _margins import assert_same_greedy
 
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.hf_kv import common_prefix_len
@@ -19,6 +18,8 @@ from specprobe.infer.engines.token_spec import (
     ngram_propose,
     sample_accept,
 )
+
+from _margins import assert_same_greedy
 
 
 # ----------------------------------------------------------------------------- pure rules

@@ -10,10 +10,11 @@ import multiprocessing
 import time
 
 import pytest
-from _margins import assert_same_greedy
 
 from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.vllm_engine import INSTALL_HINT, VLLMSettings, sample_seed, vllm_available
+
+from _margins import assert_same_greedy
 
 # skipped only where vLLM is not installed; `.ci/run` installs it and sets SPECPROBE_REQUIRE_VLLM=1, which
 # turns a skip into a failure (tests/conftest.py)
