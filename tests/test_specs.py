@@ -148,3 +148,44 @@ def test_probe_reward_is_the_target_probes_semantic_probability(engines):
     direct = float(verifier.p(verifier.pooled(scored[0], "target")[None]).reshape(-1)[0])
     assert direct == pytest.approx(first["rewards"][first["picked"]], abs=1e-4)
     assert [s.source for s in res.steps] == ["target", "draft", "draft"]
+
+
+def test_loop_scores_with_target_minus_generator_and_draws_the_pick(engines, monkeypatch):
+    """Draft rounds: S_i = log π_target(Y_i) − log π_draft(Y_i) + β·r_i with π_draft the draft's own sampled
+    log-probability and π_target the target's teacher-forced one; the pick is a draw from exp(S), not the
+    argmax (β = 0 target rounds score every candidate 0, so a draw spreads over them)."""
+    from specprobe.infer.decoding import specs as specs_module
+
+    target, draft = engines
+    generated, scored, calls = [], [], []
+
+    class Recorder:
+        def __init__(self, engine, sink, method):
+            self.engine, self.sink, self.method = engine, sink, method
+
+        def __getattr__(self, name):
+            attr = getattr(self.engine, name)
+            if name != self.method:
+                return attr
+
+            def wrapped(*args, **kw):
+                out = attr(*args, **kw)
+                self.sink.append(out)
+                return out
+            return wrapped
+
+    real_scores = specs_module.specs_scores
+    monkeypatch.setattr(specs_module, "specs_scores", lambda *a: calls.append(a) or real_scores(*a))
+    t, d = Recorder(target, scored, "score"), Recorder(draft, generated, "generate")
+    script = [[0.9, 0.9], [0.9, 0.2], [0.9, 0.3]]  # round 1 by the target, then draft rounds
+    specs(Q, t, d, ScriptedReward(script), options(max_steps=3), SpecSConfig(n=2, tau=0.8))
+    assert len(generated) == 2 and len(scored) == 2 and len(calls) == 3
+    for gen, sc, (lt, lg, _, _) in zip(generated, scored, calls[1:]):
+        assert list(lg) == pytest.approx([s.logprob for s in gen.steps[0]])  # the draft's own log-probability
+        assert list(lt) == pytest.approx([float(s.token_logprobs.sum()) for s in sc.steps])  # the target's
+        assert not list(lt) == pytest.approx(list(lg))
+    # the draw: 8 target rounds with every score 0 do not all pick candidate 0 (argmax's choice on ties)
+    res = specs(Q, target, draft, ScriptedReward([[0.0] * 4] * 8), options(max_steps=8), SpecSConfig(n=4, tau=2.0,
+                                                                                                   beta=0.0))
+    assert all(c["scores"] == [0.0] * 4 for c in res.trace)
+    assert len({c["picked"] for c in res.trace}) > 1
