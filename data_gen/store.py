@@ -447,6 +447,12 @@ class ProbeDataset:
                                                  "broken shards") as f:
                 if key not in f.keys():
                     raise DataFolderError(f"{files[int(shard)]} has no tensor {key!r} (has {sorted(f.keys())})")
+                stored = tuple(f.get_slice(key).get_shape()[1:])
+                if stored != tuple(shape):
+                    raise DataFolderError(
+                        f"{files[int(shard)]}: tensor {key!r} holds rows of shape {stored}, but {self.folder / MANIFEST} "
+                        f"says {tuple(shape)} (layers x hidden size of the {key.split('.')[0]} model); the manifest "
+                        "or the shard was changed. Generate the data again (another output_dir)")
                 lo, hi = int(wanted.min()), int(wanted.max()) + 1
                 block = f.get_slice(key)[lo:hi]
             out[torch.from_numpy(where)] = block[torch.from_numpy(wanted - lo)].float()

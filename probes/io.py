@@ -109,18 +109,21 @@ def load_tensors(path: PathLike, what_to_do: str = REDO) -> dict[str, torch.Tens
 
 @contextlib.contextmanager
 def open_tensors(path: PathLike, what_to_do: str = REDO):
-    """safetensors' lazy reader (`safe_open`) on `path`, with the same named errors as `load_tensors`."""
-    from safetensors import safe_open
+    """safetensors' lazy reader (`safe_open`) on `path`, with the same named errors as `load_tensors` (for the
+    file's own format errors, on opening or on reading a slice; the caller's errors pass through)."""
+    from safetensors import SafetensorError, safe_open
 
+    def named(err: Exception) -> FileFormatError:
+        return FileFormatError(f"{path} cannot be read as safetensors ({type(err).__name__}: {err}); {what_to_do}")
     try:
-        with safe_open(str(path), framework="pt") as f:
+        handle = safe_open(str(path), framework="pt")
+    except Exception as err:  # noqa: BLE001 - anything that stops the header from being read
+        raise named(err) from None
+    with handle as f:
+        try:
             yield f
-    except FileFormatError:
-        raise
-    except Exception as err:  # noqa: BLE001 - a damaged file fails on open or on a slice read
-        if isinstance(err, (KeyError, IndexError)):
-            raise
-        raise FileFormatError(f"{path} cannot be read as safetensors ({type(err).__name__}: {err}); {what_to_do}") from None
+        except SafetensorError as err:
+            raise named(err) from None
 
 
 def model_paths(directory: PathLike, name: str) -> tuple[Path, Path]:

@@ -309,3 +309,11 @@ def test_a_damaged_feature_file_of_an_old_shard_is_named(tmp_path):
     ds = open_dataset(tmp_path)
     with pytest.raises(FileFormatError, match=r"features-00000\.safetensors cannot be read as safetensors.*redoes"):
         ds.features("target", "mean")
+
+
+def test_a_manifest_whose_hidden_size_was_edited_is_named_not_a_shape_error(tmp_path):
+    manifest = build_folder(tmp_path, [0], 1)
+    manifest["engines"]["target"]["hidden_size"] = H + 1
+    write_manifest(tmp_path, manifest)
+    with pytest.raises(DataFolderError, match=rf"'target.mean' holds rows of shape \(3, {H}\), but .* says \(3, {H + 1}\)"):
+        open_dataset(tmp_path).features("target", "mean")
