@@ -234,6 +234,22 @@ class ModelRunner:
         return results
 
 
+def check_row_specs(specs: Sequence[RowSpec], running_keys: Sequence[Hashable], max_length: int | None) -> None:
+    """Rows about to join a batch (either decode path): unique keys, a prompt, a cap, room in the context window."""
+    keys = [s.key for s in specs] + list(running_keys)
+    if len(set(keys)) != len(keys):
+        raise ValueError("row keys must be unique within a batch")
+    for s in specs:
+        if s.cap < 1:
+            raise ValueError(f"row {s.key!r}: token cap must be >= 1, got {s.cap}")
+        if not s.ids:
+            raise ValueError(f"row {s.key!r}: empty prompt (no tokens)")
+        if max_length and len(s.ids) + s.cap > max_length:
+            raise PromptTooLongError(
+                f"row {s.key!r}: prompt plus one step has {len(s.ids) + s.cap} tokens, more than the "
+                f"context window ({max_length}); shorten the prompt or lower the number of steps kept in it")
+
+
 @dataclass
 class RowSpec:
     """One row to decode: `key` identifies it in the results."""
@@ -261,7 +277,30 @@ class _Row:
     share: int = 0  # prompt tokens taken from the donor / base instead of being forwarded
 
 
-class DecodeBatch:
+class RowBatch:
+    """What both decode paths' batches share: `rows` (each with a `key`), `step()`, and these."""
+
+    rows: list
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def keys(self) -> list[Hashable]:
+        return [r.key for r in self.rows]
+
+    def run(self) -> dict[Hashable, Step]:
+        """Step until every row is done."""
+        results: dict[Hashable, Step] = {}
+        while self.rows:
+            results.update(self.step())
+        return results
+
+    def step(self) -> list[tuple[Hashable, Step]]:
+        raise NotImplementedError
+
+
+class DecodeBatch(RowBatch):
     """Decode one step for each of several rows, one forward per iteration.
 
     Use `add` (any time), `step` (one iteration; returns the rows that finished in it), `remove`
@@ -288,30 +327,12 @@ class DecodeBatch:
         self.shared_tokens = 0  # prompt tokens copied from another row instead of being encoded
 
     # ------------------------------------------------------------------ public API
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @property
-    def keys(self) -> list[Hashable]:
-        return [r.key for r in self.rows]
-
     def add(self, specs: Sequence[RowSpec]) -> list[tuple[Hashable, Step]]:
         """Add rows; returns rows that finished at once (e.g. their first token is EOS or cap == 1)."""
         specs = list(specs)
         if not specs:
             return []
-        keys = [s.key for s in specs] + [r.key for r in self.rows]
-        if len(set(keys)) != len(keys):
-            raise ValueError("row keys must be unique within a batch")
-        for s in specs:
-            if s.cap < 1:
-                raise ValueError(f"row {s.key!r}: token cap must be >= 1, got {s.cap}")
-            if not s.ids:
-                raise ValueError(f"row {s.key!r}: empty prompt (no tokens)")
-            if self.max_length and len(s.ids) + s.cap > self.max_length:
-                raise PromptTooLongError(
-                    f"row {s.key!r}: prompt plus one step has {len(s.ids) + s.cap} tokens, more than the "
-                    f"context window ({self.max_length}); shorten the prompt or lower the number of steps kept in it")
+        check_row_specs(specs, [r.key for r in self.rows], self.max_length)
         with torch.inference_mode():
             creating = not self.rows
             if creating:
@@ -395,12 +416,6 @@ class DecodeBatch:
             self._drop([r for r, _ in finished])
             self._compact()
         return [(r.key, s) for r, s in finished]
-
-    def run(self) -> dict[Hashable, Step]:
-        results: dict[Hashable, Step] = {}
-        while self.rows:
-            results.update(self.step())
-        return results
 
     # ------------------------------------------------------------------ internals
     def _new_base(self, ids_list: list[list[int]]) -> None:

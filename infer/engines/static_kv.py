@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from specprobe.infer.engines.base import EngineStats, PromptTooLongError, SamplingParams, Step
+from specprobe.infer.engines.base import EngineStats, SamplingParams, Step
 from specprobe.infer.engines.device_sampling import sample_tokens, seed_key
-from specprobe.infer.engines.hf_kv import ModelRunner, RowSpec, common_prefix_len
+from specprobe.infer.engines.hf_kv import ModelRunner, RowBatch, RowSpec, check_row_specs, common_prefix_len
 from specprobe.infer.engines.tokens import StepTokenizer
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class _FastRow:
     tail_text: str = ""  # the last few decoded characters (delimiter test)
 
 
-class FastDecodeBatch:
+class FastDecodeBatch(RowBatch):
     """Decode one step for each of several rows on a StaticKV (interface of `hf_kv.DecodeBatch`)."""
 
     def __init__(self, runner: ModelRunner, text: StepTokenizer, params: SamplingParams, *,
@@ -185,18 +185,11 @@ class FastDecodeBatch:
         self._ids = self._pos = self._keys = self._counters = None
 
     # ------------------------------------------------------------------ public API
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @property
-    def keys(self) -> list[Hashable]:
-        return [r.key for r in self.rows]
-
     def add(self, specs: Sequence[RowSpec]) -> list[tuple[Hashable, Step]]:
         specs = list(specs)
         if not specs:
             return []
-        self._check(specs)
+        check_row_specs(specs, [r.key for r in self.rows], self.max_length)
         with torch.inference_mode():
             new = [_FastRow(s.key, list(s.ids), s.cap, self._seed_key(s.seed), s.keep, pos=len(s.ids)) for s in specs]
             if not self.rows:
@@ -234,12 +227,6 @@ class FastDecodeBatch:
             self.stats.iterations += 1
             self.stats.row_iterations += len(self.rows)
             return self._sample_and_append(list(self.rows), logits, None)
-
-    def run(self) -> dict[Hashable, Step]:
-        results: dict[Hashable, Step] = {}
-        while self.rows:
-            results.update(self.step())
-        return results
 
     # ------------------------------------------------------------------ sampling and the stop rule
     def _seed_key(self, seed: int | None) -> int:
@@ -292,18 +279,6 @@ class FastDecodeBatch:
         return step
 
     # ------------------------------------------------------------------ joining
-    def _check(self, specs: Sequence[RowSpec]) -> None:
-        keys = [s.key for s in specs] + [r.key for r in self.rows]
-        if len(set(keys)) != len(keys):
-            raise ValueError("row keys must be unique within a batch")
-        for s in specs:
-            if not s.ids:
-                raise ValueError(f"row {s.key!r}: empty prompt (no tokens)")
-            if self.max_length and len(s.ids) + s.cap > self.max_length:
-                raise PromptTooLongError(
-                    f"row {s.key!r}: prompt plus one step has {len(s.ids) + s.cap} tokens, more than the "
-                    f"context window ({self.max_length}); shorten the prompt or lower the number of steps kept in it")
-
     def _new_base(self, ids_list: list[list[int]]) -> None:
         lcp = common_prefix_len(ids_list)
         self.base_ids = list(ids_list[0][:lcp])
