@@ -556,6 +556,11 @@ def test_a_run_that_skips_every_context_is_an_error_and_bad_text_is_cleaned(tmp_
     wrapped = tuple(BlankingEngine(e) for e in engines)
     with pytest.warns(DataWarning), pytest.raises(DataFolderError, match="all 1 contexts were skipped.*all-empty@0"):
         generate_dataset(cfg, traces=[empty], engines=wrapped, judge=judge, progress=False)
+    # a record far larger than the context window (the 5 MB case): skipped, and the empty run is an error
+    huge = Trace("huge", "math", good.question + " 12 apples." * 9000, good.steps, good.answer)
+    _, cfg = write_config(tmp_path, tmp_path / "run-huge")
+    with pytest.warns(DataWarning), pytest.raises(DataFolderError, match="all 1 contexts were skipped.*huge@0.*too long"):
+        generate_dataset(cfg, traces=[huge], engines=engines, judge=judge, progress=False)
     # a lone surrogate and a control character: replaced, the record kept and named
     bad = {"id": "surrogate", "question": good.question + " \ud800\x07", "steps": list(good.steps), "answer": good.answer}
     _, cfg = write_config(tmp_path, tmp_path / "run2")
