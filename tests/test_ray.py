@@ -110,9 +110,11 @@ def test_too_many_gpus_is_refused_before_loading_anything(local_ray, tmp_path):
 def test_a_replica_that_cannot_load_its_model_is_a_clear_error(local_ray, tmp_path):
     from specprobe.data_gen.distributed import generate_dataset_on_ray
 
+    # an existing folder without config.json: it passes the config's path check, and only loading fails
+    (tmp_path / "empty-model-folder").mkdir()
     _, cfg = write_config(tmp_path, tmp_path / "run", **SMALL, ray={"local_cpus": 2},
-                          models={"target": str(tmp_path / "no-such-model")})
-    with pytest.raises(ClusterError, match=r"(?s)could not start.*ModelUnavailableError.*no-such-model"):
+                          models={"target": str(tmp_path / "empty-model-folder")})
+    with pytest.raises(ClusterError, match=r"(?s)could not start.*ModelUnavailableError.*empty-model-folder"):
         generate_dataset_on_ray(cfg, progress=False)
     manifest = read_manifest(cfg.data_dir)
     assert manifest is None  # nothing was planned into the folder
