@@ -41,7 +41,7 @@ def test_empty_data_folder(tmp_path):
 def test_single_class_labels(tmp_path):
     def constant(shard):
         for row in shard.samples:
-            row["semantic_prob"] = row["prob_under_target"] = 0.5
+            row["semantic_prob"] = row["own_prob"] = row["prob_under_target"] = 0.5
 
     write_synthetic_data(tmp_path, questions=6, edit=constant)
     message = _train(tmp_path)
