@@ -176,7 +176,6 @@ class FastDecodeBatch(RowBatch):
         self.kv: StaticKV | None = None
         self.base_ids: list[int] = []
         self.base_cache = None
-        self.base_logits: torch.Tensor | None = None
         self.shared_tokens = 0
         self._delim = params.delimiter
         self._cheap_stop = self._delim.isascii()  # see _append
@@ -283,9 +282,9 @@ class FastDecodeBatch(RowBatch):
         lcp = common_prefix_len(ids_list)
         self.base_ids = list(ids_list[0][:lcp])
         if lcp:
-            self.base_cache, self.base_logits = self.runner.prefill(self.base_ids, self.stats)
+            self.base_cache, _ = self.runner.prefill(self.base_ids, self.stats)  # rows forward >= 1 own token
         else:
-            self.base_cache, self.base_logits = None, None
+            self.base_cache = None
 
     def _donor(self, row: _FastRow) -> tuple[_FastRow | None, int]:
         """The running row (or None: the base) sharing the longest token prefix with `row`, and how
