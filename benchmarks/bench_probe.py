@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from specprobe.probes.base import load_probe
 from specprobe.probes.features import FeatureSpec, layers_from_option
 from specprobe.probes.mlp import SemanticProbe
 from specprobe.train.config import load_config
@@ -48,7 +49,7 @@ def median_seconds(fn, repeats: int, warmup: int = 2) -> float:
 def probe_pair(cfg, info) -> tuple[SemanticProbe, SemanticProbe, str]:
     ckpt = Path(cfg.checkpoint_dir)
     if (ckpt / "probe_target.json").is_file() and (ckpt / "probe_draft.json").is_file():
-        return SemanticProbe.load(ckpt, "probe_target"), SemanticProbe.load(ckpt, "probe_draft"), str(ckpt)
+        return load_probe(ckpt, "probe_target"), load_probe(ckpt, "probe_draft"), str(ckpt)
     probes = []
     for _role in ("target", "draft"):
         spec = FeatureSpec(model_id=info.model_id, num_layers=info.num_layers, hidden_size=info.hidden_size,

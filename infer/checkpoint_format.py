@@ -55,7 +55,8 @@ def probe_name(role: str) -> str:
 
 
 def is_probe_component(name: str) -> bool:
-    """Components stored as a SemanticProbe pair of files (runtime probes, variants, last-layer baselines)."""
+    """Components stored as a probe's pair of files (runtime probes, the other kind, variants, last-layer
+    baselines)."""
     return name.startswith(("probe_", "baseline_last_layer_"))
 
 
@@ -211,9 +212,13 @@ def write_model_card(folder: Path, text: str) -> None:
     (folder / MODEL_CARD).write_text(text, encoding="utf-8")
 
 
-def write_baselines(folder: Path, per_role: dict[str, dict]) -> str:
-    """baselines.json: per role the constant and log-prob baselines' own dicts plus what they read."""
-    write_json(folder / BASELINES_JSON, clean_json({"format": BASELINES_FORMAT, "format_version": 1, **per_role}))
+def write_baselines(folder: Path, per_role: dict[str, dict], per_set: dict[str, dict] | None = None) -> str:
+    """baselines.json: per role the constant and log-prob baselines' own dicts plus what they read (fitted on
+    the role's main training sets together) and, under "sets", each row set's own (fitted on that set)."""
+    payload = {"format": BASELINES_FORMAT, "format_version": 1, **per_role}
+    if per_set:
+        payload["sets"] = per_set
+    write_json(folder / BASELINES_JSON, clean_json(payload))
     return BASELINES
 
 
@@ -246,6 +251,18 @@ def read_baselines(path: str | os.PathLike) -> dict[str, dict]:
     if data.get("format") != BASELINES_FORMAT:
         raise CheckpointError(f"{file}: format {data.get('format')!r}, expected {BASELINES_FORMAT!r}")
     return {role: data[role] for role in ("target", "draft") if role in data}
+
+
+def read_set_baselines(path: str | os.PathLike) -> dict[str, dict]:
+    """The per-row-set baselines of baselines.json ({} for a checkpoint written before they existed)."""
+    file = checkpoint_folder(path) / BASELINES_JSON
+    data = _read(file, "baselines")
+    if data.get("format") != BASELINES_FORMAT:
+        raise CheckpointError(f"{file}: format {data.get('format')!r}, expected {BASELINES_FORMAT!r}")
+    sets = data.get("sets") or {}
+    if not isinstance(sets, dict):
+        raise CheckpointError(f"{file}: field 'sets' must be an object of row sets, got {type(sets).__name__}")
+    return sets
 
 
 @dataclass(frozen=True)

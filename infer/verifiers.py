@@ -344,7 +344,7 @@ class ProbePairVerifier(Verifier):
 # ----------------------------------------------------------------------------- loading
 def load_probe_pair(path: str | Path, *, target_engine=None, draft_engine=None, eps: float = DEFAULT_EPS,
                     allow_model_mismatch: bool = False, device: str | torch.device = "cpu") -> ProbePairVerifier:
-    from specprobe.probes.mlp import SemanticProbe
+    from specprobe.probes.base import load_probe
 
     folder = ckpt.checkpoint_folder(path)
     probes = []
@@ -353,7 +353,7 @@ def load_probe_pair(path: str | Path, *, target_engine=None, draft_engine=None, 
         if not ckpt.has_probe(folder, name):
             raise CheckpointError(f"checkpoint {folder} has no {name}.safetensors/.json; train the probes "
                                   "(verifiers.train includes 'probes') or use another verifier")
-        probes.append(SemanticProbe.load(folder, name, map_location=device))
+        probes.append(load_probe(folder, name, map_location=device))
     return ProbePairVerifier(probes[0], probes[1], eps, target_engine, draft_engine, allow_model_mismatch)
 
 

@@ -17,12 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .base import PROB_EPS, HiddenStateProbe  # noqa: F401  (PROB_EPS: re-exported)
 from .features import FeatureSpec
-from .io import FileFormatError, load_model_files, save_model_files
 
 FORMAT_NAME = "specprobe.semantic_probe"
 FORMAT_VERSION = 1
-PROB_EPS = 1e-6  # predictions are clamped to [eps, 1 - eps] so p/q ratios stay finite
 
 
 @dataclass
@@ -82,21 +81,22 @@ def _require(ok: bool, name: str, what: str, value: Any) -> None:
         raise ValueError(f"ProbeMLPConfig.{name} must be {what}, got {value!r}")
 
 
-class SemanticProbe(nn.Module):
+class SemanticProbe(HiddenStateProbe):
     """Selected hidden states [B, len(layers), H] -> one logit per row.
 
     Pipeline: standardise per (layer, dim) -> combine layers (concat | mean | learned softmax weights)
     -> Linear-GELU-Dropout-Linear-GELU-Dropout-Linear.
     """
 
+    FORMAT_NAME = FORMAT_NAME
+    FORMAT_VERSION = FORMAT_VERSION
+    KIND = "mlp"
+
     def __init__(self, spec: FeatureSpec, cfg: ProbeMLPConfig | None = None) -> None:
-        super().__init__()
-        self.spec = spec
-        self.cfg = cfg or ProbeMLPConfig()
-        self.extra: dict[str, Any] = {}  # free-form metadata saved in the JSON (e.g. training provenance)
-        n_sel, hidden = spec.num_selected, spec.hidden_size
-        self.register_buffer("feature_mean", torch.zeros(n_sel, hidden))
-        self.register_buffer("feature_std", torch.ones(n_sel, hidden))
+        self_cfg = cfg or ProbeMLPConfig()
+        super().__init__(spec, self_cfg.std_floor)
+        self.cfg = self_cfg
+        n_sel = spec.num_selected
         if spec.combine == "weighted":
             self.layer_logits = nn.Parameter(torch.zeros(n_sel))  # uniform weights at start
         width = self.cfg.hidden_dim
@@ -106,36 +106,6 @@ class SemanticProbe(nn.Module):
             nn.Linear(width, 1),
         )
 
-    # ---- features -------------------------------------------------------------------------------
-    def prepare(self, features: torch.Tensor) -> torch.Tensor:
-        """Accept full hidden states [B, num_layers+1, H] or already-selected [B, len(layers), H]."""
-        if not isinstance(features, torch.Tensor):
-            raise TypeError(f"features must be a torch.Tensor, got {type(features).__name__}")
-        spec = self.spec
-        if features.ndim == 3 and features.shape[1] == spec.num_layers + 1 and features.shape[2] == spec.hidden_size:
-            return spec.select(features)
-        self._check_selected(features)
-        return features
-
-    def _check_selected(self, features: torch.Tensor) -> None:
-        spec = self.spec
-        expected = (spec.num_selected, spec.hidden_size)
-        if features.ndim != 3 or tuple(features.shape[1:]) != expected:
-            raise ValueError(
-                f"probe expects features [B, {expected[0]}, {expected[1]}] (layers {spec.layers} of "
-                f"{spec.model_id!r}) or full hidden states [B, {spec.num_layers + 1}, {spec.hidden_size}], "
-                f"got {list(features.shape)}"
-            )
-
-    @torch.no_grad()
-    def fit_standardizer(self, selected: torch.Tensor) -> None:
-        """Set per-(layer, dim) mean/std from training features [N, len(layers), H]."""
-        self._check_selected(selected)
-        x = selected.to(self.feature_mean.dtype)
-        self.feature_mean.copy_(x.mean(dim=0))
-        std = x.std(dim=0, unbiased=False) if x.shape[0] > 1 else torch.zeros_like(self.feature_std)
-        self.feature_std.copy_(std.clamp_min(self.cfg.std_floor))
-
     def layer_weights(self) -> torch.Tensor:
         """Per-layer weights used to combine layers (softmax for 'weighted', uniform for 'mean')."""
         n_sel = self.spec.num_selected
@@ -144,58 +114,24 @@ class SemanticProbe(nn.Module):
         return torch.full((n_sel,), 1.0 / n_sel, device=self.feature_mean.device)
 
     def combine(self, selected: torch.Tensor) -> torch.Tensor:
-        x = (selected.to(self.feature_mean.dtype) - self.feature_mean) / self.feature_std
+        x = self.standardize(selected)
         if self.spec.combine == "concat":
             return x.flatten(1)
         if self.spec.combine == "mean":
             return x.mean(dim=1)
         return torch.einsum("blh,l->bh", x, torch.softmax(self.layer_logits, dim=0))
 
-    # ---- inference ------------------------------------------------------------------------------
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         self._check_selected(features)
         return self.mlp(self.combine(features)).squeeze(-1)
 
-    @torch.no_grad()
-    def predict_proba(self, features: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
-        """Probabilities in [PROB_EPS, 1 - PROB_EPS] (never exactly 0 or 1), on CPU, float32."""
-        was_training = self.training
-        self.eval()
-        try:
-            x = self.prepare(features)
-            device = self.feature_mean.device
-            out = [torch.sigmoid(self(chunk.to(device)).double()) for chunk in x.split(batch_size)]
-            probs = torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
-        finally:
-            self.train(was_training)
-        return probs.clamp(PROB_EPS, 1 - PROB_EPS).float().cpu()
-
     # ---- persistence ----------------------------------------------------------------------------
-    def save(self, directory, name: str, extra: dict[str, Any] | None = None):
-        """Write `{name}.safetensors` (weights + standardisation buffers) and `{name}.json`."""
-        meta = {**self.extra, **(extra or {})}
-        config = {"feature_spec": self.spec.to_dict(), "probe_config": self.cfg.to_dict(), "extra": meta}
-        return save_model_files(directory, name, self.state_dict(), config,
-                                format_name=FORMAT_NAME, format_version=FORMAT_VERSION)
+    def _config(self) -> dict[str, Any]:
+        return {"probe_config": self.cfg.to_dict()}
 
     @classmethod
-    def load(cls, directory, name: str, map_location: str | torch.device = "cpu") -> SemanticProbe:
-        tensors, config = load_model_files(directory, name, format_name=FORMAT_NAME,
-                                           supported_versions=(FORMAT_VERSION,))
-        probe = cls(FeatureSpec.from_dict(config["feature_spec"]), ProbeMLPConfig.from_dict(config["probe_config"]))
-        try:
-            missing, unexpected = probe.load_state_dict(tensors, strict=False)
-        except RuntimeError as err:  # shape mismatch between the JSON config and the weights
-            raise ValueError(f"{name}.safetensors does not match its JSON config in {directory}: {err}") from None
-        if missing or unexpected:
-            raise ValueError(f"{name}.safetensors does not match its JSON config: "
-                             f"missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-        bad = [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-        if bad:
-            raise FileFormatError(f"{name}.safetensors in {directory} has NaN/inf weights ({', '.join(sorted(bad))}); "
-                                  "the probe cannot predict anything: train it again (probe-train --stage train)")
-        probe.extra = config.get("extra", {})
-        return probe.to(map_location).eval()
+    def _from_config(cls, spec: FeatureSpec, config: dict[str, Any]) -> SemanticProbe:
+        return cls(spec, ProbeMLPConfig.from_dict(config["probe_config"]))
 
 
 # ---- training ---------------------------------------------------------------------------------------

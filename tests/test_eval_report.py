@@ -19,11 +19,11 @@ from specprobe.train.report.evaluate import empirical_ratio
 
 from _eval_fixtures import make_checkpoint, make_data, write_config
 
-QUICK = ["eval.n_boot=30", "eval.layer_sweep=false"]
+QUICK = ["eval.n_boot=30", "eval.layer_sweep=false", "eval.logistic_sweep=false"]
 RELIABILITY = ["reliability_probe_target_draft_via_target", "reliability_probe_target_target_own",
                "reliability_probe_draft_draft_own"]
 FIGURES = [f"{name}{kind}.png" for name in RELIABILITY for kind in ("", "_equal_mass")] + [
-    "acceptance_scatter.png", "layer_sweep.png", "verifiers_roc_pr.png"]
+    "acceptance_scatter.png", "layer_sweep.png", "logistic_sweep.png", "verifiers_roc_pr.png"]
 
 
 def quiet(_):
@@ -44,8 +44,11 @@ def report(trained, tmp_path_factory):
 
 def test_report_writes_every_part_and_figure(report):
     m = report.metrics
-    assert m["skipped"] == []
-    assert set(m["parts"]) == {"probes", "acceptance", "layer_sweep", "verifiers"}  # umap off in the fixture
+    # the synthetic steps all have 8 tokens: only the length check of the positive control has nothing to predict
+    assert {s["part"] for s in m["skipped"]} == {"positive_control/target_own/length_share",
+                                                 "positive_control/draft_own/length_share"}
+    assert set(m["parts"]) == {"probes", "acceptance", "layer_sweep", "logistic_sweep", "positive_control",
+                               "verifiers"}  # umap off in the fixture
     assert sorted(f["file"] for f in m["figures"]) == sorted(FIGURES)
     markdown = report.markdown.read_text()
     for name in FIGURES:
@@ -309,7 +312,7 @@ def test_wandb_offline_logs_metrics_and_figures(trained, tmp_path, monkeypatch):
     runs = list((out / "wandb").rglob("offline-run-*"))
     assert runs and any(runs[0].rglob("*.wandb"))
     images = list(runs[0].rglob("media/images/**/*.png"))
-    assert len(images) == len(FIGURES) - 1  # every figure of the report (no layer sweep here)
+    assert len(images) == len(FIGURES) - 2  # every figure of the report (no layer sweeps here: QUICK)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["wandb"]["mode"] == "offline"
 
@@ -377,3 +380,42 @@ def test_missing_data_folder_still_writes_a_report_saying_so(trained, tmp_path):
     assert [s["part"] for s in report.skipped] == ["data"] and "pass --data" in report.skipped[0]["reason"]
     assert report.metrics["parts"] == {} and report.metrics["figures"] == []
     assert "pass --data" in report.markdown.read_text()
+
+
+def test_logistic_sweep_covers_every_layer_and_pooling_of_every_set(report, trained):
+    """Each row set swept on its own, against its own constant, with intervals; the reading it calls best is the
+    one with the lowest validation log-loss; the planted signal beats the constant."""
+    cfg, _ = trained
+    ds = open_dataset(cfg.data_dir)
+    part = report.metrics["parts"]["logistic_sweep"]
+    assert set(part["sets"]) == {"target_own", "draft_via_target", "draft_own"}
+    constants = set()
+    for name, sweep in part["sets"].items():
+        role = "draft" if name == "draft_own" else "target"
+        readings = {(e["pooling"], e["layer"]) for e in sweep["entries"]}
+        assert readings == {(p, r) for p in ("mean", "last") for r in ds.layers(role)}
+        assert sweep["best"] == min(sweep["entries"], key=lambda e: (e["val_log_loss"], e["layer"]))
+        delta = sweep["best"]["versus_constant"]["brier_delta"]
+        assert delta["estimate"] < 0 and delta["withheld"]  # 2 test questions: no interval, and it says why
+        constants.add(round(sweep["constant"], 6))
+    assert len(constants) == 3
+    assert "logistic_sweep.png" in {f["file"] for f in report.metrics["figures"]}
+    assert "Logistic probe per layer, per row set" in report.markdown.read_text()
+
+
+def test_positive_control_recovers_the_token_probability(report):
+    """The synthetic steps' log-probs follow their cluster sizes, which the features carry: the control recovers
+    them (the fixture's 2 test questions are too few for an interval, so the check says so instead of passing);
+    the length is constant there (8 tokens), so that check is skipped and says why."""
+    from specprobe.train.report.classic import control_check
+
+    part = report.metrics["parts"]["positive_control"]
+    for set_name in ("target_own", "draft_own"):
+        token = part["sets"][set_name]["targets"]["token_prob"]
+        assert token["versus_constant"]["brier_skill"]["estimate"] > 0.3
+        assert token["check"] == "too small to tell"
+        assert "length_share" not in part["sets"][set_name]["targets"]
+    assert any(s["part"] == "positive_control/target_own/length_share" for s in report.metrics["skipped"])
+    assert part["verdict"].startswith("too small to tell")
+    assert control_check({"estimate": 0.2, "low": 0.05, "high": 0.3}) == "passed"
+    assert control_check({"estimate": 0.02, "low": -0.01, "high": 0.05}) == "FAILED"

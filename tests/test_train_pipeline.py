@@ -44,7 +44,7 @@ def test_split_is_by_question_everywhere(run):
     split = QuestionSplit.make(ds.question_ids(), cfg.probe)
     prepared = pipeline.prepare(ds, cfg, split)
     sides = {}
-    for side, sets in prepared.sets.items():
+    for side, sets in prepared.sets[cfg.probe.pooling].items():
         for rows in sets.values():
             for q in rows.questions:
                 assert sides.setdefault(q, side) == side, f"question {q} is on two sides"
@@ -65,7 +65,10 @@ def test_probes_beat_the_constant_baseline(run):
     assert draft["probe"]["mae"] < 0.7 * draft["constant"]["mae"]
     target = probes["probe_target"]["val"]["draft_via_target"]
     assert target["probe"]["mae"] < 0.7 * target["constant"]["mae"]
-    assert set(target) == {"probe", "variant", "last_layer", "logprob", "constant"}
+    assert set(target) == {"probe", "logistic", "variant", "last_layer", "logprob", "logprob_isotonic", "constant"}
+    assert target["logistic"]["mae"] < 0.7 * target["constant"]["mae"]  # the planted signal is linear
+    logistic = probes["probe_target"]["logistic"]
+    assert logistic["kind"] == "logistic" and logistic["selection"] and logistic["l2"] > 0
     assert probes["probe_target"]["trained_on"] == ["target_own", "draft_via_target"]
 
 
@@ -104,7 +107,9 @@ def test_checkpoint_has_no_pickle_and_plain_safetensors(run):
     assert not [f for f in files if f.suffix in (".pt", ".pth", ".pkl", ".bin", ".ckpt")]
     assert all(f.stat().st_mode & 0o044 == 0o044 for f in files), "checkpoint files must be readable by others"
     tensors = [f for f in files if f.suffix == ".safetensors"]
-    assert len(tensors) == 5
+    assert sorted(p.stem for p in tensors) == ["baseline_last_layer_draft", "baseline_last_layer_target", "probe_draft",
+                                               "probe_draft_logistic", "probe_target", "probe_target_logistic",
+                                               "probe_target_own"]
     for path in tensors:
         with safe_open(str(path), framework="pt") as f:
             assert f.keys()
@@ -234,3 +239,48 @@ def test_test_split_is_scored_and_printed(tmp_path):
     assert split["test"] and set(split["test"]).isdisjoint(split["train"] + split["val"])
     assert "draft_own" in result.metrics["probes"]["probe_draft"]["test"]
     assert "==== test metrics ====" in "\n".join(lines)
+
+
+def test_each_row_set_is_scored_against_its_own_baselines(run):
+    """One constant per set (its mean training label), not the mixture of the sets a probe trained on."""
+    from specprobe.train.probes_train import load_row_set
+
+    cfg, result, _ = run
+    ds = open_dataset(cfg.data_dir)
+    split = QuestionSplit.make(ds.question_ids(), cfg.probe)
+    per_set = result.probes.set_baselines
+    assert set(per_set) == {"target_own", "draft_via_target", "draft_own"}
+    means = {}
+    for name, base in per_set.items():
+        rows = load_row_set(ds, name, "mean")
+        means[name] = float(rows.y[torch.from_numpy(split.sides(rows.questions) == "train")].double().mean())
+        assert base.constant.value == pytest.approx(means[name])
+    assert abs(means["draft_via_target"] - means["target_own"]) > 0.01  # the two target-view sets sit apart
+    scored = result.metrics["probes"]["probe_target"]["val"]
+    for set_name in ("draft_via_target", "target_own"):
+        assert scored[set_name]["constant"]["mean_pred"] == pytest.approx(means[set_name])
+    written = json.loads((cfg.checkpoint_dir / "baselines.json").read_text())["sets"]
+    assert written["draft_own"]["constant"]["value"] == pytest.approx(means["draft_own"])
+    assert written["target_own"]["logprob_isotonic"]["kind"] == "logprob_isotonic"
+    loaded = load_checkpoint(cfg.checkpoint_dir)
+    assert loaded.set_baselines["draft_via_target"]["constant"].value == pytest.approx(means["draft_via_target"])
+
+
+def test_the_logistic_kind_becomes_the_runtime_probe(tmp_path, embedder):
+    """probe.kind: logistic saves the logistic probe as probe_<role> (what the runtime loads) and the MLP beside
+    it; its reading is chosen on validation questions."""
+    from specprobe.infer.verifiers import load_probe_pair
+    from specprobe.probes.logistic import LogisticProbe
+    from specprobe.probes.mlp import SemanticProbe
+
+    write_synthetic_data(tmp_path)
+    cfg = synthetic_config(tmp_path, tmp_path, probe={"kind": "logistic"}, verifiers={"train": ["probes"]})
+    result = train_all(cfg, print_fn=lambda _: None)
+    pair = load_probe_pair(cfg.checkpoint_dir)
+    assert isinstance(pair.probe_target, LogisticProbe) and isinstance(pair.probe_draft, LogisticProbe)
+    assert isinstance(load_checkpoint(cfg.checkpoint_dir).probes["probe_target_mlp"], SemanticProbe)
+    entry = result.metrics["probes"]["probe_target"]
+    assert entry["kind"] == "logistic" and entry["mlp"]["kind"] == "mlp"
+    chosen = min(entry["selection"], key=lambda r: r["val_log_loss"])
+    assert pair.probe_target.spec.layers == chosen["layers"] and pair.probe_target.l2 == chosen["l2"]
+    assert pair.probe_target.spec.pooling == chosen["pooling"]

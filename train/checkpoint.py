@@ -15,7 +15,7 @@ from typing import Any
 
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.versions import package_versions
-from specprobe.probes.mlp import SemanticProbe
+from specprobe.probes.base import HiddenStateProbe, load_probe
 from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
 
 LOGPROB_INPUTS = {"target_own": "mean_logprob", "draft_via_target": "target_logprob / target_num_tokens",
@@ -33,7 +33,9 @@ def _write_probes(folder: Path, probes) -> list[str]:
         main = probes.probes[fmt.probe_name(role)].plan
         per_role[role] = {**base.to_dict(), "trained_on": main.train_sets,
                           "logprob_input": {s: LOGPROB_INPUTS[s] for s in main.train_sets}}
-    return names + [fmt.write_baselines(folder, per_role)]
+    per_set = {name: {**base.to_dict(), "logprob_input": LOGPROB_INPUTS[name]}
+               for name, base in probes.set_baselines.items()}
+    return names + [fmt.write_baselines(folder, per_role, per_set)]
 
 
 def _write_embedding(folder: Path, embedding) -> str:
@@ -173,8 +175,9 @@ def _training_lines(cfg, components: list[str]) -> list[str]:
 class Checkpoint:
     folder: Path
     meta: dict[str, Any]
-    probes: dict[str, SemanticProbe] = field(default_factory=dict)
+    probes: dict[str, HiddenStateProbe] = field(default_factory=dict)
     baselines: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> {constant, logprob, ...}
+    set_baselines: dict[str, dict[str, Any]] = field(default_factory=dict)  # row set -> {constant, logprob, ...}
     embedding: dict[str, Any] | None = None
     judge: dict[str, Any] | None = None  # judge.json + "adapter_dir"
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -191,9 +194,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: str = "cpu") -> Check
     ckpt = Checkpoint(folder, meta, metrics=fmt.read_metrics(folder))
     for name in meta.get("components", []):
         if fmt.is_probe_component(name):
-            ckpt.probes[name] = SemanticProbe.load(folder, name, map_location=map_location)
+            ckpt.probes[name] = load_probe(folder, name, map_location=map_location)
         elif name == fmt.BASELINES:
             ckpt.baselines = {role: _baselines(entry) for role, entry in fmt.read_baselines(folder).items()}
+            ckpt.set_baselines = {name: _baselines(entry) for name, entry in fmt.read_set_baselines(folder).items()}
         elif name == fmt.EMBEDDING:
             ckpt.embedding = fmt.read_embedding(folder).raw
         elif name == fmt.JUDGE:
@@ -203,6 +207,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str = "cpu") -> Check
 
 
 def _baselines(entry: dict) -> dict[str, Any]:
-    return {"constant": ConstantBaseline.from_dict(entry["constant"]),
-            "logprob": LogprobBaseline.from_dict(entry["logprob"]),
+    out = {"constant": ConstantBaseline.from_dict(entry["constant"]),
+           "logprob": LogprobBaseline.from_dict(entry["logprob"])}
+    if "logprob_isotonic" in entry:
+        out["logprob_isotonic"] = LogprobBaseline.from_dict(entry["logprob_isotonic"])
+    return {**out,
             "logprob_input": entry.get("logprob_input"), "trained_on": entry.get("trained_on")}

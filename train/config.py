@@ -57,10 +57,24 @@ class ProbeConfig:
         1, "torch CPU threads while training and scoring probes (small MLPs are fastest on one thread on a "
            "busy machine); null = leave torch's setting")
     device: str = opt("cpu", "device of probe training: cpu, cuda, ... or auto (models.device)")
+    kind: Literal["mlp", "logistic"] = opt(
+        "mlp", "the runtime probe (probe_target / probe_draft): the MLP above, or the L2 logistic-regression probe "
+               "whose layer, pooling and penalty are chosen on validation questions; the other kind is trained "
+               "too and saved beside it (probe_<role>_logistic or probe_<role>_mlp) as a comparison")
+    logistic_layers: str = opt("all", "hidden-state rows the logistic probe may choose from (one row each); "
+                                      "must be stored rows (data.layers)")
+    logistic_pooling: list[str] = opt(["mean", "last"], "token poolings the logistic probe may choose from")
+    logistic_l2: list[float] = opt([1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0],
+                                   "L2 strengths tried (per row: mean BCE + l2/2 ||w||^2 on standardised features)")
 
     def __post_init__(self) -> None:
         for name in ("hidden_dim", "epochs", "batch_size", "patience", "num_threads"):
             check_positive(self, name)
+        check_layer_option(self.logistic_layers, "probe.logistic_layers")
+        if not self.logistic_pooling or any(p not in ("mean", "last") for p in self.logistic_pooling):
+            raise ConfigError(f"probe.logistic_pooling must list 'mean' and/or 'last', got {self.logistic_pooling}")
+        if not self.logistic_l2 or any(not float(v) > 0 for v in self.logistic_l2):
+            raise ConfigError(f"probe.logistic_l2 must list strengths > 0, got {self.logistic_l2}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"probe.betas needs two numbers in [0, 1), got {self.betas}")
         if not 0 < self.val_fraction < 1 or not 0 <= self.test_fraction < 1:
@@ -140,6 +154,10 @@ class EvalConfig:
     sweep_hidden_dim: int = opt(32, "MLP width of the per-layer sweep probes")
     sweep_epochs: int = opt(15, "most epochs of each per-layer sweep probe")
     sweep_max_layers: int = opt(32, "most layers swept (evenly spread over the stored rows, both ends kept)")
+    logistic_sweep: bool = opt(True, "fit the logistic probe on every stored layer x pooling of every row set, with "
+                                     "intervals against the set's constant, and run the positive control")
+    sweep_l2: list[float] = opt([1e-3, 1e-2, 0.1, 0.3, 1.0, 3.0, 10.0],
+                                "L2 strengths the logistic sweep and the positive control choose from on validation")
     verifiers: list[str] = opt(["embedding", "judge"], "pair verifiers evaluated: embedding, judge")
     max_pairs: int = opt(2000, "most held-out step pairs the pair verifiers score (subsampled)")
     judge_max_pairs: int = opt(400, "most of those pairs the judge-LoRA scores (one LM forward per pair; "

@@ -16,9 +16,13 @@ The target probe scores DRAFT steps at run time, so its headline validation set 
 and the `target_own`-only variant is trained too, as a comparison; without it, only the
 `target_own` probe is trained. The draft probe learns from `draft_own`.
 
-Every probe is trained with `probes.fit_probe` (early stopping on the validation split of the same
-sets) next to its baselines: the constant mean label, a last-layer probe, and the log-prob map of
-`train.baselines`. All validation numbers are `probes.metrics.probe_report`s.
+Two kinds of probe read the hidden states: the MLP (`probes.fit_probe`, early stopping on the validation
+split of the same sets) and the L2 logistic regression (`probes.logistic`, its layer, pooling and penalty
+chosen on the validation split). ``probe.kind`` says which one is the runtime probe (`probe_<role>`); the other
+is trained on the same sets and saved as `probe_<role>_<kind>`. Beside them: a last-layer MLP, and each row
+set's own baselines (`SetBaselines`: its constant, its log-prob calibrated by a logistic fit and by isotonic
+regression), fitted on that set's training rows, so no set is scored against another set's level. All
+validation numbers are `probes.metrics.probe_report`s.
 """
 from __future__ import annotations
 
@@ -31,9 +35,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from specprobe.probes.base import HiddenStateProbe
 from specprobe.probes.features import FeatureSpec, layers_from_option
+from specprobe.probes.logistic import Candidate, select_logistic
 from specprobe.probes.metrics import probe_report
-from specprobe.probes.mlp import FitHistory, SemanticProbe, fit_probe
+from specprobe.probes.mlp import FitHistory, fit_probe
 from specprobe.probes.mlp import ProbeMLPConfig as MLPConfig
 from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
 
@@ -126,29 +132,38 @@ class ProbePlan:
     train_sets: list[str]
     eval_sets: list[str]
     layers: str  # layer option
-    kind: str  # main | variant | last_layer
+    kind: str  # main | variant | last_layer | logistic | mlp (the other kind beside a main probe)
     description: str
+    model: str = "mlp"  # mlp | logistic
 
 
 def plan_probes(probe_cfg, models: Sequence[str]) -> list[ProbePlan]:
-    """The probes `probe-train` trains for the sampled models (main probes, variant, last-layer baselines)."""
+    """The probes `probe-train` trains for the sampled models: main probes (of kind probe.kind), the other kind
+    on the same sets, the target-steps-only variant and the last-layer baselines."""
+    main_kind = getattr(probe_cfg, "kind", "mlp")
+    other = "logistic" if main_kind == "mlp" else "mlp"
     plans: list[ProbePlan] = []
+
+    def with_other(role: str, sets: list[str], evals: list[str], what: str) -> None:
+        plans.append(ProbePlan(f"probe_{role}", role, sets, evals, probe_cfg.features, "main",
+                               f"{role} probe {what} ({main_kind}) on " + " + ".join(sets), main_kind))
+        plans.append(ProbePlan(f"probe_{role}_{other}", role, sets, evals, probe_cfg.features, other,
+                               f"{other} {role} probe on the same sets (comparison)", other))
+
     if "target" in models:
         with_draft = probe_cfg.target_with_draft and "draft" in models
         main_sets = ["target_own", "draft_via_target"] if with_draft else ["target_own"]
         evals = ["draft_via_target", "target_own"] if "draft" in models else ["target_own"]
-        plans.append(ProbePlan("probe_target", "target", main_sets, evals, probe_cfg.features, "main",
-                               "target probe p on " + " + ".join(main_sets)))
+        with_other("target", main_sets, evals, "p")
         if with_draft:
             plans.append(ProbePlan("probe_target_own", "target", ["target_own"], evals, probe_cfg.features,
-                                   "variant", "target probe trained on target steps only (comparison)"))
+                                   "variant", "target MLP probe trained on target steps only (comparison)"))
         plans.append(ProbePlan("baseline_last_layer_target", "target", main_sets, evals, "last", "last_layer",
-                               "last-layer target probe (baseline)"))
+                               "last-layer target MLP probe (baseline)"))
     if "draft" in models:
-        plans.append(ProbePlan("probe_draft", "draft", ["draft_own"], ["draft_own"], probe_cfg.features, "main",
-                               "draft probe q on draft_own"))
+        with_other("draft", ["draft_own"], ["draft_own"], "q")
         plans.append(ProbePlan("baseline_last_layer_draft", "draft", ["draft_own"], ["draft_own"], "last",
-                               "last_layer", "last-layer draft probe (baseline)"))
+                               "last_layer", "last-layer draft MLP probe (baseline)"))
     return plans
 
 
@@ -236,21 +251,41 @@ def torch_threads(n: int | None) -> Iterator[None]:
 @dataclass
 class TrainedProbe:
     plan: ProbePlan
-    probe: SemanticProbe
+    probe: HiddenStateProbe
     cols: list[int]
-    history: FitHistory
+    history: FitHistory | None  # the MLP's epochs (None for the logistic probe)
     seconds: float
     n_train: int
     n_val: int
+    selection: list[dict[str, Any]] | None = None  # logistic: every (row, pooling, l2) tried, validation scores
+
+    @property
+    def pooling(self) -> str:
+        return self.probe.spec.pooling
 
     def predict(self, rows: RowSet) -> np.ndarray:
         if len(rows) == 0:
             return np.empty(0)
         return self.probe.predict_proba(rows.x[:, self.cols]).double().numpy()
 
+    def to_metrics(self) -> dict[str, Any]:
+        out = {"kind": self.probe.KIND, "trained_on": self.plan.train_sets, "features": self.probe.spec.to_dict(),
+               "n_train": self.n_train, "n_val": self.n_val, "seconds": self.seconds}
+        if self.history is not None:
+            out["history"] = self.history.to_dict()
+        if self.selection is not None:
+            out["l2"] = self.probe.l2
+            out["selection"] = self.selection
+        return out
+
 
 def _stack(sets: Sequence[RowSet], cols: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([s.x[:, cols] for s in sets]), torch.cat([s.y for s in sets])
+
+
+def _provenance(plan: ProbePlan, n_train: int, n_val: int, **more: Any) -> dict[str, Any]:
+    return {"component": plan.name, "role": plan.role, "kind": plan.kind, "description": plan.description,
+            "trained_on": list(plan.train_sets), "n_train": n_train, "n_val": n_val, **more}
 
 
 def train_one(plan: ProbePlan, spec: FeatureSpec, cols: list[int], train: Sequence[RowSet], val: Sequence[RowSet],
@@ -260,14 +295,72 @@ def train_one(plan: ProbePlan, spec: FeatureSpec, cols: list[int], train: Sequen
     start = time.perf_counter()
     probe, history = fit_probe(tx, ty, vx, vy, spec, cfg, log_fn=log_fn, device=device)
     probe = probe.cpu()
-    probe.extra = {"component": plan.name, "role": plan.role, "kind": plan.kind, "description": plan.description,
-                   "trained_on": list(plan.train_sets), "n_train": int(tx.shape[0]), "n_val": int(vx.shape[0]),
-                   "best_epoch": history.best_epoch, "epochs_run": history.epochs_run}
+    probe.extra = _provenance(plan, int(tx.shape[0]), int(vx.shape[0]), best_epoch=history.best_epoch,
+                              epochs_run=history.epochs_run)
     return TrainedProbe(plan, probe, cols, history, time.perf_counter() - start, int(tx.shape[0]), int(vx.shape[0]))
+
+
+def logistic_candidates(engine: dict, kept: Sequence[int], option: str, poolings: Sequence[str],
+                        role: str) -> list[tuple[FeatureSpec, list[int]]]:
+    """(spec, stored column) of every one-row reading the logistic probe may choose: probe.logistic_layers x
+    probe.logistic_pooling."""
+    return [feature_spec(engine, kept, str(row), "concat", pooling, role)
+            for pooling in poolings for row in feature_spec(engine, kept, option, "concat", "mean", role)[0].layers]
+
+
+def train_logistic(plan: ProbePlan, candidates: list[tuple[FeatureSpec, list[int]]],
+                   sets: dict[str, dict[str, dict[str, RowSet]]], l2s: Sequence[float]) -> TrainedProbe:
+    """Fit the logistic probe for every candidate reading and L2 strength on the plan's training rows; keep the
+    one with the lowest validation log-loss (validation questions only)."""
+    start = time.perf_counter()
+    options, ys = {}, {}
+    for spec, cols in candidates:
+        train = [sets[spec.pooling]["train"][n] for n in plan.train_sets]
+        val = [sets[spec.pooling]["val"][n] for n in plan.train_sets]
+        tx, ty = _stack(train, cols)
+        vx, vy = _stack(val, cols)
+        options[(spec.pooling, spec.layers[0])] = Candidate(spec, tx, vx)
+        ys = {"train": ty, "val": vy}  # the same rows in the same order under every pooling
+    chosen = select_logistic(options, ys["train"], ys["val"], l2s)
+    pooling, row = chosen.key
+    cols = next(c for s, c in candidates if s.pooling == pooling and s.layers == [row])
+    n_train, n_val = int(ys["train"].shape[0]), int(ys["val"].shape[0])
+    probe = chosen.probe
+    probe.extra = _provenance(plan, n_train, n_val, l2=probe.l2, chosen_on="validation log-loss",
+                              newton_iterations=getattr(probe, "newton_iterations", None))
+    table = [{**{k: v for k, v in r.items() if k != "candidate"}} for r in chosen.table]
+    return TrainedProbe(plan, probe, cols, None, time.perf_counter() - start, n_train, n_val, table)
+
+
+@dataclass
+class SetBaselines:
+    """The baselines of one row set, fitted on that set's training rows only: its constant (mean label) and
+    its log-prob input calibrated by a 1-D logistic fit and by isotonic regression."""
+
+    constant: ConstantBaseline
+    logprob: LogprobBaseline
+    logprob_isotonic: LogprobBaseline
+
+    def predict(self, rows: RowSet) -> dict[str, np.ndarray]:
+        return {"constant": self.constant.predict(len(rows)), "logprob": self.logprob.predict(rows.logprob),
+                "logprob_isotonic": self.logprob_isotonic.predict(rows.logprob)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"constant": self.constant.to_dict(), "logprob": self.logprob.to_dict(),
+                "logprob_isotonic": self.logprob_isotonic.to_dict()}
+
+    @classmethod
+    def fit(cls, rows: RowSet) -> SetBaselines:
+        y = rows.y.double().numpy()
+        return cls(ConstantBaseline.fit(y), LogprobBaseline.fit(rows.logprob, y, "logistic"),
+                   LogprobBaseline.fit(rows.logprob, y, "isotonic"))
 
 
 @dataclass
 class RoleBaselines:
+    """The role's baselines over its main probe's training sets together (what baselines.json kept before
+    per-set baselines; the per-set ones are what reports compare against)."""
+
     constant: ConstantBaseline
     logprob: LogprobBaseline
 
@@ -290,86 +383,121 @@ def report(pred: np.ndarray, rows: RowSet) -> dict[str, Any]:
 class ProbeResults:
     probes: dict[str, TrainedProbe] = field(default_factory=dict)
     baselines: dict[str, RoleBaselines] = field(default_factory=dict)  # by role
+    set_baselines: dict[str, SetBaselines] = field(default_factory=dict)  # by row set
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+def _poolings(plans: Sequence[ProbePlan], probe_cfg) -> list[str]:
+    wanted = [probe_cfg.pooling]
+    if any(p.model == "logistic" for p in plans):
+        wanted += list(probe_cfg.logistic_pooling)
+    return list(dict.fromkeys(wanted))
+
+
 def prepare_probes(ds, probe_cfg, models: Sequence[str], split_of: Callable[[np.ndarray], np.ndarray]):
-    """Load and check every row set and spec BEFORE training: returns (plans, specs, sets by split,
-    {skipped baseline: reason})."""
+    """Load and check every row set and spec BEFORE training: returns (plans, specs, sets, {skipped: reason}).
+
+    sets[pooling][split][set name] holds the rows; specs[plan] is (spec, stored columns) for an MLP plan and
+    the list of candidate readings for a logistic plan."""
     plans = plan_probes(probe_cfg, models)
     names = sorted({n for p in plans for n in p.train_sets + p.eval_sets})
-    sets: dict[str, dict[str, RowSet]] = {"train": {}, "val": {}, "test": {}}
-    for name in names:
-        rows = load_row_set(ds, name, probe_cfg.pooling)
-        sides = split_of(rows.questions)
-        for side in sets:
-            sets[side][name] = rows.take(sides == side)
+    sets: dict[str, dict[str, dict[str, RowSet]]] = {}
+    for pooling in _poolings(plans, probe_cfg):
+        sets[pooling] = {"train": {}, "val": {}, "test": {}}
+        for name in names:
+            rows = load_row_set(ds, name, pooling)
+            sides = split_of(rows.questions)
+            for side in sets[pooling]:
+                sets[pooling][side][name] = rows.take(sides == side)
     specs, skipped = {}, {}
     for plan in plans:
         engine, kept = ds.manifest["engines"][plan.role], ds.layers(plan.role)
         if plan.kind == "last_layer" and int(engine["num_layers"]) not in kept:
             skipped[plan.name] = f"the data holds no last-layer features (stored rows {kept})"
             continue
-        specs[plan.name] = feature_spec(engine, kept, plan.layers, probe_cfg.combine, probe_cfg.pooling, plan.role)
+        if plan.model == "logistic":
+            specs[plan.name] = logistic_candidates(engine, kept, probe_cfg.logistic_layers,
+                                                   probe_cfg.logistic_pooling, plan.role)
+        else:
+            specs[plan.name] = feature_spec(engine, kept, plan.layers, probe_cfg.combine, probe_cfg.pooling,
+                                            plan.role)
     for plan in plans:
         if plan.name not in specs:
             continue
-        for name in plan.train_sets:
-            check_row_set(sets["train"][name], "training", f" (for {plan.name})")
-            check_row_set(sets["val"][name], "validation", f" (for {plan.name})")
-            if len(sets["test"][name]):  # held-out rows are scored later: a bad one must stop the run now
-                check_row_set(sets["test"][name], "test", f" (for {plan.name})")
-        check_labels_vary([sets["train"][n] for n in plan.train_sets], plan)
+        for pooling in sets:
+            for name in plan.train_sets:
+                hint = f" (for {plan.name}, {pooling} pooling)"
+                check_row_set(sets[pooling]["train"][name], "training", hint)
+                check_row_set(sets[pooling]["val"][name], "validation", hint)
+                if len(sets[pooling]["test"][name]):  # held-out rows are scored later: a bad one must stop the run now
+                    check_row_set(sets[pooling]["test"][name], "test", hint)
+        check_labels_vary([sets[probe_cfg.pooling]["train"][n] for n in plan.train_sets], plan)
     return [p for p in plans if p.name in specs], specs, sets, skipped
 
 
-def train_probes(plans: list[ProbePlan], specs: dict, sets: dict[str, dict[str, RowSet]], probe_cfg,
+def train_probes(plans: list[ProbePlan], specs: dict, sets: dict[str, dict[str, dict[str, RowSet]]], probe_cfg,
                  curve: Callable[[str], LogFn] | None = None, device: str = "cpu") -> ProbeResults:
-    """Train every planned probe and its role's baselines; score them on the validation (and test) rows."""
+    """Train every planned probe, the role baselines and the per-set baselines; score them on the validation
+    (and test) rows."""
     cfg = mlp_config(probe_cfg)
     out = ProbeResults()
+    main_sets = sets[probe_cfg.pooling]
     with torch_threads(probe_cfg.num_threads):
         for plan in plans:
-            spec, cols = specs[plan.name]
-            train = [sets["train"][n] for n in plan.train_sets]
-            val = [sets["val"][n] for n in plan.train_sets]
-            out.probes[plan.name] = train_one(plan, spec, cols, train, val, cfg,
-                                              curve(plan.name) if curve else None, device)
+            if plan.model == "logistic":
+                out.probes[plan.name] = train_logistic(plan, specs[plan.name], sets, probe_cfg.logistic_l2)
+            else:
+                spec, cols = specs[plan.name]
+                train = [main_sets["train"][n] for n in plan.train_sets]
+                val = [main_sets["val"][n] for n in plan.train_sets]
+                out.probes[plan.name] = train_one(plan, spec, cols, train, val, cfg,
+                                                  curve(plan.name) if curve else None, device)
             if plan.kind == "main":
-                out.baselines[plan.role] = fit_baselines(train, probe_cfg.logprob_baseline)
+                out.baselines[plan.role] = fit_baselines([main_sets["train"][n] for n in plan.train_sets],
+                                                         probe_cfg.logprob_baseline)
+        for name in sorted({n for p in plans for n in p.train_sets + p.eval_sets}):
+            train_rows = main_sets["train"].get(name)
+            if train_rows is not None and len(train_rows):
+                out.set_baselines[name] = SetBaselines.fit(train_rows)
         out.metrics = score_probes(out, sets)
     return out
 
 
-def score_probes(results: ProbeResults, sets: dict[str, dict[str, RowSet]]) -> dict[str, Any]:
-    """metrics[probe name][split][eval set] = {probe, variant?, last_layer, logprob, constant: report}."""
+def score_probes(results: ProbeResults, sets: dict[str, dict[str, dict[str, RowSet]]]) -> dict[str, Any]:
+    """metrics[main probe][split][eval set] = {probe, <other kind>, variant?, last_layer, logprob, logprob_isotonic,
+    constant: report}; every baseline is the eval set's own."""
     metrics: dict[str, Any] = {}
     for name, trained in results.probes.items():
         plan = trained.plan
         if plan.kind != "main":
             continue
-        entry: dict[str, Any] = {"role": plan.role, "trained_on": plan.train_sets, "features": trained.probe.spec.to_dict(),
-                                 "n_train": trained.n_train, "n_val": trained.n_val, "seconds": trained.seconds,
-                                 "history": trained.history.to_dict()}
+        entry: dict[str, Any] = {"role": plan.role, **trained.to_metrics()}
+        for other in results.probes.values():
+            if other.plan.role == plan.role and other.plan.kind in ("logistic", "mlp"):
+                entry[other.plan.kind] = other.to_metrics()
         for split in ("val", "test"):
             per_set = {}
             for set_name in plan.eval_sets:
-                rows = sets[split].get(set_name)
-                if rows is None or len(rows) == 0:
+                if len(sets[trained.pooling][split].get(set_name, ())) == 0:
                     continue
-                per_set[set_name] = _score_set(results, plan, rows)
+                per_set[set_name] = _score_set(results, plan, sets, split, set_name)
             if per_set:
                 entry[split] = per_set
         metrics[name] = entry
     return metrics
 
 
-def _score_set(results: ProbeResults, plan: ProbePlan, rows: RowSet) -> dict[str, Any]:
-    scores = {"probe": report(results.probes[plan.name].predict(rows), rows)}
+def _score_set(results: ProbeResults, plan: ProbePlan, sets, split: str, set_name: str) -> dict[str, Any]:
+    def rows_for(trained: TrainedProbe) -> RowSet:
+        return sets[trained.pooling][split][set_name]
+
+    main = results.probes[plan.name]
+    scores = {"probe": report(main.predict(rows_for(main)), rows_for(main))}
     for other in results.probes.values():
         if other.plan.role == plan.role and other.plan.kind != "main":
-            scores[other.plan.kind] = report(other.predict(rows), rows)
-    base = results.baselines[plan.role]
-    scores["logprob"] = report(base.logprob.predict(rows.logprob), rows)
-    scores["constant"] = report(base.constant.predict(len(rows)), rows)
+            scores[other.plan.kind] = report(other.predict(rows_for(other)), rows_for(other))
+    rows = next(iter(sets.values()))[split][set_name]  # labels and log-probs do not depend on the pooling
+    if set_name in results.set_baselines:
+        for label, pred in results.set_baselines[set_name].predict(rows).items():
+            scores[label] = report(pred, rows)
     return scores

@@ -48,6 +48,7 @@ LOWER_IS_BETTER = {"ece_uniform", "ece_quantile", "mce", "brier", "log_loss", "m
 # questions, not the uncertainty of the estimate, so they are withheld and the report says why.
 MIN_QUESTIONS = 20
 MIN_POSITIVES = 10
+MIN_RANKING_POSITIVES = 50  # below this many equivalent pairs a verifier's AUROC / AUPRC is not reported as a number
 HIGHER_IS_BETTER = {"spearman", "auroc", "auprc", "precision", "cohen_kappa", "agreement"}
 
 
@@ -303,6 +304,8 @@ def verifier_block(scores: Any, labels: Any, groups: Any, threshold: float, *, n
     guard = size_guard(np.unique(g).size, int(y.sum()))
     out: dict[str, Any] = {
         "n": s.size, "n_positive": int(y.sum()), "n_questions": np.unique(g).size, "too_small": guard,
+        "ranking_not_evaluable": (f"{int(y.sum())} equivalent pairs < {MIN_RANKING_POSITIVES}: too few to rank on"
+                                  if int(y.sum()) < MIN_RANKING_POSITIVES else None),
         "metrics": withhold_intervals(metrics_with_ci(fns, s, yf, g, n_boot=n_boot, alpha=alpha, seed=seed), guard),
         "at_threshold": at_threshold(s, y, threshold),
     }

@@ -17,7 +17,7 @@ import torch
 
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.checkpoint_format import CheckpointError
-from specprobe.probes.mlp import SemanticProbe
+from specprobe.probes.base import HiddenStateProbe, load_probe
 from specprobe.probes.splits import group_split
 
 SIDES = ("train", "val", "test")
@@ -35,7 +35,7 @@ class CheckpointFolder:
 
     path: Path
     meta: dict[str, Any]
-    _probes: dict[str, SemanticProbe] = field(default_factory=dict, repr=False)
+    _probes: dict[str, HiddenStateProbe] = field(default_factory=dict, repr=False)
     _metrics: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
@@ -63,7 +63,7 @@ class CheckpointFolder:
     def has_probe(self, name: str) -> bool:
         return (self.path / f"{name}.safetensors").is_file() and (self.path / f"{name}.json").is_file()
 
-    def probe(self, name: str) -> SemanticProbe:
+    def probe(self, name: str) -> HiddenStateProbe:
         """Load probe `name`; a PartError naming what is missing when it is absent or unreadable."""
         if not self.has_probe(name):
             present = sorted(p.stem for p in self.path.glob("*.safetensors"))
@@ -71,7 +71,7 @@ class CheckpointFolder:
                             f"probes present: {present or 'none'}")
         if name not in self._probes:
             try:
-                self._probes[name] = SemanticProbe.load(self.path, name)
+                self._probes[name] = load_probe(self.path, name)
             except (ValueError, KeyError, OSError) as err:
                 raise PartError(f"cannot load probe {name!r} from {self.path}: {err}") from None
         return self._probes[name]
@@ -222,7 +222,7 @@ VAL_WARNING = ("evaluated on VALIDATION questions: these chose the probes' epoch
 
 
 # ----------------------------------------------------------------------------- probe inputs
-def check_probe_fits_data(probe: SemanticProbe, ds, role: str, name: str) -> list[int]:
+def check_probe_fits_data(probe: HiddenStateProbe, ds, role: str, name: str) -> list[int]:
     """The columns of the data's stored layers the probe reads; PartError when the data cannot feed it."""
     engines = ds.manifest.get("engines", {})
     if role not in engines:
@@ -244,7 +244,7 @@ def check_probe_fits_data(probe: SemanticProbe, ds, role: str, name: str) -> lis
     return [kept.index(r) for r in probe.spec.layers]
 
 
-def predict(probe: SemanticProbe, x: torch.Tensor, cols: list[int]) -> np.ndarray:
+def predict(probe: HiddenStateProbe, x: torch.Tensor, cols: list[int]) -> np.ndarray:
     """Probe probabilities for stored-layer features x [n, L_kept, H]."""
     if x.shape[0] == 0:
         return np.empty(0)

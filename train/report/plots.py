@@ -113,6 +113,35 @@ def layer_sweep_plot(path: str | Path, sweeps: dict[str, dict[str, Any]]) -> Pat
     return _save(fig, path)
 
 
+def logistic_sweep_plot(path: str | Path, sweeps: dict[str, dict[str, Any]], confidence: float) -> Path:
+    """Per row set: test Brier of the logistic probe minus the set's constant against layer, one line per
+    pooling, with the paired per-question interval shaded; below zero the probe beats the constant."""
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(4.2 * len(sweeps), 3.8), squeeze=False, sharey=False)
+    for ax, (set_name, sweep) in zip(axes[0], sweeps.items()):
+        for pooling, style in (("mean", "o-"), ("last", "s--")):
+            entries = [e for e in sweep["entries"] if e["pooling"] == pooling]
+            if not entries:
+                continue
+            layers = [e["layer"] for e in entries]
+            delta = [e["versus_constant"]["brier_delta"] for e in entries]
+            mid = [d.get("estimate") for d in delta]
+            line = ax.plot(layers, mid, style, ms=3, label=f"{pooling} pooling")[0]
+            lows, highs = [d.get("low") for d in delta], [d.get("high") for d in delta]
+            if all(v is not None for v in lows + highs):
+                ax.fill_between(layers, lows, highs, color=line.get_color(), alpha=0.15)
+        best = sweep["best"]
+        ax.plot([best["layer"]], [best["versus_constant"]["brier_delta"].get("estimate")], "*", ms=12, color="gold",
+                mec="black", label=f"chosen on validation: {best['pooling']} row {best['layer']}")
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_title(f"{set_name} (test n={sweep['n_test']}, {sweep['n_test_questions']} questions)", fontsize=9)
+        ax.set_xlabel("layer (0 = embeddings)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel(f"test Brier - constant's ({confidence:.0%} interval)")
+    fig.suptitle("Logistic probe per layer: below 0 beats the set's own constant", fontsize=10)
+    return _save(fig, path)
+
+
 def umap_plot(path: str | Path, panels: dict[str, dict[str, Any]]) -> Path:
     """One UMAP panel per model, points coloured by 0.1-wide semantic-probability bin."""
     cmap = ListedColormap(plt.get_cmap("viridis")(np.linspace(0, 1, 10)))
@@ -168,7 +197,8 @@ def _mark_thresholds(roc_ax, pr_ax, c: dict[str, Any], color, name: str) -> None
 
 
 PLOTS = {"reliability_diagram": reliability_diagram, "acceptance_scatter": acceptance_scatter,
-         "layer_sweep_plot": layer_sweep_plot, "umap_plot": umap_plot, "verifier_curves": verifier_curves}
+         "layer_sweep_plot": layer_sweep_plot, "logistic_sweep_plot": logistic_sweep_plot,
+         "umap_plot": umap_plot, "verifier_curves": verifier_curves}
 
 
 def draw(plot: str, path: str | Path, args: dict[str, Any]) -> Path:

@@ -202,6 +202,50 @@ def sweep_section(part: dict[str, Any] | None, figures) -> str:
     return "\n\n".join(out)
 
 
+def logistic_sweep_section(part: dict[str, Any] | None, figures) -> str:
+    out = ["## 3b. Logistic probe per layer, per row set",
+           "The classic probe (L2 logistic regression on one layer's pooled hidden state) fitted on each row set's "
+           "training questions alone, its penalty chosen on the validation questions, scored on the test questions "
+           "against that set's own constant (its mean training label). Brier difference below 0: the probe beats "
+           "the constant; intervals are paired per-question bootstraps. The chosen reading is the one with the "
+           "lowest validation log-loss."]
+    if not part:
+        return "\n\n".join(out + ["*Not evaluated or disabled (eval.logistic_sweep).*"])
+    conf = part["settings"].get("confidence")
+    rows, words = [], []
+    for set_name, sweep in part["sets"].items():
+        best = sweep["best"]
+        wins = [e for e in sweep["entries"] if e["versus_constant"]["verdict"] == "better"]
+        v = best["versus_constant"]
+        rows.append([set_name, sweep["n_train"], sweep["n_test"], sweep["n_test_questions"], num(sweep["constant"]),
+                     num(sweep["constant_test_brier"]), f"{best['pooling']} row {best['layer']} (l2 {best['l2']})",
+                     num(best["test_brier"]), ci(v["brier_delta"]), ci(v["brier_skill"]),
+                     f"{len(wins)} of {len(sweep['entries'])}"])
+        words.append(f"- `{set_name}`: the reading chosen on validation {VERDICT_WORDS.get(v['verdict'], v['verdict'])} "
+                     f"the set's constant on test (Brier difference {ci(v['brier_delta'])}).")
+    out.append(table(["row set", "n train", "n test", "test questions", "constant", "constant test Brier",
+                      "chosen on validation", "its test Brier", f"difference ({conf:.0%} interval)" if conf else "difference",
+                      "Brier skill", "readings that beat the constant"], rows))
+    out.append("In words:\n\n" + "\n".join(words))
+    out.append(figure_links(figures, "logistic_sweep"))
+    return "\n\n".join(out)
+
+
+def positive_control_section(part: dict[str, Any] | None) -> str:
+    out = ["## 3c. Positive control",
+           "The same logistic pipeline asked for quantities every step's hidden states carry: its geometric-mean "
+           "token probability exp(mean log-prob) and its length as a share of the token cap. Passing means a Brier "
+           "skill over the constant whose whole interval is above 0 on the test questions."]
+    if not part:
+        return "\n\n".join(out + ["*Not evaluated or disabled (eval.logistic_sweep).*"])
+    rows = [[set_name, target, f"{t['pooling']} row {t['layer']}", num(t["test_brier"]),
+             ci(t["versus_constant"]["brier_skill"]), f"**{t['check']}**" if t["check"] == "FAILED" else t["check"]]
+            for set_name, s in part["sets"].items() for target, t in s["targets"].items()]
+    out.append(table(["row set", "quantity", "reading", "test Brier", "Brier skill vs constant", "check"], rows))
+    out.append(f"**Verdict:** {part['verdict']}.")
+    return "\n\n".join(out)
+
+
 def umap_section(part: dict[str, Any] | None, figures) -> str:
     out = ["## 4. Hidden states (UMAP)",
            "Pooled hidden states of each model's own steps, coloured by their semantic probability in 0.1-wide "
@@ -237,11 +281,18 @@ def verifiers_section(part: dict[str, Any] | None, figures) -> str:
         at = b["at_threshold"]
         info = b.get("info") or {}
         fitted = fit_status(info)
-        rows.append([name, b["n"], ci(b["metrics"]["auroc"]), ci(b["metrics"]["auprc"]), num(at["threshold"]), fitted,
+        ranks = ([ci(b["metrics"]["auroc"]), ci(b["metrics"]["auprc"])] if not b.get("ranking_not_evaluable")
+                 else ["not evaluable", "not evaluable"])
+        rows.append([name, b["n"], *ranks, num(at["threshold"]), fitted,
                      ci(b["metrics"]["acceptance_rate"]), ci(b["metrics"]["precision"]), num(at["recall"]),
                      num(at["false_accept_rate"])])
     out.append(table(["verifier", "n", "AUROC", "AUPRC", "threshold", "threshold fit (on pairs not trained on)",
                       "acceptance", "precision", "recall", "false accepts"], rows))
+    for name, b in part["by_verifier"].items():
+        if b.get("ranking_not_evaluable"):
+            out.append(f"*`{name}`: these pairs cannot evaluate its ranking ({b['ranking_not_evaluable']}); its AUROC "
+                       "and AUPRC are not quoted (metrics.json keeps the raw estimates, flagged "
+                       "`ranking_not_evaluable`).*")
     src = [[name, s, num(a["acceptance_rate"]), num(a["precision"]), num(a["recall"])]
            for name, b in part["by_verifier"].items() for s, a in b["by_source"].items()]
     out.append("At the chosen threshold, by pair source:\n\n"
@@ -262,7 +313,8 @@ def render_report(metrics: dict[str, Any]) -> str:
     return "\n\n".join([
         header(metrics), skipped_section(metrics),
         probes_section(parts.get("probes"), figures), acceptance_section(parts.get("acceptance"), figures),
-        sweep_section(parts.get("layer_sweep"), figures), umap_section(parts.get("umap"), figures),
+        sweep_section(parts.get("layer_sweep"), figures), logistic_sweep_section(parts.get("logistic_sweep"), figures),
+        positive_control_section(parts.get("positive_control")), umap_section(parts.get("umap"), figures),
         verifiers_section(parts.get("verifiers"), figures),
     ]) + "\n"
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report import plots, render
+from specprobe.train.report.classic import logistic_sweep_part, positive_control_part
 from specprobe.train.report.inputs import CheckpointFolder, HeldOut, heldout_questions, open_checkpoint, open_data
 from specprobe.train.report.sections import (
     EvalContext,
@@ -38,7 +39,7 @@ REPORT_FORMAT = "specprobe-eval-report"
 REPORT_VERSION = 1
 PARTS: dict[str, Callable[[EvalContext], PartResult]] = {
     "probes": probes_part, "acceptance": acceptance_part, "layer_sweep": layer_sweep_part, "umap": umap_part,
-    "verifiers": verifiers_part,
+    "logistic_sweep": logistic_sweep_part, "positive_control": positive_control_part, "verifiers": verifiers_part,
 }
 
 
@@ -109,7 +110,8 @@ def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list) -> tuple[
 
 
 def _run_parts(ctx: EvalContext, cfg, print_fn) -> tuple[dict[str, Any], list, dict[str, float]]:
-    enabled = {"layer_sweep": cfg.layer_sweep, "umap": cfg.umap, "verifiers": bool(cfg.verifiers)}
+    enabled = {"layer_sweep": cfg.layer_sweep, "umap": cfg.umap, "verifiers": bool(cfg.verifiers),
+               "logistic_sweep": cfg.logistic_sweep, "positive_control": cfg.logistic_sweep}
     results, figures, seconds = {}, [], {}
     for name, fn in PARTS.items():
         if not enabled.get(name, True):

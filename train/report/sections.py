@@ -31,8 +31,10 @@ log = logging.getLogger(__name__)
 MAIN_PROBES = {"probe_target": ("target", ["draft_via_target", "target_own"]),
                "probe_draft": ("draft", ["draft_own"])}
 # extra probes shown next to a main probe: checkpoint file -> label in the tables
-PROBE_COMPARATORS = {"target": {"probe_target_own": "target_own_only", "baseline_last_layer_target": "last_layer"},
-                     "draft": {"baseline_last_layer_draft": "last_layer"}}
+PROBE_COMPARATORS = {"target": {"probe_target_logistic": "logistic", "probe_target_mlp": "mlp",
+                                "probe_target_own": "target_own_only", "baseline_last_layer_target": "last_layer"},
+                     "draft": {"probe_draft_logistic": "logistic", "probe_draft_mlp": "mlp",
+                               "baseline_last_layer_draft": "last_layer"}}
 OWN_SET = {"target": "target_own", "draft": "draft_own"}
 LABEL_NAMES = {"target_own": "own_prob (target)", "draft_own": "own_prob (draft)",
                "draft_via_target": "prob_under_target"}
@@ -132,15 +134,23 @@ def probe_predictions(ctx: EvalContext, name: str, role: str, set_name: str) -> 
 
 
 def baseline_predictions(ctx: EvalContext, role: str, rows: RowSet) -> dict[str, np.ndarray]:
-    """Constant and log-probability baselines of `role` from baselines.json."""
+    """The baselines of `rows`' own set from baselines.json: its constant and its calibrated log-prob (logistic
+    and isotonic). A checkpoint written before per-set baselines falls back to the role's, and says so."""
     from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
 
     data = ctx.ckpt.read_json(fmt.BASELINES_JSON, "constant and log-probability baselines")
-    entry = data.get(role) or (data.get("roles") or {}).get(role)
+    entry = (data.get("sets") or {}).get(rows.name)
     if not isinstance(entry, dict):
-        raise PartError(f"{fmt.BASELINES_JSON} has no entry for the {role} (keys: {sorted(data)})")
-    return {"logprob": LogprobBaseline.from_dict(entry["logprob"]).predict(rows.logprob),
-            "constant": ConstantBaseline.from_dict(entry["constant"]).predict(len(rows))}
+        entry = data.get(role) or (data.get("roles") or {}).get(role)
+        if not isinstance(entry, dict):
+            raise PartError(f"{fmt.BASELINES_JSON} has no entry for {rows.name} or the {role} (keys: {sorted(data)})")
+        ctx.skip(f"baselines/{rows.name}", f"{fmt.BASELINES_JSON} has no per-set baselines (an older checkpoint): "
+                                           f"the {role}'s baselines over its training sets stand in")
+    out = {"logprob": LogprobBaseline.from_dict(entry["logprob"]).predict(rows.logprob),
+           "constant": ConstantBaseline.from_dict(entry["constant"]).predict(len(rows))}
+    if "logprob_isotonic" in entry:
+        out["logprob_isotonic"] = LogprobBaseline.from_dict(entry["logprob_isotonic"]).predict(rows.logprob)
+    return out
 
 
 def probe_set_blocks(ctx: EvalContext, name: str, role: str, set_name: str) -> tuple[dict, dict, list[Figure]]:
@@ -152,8 +162,9 @@ def probe_set_blocks(ctx: EvalContext, name: str, role: str, set_name: str) -> t
     preds = {"probe": pred}
     for file, label in PROBE_COMPARATORS[role].items():
         if not ctx.ckpt.has_probe(file):
-            ctx.skip(f"{name}/{set_name}/{label}", f"the checkpoint has no {file}")
-            continue
+            if label not in ("logistic", "mlp") or not any(ctx.ckpt.has_probe(f"{name}_{k}") for k in ("logistic", "mlp")):
+                ctx.skip(f"{name}/{set_name}/{label}", f"the checkpoint has no {file}")
+            continue  # (the other kind beside a main probe is one of the two files, never both)
         other = guarded(ctx, f"{name}/{set_name}/{label}", lambda f=file: probe_predictions(ctx, f, role, set_name))
         if other is not None:
             preds[label] = other
