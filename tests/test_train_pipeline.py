@@ -60,7 +60,7 @@ def test_split_is_by_question_everywhere(run):
 def test_probes_beat_the_constant_baseline(run):
     _, result, _ = run
     probes = result.metrics["probes"]
-    assert set(probes) == {"probe_target", "probe_draft"}
+    assert set(probes) == {"probe_target", "probe_draft", "probe_acceptance"}
     draft = probes["probe_draft"]["val"]["draft_own"]
     assert draft["probe"]["mae"] < 0.7 * draft["constant"]["mae"]
     target = probes["probe_target"]["val"]["draft_via_target"]
@@ -107,7 +107,8 @@ def test_checkpoint_has_no_pickle_and_plain_safetensors(run):
     assert not [f for f in files if f.suffix in (".pt", ".pth", ".pkl", ".bin", ".ckpt")]
     assert all(f.stat().st_mode & 0o044 == 0o044 for f in files), "checkpoint files must be readable by others"
     tensors = [f for f in files if f.suffix == ".safetensors"]
-    assert sorted(p.stem for p in tensors) == ["baseline_last_layer_draft", "baseline_last_layer_target", "probe_draft",
+    assert sorted(p.stem for p in tensors) == ["baseline_last_layer_draft", "baseline_last_layer_target",
+                                               "probe_acceptance", "probe_draft",
                                                "probe_draft_logistic", "probe_target", "probe_target_logistic",
                                                "probe_target_own"]
     for path in tensors:
@@ -249,7 +250,7 @@ def test_each_row_set_is_scored_against_its_own_baselines(run):
     ds = open_dataset(cfg.data_dir)
     split = QuestionSplit.make(ds.question_ids(), cfg.probe)
     per_set = result.probes.set_baselines
-    assert set(per_set) == {"target_own", "draft_via_target", "draft_own"}
+    assert set(per_set) == {"target_own", "draft_via_target", "draft_own", "draft_accept"}
     means = {}
     for name, base in per_set.items():
         rows = load_row_set(ds, name, "mean")

@@ -19,7 +19,7 @@ from specprobe.probes.base import HiddenStateProbe, load_probe
 from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
 
 LOGPROB_INPUTS = {"target_own": "mean_logprob", "draft_via_target": "target_logprob / target_num_tokens",
-                  "draft_own": "mean_logprob"}
+                  "draft_own": "mean_logprob", "draft_accept": "mean_logprob"}
 
 
 # ----------------------------------------------------------------------------- writing

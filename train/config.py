@@ -61,8 +61,8 @@ class ProbeConfig:
         "mlp", "the runtime probe (probe_target / probe_draft): the MLP above, or the L2 logistic-regression probe "
                "whose layer, pooling and penalty are chosen on validation questions; the other kind is trained "
                "too and saved beside it (probe_<role>_logistic or probe_<role>_mlp) as a comparison")
-    logistic_layers: str = opt("all", "hidden-state rows the logistic probe may choose from (one row each); "
-                                      "must be stored rows (data.layers)")
+    logistic_layers: str = opt("all", "hidden-state rows the logistic probe may choose from (one row each): all = "
+                                      "every row the data stored (data.layers), or rows among those")
     logistic_pooling: list[str] = opt(["mean", "last"], "token poolings the logistic probe may choose from")
     logistic_l2: list[float] = opt([1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0],
                                    "L2 strengths tried (per row: mean BCE + l2/2 ||w||^2 on standardised features)")

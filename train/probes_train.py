@@ -7,9 +7,12 @@ Three labelled row sets come out of a data folder (``load_row_sets``):
 | `target_own`       | target steps  | target view         | `own_prob`          | `mean_logprob`                   |
 | `draft_via_target` | draft steps   | target view (t.f.)  | `prob_under_target` | `target_logprob / target_num_tokens` |
 | `draft_own`        | draft steps   | draft's own         | `own_prob`          | `mean_logprob`                   |
+| `draft_accept`     | draft steps   | draft's own         | `prob_under_target` | `mean_logprob`                   |
 
 All three labels are on one scale: the share of a model's N samples (the other N - 1 for its own steps)
-that mean the same as the step, averaging the meaning's probability pi (see `data_gen.labels`).
+that mean the same as the step, averaging the meaning's probability pi (see `data_gen.labels`). `draft_accept`
+feeds the acceptance probe (`probe_acceptance`, logistic): the target-side label from features the draft has
+before the target runs, what an adaptive drafting depth needs.
 
 The target probe scores DRAFT steps at run time, so its headline validation set is
 `draft_via_target`. With ``probe.target_with_draft`` it learns from `target_own` + `draft_via_target`
@@ -75,6 +78,8 @@ ROW_SETS: dict[str, SetDef] = {s.name: s for s in (
     SetDef("draft_via_target", "draft", "target", "prob_under_target",
            "draft steps teacher-forced through the target"),
     SetDef("draft_own", "draft", "draft", "own_prob", "draft steps, draft features"),
+    SetDef("draft_accept", "draft", "draft", "prob_under_target",
+           "draft steps, draft features, labelled by the target: will a verifier accept the step?"),
 )}
 
 
@@ -132,7 +137,7 @@ class ProbePlan:
     train_sets: list[str]
     eval_sets: list[str]
     layers: str  # layer option
-    kind: str  # main | variant | last_layer | logistic | mlp (the other kind beside a main probe)
+    kind: str  # main | variant | last_layer | logistic | mlp (the other kind beside a main probe) | acceptance
     description: str
     model: str = "mlp"  # mlp | logistic
 
@@ -164,6 +169,11 @@ def plan_probes(probe_cfg, models: Sequence[str]) -> list[ProbePlan]:
         with_other("draft", ["draft_own"], ["draft_own"], "q")
         plans.append(ProbePlan("baseline_last_layer_draft", "draft", ["draft_own"], ["draft_own"], "last",
                                "last_layer", "last-layer draft MLP probe (baseline)"))
+    if "draft" in models and "target" in models:
+        plans.append(ProbePlan("probe_acceptance", "draft", ["draft_accept"], ["draft_accept"], probe_cfg.features,
+                               "acceptance", "acceptance probe: the target-side probability of a draft step read from "
+                               "the draft's own hidden states, before the target runs (adaptive drafting depth)",
+                               "logistic"))
     return plans
 
 
@@ -302,10 +312,11 @@ def train_one(plan: ProbePlan, spec: FeatureSpec, cols: list[int], train: Sequen
 
 def logistic_candidates(engine: dict, kept: Sequence[int], option: str, poolings: Sequence[str],
                         role: str) -> list[tuple[FeatureSpec, list[int]]]:
-    """(spec, stored column) of every one-row reading the logistic probe may choose: probe.logistic_layers x
-    probe.logistic_pooling."""
-    return [feature_spec(engine, kept, str(row), "concat", pooling, role)
-            for pooling in poolings for row in feature_spec(engine, kept, option, "concat", "mean", role)[0].layers]
+    """(spec, stored column) of every one-row reading the logistic probe may choose: probe.logistic_layers ("all":
+    every row the data stored) x probe.logistic_pooling."""
+    rows = (list(kept) if str(option).strip().lower() == "all"
+            else feature_spec(engine, kept, option, "concat", "mean", role)[0].layers)
+    return [feature_spec(engine, kept, str(row), "concat", pooling, role) for pooling in poolings for row in rows]
 
 
 def train_logistic(plan: ProbePlan, candidates: list[tuple[FeatureSpec, list[int]]],
@@ -469,11 +480,11 @@ def score_probes(results: ProbeResults, sets: dict[str, dict[str, dict[str, RowS
     metrics: dict[str, Any] = {}
     for name, trained in results.probes.items():
         plan = trained.plan
-        if plan.kind != "main":
+        if plan.kind not in ("main", "acceptance"):
             continue
         entry: dict[str, Any] = {"role": plan.role, **trained.to_metrics()}
         for other in results.probes.values():
-            if other.plan.role == plan.role and other.plan.kind in ("logistic", "mlp"):
+            if plan.kind == "main" and other.plan.role == plan.role and other.plan.kind in ("logistic", "mlp"):
                 entry[other.plan.kind] = other.to_metrics()
         for split in ("val", "test"):
             per_set = {}
@@ -494,7 +505,7 @@ def _score_set(results: ProbeResults, plan: ProbePlan, sets, split: str, set_nam
     main = results.probes[plan.name]
     scores = {"probe": report(main.predict(rows_for(main)), rows_for(main))}
     for other in results.probes.values():
-        if other.plan.role == plan.role and other.plan.kind != "main":
+        if plan.kind == "main" and other.plan.role == plan.role and other.plan.kind not in ("main", "acceptance"):
             scores[other.plan.kind] = report(other.predict(rows_for(other)), rows_for(other))
     rows = next(iter(sets.values()))[split][set_name]  # labels and log-probs do not depend on the pooling
     if set_name in results.set_baselines:

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # main probe -> (role, the row sets it is evaluated on; the first is its run-time use)
 MAIN_PROBES = {"probe_target": ("target", ["draft_via_target", "target_own"]),
-               "probe_draft": ("draft", ["draft_own"])}
+               "probe_draft": ("draft", ["draft_own"]), "probe_acceptance": ("draft", ["draft_accept"])}
 # extra probes shown next to a main probe: checkpoint file -> label in the tables
 PROBE_COMPARATORS = {"target": {"probe_target_logistic": "logistic", "probe_target_mlp": "mlp",
                                 "probe_target_own": "target_own_only", "baseline_last_layer_target": "last_layer"},
@@ -37,7 +37,7 @@ PROBE_COMPARATORS = {"target": {"probe_target_logistic": "logistic", "probe_targ
                                "baseline_last_layer_draft": "last_layer"}}
 OWN_SET = {"target": "target_own", "draft": "draft_own"}
 LABEL_NAMES = {"target_own": "own_prob (target)", "draft_own": "own_prob (draft)",
-               "draft_via_target": "prob_under_target"}
+               "draft_via_target": "prob_under_target", "draft_accept": "prob_under_target (from draft features)"}
 
 
 @dataclass
@@ -160,7 +160,8 @@ def probe_set_blocks(ctx: EvalContext, name: str, role: str, set_name: str) -> t
     probe = ctx.ckpt.probe(name)
     rows = ctx.heldout_rows(set_name, probe.spec.pooling)
     preds = {"probe": pred}
-    for file, label in PROBE_COMPARATORS[role].items():
+    comparators = PROBE_COMPARATORS[role] if name in ("probe_target", "probe_draft") else {}  # same labels only
+    for file, label in comparators.items():
         if not ctx.ckpt.has_probe(file):
             if label not in ("logistic", "mlp") or not any(ctx.ckpt.has_probe(f"{name}_{k}") for k in ("logistic", "mlp")):
                 ctx.skip(f"{name}/{set_name}/{label}", f"the checkpoint has no {file}")
