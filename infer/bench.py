@@ -481,6 +481,9 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
                "acceptance": st.acceptance_rate, "acceptance_by_position": st.acceptance_by_position,
                "acceptance_ci95": wilson_interval(st.accepted, st.judged),
                "judged": st.judged, "mean_accepted_per_cycle": st.mean_accepted_per_cycle, "ratio": st.ratio,
+               # steps the verifier itself ruled on (not refused for the cap or emptiness) and their acceptance
+               "decided": st.decided, "refused": st.refused, "decided_acceptance": _div(st.decided_accepted, st.decided),
+               "decided_acceptance_ci95": wilson_interval(st.decided_accepted, st.decided),
                "target_forward_passes": st.target_forward_passes, "draft_forward_passes": st.draft_forward_passes,
                "mean_target_rows": st.mean_target_rows, "mean_rows_per_forward": st.mean_rows_per_forward,
                "spec_acceptance": st.spec_acceptance,
@@ -561,7 +564,8 @@ def _ci(interval) -> str:
 
 def format_markdown(report: dict) -> str:
     head = ("| method | pass@1 | latency s | speedup | analytic | meas/analytic | analytic (batch-adj.) | "
-            "meas/adj. | α | α by position | acc/cycle | Ratio | c | b | TPS | stop |")
+            "meas/adj. | α | α by position | decided (refused) | α over decided | acc/cycle | Ratio | c | b | TPS | "
+            "stop |")
     columns = head.count("|") - 1
     lines = [head, "|" + "---|" * columns]
     for r in report["rows"]:
@@ -575,6 +579,8 @@ def format_markdown(report: dict) -> str:
             f"{_fmt(r['speedup'])} | "
             f"{_fmt(r['analytic_ideal'])} | {_fmt(r['measured_over_ideal'])} | {_fmt(r['analytic_adjusted'])} | "
             f"{_fmt(r['measured_over_adjusted'])} | {_fmt(r['acceptance'])}{_ci(r.get('acceptance_ci95'))} | {by_pos} | "
+            f"{r.get('decided', 0)} ({r.get('refused', 0)}) | "
+            f"{_fmt(r.get('decided_acceptance'))}{_ci(r.get('decided_acceptance_ci95'))} | "
             f"{_fmt(r['mean_accepted_per_cycle'])} | {_fmt(r['ratio'])} | {_fmt(r['c'], 3)} | {_fmt(r['b'])} | "
             f"{_fmt(r['tokens_per_s'], 1)} | {stops} |")
     notes = [
@@ -585,7 +591,9 @@ def format_markdown(report: dict) -> str:
         "specs / seed_tot: meas/analytic compares their speedup over their own search baseline "
         "(beam_target / tot_target, same run) with the prediction; +lookahead: analytic = tokens per target "
         "forward (the paper's compression S). "
-        "pass@1 and α with 95% Wilson intervals (over problems / judged positions). "
+        "pass@1 and α with 95% Wilson intervals (over problems / judged positions). decided = draft steps the "
+        "verifier ruled on; refused = rejected before it was asked (cut by the token cap, empty); α over decided "
+        "= accepted / decided, what the verifier itself did. "
         "speedup = target-only latency / method latency, same run. analytic = the paper's formula at the "
         "measured α and c (f_sync(k=γ+1) for lr_sync, S₁/S₂ for lr_async, S_ss for semanticspec, 1/c for "
         "draft); batch-adj. = same formula with one target forward of the method's batch costing b target "

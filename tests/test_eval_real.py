@@ -32,9 +32,9 @@ CONFIG = {
     "eval": {"n_boot": 50, "umap_max_points": 200, "judge_max_pairs": 30, "sweep_epochs": 5},
 }
 RELIABILITY = ("reliability_probe_target_draft_via_target", "reliability_probe_target_target_own",
-               "reliability_probe_draft_draft_own")
+               "reliability_probe_draft_draft_own", "reliability_probe_acceptance_draft_accept")
 FIGURES = ({f"{name}.png" for name in RELIABILITY} | {f"{name}_equal_mass.png" for name in RELIABILITY}
-           | {"acceptance_scatter.png", "layer_sweep.png", "umap.png", "verifiers_roc_pr.png"})
+           | {"acceptance_scatter.png", "layer_sweep.png", "logistic_sweep.png", "umap.png", "verifiers_roc_pr.png"})
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +55,15 @@ def real_checkpoint(tmp_path_factory):
 def test_real_tiny_checkpoint_report_has_every_part(real_checkpoint, tmp_path):
     cfg = real_checkpoint
     report = evaluate_checkpoint(cfg.checkpoint_dir, out=tmp_path / "report", print_fn=lambda _: None)
-    assert report.skipped == []
+    # a positive-control quantity that does not vary on the training rows is skipped (and says so); nothing else is
+    assert all(s["part"].startswith("positive_control/") and "constant" in s["reason"] for s in report.skipped)
     assert {f["file"] for f in report.metrics["figures"]} == FIGURES
     for name in FIGURES:
         assert imread(tmp_path / "report" / name)[..., :3].std() > 0.05
     parts = report.metrics["parts"]
-    assert set(parts) == {"probes", "acceptance", "layer_sweep", "umap", "verifiers"}
+    assert set(parts) == {"probes", "acceptance", "layer_sweep", "logistic_sweep", "positive_control", "umap",
+                          "verifiers"}
+    assert parts["positive_control"]["sets"]["target_own"]["targets"]  # at least one quantity was checked
     assert [e["layer"] for e in parts["layer_sweep"]["target"]["entries"]] == [26, 27, 28, 29, 30]
     assert set(parts["verifiers"]["by_verifier"]) == {"embedding", "judge"}
     pairs = {(a["first"], a["second"]) for a in parts["verifiers"]["agreement"]}

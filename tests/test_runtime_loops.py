@@ -96,6 +96,17 @@ def test_length_cut_drafts_are_never_accepted_by_lookahead(engines):
     assert res.stats.accepted == 0 and res.stats.judged > 0  # every random-model step is cut at 4 tokens
     reasons = {d["verdict"]["reason"] for c in res.trace for d in c["drafts"] if d["verdict"]}
     assert reasons == {"length"}
+    # the verifier decided none of them: they are counted as refused, not as its rejections
+    assert res.stats.decided == 0 and res.stats.refused == res.stats.judged
+
+
+@pytest.mark.parametrize("method", ["lr_sync", "lr_async", "semanticspec"])
+def test_decided_steps_are_the_ones_the_verifier_ruled_on(engines, method):
+    """With the cap allowed every draft step reaches the verifier: decided = judged, nothing refused, and an
+    accept-all verifier's acceptance over decided steps is 1."""
+    res = run(method, engines, build_verifier("accept_all"), options(accept_length_cut=True))
+    assert res.stats.refused == 0 and res.stats.decided == res.stats.judged > 0
+    assert res.stats.decided_accepted == res.stats.accepted
 
 
 # ----------------------------------------------------------------------------- statistics and seeds

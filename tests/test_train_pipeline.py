@@ -74,8 +74,9 @@ def test_probes_beat_the_constant_baseline(run):
 
 def test_console_table_lists_every_verifier_and_baseline(run):
     _, _, printed = run
-    for text in ("probe_target", "probe_draft", "on draft_via_target", "last-layer probe", "log-prob baseline",
-                 "constant (mean label)", "embedding threshold verifier", "cosine>=0.85", "accept all", "[probe_draft] epoch 0"):
+    for text in ("probe_target", "probe_draft", "on draft_via_target", "last-layer probe",
+                 "log-prob, logistic fit on this set", "logistic probe (same sets)", "constant (this set's mean label)",
+                 "embedding threshold verifier", "cosine>=0.85", "accept all", "[probe_draft] epoch 0"):
         assert text in printed
 
 

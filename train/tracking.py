@@ -104,8 +104,10 @@ def _start_wandb(wandb_cfg, run_name: str, output_dir: Path, config: dict):
 
 
 # ----------------------------------------------------------------------------- console table
-_PROBE_ROWS = (("probe", "probe"), ("variant", "variant: target steps only"), ("last_layer", "last-layer probe"),
-               ("logprob", "log-prob baseline"), ("constant", "constant (mean label)"))
+_PROBE_ROWS = (("probe", "probe"), ("logistic", "logistic probe (same sets)"), ("mlp", "MLP probe (same sets)"),
+               ("variant", "variant: target steps only"), ("last_layer", "last-layer probe"),
+               ("logprob", "log-prob, logistic fit on this set"), ("logprob_isotonic", "log-prob, isotonic on this set"),
+               ("constant", "constant (this set's mean label)"))
 
 
 def _num(value: Any, width: int = 9) -> str:
@@ -120,7 +122,9 @@ def _probe_lines(name: str, entry: dict, split: str) -> list[str]:
     layers = spec["layers"]
     what = (f"{len(layers)} layers {spec['combine']}" if len(layers) > 1 else f"layer {layers[0]}") + \
         f", {spec['pooling']} pooling"
-    lines = [f"{name} ({entry['role']} probe; trained on {' + '.join(entry['trained_on'])}, n={entry['n_train']}; {what})"]
+    kind = entry.get("kind", "mlp")
+    lines = [f"{name} ({kind} {entry['role']} probe; trained on {' + '.join(entry['trained_on'])}, "
+             f"n={entry['n_train']}; {what})"]
     for set_name, scores in entry.get(split, {}).items():
         first = next(iter(scores.values()))
         title = f"on {set_name} (n={first['n']}, majority rate {first['positive_rate']:.2f})"

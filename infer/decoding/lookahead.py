@@ -139,9 +139,11 @@ def _verify_tree(state: GenState, verifier: Verifier, root: _Node, nodes: list[_
             reason = state.unacceptable(child.draft)
             if reason is not None:
                 child.verdict = refused(reason)
+                state.stats.refused += 1
                 continue
             if verifier.needs_features and not child.draft.text:
                 child.verdict = Verdict(False, float("nan"), 0.0, {"reason": "empty"})
+                state.stats.refused += 1
                 continue
             items.append(VerifyItem(ctx, child.draft.text, parent.target.text, child.draft_features,
                                     child.target_features, seed_for(state.opts.seed, "accept", parent.target_key,
@@ -151,7 +153,9 @@ def _verify_tree(state: GenState, verifier: Verifier, root: _Node, nodes: list[_
     if not items:
         return
     t0 = time.perf_counter()
-    for child, verdict in zip(owners, verifier.verify(items)):
+    verdicts = verifier.verify(items)
+    state.stats.record_decisions(verdicts)
+    for child, verdict in zip(owners, verdicts):
         child.verdict = verdict
     state.stats.verify_time_s += time.perf_counter() - t0
 
@@ -410,11 +414,11 @@ class _AsyncRun:
     def _judge(self, dstep: Step, target_step: Step, context: StepContext, seed_key: str, position: int) -> Verdict:
         """The verdict on the first pending draft (main thread, without the lock)."""
         st, verifier = self.state, self.verifier
-        reason = st.unacceptable(dstep)
+        reason = st.unacceptable(dstep) or ("empty" if verifier.needs_features and not dstep.text else None)
         if reason is not None:
+            with self.cond:
+                st.stats.refused += 1
             return refused(reason)
-        if verifier.needs_features and not dstep.text:
-            return refused("empty")
         item = VerifyItem(context, dstep.text, target_step.text, seed=seed_for(st.opts.seed, "accept", seed_key, 0),
                           meta={"position": position, "branch": 0})
         if verifier.needs_features:
@@ -432,6 +436,7 @@ class _AsyncRun:
         verdict = verifier.verify([item])[0]
         with self.cond:
             st.stats.verify_time_s += time.perf_counter() - t0
+            st.stats.record_decisions([verdict])
         return verdict
 
     def _draft_expected(self) -> bool:

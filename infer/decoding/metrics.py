@@ -56,8 +56,16 @@ class RunStats:
     spec_proposed: int = 0
     spec_accepted: int = 0
     stop_reasons: dict = field(default_factory=dict)
+    decided: int = 0  # draft steps a verifier ruled on (refused ones: capped, empty, after a cut, are not)
+    decided_accepted: int = 0
+    refused: int = 0  # draft steps rejected without asking the verifier
 
     # ------------------------------------------------------------------ recording
+    def record_decisions(self, verdicts) -> None:
+        """Count verdicts the verifier returned (each one a decided draft step)."""
+        for v in verdicts:
+            self.decided += 1
+            self.decided_accepted += int(v.accepted)
     def record_position(self, position: int, accepted: bool) -> None:
         _grow(self.judged_by_position, position + 1)
         _grow(self.accepted_by_position, position + 1)

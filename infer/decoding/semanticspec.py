@@ -80,6 +80,7 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
         reason = state.unacceptable(step) or (None if step.text else "empty")
         if reason is not None:
             verdict = refused(reason)
+            stats.refused += 1
         else:
             tf, df = feats.get(i, (None, None))
             item = VerifyItem(StepContext(state.question, tuple(state.texts())), step.text, None, df, tf,
@@ -87,6 +88,7 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
             t0 = time.perf_counter()
             verdict = verifier.verify([item])[0]
             stats.verify_time_s += time.perf_counter() - t0
+            stats.record_decisions([verdict])
         verdicts.append(verdict)
         stats.record_position(i, verdict.accepted)
         positions.append({"position": i, "accepted": verdict.accepted, "branch": 0})
