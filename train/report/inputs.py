@@ -249,3 +249,20 @@ def predict(probe: HiddenStateProbe, x: torch.Tensor, cols: list[int]) -> np.nda
     if x.shape[0] == 0:
         return np.empty(0)
     return probe.predict_proba(x[:, cols]).double().numpy()
+
+
+def step_summary(ds) -> dict[str, Any]:
+    """Per model: stored steps, the share cut by the token cap (stop_reason "length") or ended by EOS, mean
+    tokens, the mean own-step label and the share of steps no other sample agreed with (own_prob 0)."""
+    model = np.asarray(ds.column("model"), dtype=object)
+    stop = np.asarray(ds.column("stop_reason"), dtype=object)
+    tokens = np.asarray(ds.column("num_tokens"), dtype=np.float64)
+    own = np.asarray(ds.column("own_prob"), dtype=np.float64)
+    out = {}
+    for m in sorted(set(model.tolist())):
+        mask = model == m
+        out[m] = {"steps": int(mask.sum()), "capped_share": float((stop[mask] == "length").mean()),
+                  "eos_share": float((stop[mask] == "eos").mean()), "mean_tokens": float(tokens[mask].mean()),
+                  "mean_own_prob": float(np.nanmean(own[mask])), "own_prob_zero_share": float((own[mask] == 0).mean())}
+    return out
+

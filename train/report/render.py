@@ -87,6 +87,10 @@ def header(m: dict[str, Any]) -> str:
               "rank, ties split); 'majority meaning' = label ≥ 0.5 (AUROC, AUPRC). Percentile intervals of ECE/MCE "
               "can sit above the estimate: binned errors are biased upward on resamples with repeated rows",
               f"- written {m.get('created')}"]
+    for model, st in ((m.get("data") or {}).get("steps") or {}).items():
+        lines.append(f"- {model} steps in the data: {st['steps']}, {st['capped_share']:.1%} cut by the token cap, "
+                     f"{st['eos_share']:.1%} ended by EOS, {st['mean_tokens']:.1f} tokens on average; no other sample "
+                     f"agreed with {st['own_prob_zero_share']:.0%} of them (own_prob 0)")
     return "\n".join(lines)
 
 

@@ -23,7 +23,14 @@ from typing import Any
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report import plots, render
 from specprobe.train.report.classic import logistic_sweep_part, positive_control_part
-from specprobe.train.report.inputs import CheckpointFolder, HeldOut, heldout_questions, open_checkpoint, open_data
+from specprobe.train.report.inputs import (
+    CheckpointFolder,
+    HeldOut,
+    heldout_questions,
+    open_checkpoint,
+    open_data,
+    step_summary,
+)
 from specprobe.train.report.sections import (
     EvalContext,
     PartResult,
@@ -102,7 +109,7 @@ def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list) -> tuple[
         return None, {}
     ds, same = opened
     info = {"folder": str(ds.folder), "is_training_data": same, "engines": ds.manifest.get("engines"),
-            "models": ds.manifest.get("models")}
+            "models": ds.manifest.get("models"), "steps": guarded(holder, "data/steps", lambda: step_summary(ds))}
     held = guarded(holder, "heldout", lambda: heldout_questions(ckpt, ds, same, cfg.split))
     if held is None:
         return None, info
