@@ -339,7 +339,7 @@ def train_logistic(plan: ProbePlan, candidates: list[tuple[FeatureSpec, list[int
     probe = chosen.probe
     probe.extra = _provenance(plan, n_train, n_val, l2=probe.l2, chosen_on="validation log-loss",
                               newton_iterations=getattr(probe, "newton_iterations", None))
-    table = [{**{k: v for k, v in r.items() if k != "candidate"}} for r in chosen.table]
+    table = [{k: v for k, v in r.items() if k != "candidate"} for r in chosen.table]
     return TrainedProbe(plan, probe, cols, None, time.perf_counter() - start, n_train, n_val, table)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from specprobe.probes.features import FeatureSpec
-from specprobe.probes.logistic import Candidate, fit_logistic_path, select_logistic
+from specprobe.probes.logistic import Candidate, select_logistic
 from specprobe.probes.metrics import brier, log_loss
 from specprobe.train.probes_train import ROW_SETS, RowSet
 from specprobe.train.report import evaluate as ev
@@ -47,13 +47,17 @@ def _compare(ctx: EvalContext, pred: np.ndarray, constant: float, y: np.ndarray,
     return ev.paired_comparison(pred, np.full(len(y), constant), y, groups, n_boot=c.n_boot, alpha=c.alpha, seed=c.seed)
 
 
+def _set_inputs(ctx: EvalContext, set_name: str):
+    """(role, stored rows, the set's rows by pooling, train / validation / report masks, how, independent)."""
+    role = ROW_SETS[set_name].view
+    by_pooling = {p: ctx.rows(set_name, p) for p in POOLINGS}
+    return (role, list(ctx.ds.layers(role)), by_pooling) + _masks(ctx, by_pooling["mean"])
+
+
 def sweep_set(ctx: EvalContext, set_name: str) -> dict[str, Any]:
     """One logistic probe per (stored row, pooling) on one row set."""
-    role = ROW_SETS[set_name].view
-    kept = list(ctx.ds.layers(role))
-    by_pooling = {p: ctx.rows(set_name, p) for p in POOLINGS}
+    role, kept, by_pooling, tr, va, te, how, independent = _set_inputs(ctx, set_name)
     base = by_pooling["mean"]
-    tr, va, te, how, independent = _masks(ctx, base)
     y = base.y
     if float(y[tr].max()) == float(y[tr].min()):
         raise PartError(f"{set_name}: every training label is equal; nothing to learn")
@@ -63,9 +67,8 @@ def sweep_set(ctx: EvalContext, set_name: str) -> dict[str, Any]:
     for pooling, rows in by_pooling.items():
         for col, row in enumerate(kept):
             x = rows.x[:, col:col + 1]
-            path = fit_logistic_path(x[tr], y[tr], _spec(ctx, role, row, pooling), ctx.cfg.sweep_l2)
-            scored = [(log_loss(p.predict_proba(x[va]).double().numpy(), y_val), -p.l2, p) for p in path]
-            _, _, probe = min(scored, key=lambda t: (t[0], t[1]))
+            only = {row: Candidate(_spec(ctx, role, row, pooling), x[tr], x[va])}
+            probe = select_logistic(only, y[tr], y[va], ctx.cfg.sweep_l2).probe  # its penalty, on validation
             val_pred = probe.predict_proba(x[va]).double().numpy()
             test_pred = probe.predict_proba(x[torch.from_numpy(te)]).double().numpy()
             entries.append(ev.clean({
@@ -116,11 +119,8 @@ def control_check(skill: dict[str, Any]) -> str:
 
 
 def control_set(ctx: EvalContext, set_name: str) -> dict[str, Any]:
-    role = ROW_SETS[set_name].view
-    kept = list(ctx.ds.layers(role))
-    rows_by = {p: ctx.rows(set_name, p) for p in POOLINGS}
+    role, kept, rows_by, tr, va, te, how, _ = _set_inputs(ctx, set_name)
     base = rows_by["mean"]
-    tr, va, te, how, _ = _masks(ctx, base)
     te_t = torch.from_numpy(te)
     stride = max(1, len(kept) // 8)  # a handful of depths is enough to show the signal is there
     out = {"set": set_name, "how": how, "n_test": int(te.sum()), "targets": {}}
