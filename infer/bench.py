@@ -15,7 +15,8 @@ lr_async, specs / beam_target (SpecS and its target beam-search baseline), seed_
 tree of thoughts and its target-only baseline), with optional "+ngram" / "+assistant" / "+lookahead"
 (token speculation inside target steps; lookahead = Lookahead Decoding) and
 ":key=value" options overrides (gamma, width, max_steps, max_new_tokens, seed, verifier, alpha), e.g.
-"lr_sync:width=2:gamma=2" or "semanticspec:verifier=probe".
+"lr_sync:width=2:gamma=2" or "semanticspec:verifier=probe"; "gamma=adaptive" lets each cycle of semanticspec /
+lr_sync / lr_async draft as far as predicted acceptance pays (`infer.decoding.depth`, runtime.adaptive).
 """
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.infer.answers import extract_boxed, grade, strip_thousands_separators
+from specprobe.infer.acceptance_estimate import LatentDifficulty, SimulatedAcceptance, load_acceptance_probe
 from specprobe.infer.config import ConfigError, SourceConfig, to_dict
 from specprobe.infer.decoding import METHODS, DecodeOptions, RunStats, decode, fast_thread_switching, write_trace
 from specprobe.infer.decoding.analytic import predict, token_level_factor
+from specprobe.infer.decoding.depth import AdaptiveDepth
 from specprobe.infer.engines import build_engine_pair, sampling_params
 from specprobe.infer.engines.token_spec import TokenSpecConfig
 from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier
@@ -152,6 +155,9 @@ def parse_method(text: str) -> MethodSpec:
     overrides: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in opts.split(":"))):
         key, eq, value = part.partition("=")
+        if key == "gamma" and value == "adaptive":  # each cycle's depth from predicted acceptance
+            overrides["gamma_policy"] = "adaptive"
+            continue
         if not eq or key not in _OVERRIDE_TYPES:
             raise ConfigError(f"bad method option {part!r} in {text!r}; options: {sorted(_OVERRIDE_TYPES)}")
         try:
@@ -196,6 +202,34 @@ class BenchEnv:
     verifier_kind: str
     checkpoint: str | None
     _verifiers: dict = field(default_factory=dict)
+    _depth: dict = field(default_factory=dict)
+
+    def difficulty(self, alpha: float | None = None) -> LatentDifficulty:
+        """The Bernoulli verifier's acceptance by answer position (runtime.difficulty; easy α: alpha)."""
+        rt = self.cfg.runtime
+        d = rt.difficulty
+        easy = d.easy_alpha if d.easy_alpha is not None else (rt.bernoulli_alpha if alpha is None else alpha)
+        return LatentDifficulty(easy, d.hard_alpha if d.hard_share > 0 else easy, d.hard_share, d.persistence,
+                                d.noise, rt.seed)
+
+    def depth_policy(self, verifier_kind: str | None = None, alpha: float | None = None) -> AdaptiveDepth:
+        """gamma=adaptive's policy: a Bernoulli verifier's simulated acceptance probe, else the checkpoint's
+        acceptance probe on the draft; one per verifier, so the costs are measured once."""
+        kind = verifier_kind or self.verifier_kind
+        key = (kind, alpha if kind == "bernoulli" else None)
+        if key not in self._depth:
+            if kind == "bernoulli":
+                estimator = SimulatedAcceptance(self.difficulty(alpha))
+            else:
+                if self.checkpoint is None:
+                    raise ConfigError("gamma=adaptive reads the checkpoint's acceptance probe: pass --checkpoint "
+                                      "(or runtime.checkpoint), or use the bernoulli verifier")
+                estimator = load_acceptance_probe(self.checkpoint, self.draft,
+                                                  device=self.cfg.models.resolved_device(),
+                                                  allow_model_mismatch=self.cfg.runtime.allow_model_mismatch)
+            ad = self.cfg.runtime.adaptive
+            self._depth[key] = AdaptiveDepth(estimator, ad.c, ad.b, ad.v)
+        return self._depth[key]
 
     def verifier(self, kind: str | None = None, alpha: float | None = None):
         kind = kind or self.verifier_kind
@@ -208,7 +242,8 @@ class BenchEnv:
                 kind, checkpoint=self.checkpoint, target_engine=self.target, draft_engine=self.draft, alpha=alpha,
                 llm_judge_model=None if judge_engine is not None else rt.llm_judge_model,
                 llm_judge_engine=judge_engine, device=self.cfg.models.resolved_device(), eps=rt.probe_eps,
-                threshold=rt.judge_threshold, allow_model_mismatch=rt.allow_model_mismatch)
+                threshold=rt.judge_threshold, allow_model_mismatch=rt.allow_model_mismatch,
+                difficulty=self.difficulty(alpha) if kind == "bernoulli" and rt.difficulty.hard_share > 0 else None)
         return self._verifiers[key]
 
 
@@ -250,8 +285,26 @@ class MethodResult:
     error: str | None = None
 
 
-def _method_options(env: BenchEnv, spec: MethodSpec) -> DecodeOptions:
+ADAPTIVE_METHODS = ("semanticspec", "lr_sync", "lr_async")
+
+
+def is_adaptive(env: BenchEnv, spec: MethodSpec) -> bool:
+    """Does this method choose its depth per cycle (:gamma=adaptive, or runtime.gamma_policy adaptive)?"""
+    policy = spec.overrides.get("gamma_policy", env.cfg.runtime.gamma_policy)
+    if policy == "adaptive" and spec.base not in ADAPTIVE_METHODS:
+        if "gamma_policy" in spec.overrides:
+            raise ConfigError(f"{spec.label}: gamma=adaptive applies to {', '.join(ADAPTIVE_METHODS)}")
+        return False  # the config-wide policy leaves the other methods alone
+    return policy == "adaptive"
+
+
+def _method_options(env: BenchEnv, spec: MethodSpec, policy: bool = True) -> DecodeOptions:
+    """The method's DecodeOptions; policy=False leaves out the adaptive depth policy (loaded on first use)."""
     ov = {k: v for k, v in spec.overrides.items() if k in ("gamma", "width", "max_steps", "max_new_tokens", "seed")}
+    if is_adaptive(env, spec):
+        ov["gamma"] = env.cfg.runtime.adaptive.gamma_max
+        if policy:
+            ov["depth"] = env.depth_policy(spec.overrides.get("verifier"), spec.overrides.get("alpha"))
     return env.opts.replace(**ov) if ov else env.opts
 
 
@@ -469,7 +522,8 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
     rows = []
     for label, res in results.items():
         st, spec = res.stats, res.spec
-        opts = _method_options(env, spec)
+        opts = _method_options(env, spec, policy=False)
+        adaptive = is_adaptive(env, spec)
         latency = sum(res.latencies) if res.latencies else None
         row = {"method": label, "problems": res.answered, "error": res.error,
                "pass@1": _div(res.correct, res.answered), "correct": res.correct,
@@ -487,7 +541,10 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
                "target_forward_passes": st.target_forward_passes, "draft_forward_passes": st.draft_forward_passes,
                "mean_target_rows": st.mean_target_rows, "mean_rows_per_forward": st.mean_rows_per_forward,
                "spec_acceptance": st.spec_acceptance,
-               "stop_reasons": st.stop_reasons, "gamma": opts.gamma, "width": opts.width,
+               "stop_reasons": st.stop_reasons, "width": opts.width, "latencies_s": list(res.latencies),
+               "gamma": f"adaptive<={opts.gamma}" if adaptive else opts.gamma,
+               "mean_depth_kept": st.mean_depth_kept, "depth_kept": st.depth_kept,
+               "depth_policy": _policy_record(env, spec) if adaptive else None,
                "verifier": spec.overrides.get("verifier", env.verifier_kind) if spec.base not in ("target", "draft") else None}
         c = _div(_div(st.draft_time_s, st.draft_calls), t_step)
         b = _div(_div(st.target_time_s, st.target_iterations), t_iter)
@@ -501,6 +558,8 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
             pred = _search_prediction(env, kind, st)
             row["baseline"] = SEARCH_BASELINES[kind]
             row["speedup_vs_baseline"] = _search_speedup(results, label, SEARCH_BASELINES[kind])
+        elif adaptive:  # no fixed-γ formula applies; the kept depths are in depth_kept
+            pred = {"ideal": None, "adjusted": None, "k": None, "formula": "adaptive γ"}
         else:
             pred = predict(kind, st.acceptance_rate, c, opts.gamma, b, tau)
         if spec.token_spec == "lookahead":  # the paper's step compression S = tokens / decoding steps
@@ -525,6 +584,13 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
             "models": {"target": env.target.model_name, "draft": env.draft.model_name},
             "problems": [p.id for p in env.problems], "config": to_dict(env.cfg),
             "host": {"platform": platform.platform(), "python": platform.python_version()}}
+
+
+def _policy_record(env: BenchEnv, spec: MethodSpec) -> dict | None:
+    """The adaptive policy's estimator and costs (measured ones included) when it was built."""
+    kind = spec.overrides.get("verifier") or env.verifier_kind
+    policy = env._depth.get((kind, spec.overrides.get("alpha") if kind == "bernoulli" else None))
+    return None if policy is None else policy.describe()
 
 
 SEARCH_BASELINES = {"specs": "beam_target", "seed_tot": "tot_target"}  # the paper's own baseline

@@ -229,6 +229,45 @@ class LookaheadDecodingSettings:
 
 
 @dataclass
+class AdaptiveDepthSettings:
+    gamma_max: int = opt(6, "gamma=adaptive: the most steps one cycle drafts")
+    c: float | None = opt(None, "gamma=adaptive: draft step / target step cost (null: measured once per run on a "
+                                "calibration problem)")
+    b: list[float] | None = opt(None, "gamma=adaptive, Lookahead Reasoning: target pass over k rows in single-row "
+                                      "units, b(1..n) (null: measured; past the list it grows linearly)")
+    v: list[float] | None = opt(None, "gamma=adaptive, SemanticSpec: teacher-forced target pass over k drafts in "
+                                      "target steps, v(1..n) (null: measured)")
+
+    def __post_init__(self) -> None:
+        check_positive(self, "gamma_max")
+        if self.c is not None and not self.c >= 0:
+            raise ConfigError(f"runtime.adaptive.c must be >= 0 or null, got {self.c}")
+        for name in ("b", "v"):
+            values = getattr(self, name)
+            if values is not None and any(not x >= 0 for x in values):
+                raise ConfigError(f"runtime.adaptive.{name} must list numbers >= 0 (or be null), got {values}")
+
+
+@dataclass
+class DifficultySettings:
+    hard_share: float = opt(0.0, "system-speed: share of hard answer positions (0: every draft is accepted with "
+                                 "runtime.bernoulli_alpha)")
+    easy_alpha: float | None = opt(None, "system-speed: acceptance of a draft at an easy position "
+                                         "(null: runtime.bernoulli_alpha)")
+    hard_alpha: float = opt(0.2, "system-speed: acceptance of a draft at a hard position")
+    persistence: float = opt(0.0, "system-speed: chance a position has the class of the one before (0: independent; "
+                                  "near 1: long easy and hard stretches)")
+    noise: float = opt(0.0, "system-speed: the simulated acceptance probe sees a random class instead of the true "
+                            "one this often (0: perfect, 1: no information); its estimate stays calibrated")
+
+    def __post_init__(self) -> None:
+        for name in ("hard_share", "easy_alpha", "hard_alpha", "persistence", "noise"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 1:
+                raise ConfigError(f"runtime.difficulty.{name} must be in [0, 1], got {value}")
+
+
+@dataclass
 class RuntimeConfig:
     method: Literal["target", "draft", "semanticspec", "lr_sync", "lr_async", "specs", "beam_target", "seed_tot",
                     "tot_target"] = opt(
@@ -236,6 +275,10 @@ class RuntimeConfig:
                    "(SpecS), beam_target (its target beam-search baseline), seed_tot (SEED tree of thoughts), "
                    "tot_target (target-only tree of thoughts)")
     gamma: int = opt(3, "draft steps per cycle (lookahead depth γ); sync LR runs γ+1 target steps in one batch")
+    gamma_policy: Literal["fixed", "adaptive"] = opt(
+        "fixed", "fixed: every cycle drafts gamma steps; adaptive: each cycle drafts as far as the predicted acceptance "
+                 "pays, up to runtime.adaptive.gamma_max (the checkpoint's acceptance probe; system-speed: "
+                 "runtime.difficulty's simulated one). A method suffix :gamma=adaptive sets it per method")
     width: int = opt(1, "draft branches per position (multi-branch LR, sync only; the tree has W^γ leaves)")
     verifier: str = opt("probe", "probe | embedding | judge | llm_judge | exact | accept_all | reject_all | bernoulli")
     checkpoint: str | None = opt(None, "checkpoint folder with trained verifiers (default: <output_dir>/checkpoint)")
@@ -265,6 +308,9 @@ class RuntimeConfig:
     tree: TreeSearchSettings = section(TreeSearchSettings, "tree-of-thoughts search (methods seed_tot, tot_target)")
     lookahead: LookaheadDecodingSettings = section(LookaheadDecodingSettings,
                                                    "Lookahead Decoding inside steps (token_spec lookahead)")
+    adaptive: AdaptiveDepthSettings = section(AdaptiveDepthSettings, "gamma_policy adaptive: cap and costs")
+    difficulty: DifficultySettings = section(DifficultySettings, "system-speed runs: heterogeneous acceptance (easy "
+                                                                 "and hard positions) and its simulated estimate")
 
     def __post_init__(self) -> None:
         if self.gamma < 1:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from specprobe.infer import checkpoint_format as ckpt
+from specprobe.infer.acceptance_estimate import LatentDifficulty
 from specprobe.infer.checkpoint_format import CheckpointError
 from specprobe.infer.engines.base import Prefix
 from specprobe.probes.acceptance import DEFAULT_EPS, bernoulli, make_rng, semantic_accept_prob
@@ -139,20 +140,28 @@ class RejectAll(Verifier):
 
 
 class BernoulliVerifier(Verifier):
-    """Accepts each step independently with probability α (seeded per decision)."""
+    """Accepts each step independently with probability α (seeded per decision). With a `LatentDifficulty`
+    (system-speed runs with heterogeneous acceptance), α is that of the step's answer position, easy or hard."""
 
     name = "bernoulli"
 
-    def __init__(self, alpha: float):
+    def __init__(self, alpha: float, difficulty: LatentDifficulty | None = None):
         if not 0.0 <= alpha <= 1.0 or math.isnan(alpha):
             raise ValueError(f"bernoulli alpha must be in [0, 1], got {alpha}")
-        self.alpha = float(alpha)
+        self.alpha, self.difficulty = float(alpha), difficulty
+
+    def _alpha(self, item: VerifyItem) -> float:
+        if self.difficulty is None:
+            return self.alpha
+        return self.difficulty.alpha(item.context.question, len(item.context.steps))
 
     def _score(self, items):
-        return [(self.alpha, self.alpha, {}) for _ in items]
+        return [(a, a, {}) for a in map(self._alpha, items)]
 
     def describe(self):
-        return {"name": self.name, "alpha": self.alpha}
+        if self.difficulty is None:
+            return {"name": self.name, "alpha": self.alpha}
+        return {"name": self.name, "difficulty": self.difficulty.describe()}
 
 
 # ----------------------------------------------------------------------------- pair verifiers
@@ -415,11 +424,12 @@ def load_verifier(path: str | Path, kind: str = "probe", **kw) -> Verifier:
 def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_engine=None, draft_engine=None,
                    alpha: float = 0.6, llm_judge_model: str | None = None, llm_judge_engine=None,
                    device: str | None = None, eps: float = DEFAULT_EPS, threshold: float | None = None,
-                   allow_model_mismatch: bool = False) -> Verifier:
+                   allow_model_mismatch: bool = False, difficulty: LatentDifficulty | None = None) -> Verifier:
     """Any verifier by name (`VERIFIER_KINDS`); checkpoint kinds read `checkpoint`.
 
     llm_judge: `llm_judge_model` names any instruct causal LM (or pass a loaded engine whose model is
-    reused, e.g. the target itself, as `llm_judge_engine`).
+    reused, e.g. the target itself, as `llm_judge_engine`). bernoulli: `difficulty` makes α depend on the
+    step's position (system-speed runs with heterogeneous acceptance).
     """
     if kind not in VERIFIER_KINDS:
         raise ValueError(f"unknown verifier {kind!r}; choose one of {', '.join(VERIFIER_KINDS)}")
@@ -444,7 +454,7 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
     if kind == "reject_all":
         return RejectAll()
     if kind == "bernoulli":
-        return BernoulliVerifier(alpha)
+        return BernoulliVerifier(alpha, difficulty)
     if kind == "exact":
         return ExactMatch()
     # llm_judge

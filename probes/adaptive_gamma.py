@@ -1,90 +1,146 @@
 """How far to draft: choose the lookahead depth of one cycle from predicted per-step acceptance.
 
-A sync cycle of Lookahead Reasoning (or SemanticSpec) that drafts k steps commits the accepted prefix of the
-chain plus one target step: with a_i the probability that draft step i is accepted given steps 1..i-1 were,
+a_i is the probability that draft step i is accepted given steps 1..i-1 were; P_j = a_1 ... a_j. Two cycle
+shapes, both measured in target-step units (speedup = expected committed steps / expected cost, the long-run
+rate of a renewal process, against target-only's one step per unit):
 
-    E[committed](k) = 1 + sum_{j=1..k} prod_{i<=j} a_i,
+Lookahead Reasoning, sync (kind "lookahead"): draft k steps (c each, one draft batch per level), then ONE target
+pass over every prefix (rows(k) = 1 + W + ... + W^k rows for W branches; b(rows) in single-row units, b(1) = 1,
+~1 on a GPU far from saturation, not on a CPU). The accepted prefix and one target step are committed:
 
-and costs k draft steps (c each, in target-step units) plus one batched target pass over k + 1 rows, b(k + 1)
-(b(1) = 1; on a GPU far from saturation b ~ 1, on a CPU it is not). Target-only commits one step per unit, so
+    E[committed](k) = 1 + sum_{j<=k} P_j,    cost(k) = k c + b(rows(k)).
 
-    speedup(k) = E[committed](k) / (k c + b(k + 1)),      k = 0 meaning: do not draft, the target writes.
+SemanticSpec (kind "semanticspec"): draft k steps, ONE teacher-forced target pass over them (v(k)), and at the
+first rejection the target writes that step itself (cost 1); when all k pass nothing more is written:
 
-With a_i constant and b = 1 this is Lookahead Reasoning's sync formula at k + 1 parallel steps
-(`probes.speedup.sync_speedup`). The policy: after each drafted step the runtime knows that step's
-predicted a_i (an acceptance probe on the draft's own hidden states, or a system-speed estimate); later
-steps are forecast at the last known value; drafting goes on while the best depth over the known and
-forecast estimates lies beyond the steps drafted so far, and never past gamma_max. When even the first
-step does not pay (best depth 0), the cycle's draft is dropped and the target writes the step.
+    E[committed](k) = sum_{j<=k} P_j + (1 - P_k),    E[cost](k) = k c + v(k) + (1 - P_k).
 
-Pure functions of (a, c, b): no model code; tested against brute-force enumeration of the accept/reject
+k = 0 means: do not draft, the target writes the step (committed 1, cost 1). With a_i constant and b = 1 the
+first is Lookahead Reasoning's sync formula at k + 1 parallel steps (`probes.speedup.sync_speedup`).
+
+The policy: after each drafted step the runtime knows that step's predicted a_i (an acceptance probe on the
+draft's own hidden states, or a system-speed estimate); later steps are forecast at the last known value;
+drafting goes on while the best depth over the known and forecast estimates lies beyond the steps drafted so
+far, and never past gamma_max. The cycle then keeps the best depth over what it drafted; when even the first
+step does not pay (best depth 0), the draft is dropped and the target writes the step.
+
+Pure functions of (a, costs): no model code; tested against brute-force enumeration of the accept/reject
 outcomes.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 BatchCost = Callable[[int], float] | Sequence[float]
+CYCLE_KINDS = ("lookahead", "semanticspec")
 
 
-def _check(a: Sequence[float], c: float) -> list[float]:
-    a = [float(x) for x in a]
-    if any(not 0.0 <= x <= 1.0 for x in a):
-        raise ValueError(f"acceptance estimates must be in [0, 1], got {a}")
-    if not (c >= 0 and math.isfinite(c)):
-        raise ValueError(f"c (draft/target cost per step) must be a finite number >= 0, got {c}")
-    return a
+def _lookup(table: BatchCost | None, n: int, name: str) -> float:
+    """table(n): a callable, or a sequence with the value for n at index n - 1, extended linearly past its end."""
+    if n < 1:
+        raise ValueError(f"{name} is defined for n >= 1, got {n}")
+    if table is None:
+        return 1.0
+    if callable(table):
+        return float(table(n))
+    seq = [float(x) for x in table]
+    if not seq:
+        return 1.0
+    if n <= len(seq):
+        return seq[n - 1]
+    step = seq[-1] - seq[-2] if len(seq) > 1 else 0.0
+    return seq[-1] + step * (n - len(seq))
 
 
 def batch_cost(b: BatchCost | None, rows: int) -> float:
     """b(rows): the target pass over `rows` rows in single-row units. None: free batching (b = 1); a sequence
     gives b(k) at index k - 1 and is extended linearly past its end."""
-    if rows < 1:
-        raise ValueError(f"rows must be >= 1, got {rows}")
-    if b is None:
-        return 1.0
-    if callable(b):
-        return float(b(rows))
-    seq = [float(x) for x in b]
-    if not seq:
-        return 1.0
-    if rows <= len(seq):
-        return seq[rows - 1]
-    step = seq[-1] - seq[-2] if len(seq) > 1 else 0.0
-    return seq[-1] + step * (rows - len(seq))
+    return _lookup(b, rows, "the batch cost b(rows)")
 
 
-def expected_committed(a: Sequence[float], k: int) -> float:
-    """1 + sum_{j<=k} prod_{i<=j} a_i: the accepted prefix of k drafts plus the target's own step."""
-    total, run = 1.0, 1.0
+@dataclass(frozen=True)
+class CycleCosts:
+    """What a cycle costs, in units of one target step: c per drafted level; b(rows) for Lookahead Reasoning's
+    target pass; v(k) for SemanticSpec's teacher-forced pass over k drafts (None: b = 1 / v = 0)."""
+
+    c: float
+    b: BatchCost | None = None
+    v: BatchCost | None = None
+    kind: Literal["lookahead", "semanticspec"] = "lookahead"
+    width: int = 1  # draft branches per position (lookahead only): rows(k) = 1 + W + ... + W^k
+
+    def __post_init__(self) -> None:
+        if not (self.c >= 0 and math.isfinite(self.c)):
+            raise ValueError(f"c (draft/target cost per step) must be a finite number >= 0, got {self.c}")
+        if self.kind not in CYCLE_KINDS:
+            raise ValueError(f"cycle kind must be one of {CYCLE_KINDS}, got {self.kind!r}")
+        if not isinstance(self.width, int) or self.width < 1:
+            raise ValueError(f"width must be an int >= 1, got {self.width!r}")
+
+    def rows(self, k: int) -> int:
+        return sum(self.width ** d for d in range(k + 1))
+
+    def score_cost(self, k: int) -> float:
+        return 0.0 if self.v is None or k == 0 else _lookup(self.v, k, "the scoring cost v(k)")
+
+
+def _check(a: Sequence[float]) -> list[float]:
+    a = [float(x) for x in a]
+    if any(not 0.0 <= x <= 1.0 for x in a):
+        raise ValueError(f"acceptance estimates must be in [0, 1], got {a}")
+    return a
+
+
+def _chain(a: Sequence[float], k: int) -> tuple[float, float]:
+    """(sum_{j<=k} P_j, P_k)."""
+    total, run = 0.0, 1.0
     for x in list(a)[:k]:
         run *= x
         total += run
-    return total
+    return total, run
 
 
-def expected_speedup(a: Sequence[float], k: int, c: float, b: BatchCost | None = None) -> float:
+def expected_committed(a: Sequence[float], k: int, kind: str = "lookahead") -> float:
+    """Expected steps one cycle commits when it drafts k steps (see the module doc)."""
+    if k == 0:
+        return 1.0
+    total, last = _chain(a, k)
+    return 1.0 + total if kind == "lookahead" else total + (1.0 - last)
+
+
+def expected_cost(a: Sequence[float], k: int, costs: CycleCosts) -> float:
+    """Expected cost of one cycle drafting k steps, in target steps."""
+    if k == 0:
+        return 1.0
+    if costs.kind == "lookahead":
+        return k * costs.c + batch_cost(costs.b, costs.rows(k))
+    return k * costs.c + costs.score_cost(k) + (1.0 - _chain(a, k)[1])
+
+
+def expected_speedup(a: Sequence[float], k: int, costs: CycleCosts) -> float:
     """speedup(k) of a cycle drafting k steps with acceptance estimates `a` (see the module doc)."""
-    a = _check(a, c)
+    a = _check(a)
     if not 0 <= k <= len(a):
         raise ValueError(f"k must be in [0, {len(a)}] (one estimate per drafted step), got {k}")
-    return expected_committed(a, k) / (k * c + batch_cost(b, k + 1))
+    return expected_committed(a, k, costs.kind) / expected_cost(a, k, costs)
 
 
-def best_depth(a: Sequence[float], c: float, b: BatchCost | None = None, gamma_max: int | None = None) -> int:
+def best_depth(a: Sequence[float], costs: CycleCosts, gamma_max: int | None = None) -> int:
     """The depth k in [0, min(len(a), gamma_max)] with the largest expected speedup (the smaller on ties)."""
-    a = _check(a, c)
+    a = _check(a)
     top = len(a) if gamma_max is None else min(len(a), gamma_max)
-    best, value = 0, expected_speedup(a, 0, c, b)
+    best, value = 0, expected_speedup(a, 0, costs)
     for k in range(1, top + 1):
-        v = expected_speedup(a, k, c, b)
+        v = expected_speedup(a, k, costs)
         if v > value + 1e-12:
             best, value = k, v
     return best
 
 
-def keep_drafting(known: Sequence[float], c: float, b: BatchCost | None, gamma_max: int) -> bool:
+def keep_drafting(known: Sequence[float], costs: CycleCosts, gamma_max: int) -> bool:
     """After drafting len(known) steps with these estimates: draft one more? Later steps are forecast at the
     last known estimate; yes while the best depth over known + forecast lies beyond the steps drafted."""
     if gamma_max < 1:
@@ -95,19 +151,23 @@ def keep_drafting(known: Sequence[float], c: float, b: BatchCost | None, gamma_m
     if not known:
         return True  # the first step is drafted to learn a_1
     forecast = known + [known[-1]] * (gamma_max - len(known))
-    return best_depth(forecast, c, b, gamma_max) > len(known)
+    return best_depth(forecast, costs, gamma_max) > len(known)
 
 
-def drafting_plan(estimates: Sequence[float], c: float, b: BatchCost | None, gamma_max: int) -> tuple[int, int]:
+def drafting_plan(estimates: Sequence[float], costs: CycleCosts, gamma_max: int) -> tuple[int, int]:
     """(steps drafted, steps kept) of the sequential policy when the i-th drafted step's estimate is
     estimates[i]: it drafts while `keep_drafting` says so, then keeps the best depth over what it drafted
     (kept 0: drop the drafts, the target writes the step)."""
     drafted: list[float] = []
-    while len(drafted) < min(gamma_max, len(estimates)) and keep_drafting(drafted, c, b, gamma_max):
+    while len(drafted) < min(gamma_max, len(estimates)) and keep_drafting(drafted, costs, gamma_max):
         drafted.append(float(estimates[len(drafted)]))
-    return len(drafted), best_depth(drafted, c, b, gamma_max)
+    return len(drafted), best_depth(drafted, costs, gamma_max)
 
 
-def chosen_depth(estimates: Sequence[float], c: float, b: BatchCost | None, gamma_max: int) -> int:
-    """The depth a cycle ends with under the sequential policy (`drafting_plan`'s steps kept)."""
-    return drafting_plan(estimates, c, b, gamma_max)[1]
+def level_acceptance(estimates: Sequence[float], width: int) -> float:
+    """A multi-branch level's acceptance (some branch accepted) from its branches' mean estimate ā:
+    1 - (1 - ā)^W, treating the W branches as independent draws."""
+    if not estimates:
+        raise ValueError("no estimates for this level")
+    mean = sum(_check(estimates)) / len(estimates)
+    return 1.0 - (1.0 - mean) ** width

@@ -8,13 +8,14 @@ import random
 import pytest
 
 from specprobe.probes.adaptive_gamma import (
+    CycleCosts,
     batch_cost,
     best_depth,
-    chosen_depth,
     drafting_plan,
     expected_committed,
     expected_speedup,
     keep_drafting,
+    level_acceptance,
 )
 from specprobe.probes.speedup import sync_speedup
 
@@ -31,10 +32,31 @@ def brute_committed(a, k):
     return total
 
 
+def brute_semanticspec(a, k, c, v):
+    """(E[committed], E[cost]) of a SemanticSpec cycle drafting k steps, by enumeration: accepted drafts
+    are committed up to the first rejection, where the target writes that step (cost 1)."""
+    if k == 0:
+        return 1.0, 1.0
+    committed = cost = 0.0
+    for outcome in itertools.product((0, 1), repeat=k):
+        prob = 1.0
+        for x, ok in zip(a, outcome):
+            prob *= x if ok else 1 - x
+        lead = next((i for i, ok in enumerate(outcome) if not ok), k)
+        rejected = lead < k
+        committed += prob * (lead + rejected)
+        cost += prob * (k * c + v[k - 1] + rejected)
+    return committed, cost
+
+
 def brute_best(a, c, b):
     speed = [brute_committed(a, k) / (k * c + batch_cost(b, k + 1)) for k in range(len(a) + 1)]
     best = max(speed)
     return min(k for k, s in enumerate(speed) if s >= best - 1e-12)
+
+
+def lr(c, b=None, width=1):
+    return CycleCosts(c, b=b, width=width)
 
 
 def test_expected_length_and_best_depth_match_brute_force():
@@ -46,26 +68,29 @@ def test_expected_length_and_best_depth_match_brute_force():
         b = rng.choice([None, [1.0, 1.02, 1.05, 1.1, 1.2, 1.3, 1.45], [1.0, 1.8, 2.6, 3.4, 4.2, 5.0, 5.8]])
         for k in range(n + 1):
             assert expected_committed(a, k) == pytest.approx(brute_committed(a, k))
-        assert best_depth(a, c, b) == brute_best(a, c, b)
+        assert best_depth(a, lr(c, b)) == brute_best(a, c, b)
 
 
 def test_constant_acceptance_and_free_batching_is_the_sync_formula():
     for alpha in (0.3, 0.6, 0.9):
         for k in range(0, 6):
-            assert expected_speedup([alpha] * 6, k, 0.1) == pytest.approx(float(sync_speedup(alpha, 0.1, k + 1)))
+            assert expected_speedup([alpha] * 6, k, lr(0.1)) == pytest.approx(float(sync_speedup(alpha, 0.1, k + 1)))
 
 
 def test_always_draft_to_gamma_max_when_every_step_is_accepted_and_the_batch_is_free():
-    assert best_depth([1.0] * 8, 0.1, None, gamma_max=5) == 5
-    assert all(keep_drafting([1.0] * i, 0.1, None, 5) for i in range(5)) and not keep_drafting([1.0] * 5, 0.1, None, 5)
-    assert chosen_depth([1.0] * 8, 0.1, None, 5) == 5
+    assert best_depth([1.0] * 8, lr(0.1), gamma_max=5) == 5
+    assert all(keep_drafting([1.0] * i, lr(0.1), 5) for i in range(5)) and not keep_drafting([1.0] * 5, lr(0.1), 5)
+    assert drafting_plan([1.0] * 8, lr(0.1), 5) == (5, 5)
+    # SemanticSpec with a fixed cost per target pass: one pass over more sure steps is cheaper per step
+    assert drafting_plan([1.0] * 8, CycleCosts(0.1, v=lambda k: 0.05, kind="semanticspec"), 5) == (5, 5)
 
 
 def test_never_draft_when_the_first_step_is_hopeless_or_the_batch_is_dear():
-    assert drafting_plan([0.01, 0.9, 0.9], 0.1, None, 3) == (1, 0)  # drafts step 1, learns a_1, drops it
-    assert not keep_drafting([0.01], 0.1, None, 3)
+    assert drafting_plan([0.01, 0.9, 0.9], lr(0.1), 3) == (1, 0)  # drafts step 1, learns a_1, drops it
+    assert not keep_drafting([0.01], lr(0.1), 3)
+    assert drafting_plan([0.01, 0.9, 0.9], CycleCosts(0.1, v=[0.1, 0.1, 0.1], kind="semanticspec"), 3) == (1, 0)
     # CPU-like batch cost b(k) = k with c = 1: every drafted step costs more than it can return
-    assert best_depth([0.99] * 4, 1.0, lambda rows: float(rows)) == 0
+    assert best_depth([0.99] * 4, lr(1.0, lambda rows: float(rows))) == 0
 
 
 def test_the_sequential_policy_stops_where_the_gain_changes_sign():
@@ -76,15 +101,51 @@ def test_the_sequential_policy_stops_where_the_gain_changes_sign():
         for c in (0.05, 0.2, 0.5):
             best = brute_best([alpha] * 6, c, b)
             # no step is drafted past the best depth (wasted draft work), none short of it
-            assert drafting_plan([alpha] * 6, c, b, 6) == (max(best, 1), best), (alpha, c)
-    assert chosen_depth([0.95, 0.95, 0.95, 0.05, 0.95, 0.95], 0.1, b, 6) == 3
+            assert drafting_plan([alpha] * 6, lr(c, b), 6) == (max(best, 1), best), (alpha, c)
+    assert drafting_plan([0.95, 0.95, 0.95, 0.05, 0.95, 0.95], lr(0.1, b), 6) == (4, 3)
 
 
 def test_bad_inputs():
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
-        best_depth([1.2], 0.1)
+        best_depth([1.2], lr(0.1))
     with pytest.raises(ValueError, match="c "):
-        best_depth([0.5], -1.0)
+        lr(-1.0)
+    with pytest.raises(ValueError, match="cycle kind"):
+        CycleCosts(0.1, kind="token")
     with pytest.raises(ValueError, match="gamma_max"):
-        keep_drafting([0.5], 0.1, None, 0)
+        keep_drafting([0.5], lr(0.1), 0)
     assert batch_cost([1.0, 1.5], 4) == pytest.approx(2.5)  # extended linearly past the measured rows
+
+
+def test_semanticspec_cycle_matches_brute_force():
+    rng = random.Random(1)
+    for _ in range(200):
+        n = rng.randint(1, 6)
+        a = [rng.random() for _ in range(n)]
+        c = rng.choice([0.0, 0.05, 0.2, 0.5])
+        v = [rng.choice([0.0, 0.05, 0.3]) * (1 + 0.2 * i) for i in range(n)]
+        costs = CycleCosts(c, v=v, kind="semanticspec")
+        speeds = []
+        for k in range(n + 1):
+            committed, cost = brute_semanticspec(a, k, c, v)
+            assert expected_committed(a, k, "semanticspec") == pytest.approx(committed)
+            assert expected_speedup(a, k, costs) == pytest.approx(committed / cost)
+            speeds.append(committed / cost)
+        best = max(speeds)
+        assert best_depth(a, costs) == min(k for k, s in enumerate(speeds) if s >= best - 1e-12)
+
+
+def test_semanticspec_drafts_deeper_than_lookahead_when_the_batch_is_dear():
+    """SemanticSpec pays no batch: with CPU-like b(k) = k Lookahead Reasoning should not draft, SemanticSpec
+    at cheap scoring should draft to gamma_max on easy steps."""
+    a = [0.9] * 6
+    assert best_depth(a, lr(0.05, lambda rows: float(rows))) == 0
+    assert best_depth(a, CycleCosts(0.05, v=[0.05] * 6, kind="semanticspec")) >= 4
+
+
+def test_multi_branch_rows_and_level_acceptance():
+    costs = lr(0.1, lambda rows: float(rows), width=2)
+    assert [costs.rows(k) for k in range(4)] == [1, 3, 7, 15]
+    assert expected_speedup([0.5, 0.5], 2, costs) == pytest.approx((1 + 0.5 + 0.25) / (0.2 + 7.0))
+    assert level_acceptance([0.5, 0.7], 2) == pytest.approx(1 - 0.4 ** 2)
+    assert level_acceptance([0.3], 1) == pytest.approx(0.3)

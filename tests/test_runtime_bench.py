@@ -13,6 +13,7 @@ from specprobe.probes.features import FeatureSpec
 from specprobe.probes.metrics import wilson_interval
 from specprobe.probes.mlp import ProbeMLPConfig, SemanticProbe
 from specprobe.train.bench_cli import main
+from specprobe.train.config import load_config
 
 TINY_MODELS = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "models.device=cpu",
                "runtime.max_steps=3", "sampling.max_step_tokens=6", "runtime.accept_length_cut=true"]
@@ -134,3 +135,29 @@ def test_a_method_that_cannot_run_fails_the_command_unless_told_to_go_on(tmp_pat
     assert "method lr_sync:verifier=probe could not run" in err and "--keep-going" in err
     assert {r["method"] for r in json.loads((tmp_path / "results.json").read_text())["rows"]} >= {"target"}
     assert main([*args, "--keep-going"]) == 0
+
+
+def test_system_speed_adaptive_depth_with_heterogeneous_acceptance(tmp_path):
+    """:gamma=adaptive through the CLI: the simulated acceptance probe, costs measured on the engines, the
+    kept depths reported and traced; the suffix is refused where no depth is chosen."""
+    code = main(["--config", "configs/tiny.yaml", "--system-speed", "--num-problems", "1",
+                 "--methods", "target,lr_sync:gamma=adaptive,semanticspec:gamma=adaptive", "--out", str(tmp_path),
+                 "bench.system_target=random:llama-20m", "bench.system_draft=random:llama-tiny",
+                 "runtime.max_steps=6", "sampling.max_step_tokens=4", "bench.warmup=false",
+                 "runtime.adaptive.gamma_max=3", "runtime.bernoulli_alpha=0.95", "runtime.difficulty.hard_share=0.5",
+                 "runtime.difficulty.hard_alpha=0.05"])
+    assert code == 0
+    report = json.loads((tmp_path / "results.json").read_text())
+    for label in ("lr_sync:gamma=adaptive", "semanticspec:gamma=adaptive"):
+        row = next(r for r in report["rows"] if r["method"] == label)
+        assert row["gamma"] == "adaptive<=3" and sum(row["depth_kept"]) > 0 and row["formula"] == "adaptive γ"
+        measured = row["depth_policy"]["measured"]
+        assert row["depth_policy"]["estimator"] == "simulated" and all(m["c"] > 0 for m in measured)
+        trace = read_trace(tmp_path / "traces" / f"{bench._safe(label)}.jsonl")
+        estimates = {round(a, 9) for rec in trace for a in rec.get("depth", {}).get("estimates", [])}
+        assert estimates <= {0.95, 0.05, 0.0} and len(estimates - {0.0}) >= 1
+    assert bench.parse_method("lr_async:gamma=adaptive").overrides == {"gamma_policy": "adaptive"}
+    env = bench.prepare(load_config("configs/tiny.yaml", ["bench.system_speed=true"]), engines=(None, None),
+                        problems=[bench.Problem("p", "q", None)])
+    with pytest.raises(ConfigError, match="gamma=adaptive applies to"):
+        bench.is_adaptive(env, bench.parse_method("target:gamma=adaptive"))

@@ -19,6 +19,7 @@ import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from specprobe.infer.answers import extract_boxed
 from specprobe.infer.decoding.metrics import RunStats, join_steps
@@ -51,6 +52,9 @@ class DecodeOptions:
     target_params: SamplingParams = field(default_factory=SamplingParams)
     draft_params: SamplingParams | None = None  # None: same as target_params
     keep_trace: bool = True
+    # gamma=adaptive (infer.decoding.depth.AdaptiveDepth): each cycle drafts as deep as predicted acceptance pays,
+    # gamma is then the cap (gamma_max). None: every cycle drafts gamma steps.
+    depth: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.gamma, int) or self.gamma < 1:
@@ -270,6 +274,15 @@ class GenState:
         st.stop_reasons = {self.stop_reason: 1}
         return GenerationResult(method, self.question, self.steps, self.stop_reason, st, self.trace,
                                 self.opts.delimiter)
+
+    def estimate(self, prefix: Prefix, step: Step) -> float:
+        """The depth policy's acceptance estimate of a draft step (0 for one that may not be accepted), timed."""
+        if not self.acceptable(step):
+            return 0.0
+        t0 = time.perf_counter()
+        value = self.opts.depth.estimate(prefix, step)
+        self.stats.estimate_time_s += time.perf_counter() - t0
+        return value
 
     def add_trace(self, record: dict) -> None:
         if self.opts.keep_trace:

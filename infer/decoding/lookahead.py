@@ -83,11 +83,14 @@ def fast_thread_switching(interval: float = ASYNC_SWITCH_INTERVAL):
 
 
 # ----------------------------------------------------------------------------- sync
-def _draft_tree(state: GenState, draft, g: int, width: int) -> tuple[_Node, list[_Node]]:
+def _draft_tree(state: GenState, draft, g: int, width: int, costs=None) -> tuple[_Node, list[_Node], dict | None]:
+    """Draft up to g levels. With a depth policy (`costs` given), drafting stops when one more level is not
+    expected to pay, and the levels past the depth worth keeping are dropped; the policy's record is returned."""
     root = _Node(0, 0, None)
     nodes: list[_Node] = []
     frontier = [root]
     opts = state.opts
+    estimates: list[float] = []
     for depth in range(1, g + 1):
         expand = [n for n in frontier if (n is root or state.acceptable(n.draft)) and state.cap(n.path_tokens) >= 1]
         if not expand:
@@ -109,7 +112,20 @@ def _draft_tree(state: GenState, draft, g: int, width: int) -> tuple[_Node, list
             parent.children.append(child)
             frontier.append(child)
             nodes.append(child)
-    return root, nodes
+        if costs is not None:
+            level = [state.estimate(state.prefix(n.parent.path), n.draft) for n in frontier]
+            estimates.append(opts.depth.level(level, width))
+            if not opts.depth.keep(estimates, costs, g):
+                break
+    if costs is None:
+        return root, nodes, None
+    kept = opts.depth.kept(estimates, costs, g)
+    state.stats.record_depth(len(estimates), kept)
+    for n in [root] + nodes:  # drop the levels past the kept depth
+        if n.depth >= kept:
+            n.children = []
+    return root, [n for n in nodes if n.depth <= kept], {"drafted": len(estimates), "kept": kept,
+                                                         "estimates": estimates}
 
 
 def _probe_features(state: GenState, target, draft, verifier, root: _Node, nodes: list[_Node]) -> None:
@@ -165,8 +181,11 @@ def _sync_cycle(state: GenState, target, draft, verifier: Verifier | None, gamma
     opts = state.opts
     g = max(0, min(gamma, state.steps_left - 1))
     cycle = state.stats.cycles
+    depth_record = None
     if g > 0:
-        root, nodes = _draft_tree(state, draft, g, width)
+        costs = None if opts.depth is None else opts.depth.costs("lookahead", width, opts.gamma, target, draft,
+                                                                  opts.target_params)
+        root, nodes, depth_record = _draft_tree(state, draft, g, width, costs)
     else:
         root, nodes = _Node(0, 0, None), []
     # one target batch: the root and every node whose draft could be accepted (and is not EOS)
@@ -211,6 +230,7 @@ def _sync_cycle(state: GenState, target, draft, verifier: Verifier | None, gamma
                                verdict=None if n.verdict is None else n.verdict.to_dict()) for n in nodes],
         "targets": [step_record(n.target, depth=n.depth) for n in rows],
         "positions": positions, "committed": committed,
+        **({} if depth_record is None else {"depth": depth_record}),
     })
 
 
@@ -254,6 +274,10 @@ class _AsyncRun:
         self.stop = False
         self.error: BaseException | None = None
         self.stage_position = 0  # position within the current stage (since the last rejection)
+        self.estimates: list[float] = []  # gamma=adaptive: predicted acceptance of each draft in self.drafts
+        opts = state.opts
+        self.costs = None if opts.depth is None else opts.depth.costs("lookahead", 1, opts.gamma, target, draft,
+                                                                      opts.target_params)
 
     # ---------------------------------------------------------------- helpers (call with cond held)
     def _draft_tokens(self, upto: int | None = None) -> int:
@@ -267,13 +291,21 @@ class _AsyncRun:
             return False
         if len(st.steps) + len(self.drafts) >= opts.max_steps:
             return False
+        if self.costs is not None and not opts.depth.keep(self.estimates, self.costs, opts.gamma):
+            return False
         return st.cap(self._draft_tokens()) >= 1
+
+    def _verified_depth(self) -> int:
+        """Drafts whose prefixes get a target step now: all of them, or the depth the policy keeps."""
+        if self.costs is None:
+            return len(self.drafts)
+        return self.state.opts.depth.kept(self.estimates, self.costs, self.state.opts.gamma)
 
     def _pending_target_jobs(self) -> list[tuple[tuple[int, int], StepRequest]]:
         st = self.state
         base = len(st.steps)
         jobs = []
-        for j in range(len(self.drafts) + 1):
+        for j in range(self._verified_depth() + 1):
             n = base + j
             key = (self.epoch, n)
             if key in self.launched or n >= st.opts.max_steps:
@@ -320,7 +352,9 @@ class _AsyncRun:
                     result.update(stream.step())
                 dt = time.perf_counter() - t0
                 work = stream.take_stats()
+                estimate, est_s = self._estimate(prefix, result.get(0), epoch)
                 with self.cond:
+                    st.stats.estimate_time_s += est_s
                     step = result.get(0)
                     if step is None or self.stop or epoch != self.epoch or n != len(st.steps) + len(self.drafts):
                         st.stats.draft_abandoned += 1
@@ -329,6 +363,7 @@ class _AsyncRun:
                         continue
                     st.book("draft", work, 1, calls=1, seconds=dt)
                     self.drafts.append((step, st.count_tokens(step, self.draft)))
+                    self.estimates.append(estimate)
                     self.cond.notify_all()
         except BaseException as err:  # noqa: BLE001 - re-raised in the main thread
             self._fail(err)
@@ -383,23 +418,30 @@ class _AsyncRun:
                 context = StepContext(st.question, tuple(st.texts()))
                 seed_key = self.keys[key]
                 position = self.stage_position
+                depth = self._depth_decision() if d is not None else None
             verdict = None
-            if d is not None:
+            if d is not None and not (depth is not None and depth["skipped"]):
                 verdict = self._judge(d[0], s, context, seed_key, position)
             with self.cond:
                 record = {"cycle": st.stats.cycles, "start_step": n, "positions": [], "targets": [step_record(s)],
                           "drafts": [] if d is None else [step_record(d[0], d[1], depth=position, branch=0,
-                                                                         verdict=verdict.to_dict())]}
+                                                                         verdict=None if verdict is None
+                                                                         else verdict.to_dict())]}
+                if depth is not None:
+                    record["depth"] = depth
                 if verdict is not None:
                     st.stats.record_position(position, verdict.accepted)
                     record["positions"].append({"position": position, "accepted": verdict.accepted, "branch": 0})
                 if verdict is not None and verdict.accepted:
                     out = st.commit(d[0], "draft", d[1])
                     self.drafts.pop(0)
+                    if self.costs is not None:
+                        self.estimates.pop(0)
                     self.stage_position += 1
                 else:
                     out = st.commit(s, "target", st.count_tokens(s, self.target))
                     self.drafts.clear()
+                    self.estimates.clear()
                     self.epoch += 1
                     self.stage_position = 0
                     st.stats.cycles += 1  # a stage ends at a rejection (or at the end)
@@ -410,6 +452,27 @@ class _AsyncRun:
                         st.stats.cycles += 1
                     self.stop = True
                 self.cond.notify_all()
+
+    def _estimate(self, prefix: Prefix, step: Step | None, epoch: int) -> tuple[float, float]:
+        """(predicted acceptance, seconds) of a new draft (draft thread, without the lock); 0 when unused."""
+        st = self.state
+        if self.costs is None or step is None or epoch != self.epoch or not st.acceptable(step):
+            return 0.0, 0.0
+        t0 = time.perf_counter()
+        value = st.opts.depth.estimate(prefix, step)
+        return value, time.perf_counter() - t0
+
+    def _depth_decision(self) -> dict | None:
+        """gamma=adaptive (call with cond held): skip the first pending draft when, on its own estimate, it does
+        not pay (the target writes the step). Only that draft's estimate decides, so the output does not depend
+        on how far the draft thread has run ahead."""
+        if self.costs is None:
+            return None
+        depth = self.state.opts.depth
+        first = self.estimates[0]
+        skipped = depth.kept([first], self.costs, self.state.opts.gamma) == 0
+        self.state.stats.record_depth(len(self.drafts), 0 if skipped else self._verified_depth())
+        return {"skipped": skipped, "estimate": first, "pending": len(self.drafts)}
 
     def _judge(self, dstep: Step, target_step: Step, context: StepContext, seed_key: str, position: int) -> Verdict:
         """The verdict on the first pending draft (main thread, without the lock)."""

@@ -59,6 +59,11 @@ class RunStats:
     decided: int = 0  # draft steps a verifier ruled on (refused ones: capped, empty, after a cut, are not)
     decided_accepted: int = 0
     refused: int = 0  # draft steps rejected without asking the verifier
+    # gamma=adaptive: cycles by the depth they drafted and by the depth they kept (index = depth; kept 0 = the
+    # drafts were dropped and the target wrote the step), and the time spent estimating acceptance
+    depth_drafted: list[int] = field(default_factory=list)
+    depth_kept: list[int] = field(default_factory=list)
+    estimate_time_s: float = 0.0
 
     # ------------------------------------------------------------------ recording
     def record_decisions(self, verdicts) -> None:
@@ -66,6 +71,14 @@ class RunStats:
         for v in verdicts:
             self.decided += 1
             self.decided_accepted += int(v.accepted)
+
+    def record_depth(self, drafted: int, kept: int) -> None:
+        """One adaptive cycle: how deep it drafted and how deep it kept."""
+        _grow(self.depth_drafted, drafted + 1)
+        _grow(self.depth_kept, kept + 1)
+        self.depth_drafted[drafted] += 1
+        self.depth_kept[kept] += 1
+
     def record_position(self, position: int, accepted: bool) -> None:
         _grow(self.judged_by_position, position + 1)
         _grow(self.accepted_by_position, position + 1)
@@ -139,6 +152,12 @@ class RunStats:
         return self.target_row_iterations / self.target_iterations if self.target_iterations else None
 
     @property
+    def mean_depth_kept(self) -> float | None:
+        """gamma=adaptive: the mean lookahead depth its cycles kept (None when the run had no policy)."""
+        n = sum(self.depth_kept)
+        return sum(k * c for k, c in enumerate(self.depth_kept)) / n if n else None
+
+    @property
     def spec_acceptance(self) -> float | None:
         return self.spec_accepted / self.spec_proposed if self.spec_proposed else None
 
@@ -146,7 +165,7 @@ class RunStats:
         d = asdict(self)
         for name in ("judged", "accepted", "acceptance_rate", "acceptance_by_position", "mean_accepted_per_cycle",
                      "ratio", "tokens_per_second", "draft_time_per_token", "target_time_per_iteration",
-                     "mean_target_rows", "mean_rows_per_forward", "spec_acceptance"):
+                     "mean_target_rows", "mean_rows_per_forward", "spec_acceptance", "mean_depth_kept"):
             d[name] = getattr(self, name)
         return d
 

@@ -48,7 +48,9 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
     opts, stats = state.opts, state.stats
     cycle = stats.cycles
     g = min(opts.gamma, state.steps_left)  # >= 1 and cap() >= 1 while the generation runs
-    drafts, tokens = [], []
+    costs = None if opts.depth is None else opts.depth.costs("semanticspec", 1, opts.gamma, target, draft,
+                                                              opts.target_params)
+    drafts, tokens, estimates = [], [], []
     for _ in range(g):
         cap = state.cap(sum(tokens))
         if cap < 1:
@@ -58,8 +60,21 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
                               opts.draft_params)[0]
         drafts.append(step)
         tokens.append(state.count_tokens(step, draft))
+        if costs is not None:
+            estimates.append(state.estimate(prefix, step))
         if not state.acceptable(step):
             break
+        if costs is not None and not opts.depth.keep(estimates, costs, g):
+            break
+    depth_record = None
+    if costs is not None:  # keep the depth that pays; 0: the target writes the step (below, as on a rejection)
+        kept = opts.depth.kept(estimates, costs, g)
+        stats.record_depth(len(drafts), kept)
+        depth_record = {"drafted": len(drafts), "kept": kept, "estimates": estimates}
+        drafts, tokens = drafts[:kept], tokens[:kept]
+        if not drafts:
+            _target_writes(state, target, cycle, depth_record)
+            return
     texts = [d.text for d in drafts]
     # one teacher-forced target pass over all drafts (and the draft's own pass when probes need it)
     scorable = [i for i, t in enumerate(texts) if t]
@@ -97,9 +112,7 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
             if state.done:
                 break
             continue
-        regen = state.generate(target, "target", [prefix], [seed_for(opts.seed, "target", state.key(prefix), 0)],
-                               [state.cap()], opts.target_params)[0]
-        committed.append(state.commit(regen, "target", state.count_tokens(regen, target)).to_dict())
+        committed.append(_target_step(state, target))
         break
     stats.cycles += 1
     state.add_trace({
@@ -107,4 +120,21 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
         "drafts": [step_record(d, t, depth=i, branch=0, verdict=v.to_dict() if i < len(verdicts) else None)
                    for i, (d, t, v) in enumerate(zip(drafts, tokens, verdicts + [None] * len(drafts)))],
         "targets": [], "positions": positions, "committed": committed,
+        **({} if depth_record is None else {"depth": depth_record}),
     })
+
+
+def _target_step(state: GenState, target) -> dict:
+    """The target writes the next step itself (after a rejection, or when the policy drops the draft)."""
+    prefix = state.prefix()
+    step = state.generate(target, "target", [prefix], [seed_for(state.opts.seed, "target", state.key(prefix), 0)],
+                          [state.cap()], state.opts.target_params)[0]
+    return state.commit(step, "target", state.count_tokens(step, target)).to_dict()
+
+
+def _target_writes(state: GenState, target, cycle: int, depth_record: dict) -> None:
+    """A cycle whose drafts were all dropped by the depth policy: one target step, no verification."""
+    committed = [_target_step(state, target)]
+    state.stats.cycles += 1
+    state.add_trace({"cycle": cycle, "start_step": len(state.steps) - 1, "drafts": [], "targets": [],
+                     "positions": [], "committed": committed, "depth": depth_record})

@@ -1,0 +1,197 @@
+"""gamma=adaptive in the runtime: the simulated heterogeneous acceptance, the policy's decisions as the loops
+take them, losslessness where the method is lossless, the acceptance probe on a real engine, and the bench
+suffix. Exact relations run on the toy engines (integer arithmetic); the probe runs on a random-weight Llama."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+from _probe_fixtures import make_input_probe
+from _toy_engine import ToyEngine
+
+from specprobe.infer.acceptance_estimate import (
+    LatentDifficulty,
+    SimulatedAcceptance,
+    load_acceptance_probe,
+)
+from specprobe.infer.checkpoint_format import CheckpointError
+from specprobe.infer.decoding import DecodeOptions, decode
+from specprobe.infer.decoding.depth import AdaptiveDepth
+from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams
+from specprobe.infer.engines.base import Step
+from specprobe.infer.verifiers import BernoulliVerifier, StepContext, VerifyItem, build_verifier
+from specprobe.probes.adaptive_gamma import CycleCosts, drafting_plan
+
+Q = "What is one plus two?"
+METHODS = ["lr_sync", "lr_async", "semanticspec"]
+
+
+class ByPosition:
+    """A scripted estimator: the estimate of a draft at answer position i is values[i % len(values)]."""
+
+    name = "scripted"
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def estimate(self, prefix, step):
+        return self.values[len(prefix.steps) % len(self.values)]
+
+
+def options(depth=None, gamma=3, **kw):
+    base = dict(gamma=gamma, max_steps=10, max_new_tokens=400, seed=5, depth=depth,
+                target_params=SamplingParams(temperature=0.0, max_step_tokens=6))
+    base.update(kw)
+    return DecodeOptions(**base)
+
+
+def policy(values, c=0.1, b=(1.0, 1.02, 1.04, 1.06, 1.08), v=(0.05,) * 5):
+    return AdaptiveDepth(ByPosition(values), c=c, b=list(b), v=list(v))
+
+
+# ----------------------------------------------------------------------------- simulated difficulty
+def test_latent_difficulty_is_calibrated_reproducible_and_persistent():
+    d = LatentDifficulty(easy_alpha=0.9, hard_alpha=0.2, hard_share=0.4, persistence=0.7, noise=0.5, seed=3)
+    n = 6000
+    alphas = [d.alpha("q", i) for i in range(n)]
+    estimates = [d.estimate("q", i) for i in range(n)]
+    # calibrated: among positions with the same estimate, the mean true α is that estimate
+    for value in set(estimates):
+        picked = [a for a, e in zip(alphas, estimates) if e == value]
+        sd = math.sqrt(0.7 * 0.7 * 0.25 / len(picked))
+        assert abs(sum(picked) / len(picked) - value) < 5 * sd + 1e-9, value
+    assert abs(sum(a == 0.2 for a in alphas) / n - 0.4) < 0.06  # the prior is the long-run hard share
+    # persistence: the class repeats more often than independent draws would (0.4² + 0.6² = 0.52)
+    same = sum(alphas[i] == alphas[i + 1] for i in range(n - 1)) / (n - 1)
+    assert same > 0.75
+    # the same positions get the same classes in any order, and another question other classes
+    again = LatentDifficulty(0.9, 0.2, 0.4, 0.7, 0.5, seed=3)
+    assert [again.alpha("q", i) for i in reversed(range(300))] == alphas[:300][::-1]
+    assert [d.alpha("other", i) for i in range(300)] != alphas[:300]
+
+
+def test_latent_difficulty_noise_extremes():
+    sharp = LatentDifficulty(0.9, 0.2, 0.5, noise=0.0)
+    assert all(sharp.estimate("q", i) == sharp.alpha("q", i) for i in range(200))
+    blind = LatentDifficulty(0.9, 0.2, 0.5, noise=1.0)
+    assert all(blind.estimate("q", i) == pytest.approx(blind.mean_alpha) for i in range(200))
+    with pytest.raises(ValueError, match="noise"):
+        LatentDifficulty(noise=1.5)
+
+
+def test_bernoulli_with_difficulty_accepts_at_each_positions_alpha():
+    d = LatentDifficulty(easy_alpha=0.9, hard_alpha=0.1, hard_share=0.5, seed=1)
+    verifier = BernoulliVerifier(0.5, d)
+    counts = Counter()
+    for i in range(400):
+        steps = tuple(["s"] * i)
+        verdicts = verifier.verify([VerifyItem(StepContext("q", steps), "x", seed=1000 * i + r) for r in range(10)])
+        counts[(d.is_hard("q", i), "n")] += 10
+        counts[(d.is_hard("q", i), "acc")] += sum(v.accepted for v in verdicts)
+    for hard, alpha in ((True, 0.1), (False, 0.9)):
+        n = counts[(hard, "n")]
+        assert abs(counts[(hard, "acc")] / n - alpha) < 5 * math.sqrt(alpha * (1 - alpha) / n)
+    est = SimulatedAcceptance(d)
+    assert est.estimate(Prefix("q", ("a", "b")), Step("x", [1], "delimiter", 0.0)) == d.alpha("q", 2)
+
+
+# ----------------------------------------------------------------------------- the loops
+@pytest.mark.parametrize("method", METHODS)
+def test_reject_all_with_the_adaptive_depth_is_still_target_only(method):
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    base = decode("target", Q, target, None, None, options())
+    res = decode(method, Q, target, draft, build_verifier("reject_all"), options(policy([0.95, 0.05, 0.9])))
+    assert [s.token_ids for s in res.steps] == [s.token_ids for s in base.steps]
+    assert res.stats.depth_kept[0] > 0 and sum(res.stats.depth_kept[1:]) > 0  # some cycles skipped, some drafted
+    assert res.stats.judged > 0
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_certain_acceptance_and_free_batching_draft_to_gamma_max(method):
+    """a ≡ 1, b = 1: the policy drafts gamma_max steps each cycle, the fixed-γ output exactly."""
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    opts = options(accept_length_cut=True)
+    fixed = decode(method, Q, target, draft, build_verifier("accept_all"), opts)
+    adaptive = decode(method, Q, target, draft, build_verifier("accept_all"),
+                      opts.replace(depth=policy([1.0], b=[1.0], v=[0.05])))
+    assert adaptive.text == fixed.text
+    assert adaptive.stats.depth_kept[0] == 0
+    if method != "lr_async":  # async records each first-position decision instead of cycles
+        records = [rec["depth"] for rec in adaptive.trace if "depth" in rec]
+        assert records[0]["kept"] == 3 and all(r["kept"] == r["drafted"] for r in records)
+
+
+@pytest.mark.parametrize("method", ["lr_sync", "semanticspec"])
+def test_each_cycle_drafts_and_keeps_what_the_pure_policy_says(method):
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    values = [0.95, 0.95, 0.1, 0.9, 0.05, 0.97]
+    depth = policy(values, c=0.1, b=[1.0, 1.1, 1.2, 1.3, 1.4], v=[0.1, 0.12, 0.14, 0.16, 0.18])
+    res = decode(method, Q, target, draft, build_verifier("bernoulli", alpha=0.7), options(depth, gamma=4,
+                                                                                          accept_length_cut=True))
+    kind = "lookahead" if method == "lr_sync" else "semanticspec"
+    costs = CycleCosts(0.1, b=[1.0, 1.1, 1.2, 1.3, 1.4], v=[0.1, 0.12, 0.14, 0.16, 0.18], kind=kind)
+    cycles = [rec for rec in res.trace if "depth" in rec]
+    for rec in res.trace:
+        start = rec["start_step"]
+        g = min(4, 10 - start - (1 if method == "lr_sync" else 0))  # sync LR leaves room for the target's step
+        if "depth" not in rec:
+            assert g == 0
+            continue
+        wanted = [values[(start + i) % len(values)] for i in range(g)]
+        assert (rec["depth"]["drafted"], rec["depth"]["kept"]) == drafting_plan(wanted, costs, g), rec
+        # dropped drafts are never judged nor committed
+        assert len(rec["drafts"]) <= rec["depth"]["kept"] and len(rec["positions"]) <= rec["depth"]["kept"]
+        assert sum(c["source"] == "draft" for c in rec["committed"]) <= rec["depth"]["kept"]
+        if rec["depth"]["kept"] == 0:
+            assert [c["source"] for c in rec["committed"]] == ["target"]
+    assert sum(res.stats.depth_kept) == len(cycles)
+
+
+def test_async_skips_a_first_draft_that_does_not_pay_whatever_the_timing():
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    values = [0.95, 0.02, 0.95, 0.9, 0.02]
+    runs = [decode("lr_async", Q, target, draft, build_verifier("bernoulli", alpha=0.8), options(policy(values)))
+            for _ in range(2)]
+    assert runs[0].text == runs[1].text
+    skipped = [rec for rec in runs[0].trace if rec.get("depth", {}).get("skipped")]
+    assert skipped and all(not rec["positions"] for rec in skipped)
+    assert all(values[rec["start_step"] % len(values)] == 0.02 for rec in skipped)
+
+
+# ----------------------------------------------------------------------------- the acceptance probe, for real
+@pytest.fixture(scope="module")
+def tiny_pair():
+    engine = HFStepEngine("random:llama-tiny", device="cpu")
+    return engine, HFStepEngine("random:llama-tiny", model=engine.model, tokenizer=engine.tokenizer)
+
+
+def test_acceptance_probe_reads_the_drafts_own_hidden_states(tiny_pair, tmp_path):
+    target, draft = tiny_pair
+    probe = make_input_probe(draft, bias=0.0, seed=2)
+    probe.save(tmp_path, "probe_acceptance")
+    est = load_acceptance_probe(tmp_path, draft)
+    prefix = Prefix("Tom has 3 apples and buys 2 more.")
+    steps = [Step(t, [], "delimiter", 0.0) for t in ("He now has 5 apples.\n\n", "Zebra quantum cheese!\n\n")]
+    values = [est.estimate(prefix, s) for s in steps]
+    for s, value in zip(steps, values):
+        scored = draft.score(prefix, [s.text], hidden=True, layers=list(probe.spec.layers)).steps[0]
+        feats = scored.mean_hidden if probe.spec.pooling == "mean" else scored.last_hidden
+        assert value == pytest.approx(float(probe.predict_proba(feats.unsqueeze(0))[0]), abs=1e-6)
+    assert 0 <= min(values) and max(values) <= 1 and values[0] != pytest.approx(values[1], abs=1e-4)
+    # in a run: SemanticSpec with the probe's estimates and measured costs
+    res = decode("semanticspec", Q, target, draft, build_verifier("bernoulli", alpha=0.5),
+                 options(AdaptiveDepth(est, repeats=1), max_steps=4,
+                         target_params=SamplingParams(temperature=0.0, max_step_tokens=4)))
+    assert len(res.steps) == 4 and sum(res.stats.depth_kept) == res.stats.cycles
+    assert all(0 <= a <= 1 for rec in res.trace for a in rec["depth"]["estimates"])
+
+
+def test_a_missing_or_mismatched_acceptance_probe_says_what_to_do(tiny_pair, tmp_path):
+    _, draft = tiny_pair
+    with pytest.raises(CheckpointError, match="probe_acceptance"):
+        load_acceptance_probe(tmp_path, draft)
+    other = HFStepEngine("random:llama-20m", device="cpu")
+    make_input_probe(other).save(tmp_path, "probe_acceptance")
+    with pytest.raises(CheckpointError, match="draft model"):
+        load_acceptance_probe(tmp_path, draft)
