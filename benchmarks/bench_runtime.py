@@ -39,14 +39,13 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from specprobe.infer import bench
+from specprobe.infer.decoding.analytic import predict
+from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
+from specprobe.probes.metrics import Z95, wilson_interval
+from specprobe.train.config import load_config
 
-from specprobe.infer import bench  # noqa: E402
-from specprobe.infer.decoding.analytic import predict  # noqa: E402
-from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest  # noqa: E402
-from specprobe.probes.metrics import Z95, wilson_interval  # noqa: E402
-from specprobe.train.config import load_config  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def positions_needed(alpha: float, half_width: float, z: float = Z95) -> int:
@@ -96,14 +95,14 @@ def explained_rows(report: dict, gamma: int, b_of_k: dict) -> list[dict]:
                "predicted_b_k": predict_with_batch_cost(r, gamma, b_of_k)}
         if not error:
             row["speedup"] = r.get("speedup")
-        row["over_ideal"] = bench._div(row["speedup"], row["ideal"])
-        row["over_b_k"] = bench._div(row["speedup"], row["predicted_b_k"])
+        row["over_ideal"] = bench.ratio(row["speedup"], row["ideal"])
+        row["over_b_k"] = bench.ratio(row["speedup"], row["predicted_b_k"])
         out.append(row)
     return out
 
 
 def format_explained(rows: list[dict], gamma: int, b_of_k: dict) -> str:
-    fmt = bench._fmt
+    fmt = bench.fmt
     head = (f"| method | measured speedup | analytic ideal (b=1) | measured/ideal | analytic with b({gamma + 1})="
             f"{fmt(b_of_k.get(gamma + 1))} | measured/that | α [95% CI] | judged | c | b in run (info) |")
     lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]

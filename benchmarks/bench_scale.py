@@ -18,10 +18,8 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DEFAULTS = ["source.size=8", "data.contexts_per_trace=1", "data.num_samples=4", "data.contexts_per_shard=1",
             "sampling.max_step_tokens=16", "data.layers=last"]

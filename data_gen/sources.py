@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specprobe.data_gen.steps import MODES, normalise_text, split_steps
-from specprobe.infer.answers import extract_boxed, strip_thousands_separators
+from specprobe.infer.answers import extract_boxed, split_gsm8k, strip_thousands_separators
 from specprobe.infer.records import Record, SourceWarning, check_path, iter_records, source_stem
 
 __all__ = [
@@ -201,15 +201,15 @@ def _id_maker(stem: str, id_field: str | None = "id") -> Callable[[Record], str]
 
 def _parse_gsm_rationale(text: str, key: str, strip_calculator: bool) -> tuple[list[str], str]:
     """Steps (one per line before ``####``) and the final answer of a GSM8K-style rationale."""
-    body, marker, final = text.rpartition("####")
-    if not marker:
+    gsm = split_gsm8k(text)
+    if gsm is None:
         raise InvalidRecord(key, "no '#### <answer>' line")
+    body, final = gsm
     if strip_calculator:
         body = _CALCULATOR.sub("", body)
     steps = split_steps(body, delimiter="\n")
     if not steps:
         raise InvalidRecord(key, "empty trace (no rationale lines before '####')")
-    final = final.strip()
     if not final:
         raise InvalidRecord(key, "no answer after '####'")
     return steps, final

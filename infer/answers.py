@@ -39,6 +39,16 @@ def extract_boxed(text: str) -> str | None:
     return best.strip() if best is not None else None
 
 
+GSM8K_MARKER = "####"
+
+
+def split_gsm8k(text: str) -> tuple[str, str] | None:
+    """(rationale, final answer) of a GSM8K-style text "... #### <answer>" (split at the last marker, the answer
+    stripped), or None without a marker. Gold answers, trace parsing and answer extraction all read it here."""
+    body, marker, final = text.rpartition(GSM8K_MARKER)
+    return (body, final.strip()) if marker else None
+
+
 def extract_answer(text: str) -> str | None:
     """The final answer a model wrote (thousands separators removed), or None."""
     answer = _find_answer(text)
@@ -51,9 +61,9 @@ def _find_answer(text: str) -> str | None:
     boxed = extract_boxed(text)
     if boxed is not None:
         return boxed
-    hashes = re.findall(r"####\s*([^\n]+)", text)
-    if hashes:
-        return hashes[-1].strip()
+    gsm = split_gsm8k(text)
+    if gsm is not None and gsm[1]:
+        return gsm[1].splitlines()[0].strip()
     said = re.findall(r"answer\s+is\s*:?\s*\$?([^\n$]+)", text, flags=re.IGNORECASE)
     if said:
         return said[-1].strip().rstrip(".")

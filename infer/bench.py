@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specprobe.infer.answers import extract_boxed, grade, strip_thousands_separators
 from specprobe.infer.acceptance_estimate import LatentDifficulty, SimulatedAcceptance, load_acceptance_probe
+from specprobe.infer.answers import extract_boxed, grade, split_gsm8k, strip_thousands_separators
 from specprobe.infer.config import ConfigError, SourceConfig, to_dict
 from specprobe.infer.decoding import METHODS, DecodeOptions, RunStats, decode, fast_thread_switching, write_trace
 from specprobe.infer.decoding.analytic import predict, token_level_factor
@@ -70,8 +70,9 @@ def _find_gold(record: dict) -> str | None:
         if value is None:
             continue
         text = str(value)
-        if "####" in text:  # GSM8K rationale
-            return text.rsplit("####", 1)[1].strip()
+        gsm = split_gsm8k(text)
+        if gsm is not None:  # GSM8K rationale
+            return gsm[1]
         if key == "solution":
             return extract_boxed(text) or text.strip()
         return text.strip()
@@ -509,15 +510,16 @@ def _json_default(obj):
 
 
 # ----------------------------------------------------------------------------- summary
-def _div(a, b):
+def ratio(a, b):
+    """a / b, or None when either is missing or b is 0 (a table cell that cannot be computed)."""
     return a / b if a is not None and b else None
 
 
 def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
     base = results["target"]
     bst = base.stats
-    t_step = _div(bst.target_time_s, bst.target_rows)  # target time per step, batch of 1
-    t_iter = _div(bst.target_time_s, bst.target_iterations)
+    t_step = ratio(bst.target_time_s, bst.target_rows)  # target time per step, batch of 1
+    t_iter = ratio(bst.target_time_s, bst.target_iterations)
     base_latency = sum(base.latencies) if base.latencies else None
     rows = []
     for label, res in results.items():
@@ -526,17 +528,17 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
         adaptive = is_adaptive(env, spec)
         latency = sum(res.latencies) if res.latencies else None
         row = {"method": label, "problems": res.answered, "error": res.error,
-               "pass@1": _div(res.correct, res.answered), "correct": res.correct,
+               "pass@1": ratio(res.correct, res.answered), "correct": res.correct,
                "pass@1_ci95": wilson_interval(res.correct, res.answered),
-               "latency_total_s": latency, "latency_mean_s": _div(latency, res.answered),
+               "latency_total_s": latency, "latency_mean_s": ratio(latency, res.answered),
                # a method (or baseline) that failed mid-run timed fewer problems: no speedup
-               "speedup": _div(base_latency, latency) if latency and not res.error and not base.error else None,
+               "speedup": ratio(base_latency, latency) if latency and not res.error and not base.error else None,
                "output_tokens": st.output_tokens, "tokens_per_s": st.tokens_per_second,
                "acceptance": st.acceptance_rate, "acceptance_by_position": st.acceptance_by_position,
                "acceptance_ci95": wilson_interval(st.accepted, st.judged),
                "judged": st.judged, "mean_accepted_per_cycle": st.mean_accepted_per_cycle, "ratio": st.ratio,
                # steps the verifier itself ruled on (not refused for the cap or emptiness) and their acceptance
-               "decided": st.decided, "refused": st.refused, "decided_acceptance": _div(st.decided_accepted, st.decided),
+               "decided": st.decided, "refused": st.refused, "decided_acceptance": ratio(st.decided_accepted, st.decided),
                "decided_acceptance_ci95": wilson_interval(st.decided_accepted, st.decided),
                "target_forward_passes": st.target_forward_passes, "draft_forward_passes": st.draft_forward_passes,
                "mean_target_rows": st.mean_target_rows, "mean_rows_per_forward": st.mean_rows_per_forward,
@@ -546,9 +548,9 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
                "mean_depth_kept": st.mean_depth_kept, "depth_kept": st.depth_kept,
                "depth_policy": _policy_record(env, spec) if adaptive else None,
                "verifier": spec.overrides.get("verifier", env.verifier_kind) if spec.base not in ("target", "draft") else None}
-        c = _div(_div(st.draft_time_s, st.draft_calls), t_step)
-        b = _div(_div(st.target_time_s, st.target_iterations), t_iter)
-        tau = _div(_div(st.score_time_s, st.cycles), t_step)
+        c = ratio(ratio(st.draft_time_s, st.draft_calls), t_step)
+        b = ratio(ratio(st.target_time_s, st.target_iterations), t_iter)
+        tau = ratio(ratio(st.score_time_s, st.cycles), t_step)
         kind = spec.base
         if kind == "target":
             pred = {"ideal": None, "adjusted": None, "k": None, "formula": "baseline"}
@@ -563,9 +565,9 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
         else:
             pred = predict(kind, st.acceptance_rate, c, opts.gamma, b, tau)
         if spec.token_spec == "lookahead":  # the paper's step compression S = tokens / decoding steps
-            comp = _div(st.target_generated_tokens if kind != "draft" else st.draft_generated_tokens,
+            comp = ratio(st.target_generated_tokens if kind != "draft" else st.draft_generated_tokens,
                         st.target_forward_passes if kind != "draft" else st.draft_forward_passes)
-            pred = {**pred, "ideal": comp, "adjusted": _div(comp, b) if kind == "target" else None,
+            pred = {**pred, "ideal": comp, "adjusted": ratio(comp, b) if kind == "target" else None,
                     "formula": "S (lookahead compression)"}
         elif spec.token_spec != "none":  # token level: multiply by g at the measured token acceptance
             g = token_level_factor(st.spec_accepted, st.spec_proposed, st.spec_rounds)
@@ -574,8 +576,8 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
                     "formula": ("" if kind == "target" else f"{pred['formula']} x ") + "g_token"}
         row.update({"c": c, "b": b, "tau": tau, "k": pred.get("k"), "formula": pred.get("formula"),
                     "analytic_ideal": pred.get("ideal"), "analytic_adjusted": pred.get("adjusted"),
-                    "measured_over_ideal": _div(row.get("speedup_vs_baseline", row["speedup"]), pred.get("ideal")),
-                    "measured_over_adjusted": _div(row.get("speedup_vs_baseline", row["speedup"]),
+                    "measured_over_ideal": ratio(row.get("speedup_vs_baseline", row["speedup"]), pred.get("ideal")),
+                    "measured_over_adjusted": ratio(row.get("speedup_vs_baseline", row["speedup"]),
                                                    pred.get("adjusted")),
                     "stats": st.to_dict()})
         rows.append(row)
@@ -601,7 +603,7 @@ def _search_speedup(results: dict, label: str, baseline: str):
     mine, base = results[label], results.get(baseline)
     if base is None or base.error or mine.error or not mine.latencies or not base.latencies:
         return None
-    return _div(sum(base.latencies), sum(mine.latencies))
+    return ratio(sum(base.latencies), sum(mine.latencies))
 
 
 def _search_prediction(env: BenchEnv, kind: str, st: RunStats) -> dict:
@@ -616,7 +618,8 @@ def _search_prediction(env: BenchEnv, kind: str, st: RunStats) -> dict:
     return seed_predicted_speedup(st, env.cfg.runtime.tree.k_config)
 
 
-def _fmt(value, digits: int = 2) -> str:
+def fmt(value, digits: int = 2) -> str:
+    """A table cell: floats to `digits` places, None as a dash."""
     if value is None:
         return "–"
     if isinstance(value, float):
@@ -638,17 +641,17 @@ def format_markdown(report: dict) -> str:
         if r["error"]:
             lines.append(f"| {r['method']} | error: {r['error'][:120]} |" + " |" * (columns - 2))
             continue
-        by_pos = "/".join(_fmt(a) for a in (r["acceptance_by_position"] or [])[:6]) or "–"
+        by_pos = "/".join(fmt(a) for a in (r["acceptance_by_position"] or [])[:6]) or "–"
         stops = ",".join(f"{k}:{v}" for k, v in (r["stop_reasons"] or {}).items())
         lines.append(
-            f"| {r['method']} | {_fmt(r['pass@1'])}{_ci(r.get('pass@1_ci95'))} | {_fmt(r['latency_mean_s'])} | "
-            f"{_fmt(r['speedup'])} | "
-            f"{_fmt(r['analytic_ideal'])} | {_fmt(r['measured_over_ideal'])} | {_fmt(r['analytic_adjusted'])} | "
-            f"{_fmt(r['measured_over_adjusted'])} | {_fmt(r['acceptance'])}{_ci(r.get('acceptance_ci95'))} | {by_pos} | "
+            f"| {r['method']} | {fmt(r['pass@1'])}{_ci(r.get('pass@1_ci95'))} | {fmt(r['latency_mean_s'])} | "
+            f"{fmt(r['speedup'])} | "
+            f"{fmt(r['analytic_ideal'])} | {fmt(r['measured_over_ideal'])} | {fmt(r['analytic_adjusted'])} | "
+            f"{fmt(r['measured_over_adjusted'])} | {fmt(r['acceptance'])}{_ci(r.get('acceptance_ci95'))} | {by_pos} | "
             f"{r.get('decided', 0)} ({r.get('refused', 0)}) | "
-            f"{_fmt(r.get('decided_acceptance'))}{_ci(r.get('decided_acceptance_ci95'))} | "
-            f"{_fmt(r['mean_accepted_per_cycle'])} | {_fmt(r['ratio'])} | {_fmt(r['c'], 3)} | {_fmt(r['b'])} | "
-            f"{_fmt(r['tokens_per_s'], 1)} | {stops} |")
+            f"{fmt(r.get('decided_acceptance'))}{_ci(r.get('decided_acceptance_ci95'))} | "
+            f"{fmt(r['mean_accepted_per_cycle'])} | {fmt(r['ratio'])} | {fmt(r['c'], 3)} | {fmt(r['b'])} | "
+            f"{fmt(r['tokens_per_s'], 1)} | {stops} |")
     notes = [
         "",
         f"models: target {report['models']['target']}, draft {report['models']['draft']}; verifier "
@@ -666,4 +669,8 @@ def format_markdown(report: dict) -> str:
         "steps (b measured; the formulas assume b = 1). c = draft time per drafted position / target step "
         "time; Ratio = share of output tokens written by the target.",
     ]
+    for r in report["rows"]:
+        if r.get("depth_kept"):  # gamma=adaptive: no fixed-γ formula; how deep its cycles went instead
+            notes.append(f"{r['method']}: cycles by kept depth 0.. {r['depth_kept']} (mean {fmt(r['mean_depth_kept'])}; "
+                         "0 = the draft was dropped and the target wrote the step).")
     return "\n".join(lines + notes)

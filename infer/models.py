@@ -219,7 +219,7 @@ def resolve_model_folder(name: str, cache_dir: str | Path | None = None) -> tupl
     return _split_revision(name)
 
 
-def _hub_error(name: str, revision: str | None, err: Exception) -> ModelUnavailableError:
+def hub_error(name: str, revision: str | None, err: Exception) -> ModelUnavailableError:
     offline = not hub_reachable()
     rev = f" (revision {revision})" if revision else ""
     return ModelUnavailableError(
@@ -252,7 +252,7 @@ def _from_pretrained(cls, name: str, revision: str | None, **kw):
     except (OSError, ValueError) as err:  # transformers raises OSError for missing/offline files
         if os.path.isdir(name):
             raise
-        raise _hub_error(name, revision, err) from None
+        raise hub_error(name, revision, err) from None
 
 
 def random_config(size: str, vocab_size: int):

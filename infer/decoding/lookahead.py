@@ -26,6 +26,13 @@ may use around async runs (the draft thread's Python holds the GIL between torch
 
 Target-only and draft-only baselines run through the same sync loop with γ = 0 (one target row per
 cycle, no drafts).
+
+gamma=adaptive (`DecodeOptions.depth`, `infer.decoding.depth`): sync drafts level by level while the policy
+says one more level pays (a level's acceptance: its branches' mean estimate, 1 − (1 − ā)^W), then drops the
+levels past the depth worth keeping before the target batch (kept 0: the target writes the step alone).
+Async drafts ahead only while the policy says so, starts target steps only for the prefixes it would keep, and
+skips a first pending draft whose own estimate does not pay (the target's step is committed unjudged); that
+decision reads only the first draft's estimate, so the output still does not depend on thread timing.
 """
 from __future__ import annotations
 

@@ -15,6 +15,11 @@ A draft cut by the step-token cap, empty, ending the answer (EOS), or following 
 step). Any
 verifier that judges a draft without the target's own step also plugs in (bernoulli, accept_all,
 reject_all); then no hidden states are read, but the target pass still runs, as in the algorithm.
+
+gamma=adaptive (`DecodeOptions.depth`): step 1 stops early when the policy says one more draft does not pay
+(`probes.adaptive_gamma`, SemanticSpec's cycle formula), and only the depth worth keeping goes to the target
+pass; kept 0 drops the drafts and the target writes the step. The drop reads only draft-side estimates;
+every draft that is judged is judged by the same min(1, p/q) rule as with a fixed γ.
 """
 from __future__ import annotations
 

@@ -32,6 +32,7 @@ gives it a `StepStream` on top of `generate` when it has no continuous batching 
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields
@@ -128,6 +129,15 @@ class Prefix:
 def with_delimiter(text: str, delimiter: str) -> str:
     """A given (reference) step as it appears in a prefix: followed by the delimiter."""
     return text if text.endswith(delimiter) else text + delimiter
+
+
+def sample_seed(seed: int | None, k: int) -> int | None:
+    """Seed of sample k of a request with `seed`, for every engine: the seed itself for k = 0, a hash of
+    (seed, k) else (so requests seeded 1 and 2 never share samples, as seed + k would make them)."""
+    if seed is None or k == 0:
+        return seed
+    digest = hashlib.blake2b(repr((int(seed), int(k))).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ from specprobe.infer.engines.base import (
     Scoring,
     Step,
     StepRequest,
+    sample_seed,
 )
-from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec, sample_seed
+from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec
 from specprobe.infer.engines.static_kv import FastDecodeBatch, static_cache_supported
 from specprobe.infer.engines.token_spec import AssistantProposer, NgramProposer, TokenSpecConfig
 from specprobe.infer.engines.tokens import StepTokenizer, eos_token_ids

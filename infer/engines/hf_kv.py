@@ -34,7 +34,6 @@ floating-point rounding, not bit for bit.
 from __future__ import annotations
 
 import copy
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -79,14 +78,6 @@ def _check_plain_cache(cache) -> None:
             raise NotImplementedError(
                 f"rows can only join a running batch with a plain DynamicCache; this model uses "
                 f"{type(layer).__name__} layers")
-
-
-def sample_seed(seed: int | None, k: int) -> int | None:
-    """Seed of sample k of a request with `seed`: the seed itself for k = 0, a hash of (seed, k) else."""
-    if seed is None or k == 0:
-        return seed
-    digest = hashlib.blake2b(repr((int(seed), int(k))).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
 class ModelRunner:

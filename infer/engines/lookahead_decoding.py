@@ -362,8 +362,7 @@ class LookaheadStepEngine:
     def generate(self, requests, params):
         import time
 
-        from specprobe.infer.engines.base import EngineStats, Generation
-        from specprobe.infer.engines.hf_kv import sample_seed
+        from specprobe.infer.engines.base import EngineStats, Generation, sample_seed
 
         t0 = time.perf_counter()
         stats = EngineStats()

@@ -61,6 +61,7 @@ from specprobe.infer.engines.base import (
     Scoring,
     SerialStream,
     StepRequest,
+    sample_seed,
 )
 from specprobe.infer.engines.token_spec import TokenSpecConfig
 from specprobe.infer.engines.tokens import StepTokenizer
@@ -108,13 +109,6 @@ class VLLMSettings:
             raise ValueError(f"vllm kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         if self.hidden_states not in ("transformers", "vllm"):
             raise ValueError(f"vllm hidden_states must be 'transformers' or 'vllm', got {self.hidden_states!r}")
-
-
-def sample_seed(seed: int, index: int) -> int:
-    """A well-mixed seed for sample `index` of a request seeded `seed` (vLLM's own n > 1 would use
-    seed + index, so requests seeded 1 and 2 would share samples)."""
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
 
 
 def _on_cpu() -> bool:
@@ -218,7 +212,7 @@ class VLLMStepEngine:
             self._core = _Core(model_name, folder, revision, str(torch_dtype).removeprefix("torch."),
                                settings or VLLMSettings(), token_spec, device=device, cache_dir=cache_dir)
         self.tokenizer = load_tokenizer(model_name, cache_dir)
-        self.tokens = StepTokenizer(self.tokenizer, use_chat_template=use_chat_template, system_prompt=system_prompt,
+        self.text = StepTokenizer(self.tokenizer, use_chat_template=use_chat_template, system_prompt=system_prompt,
                                     stop_at_eos=stop_at_eos)
         self.info = self._make_info(folder, revision)
 
@@ -228,7 +222,7 @@ class VLLMStepEngine:
         return EngineInfo(
             model_id=describe_source(self.model_name), revision=revision, num_layers=int(text_cfg.num_hidden_layers),
             hidden_size=int(text_cfg.hidden_size), vocab_size=int(text_cfg.vocab_size),
-            tokenizer_id=self.tokens.tokenizer_id, max_length=self._core.settings.max_model_len,
+            tokenizer_id=self.text.tokenizer_id, max_length=self._core.settings.max_model_len,
             extra={"name": self.model_name, "engine": "vllm", "dtype": self._core.dtype, "folder": folder})
 
     # ------------------------------------------------------------------ properties
@@ -258,13 +252,13 @@ class VLLMStepEngine:
     # ------------------------------------------------------------------ text and capacity
     def format_prefix(self, question: str, steps: Sequence[PrefixStep] = (),
                       delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
-        return self.tokens.format_prefix(question, steps, delimiter)
+        return self.text.format_prefix(question, steps, delimiter)
 
     def prefix_ids(self, prefix: Prefix) -> list[int]:
-        return self.tokens.prefix_ids(prefix)
+        return self.text.prefix_ids(prefix)
 
     def count_tokens(self, text: str) -> int:
-        return len(self.tokens.text_ids(text))
+        return len(self.text.text_ids(text))
 
     def check_fits(self, prefix: Prefix, extra_tokens: int = 0) -> None:
         self._check_length(len(self.prefix_ids(prefix)) + extra_tokens, "the prompt")
@@ -298,7 +292,7 @@ class VLLMStepEngine:
         greedy = params.temperature == 0
         return VSP(n=1, temperature=params.temperature, top_p=1.0 if greedy else params.top_p, seed=seed,
                    stop=[params.delimiter], include_stop_str_in_output=True, max_tokens=cap, logprobs=0,
-                   ignore_eos=not self.tokens.stop_at_eos, skip_special_tokens=False)
+                   ignore_eos=not self.text.stop_at_eos, skip_special_tokens=False)
 
     def _run(self, prompts: list[list[int]], vparams: list) -> tuple[list, dict[str, int]]:
         from vllm.inputs import TokensPrompt
@@ -353,7 +347,7 @@ class VLLMStepEngine:
                 stats.reused_prefix_tokens += cached
                 stats.decode_tokens += len(comp.token_ids)
                 longest = max(longest, len(tokens))
-                step = self.tokens.make_step(tokens, logprob, requests[i].cap(params), params.delimiter)
+                step = self.text.make_step(tokens, logprob, requests[i].cap(params), params.delimiter)
                 if step is None:  # vLLM stopped at a delimiter before any text: go on from there
                     still.append((i, k, ids, tokens, logprob, None if seed is None else sample_seed(seed, len(tokens))))
                 else:
@@ -377,7 +371,7 @@ class VLLMStepEngine:
     # ------------------------------------------------------------------ teacher forcing
     def _score_ids(self, prefix: Prefix, steps: Sequence[str]) -> tuple[list[int], list[list[int]]]:
         ids = self.prefix_ids(prefix)
-        step_ids = [self.tokens.text_ids(s) for s in steps]
+        step_ids = [self.text.text_ids(s) for s in steps]
         empty = [i for i, s in enumerate(step_ids) if not s]
         if empty:
             raise ValueError(f"steps {empty} encode to no tokens; cannot score an empty step")
@@ -404,7 +398,7 @@ class VLLMStepEngine:
                 "hidden states through vLLM (extract_hidden_states + a hidden-states KV connector) are not "
                 "implemented: the CPU build cannot run them and no GPU was available to test them; use "
                 "models.vllm.hidden_states: transformers")
-        return self._core.hf_twin(self.tokens.use_chat_template, self.tokens.system_prompt)
+        return self._core.hf_twin(self.text.use_chat_template, self.text.system_prompt)
 
     def score(self, prefix: Prefix, steps: Sequence[str], *, hidden: bool = True,
               layers: Sequence[int] | None = None) -> Scoring:
