@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from safetensors.torch import load_file, save_file
 
 PathLike = str | os.PathLike
@@ -172,3 +173,8 @@ def json_float(x: float) -> float | None:
     """A float that JSON can hold: NaN/inf become None."""
     x = float(x)
     return x if math.isfinite(x) else None
+
+
+def front_matter(meta: Mapping[str, Any]) -> str:
+    """A YAML block between '---' lines, as the Hub reads it at the top of a README.md (model and data cards)."""
+    return "---\n" + yaml.safe_dump(dict(meta), sort_keys=False, allow_unicode=True) + "---\n"

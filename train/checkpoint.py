@@ -16,6 +16,7 @@ from typing import Any
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.versions import package_versions
 from specprobe.probes.base import HiddenStateProbe, load_probe
+from specprobe.probes.io import front_matter
 from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
 
 LOGPROB_INPUTS = {"target_own": "mean_logprob", "draft_via_target": "target_logprob / target_num_tokens",
@@ -100,13 +101,6 @@ def card_metadata(cfg, components: list[str], manifest: dict) -> dict[str, Any]:
     if dataset:
         meta["datasets"] = [dataset]
     return meta
-
-
-def front_matter(meta: dict[str, Any]) -> str:
-    """A YAML block between '---' lines, as the Hub reads it at the top of a README.md."""
-    import yaml
-
-    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
 
 
 def model_card(cfg, metrics: dict, components: list[str], manifest: dict, table: str) -> str:
