@@ -35,6 +35,7 @@ from specprobe.data_gen.pipeline import (
     generate_dataset,
     process_shard,
 )
+from specprobe.infer.engines import build_engine_pair
 from specprobe.infer.ray_cluster import (
     ClusterError,
     actor_options,
@@ -90,7 +91,6 @@ class _DataReplica:
     """Target and draft engines (and, colocated, the judge) that turn shards into rows."""
 
     def __init__(self, cfg, judge_handles: list, index: int, known: dict[str, bool]):
-        from specprobe.infer.engines import build_engine_pair
 
         _set_threads(cfg.ray.cpus_per_replica, cfg.ray.gpus_per_replica)
         self.cfg = cfg

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from specprobe.data_gen.cluster import PairQuery, normalise_step
+from specprobe.infer.models import load_model
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +184,6 @@ class NLIJudge(EquivalenceJudge):
         if batch_size < 1:
             raise ValueError(f"NLIJudge.batch_size must be >= 1, got {batch_size}")
         if isinstance(model, str):
-            from specprobe.infer.models import load_model
-
             model_name = model
             self.model, self.tokenizer = load_model(model, kind="seq_cls", device=device)
         else:

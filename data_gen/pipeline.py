@@ -51,6 +51,7 @@ from specprobe.data_gen.labels import (
     model_labels,
     pair_key,
 )
+from specprobe.data_gen.sources import load_traces
 from specprobe.data_gen.store import (
     FORMAT,
     JUDGE_CACHE,
@@ -71,6 +72,8 @@ from specprobe.data_gen.store import (
     write_manifest,
     write_shard,
 )
+from specprobe.infer.config import to_dict
+from specprobe.infer.engines import Prefix, PromptTooLongError, StepRequest, build_engine_pair, sampling_params
 from specprobe.infer.versions import package_versions
 from specprobe.probes.features import layers_from_option
 
@@ -103,7 +106,6 @@ def build_judge(data_cfg, cache_path: str | Path | None, device: str | None = No
 
 def load_source_traces(source_cfg) -> list:
     """Traces of the configured source (bad records are skipped by data_gen.sources with a warning)."""
-    from specprobe.data_gen.sources import load_traces
 
     name = source_cfg.task if source_cfg.kind == "reasoning_gym" else source_cfg.name
     return load_traces(source_cfg.kind, path=source_cfg.path, name=name, split=source_cfg.split,
@@ -257,13 +259,11 @@ class _ShardRunner:
 
     # -- sampling and recording
     def _prefix(self, ctx: Context):
-        from specprobe.infer.engines import Prefix
 
         return Prefix(ctx.question, tuple(ctx.steps), self.delimiter)  # reference steps: delimiter after each
 
     def sample(self, ctx: Context, timing: dict) -> _ContextWork | str:
         """The context's samples, or the reason it must be skipped."""
-        from specprobe.infer.engines import PromptTooLongError, StepRequest, sampling_params
 
         work = _ContextWork(ctx, {r: context_seed(self.cfg.sampling.seed, ctx.id, r) for r in self.models})
         for engine in {id(e): e for e in self.engines.values()}.values():
@@ -467,8 +467,6 @@ class ShardWorkers:
 
     def start(self, judge_cache: Path) -> dict:
         if self.engines is None:
-            from specprobe.infer.engines import build_engine_pair
-
             self.engines = build_engine_pair(self.cfg.models)
         self.engine_map = dict(zip(ROLES, self.engines))
         return {"engines": {r: engine_info(e) for r, e in self.engine_map.items()}, "judge": self.judge.name}
@@ -565,7 +563,6 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
     settings is a DataMismatchError. workers: who processes the shards (default: this process, with
     `engines` and `judge`; ``data_gen.distributed`` passes Ray actors); this process writes them.
     """
-    from specprobe.infer.config import to_dict
 
     started = time.perf_counter()
     cfg_dict = to_dict(cfg)

@@ -34,6 +34,7 @@ import torch
 from specprobe.infer import checkpoint_format as ckpt
 from specprobe.infer.checkpoint_format import CheckpointError
 from specprobe.infer.engines.base import Prefix, Step
+from specprobe.probes.base import load_probe
 
 ACCEPTANCE_PROBE = "probe_acceptance"
 
@@ -145,7 +146,6 @@ class ProbeAcceptance:
 def load_acceptance_probe(path: str | Path, draft_engine, *, device: str | torch.device = "cpu",
                           allow_model_mismatch: bool = False) -> ProbeAcceptance:
     """The checkpoint's acceptance probe, checked against the draft engine's model."""
-    from specprobe.probes.base import load_probe
 
     folder = ckpt.checkpoint_folder(path)
     if not ckpt.has_probe(folder, ACCEPTANCE_PROBE):

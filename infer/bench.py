@@ -35,8 +35,12 @@ from specprobe.infer.config import ConfigError, SourceConfig, to_dict
 from specprobe.infer.decoding import METHODS, DecodeOptions, RunStats, decode, fast_thread_switching, write_trace
 from specprobe.infer.decoding.analytic import predict, token_level_factor
 from specprobe.infer.decoding.depth import AdaptiveDepth
+from specprobe.infer.decoding.seed import SeedConfig, seed_predicted_speedup
+from specprobe.infer.decoding.specs import SpecSConfig, specs_predicted_speedup
 from specprobe.infer.engines import build_engine_pair, sampling_params
+from specprobe.infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
 from specprobe.infer.engines.token_spec import TokenSpecConfig
+from specprobe.infer.records import iter_records
 from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier
 from specprobe.probes.metrics import wilson_interval
 
@@ -95,7 +99,6 @@ def _from_records(records, stem: str, limit: int) -> list[Problem]:
 
 
 def _records(path: str | None, name: str | None, config: str | None, split: str):
-    from specprobe.infer.records import iter_records
 
     try:
         return iter_records(path, name, config, split)
@@ -343,7 +346,6 @@ def _engines(env: BenchEnv, spec: MethodSpec) -> tuple:
     mode = spec.token_spec if spec.token_spec != "none" else env.cfg.runtime.token_spec
     if mode != "lookahead":
         return env.target, env.draft
-    from specprobe.infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
 
     la = env.cfg.runtime.lookahead
     cfg = LookaheadConfig(la.window, la.ngram, la.max_verify, env.cfg.runtime.seed)
@@ -356,12 +358,8 @@ def _settings(env: BenchEnv, spec: MethodSpec):
     """SpecSConfig / SeedConfig of the search methods from runtime.specs / runtime.tree."""
     rt = env.cfg.runtime
     if spec.base in ("specs", "beam_target"):
-        from specprobe.infer.decoding.specs import SpecSConfig
-
         return SpecSConfig(rt.specs.n, rt.specs.beta, rt.specs.tau)
     if spec.base in ("seed_tot", "tot_target"):
-        from specprobe.infer.decoding.seed import SeedConfig
-
         t = rt.tree
         return SeedConfig(t.thoughts, t.keep, t.depth, tuple(int(k) for k in t.k_config), t.threaded)
     return None
@@ -610,10 +608,7 @@ def _search_prediction(env: BenchEnv, kind: str, st: RunStats) -> dict:
     """SpecS: its latency model over target beam search at the measured share of draft rounds; SEED:
     token SD's g(k) at the measured per-position acceptance and draft/target forward cost."""
     if kind == "specs":
-        from specprobe.infer.decoding.specs import specs_predicted_speedup
-
         return specs_predicted_speedup(st)
-    from specprobe.infer.decoding.seed import seed_predicted_speedup
 
     return seed_predicted_speedup(st, env.cfg.runtime.tree.k_config)
 

@@ -23,6 +23,9 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from specprobe.infer.models import DTYPE_NAMES, OFFLINE_PREFIX, check_model_name, offline_model_folder
+from specprobe.probes.features import parse_layer_option
+
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
@@ -97,8 +100,6 @@ class ModelsConfig:
     def __post_init__(self) -> None:
         import re
 
-        from specprobe.infer.models import DTYPE_NAMES, check_model_name
-
         check_positive(self, "max_batch_rows")
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
             raise ConfigError(f"models.dtype: unknown dtype {self.dtype!r}; use auto or one of {sorted(DTYPE_NAMES)}")
@@ -113,8 +114,6 @@ class ModelsConfig:
         """Before any model loads: the device exists here and the models can be found (offline packages
         installed, local paths present). Hub ids are checked when they load."""
         import torch
-
-        from specprobe.infer.models import OFFLINE_PREFIX, offline_model_folder
 
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError(f"models.device is {self.device!r}, but torch sees no CUDA device here (torch "
@@ -392,7 +391,6 @@ class RayConfig:
 
 
 def check_layer_option(option: str, key: str) -> None:
-    from specprobe.probes.features import parse_layer_option
 
     try:
         parse_layer_option(option)

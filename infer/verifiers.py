@@ -29,7 +29,10 @@ from specprobe.infer import checkpoint_format as ckpt
 from specprobe.infer.acceptance_estimate import LatentDifficulty
 from specprobe.infer.checkpoint_format import CheckpointError
 from specprobe.infer.engines.base import Prefix
+from specprobe.infer.judge_prompt import PROMPT_VERSION, answer_token_ids, judge_probability
+from specprobe.infer.models import describe_source, load_model
 from specprobe.probes.acceptance import DEFAULT_EPS, bernoulli, make_rng, semantic_accept_prob
+from specprobe.probes.base import load_probe
 
 VERIFIER_KINDS = ("probe", "embedding", "judge", "llm_judge", "exact", "accept_all", "reject_all", "bernoulli")
 CHECKPOINT_KINDS = ("probe", "embedding", "judge")
@@ -211,7 +214,6 @@ class JudgeVerifier(Verifier):
 
     def __init__(self, model, tokenizer, threshold: float = 0.5, name: str = "llm_judge", batch_size: int = 8,
                  model_id: str | None = None):
-        from specprobe.infer.judge_prompt import answer_token_ids
 
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"judge threshold must be in [0, 1], got {threshold}")
@@ -220,7 +222,6 @@ class JudgeVerifier(Verifier):
         self.threshold, self.name, self.batch_size, self.model_id = float(threshold), name, batch_size, model_id
 
     def _score(self, items):
-        from specprobe.infer.judge_prompt import judge_probability
 
         batch = [(it.context.text(), it.target, it.draft) for it in items]
         probs = judge_probability(self.model, self.tokenizer, batch, batch_size=self.batch_size).tolist()
@@ -353,7 +354,6 @@ class ProbePairVerifier(Verifier):
 # ----------------------------------------------------------------------------- loading
 def load_probe_pair(path: str | Path, *, target_engine=None, draft_engine=None, eps: float = DEFAULT_EPS,
                     allow_model_mismatch: bool = False, device: str | torch.device = "cpu") -> ProbePairVerifier:
-    from specprobe.probes.base import load_probe
 
     folder = ckpt.checkpoint_folder(path)
     probes = []
@@ -381,8 +381,6 @@ def load_judge_lora(path: str | Path, *, device: str | None = None, threshold: f
     the adapter's base model, started with enable_lora), the adapter served by vLLM."""
     from peft import PeftModel
 
-    from specprobe.infer.judge_prompt import PROMPT_VERSION, answer_token_ids
-    from specprobe.infer.models import describe_source, load_model
 
     entry = ckpt.read_judge(path)
     if entry.prompt_version is not None and entry.prompt_version != PROMPT_VERSION:
@@ -468,8 +466,6 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
     else:
         if not llm_judge_model:
             raise ValueError("the llm_judge verifier needs runtime.llm_judge_model (an instruct model)")
-        from specprobe.infer.models import load_model
-
         model, tok = load_model(llm_judge_model, device=device)
         name = llm_judge_model
     return JudgeVerifier(model, tok, 0.5 if threshold is None else threshold, name="llm_judge", model_id=name)

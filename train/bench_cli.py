@@ -35,6 +35,11 @@ import logging
 import sys
 from pathlib import Path
 
+from specprobe.infer import bench
+from specprobe.infer.config import ConfigError
+from specprobe.infer.models import ModelUnavailableError
+from specprobe.train.config import check_before_loading, check_folder, format_help, load_config
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="probe-bench", description=__doc__,
@@ -56,8 +61,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specprobe.infer.config import ConfigError
-    from specprobe.train.config import check_before_loading, check_folder, format_help, load_config
 
     args = _parser().parse_args(argv)
     if args.help_config:
@@ -69,15 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"bench.num_problems={args.num_problems}")
     if args.system_speed:
         overrides.append("bench.system_speed=true")
-    from specprobe.infer.models import ModelUnavailableError
 
     try:
         cfg = load_config(args.config, overrides)
         check_before_loading(cfg, sources=False)
         if args.out:
             check_folder(args.out, "--out")
-        from specprobe.infer import bench
-
         methods = [m for m in args.methods.split(",") if m.strip()] if args.methods else None
         out = Path(args.out) if args.out else Path(cfg.bench.out_dir or Path(cfg.output_dir) / "bench")
         if args.ray is not None:

@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.infer import checkpoint_format as fmt
+from specprobe.infer.config import to_dict
+from specprobe.infer.models import describe_source
 from specprobe.infer.versions import package_versions
 from specprobe.probes.base import HiddenStateProbe, load_probe
 from specprobe.probes.io import front_matter
 from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
+from specprobe.train.tracking import format_metrics
 
 LOGPROB_INPUTS = {"target_own": "mean_logprob", "draft_via_target": "target_logprob / target_num_tokens",
                   "draft_own": "mean_logprob", "draft_accept": "mean_logprob"}
@@ -40,7 +43,6 @@ def _write_probes(folder: Path, probes) -> list[str]:
 
 
 def _write_embedding(folder: Path, embedding) -> str:
-    from specprobe.infer.models import describe_source
 
     return fmt.write_embedding(folder, model=embedding.model, model_id=describe_source(embedding.model),
                                threshold=embedding.threshold,
@@ -52,8 +54,6 @@ def _write_embedding(folder: Path, embedding) -> str:
 def write_checkpoint(folder: str | os.PathLike, cfg, result, manifest: dict,
                      data_folder: str | os.PathLike | None = None) -> Path:
     """Write every trained component of a `train.pipeline.TrainResult` to `folder` (replacing it)."""
-    from specprobe.infer.config import to_dict
-    from specprobe.train.tracking import format_metrics
 
     folder = Path(folder)
     data_folder = data_folder if data_folder is not None else cfg.data_dir
@@ -86,7 +86,6 @@ CARD_TAGS = ("specprobe", "speculative-decoding", "speculative-reasoning", "veri
 def card_metadata(cfg, components: list[str], manifest: dict) -> dict[str, Any]:
     """The Hub's YAML metadata for the model card: the models the verifiers read, the data they were
     trained on (hub names where the source is a hub data set), tags the Hub can filter on."""
-    from specprobe.infer.models import describe_source
 
     bases = [e["model_id"] for e in manifest["engines"].values()]
     tags = list(CARD_TAGS)

@@ -21,6 +21,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from specprobe.data_gen.contexts import parse_part
+from specprobe.data_gen.pipeline import DataGenStats, DataResult, generate_dataset
+from specprobe.data_gen.store import merge_parts
+from specprobe.infer.config import ConfigError
+from specprobe.train.config import check_before_loading, format_help, load_config
+from specprobe.train.pipeline import train_all
+
 STAGES = ("data", "train", "all")
 
 
@@ -43,8 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_data_stage(cfg, shard: str | None, progress: bool, ray_address: str | None = None) -> int:
     """ray_address: None = this process only; "" = Ray at ray.address or a local instance."""
-    from specprobe.data_gen.contexts import parse_part
-    from specprobe.data_gen.pipeline import generate_dataset
 
     part = parse_part(shard) if shard else None
     if ray_address is None:
@@ -60,8 +65,6 @@ def run_data_stage(cfg, shard: str | None, progress: bool, ray_address: str | No
 
 
 def run_merge(cfg) -> int:
-    from specprobe.data_gen.pipeline import DataGenStats, DataResult
-    from specprobe.data_gen.store import merge_parts
 
     manifest = merge_parts(cfg.data_dir)
     print(DataResult(cfg.data_dir, manifest, False, DataGenStats()).summary())
@@ -74,7 +77,6 @@ def run_merge(cfg) -> int:
 def run_train_stage(cfg, progress: bool = True) -> int:
     """Train every verifier in verifiers.train on <output_dir>/data; prints validation metrics next to
     the baselines and writes <output_dir>/checkpoint."""
-    from specprobe.train.pipeline import train_all
 
     train_all(cfg, progress=progress)
     return 0
@@ -82,8 +84,6 @@ def run_train_stage(cfg, progress: bool = True) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from specprobe.infer.config import ConfigError
-    from specprobe.train.config import check_before_loading, format_help, load_config
 
     if args.help_config:
         print(format_help())

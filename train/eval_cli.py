@@ -18,6 +18,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from specprobe.infer.config import ConfigError
+from specprobe.train.config import check_folder
+from specprobe.train.report import CheckpointError, compare_checkpoints, evaluate_checkpoint
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="probe-eval", description=__doc__.split("\n\n")[0],
@@ -41,13 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.checkpoint and args.compare:
         parser.error("--checkpoint and --compare are exclusive")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from specprobe.infer.config import ConfigError
-    from specprobe.train.report import CheckpointError, compare_checkpoints, evaluate_checkpoint
 
     try:
         if args.out:
-            from specprobe.train.config import check_folder
-
             check_folder(args.out, "--out")
         if args.compare:
             result = compare_checkpoints(*args.compare, data=args.data, out=args.out, overrides=args.overrides,

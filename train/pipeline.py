@@ -22,9 +22,10 @@ import numpy as np
 
 from specprobe.data_gen.store import DataFolderError, open_dataset
 from specprobe.infer.config import to_dict
-from specprobe.infer.models import describe_source
+from specprobe.infer.models import default_device, describe_source
 from specprobe.probes.splits import group_split
 from specprobe.train import pair_verifiers, probes_train
+from specprobe.train.checkpoint import write_checkpoint
 from specprobe.train.probes_train import TrainingDataError
 from specprobe.train.tracking import Tracker, format_metrics
 
@@ -125,7 +126,6 @@ class _Prepared:
 def _device(name: str, cfg) -> str:
     if name != "auto":
         return name
-    from specprobe.infer.models import default_device
 
     return cfg.models.resolved_device() or default_device()
 
@@ -160,7 +160,6 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
     into that model in place); progress: progress bars for the judge LoRA's scoring and steps. Raises TrainingDataError (a ValueError) for unusable input before any
     training starts.
     """
-    from specprobe.train.checkpoint import write_checkpoint
 
     t0 = time.perf_counter()
     ds = dataset if dataset is not None else _open(cfg)

@@ -7,6 +7,8 @@ target-only / draft-only baselines, all with the same options, metrics and per-c
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from specprobe.infer.decoding.common import DecodeOptions, GenerationResult, OutputStep, seed_for
 from specprobe.infer.decoding.lookahead import (
     draft_only,
@@ -16,7 +18,10 @@ from specprobe.infer.decoding.lookahead import (
     target_only,
 )
 from specprobe.infer.decoding.metrics import RunStats, read_trace, replay_text, stats_from_trace, write_trace
+from specprobe.infer.decoding.seed import SeedConfig, tot_search
 from specprobe.infer.decoding.semanticspec import semanticspec
+from specprobe.infer.decoding.specs import SpecSConfig, reward_from_verifier
+from specprobe.infer.decoding.specs import specs as run_specs  # the name `specs` stays the submodule's
 
 METHODS = ("target", "draft", "semanticspec", "lr_sync", "lr_async", "specs", "beam_target", "seed_tot", "tot_target")
 
@@ -49,11 +54,6 @@ def decode(method: str, question: str, target, draft=None, verifier=None,
 
 
 def _search_method(method, question, target, draft, verifier, opts, settings) -> GenerationResult:
-    from dataclasses import replace
-
-    from specprobe.infer.decoding.seed import SeedConfig, tot_search
-    from specprobe.infer.decoding.specs import SpecSConfig, reward_from_verifier, specs
-
     if verifier is None:
         raise ValueError(f"{method} scores steps with a reward: pass a verifier (probe, bernoulli, ...)")
     reward = reward_from_verifier(verifier)
@@ -61,5 +61,5 @@ def _search_method(method, question, target, draft, verifier, opts, settings) ->
         cfg = settings or SpecSConfig()
         if method == "beam_target":  # τ above every reward in [0, 1]: the target writes every round
             cfg = replace(cfg, tau=float("inf"))
-        return specs(question, target, draft, reward, opts, cfg, method=method)
+        return run_specs(question, target, draft, reward, opts, cfg, method=method)
     return tot_search(question, target, draft, reward, opts, settings or SeedConfig(), method=method)

@@ -33,8 +33,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specprobe.infer.decoding.common import GenState, seed_for
+from specprobe.infer.engines.base import Step, StepRequest
 from specprobe.infer.engines.lookahead_decoding import additive_mask, crop_cache
 from specprobe.infer.engines.token_spec import filtered_probs, sample_from
+from specprobe.probes.speedup import token_sd_speedup
 
 
 @dataclass(frozen=True)
@@ -421,7 +424,6 @@ class SeedGenerator:
 # ----------------------------------------------------------------------------- tree-of-thoughts search
 def _seed_thoughts(target, draft, cfg: SeedConfig, opts, generator_box: dict):
     """Thought writer backed by SeedGenerator on the engines' models (shared vocabulary needed)."""
-    from specprobe.infer.engines.base import Step
 
     if draft.info.tokenizer_id != target.info.tokenizer_id:
         raise ValueError(f"SEED verifies draft tokens with the target: {draft.info.model_id!r} and "
@@ -454,7 +456,6 @@ def _seed_thoughts(target, draft, cfg: SeedConfig, opts, generator_box: dict):
 
 
 def _target_thoughts(target, opts):
-    from specprobe.infer.engines.base import StepRequest
 
     def write(prefixes, n, caps, seeds):
         out = target.generate([StepRequest(p, n, sd, c) for p, sd, c in zip(prefixes, seeds, caps)],
@@ -468,7 +469,6 @@ def _target_thoughts(target, opts):
 def tot_search(question: str, target, draft, reward, opts, cfg: SeedConfig | None = None,
                method: str = "seed_tot"):
     """Breadth-first tree of thoughts; thoughts by SEED (method seed_tot) or the target (tot_target)."""
-    from specprobe.infer.decoding.common import GenState, seed_for
 
     cfg = cfg or SeedConfig()
     use_seed = method == "seed_tot"
@@ -553,7 +553,6 @@ def seed_predicted_speedup(stats, k_config: Sequence[int]) -> dict:
     k = tree depth: the speedup of one sequence's thoughts over target decoding, before the overlap of
     drafting and verification that the scheduler adds (the SEED paper gives no formula; its Table 2 pairs
     α = 0.37 / 0.41 with 1.32x / 1.51x)."""
-    from specprobe.probes.speedup import token_sd_speedup
 
     out = {"ideal": None, "adjusted": None, "k": len(k_config), "formula": "g(k) token SD vs tot_target"}
     if stats.acceptance_rate is None or not stats.draft_forward_passes or not stats.target_forward_passes:

@@ -29,6 +29,10 @@ from typing import Protocol
 
 import torch
 
+from specprobe.infer.decoding.common import GenState, seed_for
+from specprobe.infer.engines.base import StepRequest
+from specprobe.infer.verifiers import StepContext
+
 TARGET, DRAFT = "target", "draft"
 
 
@@ -119,7 +123,6 @@ class VerifierReward:
         self.verifier, self.name, self.layers = verifier, verifier.name, None
 
     def rewards(self, prefix, steps, scored, seed):
-        from specprobe.infer.verifiers import StepContext
 
         ctx = StepContext(prefix.question, tuple(prefix.step_texts()))
         return [float(self.verifier.score(ctx, s.text)) for s in steps]
@@ -156,7 +159,6 @@ def specs(question: str, target, draft, reward: StepReward, opts, cfg: SpecSConf
     """Generate an answer with SpecS. `reward`: a StepReward (see reward_from_verifier). With
     cfg.tau >= 1 (above any reward in [0, 1]) every round is the target's: target beam search with soft
     selection, the paper's τ → 1 end and this method's baseline."""
-    from specprobe.infer.decoding.common import GenState
 
     cfg = cfg or SpecSConfig()
     if draft is None and cfg.tau < 1:
@@ -170,8 +172,6 @@ def specs(question: str, target, draft, reward: StepReward, opts, cfg: SpecSConf
 
 
 def _round(state, target, draft, reward: StepReward, cfg: SpecSConfig, beta: float, role: str) -> str:
-    from specprobe.infer.decoding.common import seed_for
-    from specprobe.infer.engines.base import StepRequest
 
     opts, stats = state.opts, state.stats
     engine, params = (target, opts.target_params) if role == TARGET else (draft, opts.draft_params)

@@ -18,6 +18,7 @@ from specprobe.infer.engines.base import (
     StepStream,
 )
 from specprobe.infer.engines.hf import HFStepEngine
+from specprobe.infer.engines.vllm_engine import VLLMSettings
 
 __all__ = ["EngineInfo", "EngineStats", "Generation", "Prefix", "PromptTooLongError", "SamplingParams",
            "ScoredStep", "Scoring", "SerialStream", "Step", "StepEngine", "StepRequest", "StepStream",
@@ -26,7 +27,6 @@ __all__ = ["EngineInfo", "EngineStats", "Generation", "Prefix", "PromptTooLongEr
 
 def vllm_settings(models_cfg, seed: int = 0):
     """VLLMSettings from a ModelsConfig's `vllm` section."""
-    from specprobe.infer.engines.vllm_engine import VLLMSettings
 
     v = models_cfg.vllm
     return VLLMSettings(max_model_len=v.max_model_len, tensor_parallel_size=v.tensor_parallel_size,

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specprobe.infer.engines.base import EngineStats, Generation, SerialStream, sample_seed
 from specprobe.infer.engines.token_spec import filtered_probs, sample_from
 
 
@@ -362,8 +363,6 @@ class LookaheadStepEngine:
     def generate(self, requests, params):
         import time
 
-        from specprobe.infer.engines.base import EngineStats, Generation, sample_seed
-
         t0 = time.perf_counter()
         stats = EngineStats()
         steps = []
@@ -391,6 +390,5 @@ class LookaheadStepEngine:
         return Generation(steps, stats)
 
     def open_stream(self, params):
-        from specprobe.infer.engines.base import SerialStream
 
         return SerialStream(self, params)

@@ -65,6 +65,7 @@ from specprobe.infer.engines.base import (
 )
 from specprobe.infer.engines.token_spec import TokenSpecConfig
 from specprobe.infer.engines.tokens import StepTokenizer
+from specprobe.infer.judge_prompt import answer_token_ids, build_judge_prompt, uses_chat_template
 from specprobe.infer.models import RANDOM_PREFIX, describe_source, load_tokenizer, parse_dtype, resolve_model_folder
 
 log = logging.getLogger(__name__)
@@ -434,7 +435,6 @@ class VLLMJudge:
     the engine must be started with enable_lora)."""
 
     def __init__(self, engine: VLLMStepEngine, adapter: str | None = None):
-        from specprobe.infer.judge_prompt import answer_token_ids
 
         if adapter is not None and not engine.lora_enabled:
             raise ValueError(f"serving the LoRA adapter {adapter} needs a vLLM engine started with LoRA on: set "
@@ -452,7 +452,6 @@ class VLLMJudge:
         from vllm import SamplingParams as VSP
         from vllm.inputs import TokensPrompt
 
-        from specprobe.infer.judge_prompt import build_judge_prompt, uses_chat_template
 
         if not batch:
             return torch.empty(0)

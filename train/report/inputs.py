@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from specprobe.data_gen.store import open_dataset
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.checkpoint_format import CheckpointError
+from specprobe.infer.verifiers import check_probe_model
 from specprobe.probes.base import HiddenStateProbe, load_probe
 from specprobe.probes.splits import group_split
 
@@ -124,7 +126,6 @@ def open_data(ckpt: CheckpointFolder, data: str | os.PathLike | None):
     A --data folder counts as the training data when it is that folder, or was generated with the same
     settings (fingerprint) and models (engines), i.e. holds the same questions.
     """
-    from specprobe.data_gen.store import open_dataset
 
     trained_on = training_data_folder(ckpt)
     if data is None:
@@ -194,7 +195,6 @@ def heldout_questions(ckpt: CheckpointFolder, ds, is_training_data: bool, which:
     if split is None:
         trained_on = training_data_folder(ckpt)
         if is_training_data or trained_on is not None:
-            from specprobe.data_gen.store import open_dataset
             base = questions if is_training_data else open_dataset(trained_on).question_ids()
             split = split_questions(base, ckpt.section("probe"))
             how = "recomputed with probes.splits.group_split and the checkpoint's probe settings"
@@ -229,7 +229,6 @@ def check_probe_fits_data(probe: HiddenStateProbe, ds, role: str, name: str) -> 
         raise PartError(f"{name}: the data folder {ds.folder} has no {role} model (models sampled: "
                         f"{sorted(engines)})")
     engine = engines[role]
-    from specprobe.infer.verifiers import check_probe_model
 
     try:
         probe.spec.check_compatible(int(engine["num_layers"]), int(engine["hidden_size"]), engine["model_id"])

@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from specprobe.infer.config import build, parse_override, to_dict
+from specprobe.train.config import EvalConfig, WandbConfig
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report import plots, render
 from specprobe.train.report.classic import logistic_sweep_part, positive_control_part
@@ -41,6 +43,7 @@ from specprobe.train.report.sections import (
     umap_part,
 )
 from specprobe.train.report.verifiers import verifiers_part
+from specprobe.train.tracking import Tracker
 
 REPORT_FORMAT = "specprobe-eval-report"
 REPORT_VERSION = 1
@@ -71,8 +74,6 @@ class Report:
 def eval_settings(ckpt: CheckpointFolder, eval_cfg: Any = None, overrides: Sequence[str] = ()):
     """The EvalConfig: `eval_cfg` if given, else the checkpoint's own `eval` section; then `overrides`
     (``eval.n_boot=200`` or ``n_boot=200``)."""
-    from specprobe.infer.config import build, to_dict
-    from specprobe.train.config import EvalConfig
 
     if eval_cfg is None:
         known = {f.name for f in dataclasses.fields(EvalConfig)}
@@ -81,7 +82,6 @@ def eval_settings(ckpt: CheckpointFolder, eval_cfg: Any = None, overrides: Seque
         base = to_dict(eval_cfg)
     else:
         base = dict(eval_cfg)
-    from specprobe.infer.config import parse_override
 
     for text in overrides:
         keys, value = parse_override(text)
@@ -200,9 +200,6 @@ def without_bookkeeping(tree: Any) -> Any:
 
 def log_to_wandb(report: Report, ckpt: CheckpointFolder) -> None:
     """Metrics into the run summary, figures as images; files under <report>/wandb (offline by default)."""
-    from specprobe.infer.config import build
-    from specprobe.train.config import WandbConfig
-    from specprobe.train.tracking import Tracker
 
     known = {f.name for f in dataclasses.fields(WandbConfig)}
     section = {k: v for k, v in ckpt.section("wandb").items() if k in known}

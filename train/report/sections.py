@@ -21,7 +21,8 @@ from specprobe.probes.metrics import brier
 from specprobe.probes.mlp import ProbeMLPConfig as MLPConfig
 from specprobe.probes.mlp import fit_probe
 from specprobe.probes.splits import group_split
-from specprobe.train.probes_train import ROW_SETS, RowSet, load_row_set
+from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
+from specprobe.train.probes_train import ROW_SETS, RowSet, load_row_set, torch_threads
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report.inputs import CheckpointFolder, HeldOut, PartError, check_probe_fits_data, predict
 
@@ -136,7 +137,6 @@ def probe_predictions(ctx: EvalContext, name: str, role: str, set_name: str) -> 
 def baseline_predictions(ctx: EvalContext, role: str, rows: RowSet) -> dict[str, np.ndarray]:
     """The baselines of `rows`' own set from baselines.json: its constant and its calibrated log-prob (logistic
     and isotonic). A checkpoint written before per-set baselines falls back to the role's, and says so."""
-    from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
 
     data = ctx.ckpt.read_json(fmt.BASELINES_JSON, "constant and log-probability baselines")
     entry = (data.get("sets") or {}).get(rows.name)
@@ -348,7 +348,6 @@ def sweep_role(ctx: EvalContext, role: str) -> dict[str, Any]:
 
 
 def layer_sweep_part(ctx: EvalContext) -> PartResult:
-    from specprobe.train.probes_train import torch_threads
 
     out: dict[str, Any] = {}
     with torch_threads(ctx.cfg.num_threads):

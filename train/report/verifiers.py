@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 
 from specprobe.infer import checkpoint_format as fmt
+from specprobe.infer.judge_prompt import judge_probability
+from specprobe.infer.verifiers import load_embedding_threshold, load_judge_lora
+from specprobe.train.pair_verifiers import load_pairs
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report.inputs import PartError
 from specprobe.train.report.sections import EvalContext, Figure, PartResult, guarded
@@ -20,7 +23,6 @@ from specprobe.train.report.sections import EvalContext, Figure, PartResult, gua
 def heldout_pairs(ctx: EvalContext):
     """Held-out pairs (train.pair_verifiers.PairSet), subsampled to eval.max_pairs keeping the share of
     equivalent pairs."""
-    from specprobe.train.pair_verifiers import load_pairs
 
     pairs = load_pairs(ctx.ds)
     held = pairs.take(ctx.heldout.mask(pairs.questions))
@@ -31,7 +33,6 @@ def heldout_pairs(ctx: EvalContext):
 
 def embedding_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, Any]]:
     """Cosines of every pair under the runtime's embedding verifier; its thresholds (chosen, F1-optimal)."""
-    from specprobe.infer.verifiers import load_embedding_threshold
 
     if not (ctx.ckpt.path / fmt.EMBEDDING_JSON).is_file():
         raise PartError(f"the checkpoint has no {fmt.EMBEDDING_JSON}; was 'embedding' in verifiers.train?")
@@ -47,8 +48,6 @@ def embedding_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, d
 
 def judge_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, Any]]:
     """P(aligned) of the runtime's judge-LoRA on a subset of eval.judge_max_pairs pairs; its threshold."""
-    from specprobe.infer.judge_prompt import judge_probability
-    from specprobe.infer.verifiers import load_judge_lora
 
     if not (ctx.ckpt.path / fmt.JUDGE_DIR / fmt.JUDGE_JSON).is_file():
         raise PartError(f"the checkpoint has no {fmt.JUDGE_DIR}/{fmt.JUDGE_JSON}; was 'judge' in verifiers.train?")
