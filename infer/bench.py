@@ -32,7 +32,15 @@ from typing import Any
 from specprobe.infer.acceptance_estimate import LatentDifficulty, SimulatedAcceptance, load_acceptance_probe
 from specprobe.infer.answers import extract_boxed, grade, split_gsm8k, strip_thousands_separators
 from specprobe.infer.config import ConfigError, SourceConfig, to_dict
-from specprobe.infer.decoding import METHODS, DecodeOptions, RunStats, decode, fast_thread_switching, write_trace
+from specprobe.infer.decoding import (
+    METHODS,
+    REGISTRY,
+    DecodeOptions,
+    RunStats,
+    decode,
+    fast_thread_switching,
+    write_trace,
+)
 from specprobe.infer.decoding.analytic import predict, token_level_factor
 from specprobe.infer.decoding.depth import AdaptiveDepth
 from specprobe.infer.decoding.seed import SeedConfig, seed_predicted_speedup
@@ -289,15 +297,13 @@ class MethodResult:
     error: str | None = None
 
 
-ADAPTIVE_METHODS = ("semanticspec", "lr_sync", "lr_async")
-
-
 def is_adaptive(env: BenchEnv, spec: MethodSpec) -> bool:
     """Does this method choose its depth per cycle (:gamma=adaptive, or runtime.gamma_policy adaptive)?"""
     policy = spec.overrides.get("gamma_policy", env.cfg.runtime.gamma_policy)
-    if policy == "adaptive" and spec.base not in ADAPTIVE_METHODS:
+    if policy == "adaptive" and not REGISTRY[spec.base].adaptive:
         if "gamma_policy" in spec.overrides:
-            raise ConfigError(f"{spec.label}: gamma=adaptive applies to {', '.join(ADAPTIVE_METHODS)}")
+            raise ConfigError(f"{spec.label}: gamma=adaptive applies to "
+                              f"{', '.join(m.name for m in REGISTRY.values() if m.adaptive)}")
         return False  # the config-wide policy leaves the other methods alone
     return policy == "adaptive"
 
@@ -357,9 +363,10 @@ def _engines(env: BenchEnv, spec: MethodSpec) -> tuple:
 def _settings(env: BenchEnv, spec: MethodSpec):
     """SpecSConfig / SeedConfig of the search methods from runtime.specs / runtime.tree."""
     rt = env.cfg.runtime
-    if spec.base in ("specs", "beam_target"):
+    section = REGISTRY[spec.base].settings
+    if section == "specs":
         return SpecSConfig(rt.specs.n, rt.specs.beta, rt.specs.tau)
-    if spec.base in ("seed_tot", "tot_target"):
+    if section == "tree":
         t = rt.tree
         return SeedConfig(t.thoughts, t.keep, t.depth, tuple(int(k) for k in t.k_config), t.threaded)
     return None
@@ -367,7 +374,7 @@ def _settings(env: BenchEnv, spec: MethodSpec):
 
 def _run_one(env: BenchEnv, spec: MethodSpec, question: str, opts: DecodeOptions):
     verifier = None
-    if spec.base not in ("target", "draft"):
+    if REGISTRY[spec.base].needs_verifier:
         verifier = env.verifier(spec.overrides.get("verifier"), spec.overrides.get("alpha"))
     _set_token_spec(env, spec)
     _same_cache_state(env)
@@ -385,6 +392,19 @@ def _run_one(env: BenchEnv, spec: MethodSpec, question: str, opts: DecodeOptions
         env.draft.set_token_spec(None)
 
 
+def list_methods() -> str:
+    """The registered decoding methods, one line each (probe-bench --list-methods)."""
+    lines = []
+    for m in REGISTRY.values():
+        tags = [t for t, on in (("needs a draft", m.needs_draft), ("a verifier", m.needs_verifier),
+                                (f"baseline {m.baseline}", m.baseline != "target"),
+                                (f"runtime.{m.settings}", m.settings), ("gamma=adaptive", m.adaptive)) if on]
+        lines.append(f"{m.name:13s} {m.summary}" + (f" [{'; '.join(tags)}]" if tags else ""))
+    lines.append("suffixes: +ngram / +assistant / +lookahead (token speculation inside steps); options :key=value "
+                 f"({', '.join(sorted(_OVERRIDE_TYPES))}; gamma=adaptive)")
+    return "\n".join(lines)
+
+
 def method_specs(methods: Sequence[str]) -> list[MethodSpec]:
     """The parsed methods, target-only first when missing: the baseline of every speedup, measured in
     the same run."""
@@ -394,7 +414,8 @@ def method_specs(methods: Sequence[str]) -> list[MethodSpec]:
         raise ConfigError(f"methods listed twice: {labels}")
     if "target" not in labels:
         specs.insert(0, parse_method("target"))
-    for base in sorted({SEARCH_BASELINES[s.base] for s in specs if s.base in SEARCH_BASELINES} - set(labels)):
+    own = {REGISTRY[s.base].baseline for s in specs} - {"target"}
+    for base in sorted(own - set(labels)):
         specs.append(parse_method(base))  # and a search method against its paper's baseline
     return specs
 
@@ -524,6 +545,7 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
         st, spec = res.stats, res.spec
         opts = _method_options(env, spec, policy=False)
         adaptive = is_adaptive(env, spec)
+        method = REGISTRY[spec.base]
         latency = sum(res.latencies) if res.latencies else None
         row = {"method": label, "problems": res.answered, "error": res.error,
                "pass@1": ratio(res.correct, res.answered), "correct": res.correct,
@@ -545,23 +567,23 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
                "gamma": f"adaptive<={opts.gamma}" if adaptive else opts.gamma,
                "mean_depth_kept": st.mean_depth_kept, "depth_kept": st.depth_kept,
                "depth_policy": _policy_record(env, spec) if adaptive else None,
-               "verifier": spec.overrides.get("verifier", env.verifier_kind) if spec.base not in ("target", "draft") else None}
+               "verifier": spec.overrides.get("verifier", env.verifier_kind) if method.needs_verifier else None}
         c = ratio(ratio(st.draft_time_s, st.draft_calls), t_step)
         b = ratio(ratio(st.target_time_s, st.target_iterations), t_iter)
         tau = ratio(ratio(st.score_time_s, st.cycles), t_step)
         kind = spec.base
         if kind == "target":
             pred = {"ideal": None, "adjusted": None, "k": None, "formula": "baseline"}
-        elif kind in SEARCH_BASELINES.values():
+        elif method.baseline == kind:
             pred = {"ideal": None, "adjusted": None, "k": None, "formula": "search baseline"}
-        elif kind in SEARCH_BASELINES:
+        elif method.baseline != "target":
             pred = _search_prediction(env, kind, st)
-            row["baseline"] = SEARCH_BASELINES[kind]
-            row["speedup_vs_baseline"] = _search_speedup(results, label, SEARCH_BASELINES[kind])
+            row["baseline"] = method.baseline
+            row["speedup_vs_baseline"] = _search_speedup(results, label, method.baseline)
         elif adaptive:  # no fixed-γ formula applies; the kept depths are in depth_kept
             pred = {"ideal": None, "adjusted": None, "k": None, "formula": "adaptive γ"}
         else:
-            pred = predict(kind, st.acceptance_rate, c, opts.gamma, b, tau)
+            pred = predict(method.prediction, st.acceptance_rate, c, opts.gamma, b, tau)
         if spec.token_spec == "lookahead":  # the paper's step compression S = tokens / decoding steps
             comp = ratio(st.target_generated_tokens if kind != "draft" else st.draft_generated_tokens,
                         st.target_forward_passes if kind != "draft" else st.draft_forward_passes)
@@ -591,9 +613,6 @@ def _policy_record(env: BenchEnv, spec: MethodSpec) -> dict | None:
     kind = spec.overrides.get("verifier") or env.verifier_kind
     policy = env._depth.get((kind, spec.overrides.get("alpha") if kind == "bernoulli" else None))
     return None if policy is None else policy.describe()
-
-
-SEARCH_BASELINES = {"specs": "beam_target", "seed_tot": "tot_target"}  # the paper's own baseline
 
 
 def _search_speedup(results: dict, label: str, baseline: str):

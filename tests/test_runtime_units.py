@@ -96,3 +96,24 @@ def test_parse_method():
                 "lr_sync:verifier=oracle"):
         with pytest.raises(ConfigError):
             parse_method(bad)
+
+
+def test_the_method_registry_drives_decode_and_the_bench():
+    """Every registered method decodes through `decode`, and the bench reads its needs from the registry."""
+    from specprobe.infer import bench
+    from specprobe.infer.decoding import REGISTRY, Method, decode
+
+    listing = bench.list_methods()
+    assert all(name in listing for name in REGISTRY) and "gamma=adaptive" in listing
+    with pytest.raises(ValueError, match="unknown decoding method 'warp'"):
+        decode("warp", "q", None)
+    assert {m.name for m in REGISTRY.values() if m.adaptive} == {"semanticspec", "lr_sync", "lr_async"}
+    assert [s.label for s in bench.method_specs(["specs", "lr_sync"])] == ["target", "specs", "lr_sync",
+                                                                          "beam_target"]
+    calls = []  # a method added to the registry is decodable at once
+    REGISTRY["probe_me"] = Method("probe_me", lambda *a: calls.append(a) or "ran", "a test", needs_draft=False,
+                                  needs_verifier=False)
+    try:
+        assert decode("probe_me", "q", "T") == "ran" and calls[0][:2] == ("q", "T")
+    finally:
+        del REGISTRY["probe_me"]

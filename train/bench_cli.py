@@ -24,6 +24,7 @@ Arguments:
     --ray [ADDRESS]      spread the problems over ray.replicas Ray actors, each running every method on
                          its problems; ADDRESS joins a cluster (else ray.address; none = a local instance)
     --help-config        list every config key with its help text
+    --list-methods       list the registered decoding methods (and what each needs)
     key=value ...        config overrides, e.g. runtime.gamma=2 sampling.temperature=0
 
 The library behind it is `infer.bench` (prepare, run_benchmark, format_markdown).
@@ -56,15 +57,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-going", action="store_true",
                    help="exit 0 even when a method could not run (its row carries the error)")
     p.add_argument("--help-config", action="store_true", help="list every config key")
+    p.add_argument("--list-methods", action="store_true", help="list the registered decoding methods")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-
     args = _parser().parse_args(argv)
     if args.help_config:
         print(format_help())
+        return 0
+    if args.list_methods:
+        print(bench.list_methods())
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     overrides = list(args.overrides)
