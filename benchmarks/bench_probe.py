@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from specprobe.probes.base import load_probe
+from specprobe.infer.checkpoint_format import Checkpoint, probe_name
 from specprobe.probes.features import FeatureSpec, layers_from_option
 from specprobe.probes.mlp import SemanticProbe
 from specprobe.train.config import load_config
@@ -47,9 +47,10 @@ def median_seconds(fn, repeats: int, warmup: int = 2) -> float:
 
 
 def probe_pair(cfg, info) -> tuple[SemanticProbe, SemanticProbe, str]:
-    ckpt = Path(cfg.checkpoint_dir)
-    if (ckpt / "probe_target.json").is_file() and (ckpt / "probe_draft.json").is_file():
-        return load_probe(ckpt, "probe_target"), load_probe(ckpt, "probe_draft"), str(ckpt)
+    if Path(cfg.checkpoint_dir).is_dir():
+        ckpt = Checkpoint(cfg.checkpoint_dir, strict=False)
+        if ckpt.has_probe(probe_name("target")) and ckpt.has_probe(probe_name("draft")):
+            return ckpt.probe(probe_name("target")), ckpt.probe(probe_name("draft")), str(ckpt.folder)
     probes = []
     for _role in ("target", "draft"):
         spec = FeatureSpec(model_id=info.model_id, num_layers=info.num_layers, hidden_size=info.hidden_size,

@@ -34,7 +34,6 @@ import torch
 from specprobe.infer import checkpoint_format as ckpt
 from specprobe.infer.checkpoint_format import CheckpointError
 from specprobe.infer.engines.base import Prefix, Step
-from specprobe.probes.base import load_probe
 
 ACCEPTANCE_PROBE = "probe_acceptance"
 
@@ -147,10 +146,10 @@ def load_acceptance_probe(path: str | Path, draft_engine, *, device: str | torch
                           allow_model_mismatch: bool = False) -> ProbeAcceptance:
     """The checkpoint's acceptance probe, checked against the draft engine's model."""
 
-    folder = ckpt.checkpoint_folder(path)
-    if not ckpt.has_probe(folder, ACCEPTANCE_PROBE):
-        raise CheckpointError(f"checkpoint {folder} has no {ACCEPTANCE_PROBE}.safetensors/.json, which gamma=adaptive "
+    checkpoint = ckpt.Checkpoint(path, strict=False)
+    if not checkpoint.has_probe(ACCEPTANCE_PROBE):
+        raise CheckpointError(f"checkpoint {checkpoint.folder} has no {ACCEPTANCE_PROBE}.safetensors/.json, which gamma=adaptive "
                               "reads; probe-train writes it when the data holds draft steps labelled under the target "
                               "(both models in data.models), or run with a fixed gamma")
-    return ProbeAcceptance(load_probe(folder, ACCEPTANCE_PROBE, map_location=device), draft_engine,
+    return ProbeAcceptance(checkpoint.probe(ACCEPTANCE_PROBE, map_location=device), draft_engine,
                            allow_model_mismatch)

@@ -1,8 +1,9 @@
 """The probe-train checkpoint folder: its file names, format tags, and the functions that write and read it.
 
 This module is the one owner of the layout documented in checkpoints/README.md. `train.checkpoint`
-writes through it (it knows what was trained), `infer.verifiers` reads through it (it knows what the
-runtime needs); neither spells a file name or a JSON key of the format itself. It lives in `infer`
+writes through it (it knows what was trained); everything that reads a checkpoint (the runtime's verifier
+loaders, the report, the benchmarks, the tests) opens it as a `Checkpoint`, whose accessors return each
+component typed and checked; nobody else spells a file name or a JSON key of the format. It lives in `infer`
 because the runtime may import `probes` and `infer` only.
 
 A folder is assembled under a temporary name beside its destination and renamed into place
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specprobe.probes.base import HiddenStateProbe, load_probe
+from specprobe.probes.baselines import ConstantBaseline, LogprobBaseline
 from specprobe.probes.io import model_paths, read_json, write_json
 
 FORMAT = "specprobe-checkpoint"
@@ -245,12 +248,13 @@ def write_judge_meta(adapter_dir: Path, *, base_model: str, threshold: float, pr
 
 # ----------------------------------------------------------------------------- reading components
 def read_baselines(path: str | os.PathLike) -> dict[str, dict]:
-    """baselines.json as {role: entry} (entries are the baselines' own dicts; `train.baselines` rebuilds them)."""
+    """baselines.json as {role: entry} (entries are the baselines' own dicts; `Checkpoint` rebuilds them)."""
     file = checkpoint_folder(path) / BASELINES_JSON
     data = _read(file, "baselines")
     if data.get("format") != BASELINES_FORMAT:
         raise CheckpointError(f"{file}: format {data.get('format')!r}, expected {BASELINES_FORMAT!r}")
-    return {role: data[role] for role in ("target", "draft") if role in data}
+    roles = data.get("roles") if isinstance(data.get("roles"), dict) else {}
+    return {role: data.get(role) or roles[role] for role in ("target", "draft") if role in data or role in roles}
 
 
 def read_set_baselines(path: str | os.PathLike) -> dict[str, dict]:
@@ -328,3 +332,111 @@ def read_judge(path: str | os.PathLike) -> JudgeEntry:
 
 def has_probe(path: str | os.PathLike, name: str) -> bool:
     return all(p.is_file() for p in model_paths(checkpoint_folder(path), name))
+
+
+# ----------------------------------------------------------------------------- the reader
+@dataclass(frozen=True)
+class Baselines:
+    """The baselines of one role or row set, rebuilt: constant, logistic-calibrated log-prob and (newer
+    checkpoints) its isotonic calibration; logprob_input names the column the log-prob baselines read."""
+
+    constant: ConstantBaseline
+    logprob: LogprobBaseline
+    logprob_isotonic: LogprobBaseline | None = None
+    logprob_input: str | None = None
+    trained_on: Any = None
+
+    @classmethod
+    def from_entry(cls, entry: dict, where: str) -> Baselines:
+        try:
+            iso = entry.get("logprob_isotonic")
+            return cls(ConstantBaseline.from_dict(entry["constant"]), LogprobBaseline.from_dict(entry["logprob"]),
+                       None if iso is None else LogprobBaseline.from_dict(iso), entry.get("logprob_input"),
+                       entry.get("trained_on"))
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"{where}: not a baselines entry ({type(err).__name__}: {err}); re-run "
+                                  "`probe-train`") from None
+
+
+class Checkpoint:
+    """A probe-train checkpoint folder: checkpoint.json checked once, every component read through a typed,
+    validated accessor (a missing or malformed one is a CheckpointError that says what to do)."""
+
+    def __init__(self, path: str | os.PathLike, strict: bool = True):
+        """strict=False also opens a bare folder of saved components without checkpoint.json (probes saved by
+        hand, say); a checkpoint.json that is there is always checked."""
+        folder = Path(path)
+        nested = folder / "checkpoint" / CHECKPOINT_JSON
+        if folder.is_dir() and not (folder / CHECKPOINT_JSON).is_file() and nested.is_file():
+            raise CheckpointError(f"{folder} is not a probe-train checkpoint: it has no {CHECKPOINT_JSON}; "
+                                  f"did you mean {folder / 'checkpoint'}?")
+        self.folder = checkpoint_folder(path)
+        bare = not strict and not (self.folder / CHECKPOINT_JSON).is_file()
+        self.meta = {} if bare else read_meta(self.folder)
+        self._probes: dict[tuple[str, str], HiddenStateProbe] = {}
+        self._metrics: dict | None = None
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({str(self.folder)!r}, components={self.components})"
+
+    # ------------------------------------------------------------------ what it holds
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name") or self.folder.name)
+
+    @property
+    def components(self) -> list[str]:
+        return list(self.meta.get("components", []))
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The experiment config it was trained with (as saved in checkpoint.json)."""
+        return self.meta.get("config") or {}
+
+    def section(self, name: str) -> dict[str, Any]:
+        return self.config.get(name) or {}
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """metrics.json (validation metrics, the question split); {} when absent."""
+        if self._metrics is None:
+            self._metrics = read_metrics(self.folder)
+        return self._metrics
+
+    def probe_names(self) -> list[str]:
+        return sorted(p.stem for p in self.folder.glob("*.safetensors") if has_probe(self.folder, p.stem))
+
+    def has_probe(self, name: str) -> bool:
+        return has_probe(self.folder, name)
+
+    # ------------------------------------------------------------------ components
+    def probe(self, name: str, map_location: Any = "cpu") -> HiddenStateProbe:
+        """Probe `name` (MLP or logistic, told apart by its format tag), loaded once per device."""
+        key = (name, str(map_location))
+        if key not in self._probes:
+            if not self.has_probe(name):
+                raise CheckpointError(f"the checkpoint {self.folder} has no probe {name!r} ({name}.safetensors + "
+                                      f"{name}.json); probes present: {self.probe_names() or 'none'}")
+            try:
+                self._probes[key] = load_probe(self.folder, name, map_location=map_location)
+            except (ValueError, KeyError, OSError) as err:
+                raise CheckpointError(f"cannot load probe {name!r} from {self.folder}: {err}") from None
+        return self._probes[key]
+
+    def baselines(self) -> dict[str, Baselines]:
+        """Each role's baselines over its training sets (target, draft)."""
+        file = self.folder / BASELINES_JSON
+        return {role: Baselines.from_entry(entry, f"{file} [{role}]")
+                for role, entry in read_baselines(self.folder).items()}
+
+    def set_baselines(self) -> dict[str, Baselines]:
+        """Each row set's own baselines ({} for a checkpoint written before they existed)."""
+        file = self.folder / BASELINES_JSON
+        return {name: Baselines.from_entry(entry, f"{file} [sets.{name}]")
+                for name, entry in read_set_baselines(self.folder).items()}
+
+    def embedding(self) -> EmbeddingEntry:
+        return read_embedding(self.folder)
+
+    def judge(self) -> JudgeEntry:
+        return read_judge(self.folder)

@@ -32,7 +32,6 @@ from specprobe.infer.engines.base import Prefix
 from specprobe.infer.judge_prompt import PROMPT_VERSION, answer_token_ids, judge_probability
 from specprobe.infer.models import describe_source, load_model
 from specprobe.probes.acceptance import DEFAULT_EPS, bernoulli, make_rng, semantic_accept_prob
-from specprobe.probes.base import load_probe
 
 VERIFIER_KINDS = ("probe", "embedding", "judge", "llm_judge", "exact", "accept_all", "reject_all", "bernoulli")
 CHECKPOINT_KINDS = ("probe", "embedding", "judge")
@@ -355,19 +354,19 @@ class ProbePairVerifier(Verifier):
 def load_probe_pair(path: str | Path, *, target_engine=None, draft_engine=None, eps: float = DEFAULT_EPS,
                     allow_model_mismatch: bool = False, device: str | torch.device = "cpu") -> ProbePairVerifier:
 
-    folder = ckpt.checkpoint_folder(path)
+    checkpoint = ckpt.Checkpoint(path, strict=False)
     probes = []
     for role in ("target", "draft"):
         name = ckpt.probe_name(role)
-        if not ckpt.has_probe(folder, name):
-            raise CheckpointError(f"checkpoint {folder} has no {name}.safetensors/.json; train the probes "
+        if not checkpoint.has_probe(name):
+            raise CheckpointError(f"checkpoint {checkpoint.folder} has no {name}.safetensors/.json; train the probes "
                                   "(verifiers.train includes 'probes') or use another verifier")
-        probes.append(load_probe(folder, name, map_location=device))
+        probes.append(checkpoint.probe(name, map_location=device))
     return ProbePairVerifier(probes[0], probes[1], eps, target_engine, draft_engine, allow_model_mismatch)
 
 
 def load_embedding_threshold(path: str | Path, *, device: str | None = None, embedder=None) -> EmbeddingThreshold:
-    entry = ckpt.read_embedding(path)
+    entry = ckpt.Checkpoint(path, strict=False).embedding()
     if embedder is None:
         from specprobe.infer.embedder import SentenceEmbedder
 

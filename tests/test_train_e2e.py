@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from specprobe.infer.checkpoint_format import find_pickles
-from specprobe.train.checkpoint import load_checkpoint
+from specprobe.infer.checkpoint_format import Checkpoint, find_pickles
 
 from _data_fixtures import write_config
 
@@ -35,10 +34,10 @@ def test_probe_train_all_stages(tmp_path, capsys, smol_engine):
                  "embedding threshold verifier", "judge-LoRA verifier", "base model (untrained)"):
         assert text in out
 
-    ckpt = load_checkpoint(cfg.checkpoint_dir)
+    ckpt = Checkpoint(cfg.checkpoint_dir)
     assert {"probe_target", "probe_draft", "baselines", "embedding_threshold", "judge"} <= set(ckpt.components)
     assert find_pickles(cfg.checkpoint_dir) == []
-    spec = ckpt.probes["probe_target"].spec
+    spec = ckpt.probe("probe_target").spec
     assert (spec.model_id, spec.num_layers, spec.hidden_size, spec.layers) == (
         "HuggingFaceTB/SmolLM2-135M-Instruct", 30, 576, [27, 28, 29, 30])
     metrics = json.loads((cfg.checkpoint_dir / "metrics.json").read_text())

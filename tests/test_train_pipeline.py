@@ -11,9 +11,8 @@ import torch
 from safetensors import safe_open
 
 from specprobe.data_gen.store import open_dataset
-from specprobe.infer.checkpoint_format import find_pickles
+from specprobe.infer.checkpoint_format import Checkpoint, find_pickles
 from specprobe.train import pipeline
-from specprobe.train.checkpoint import load_checkpoint
 from specprobe.train.pipeline import QuestionSplit, train_all
 
 from _train_fixtures import synthetic_config, write_synthetic_data
@@ -82,7 +81,7 @@ def test_console_table_lists_every_verifier_and_baseline(run):
 
 def test_checkpoint_round_trip_gives_identical_predictions(run):
     cfg, result, _ = run
-    ckpt = load_checkpoint(cfg.checkpoint_dir)
+    ckpt = Checkpoint(cfg.checkpoint_dir)
     assert {"probe_target", "probe_draft", "probe_target_own", "baseline_last_layer_target",
             "baseline_last_layer_draft", "baselines", "embedding_threshold"} <= set(ckpt.components)
     ds = open_dataset(cfg.data_dir)
@@ -91,12 +90,12 @@ def test_checkpoint_round_trip_gives_identical_predictions(run):
     for name, x in (("probe_target", x_target), ("probe_draft", x_draft), ("baseline_last_layer_target", x_target)):
         trained = result.probes.probes[name]
         want = trained.probe.predict_proba(x[:, trained.cols])
-        torch.testing.assert_close(ckpt.probes[name].predict_proba(x[:, trained.cols]), want, rtol=0, atol=0)
+        torch.testing.assert_close(ckpt.probe(name).predict_proba(x[:, trained.cols]), want, rtol=0, atol=0)
     lp = np.linspace(-3, 0, 7)
-    np.testing.assert_array_equal(ckpt.baselines["target"]["logprob"].predict(lp),
+    np.testing.assert_array_equal(ckpt.baselines()["target"].logprob.predict(lp),
                                   result.probes.baselines["target"].logprob.predict(lp))
-    assert ckpt.baselines["draft"]["constant"].value == result.probes.baselines["draft"].constant.value
-    assert ckpt.embedding["threshold"] == result.embedding.fit.threshold
+    assert ckpt.baselines()["draft"].constant.value == result.probes.baselines["draft"].constant.value
+    assert ckpt.embedding().threshold == result.embedding.fit.threshold
     assert ckpt.metrics["split"] == result.metrics["split"]
 
 
@@ -190,7 +189,7 @@ def test_target_probe_without_draft_rows(tmp_path, embedder):
     result = train_all(cfg, print_fn=lambda _: None)
     assert result.probes.probes["probe_target"].plan.train_sets == ["target_own"]
     assert "probe_target_own" not in result.probes.probes
-    spec = load_checkpoint(cfg.checkpoint_dir).probes["probe_target"].spec
+    spec = Checkpoint(cfg.checkpoint_dir).probe("probe_target").spec
     assert (spec.layers, spec.combine, spec.pooling) == ([1, 2], "mean", "last")
     assert not (Path(cfg.checkpoint_dir) / "embedding_threshold.json").exists()
 
@@ -264,8 +263,8 @@ def test_each_row_set_is_scored_against_its_own_baselines(run):
     written = json.loads((cfg.checkpoint_dir / "baselines.json").read_text())["sets"]
     assert written["draft_own"]["constant"]["value"] == pytest.approx(means["draft_own"])
     assert written["target_own"]["logprob_isotonic"]["kind"] == "logprob_isotonic"
-    loaded = load_checkpoint(cfg.checkpoint_dir)
-    assert loaded.set_baselines["draft_via_target"]["constant"].value == pytest.approx(means["draft_via_target"])
+    loaded = Checkpoint(cfg.checkpoint_dir)
+    assert loaded.set_baselines()["draft_via_target"].constant.value == pytest.approx(means["draft_via_target"])
 
 
 def test_the_logistic_kind_becomes_the_runtime_probe(tmp_path, embedder):
@@ -280,7 +279,7 @@ def test_the_logistic_kind_becomes_the_runtime_probe(tmp_path, embedder):
     result = train_all(cfg, print_fn=lambda _: None)
     pair = load_probe_pair(cfg.checkpoint_dir)
     assert isinstance(pair.probe_target, LogisticProbe) and isinstance(pair.probe_draft, LogisticProbe)
-    assert isinstance(load_checkpoint(cfg.checkpoint_dir).probes["probe_target_mlp"], SemanticProbe)
+    assert isinstance(Checkpoint(cfg.checkpoint_dir).probe("probe_target_mlp"), SemanticProbe)
     entry = result.metrics["probes"]["probe_target"]
     assert entry["kind"] == "logistic" and entry["mlp"]["kind"] == "mlp"
     chosen = min(entry["selection"], key=lambda r: r["val_log_loss"])

@@ -1,14 +1,12 @@
-"""What probe-train writes into a checkpoint folder, and reading it back as Python objects.
+"""What probe-train writes into a checkpoint folder.
 
-The layout, file names and format tags belong to `infer.checkpoint_format` (the runtime reads the same
-files there); this module decides the contents: which trained components go in, the model card, and
-`load_checkpoint(path)`, which rebuilds every part (probes as ``SemanticProbe``s, the baselines, the
-embedding threshold, the judge's metadata) for analysis.
+The layout, file names and format tags belong to `infer.checkpoint_format`, and so does reading it back:
+`Checkpoint(path)` there rebuilds every part (probes, baselines, the embedding threshold, the judge's
+metadata). This module decides the contents: which trained components go in, and the model card.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -17,9 +15,7 @@ from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.config import to_dict
 from specprobe.infer.models import describe_source
 from specprobe.infer.versions import package_versions
-from specprobe.probes.base import HiddenStateProbe, load_probe
 from specprobe.probes.io import front_matter
-from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
 from specprobe.train.tracking import format_metrics
 
 LOGPROB_INPUTS = {"target_own": "mean_logprob", "draft_via_target": "target_logprob / target_num_tokens",
@@ -161,48 +157,3 @@ def _training_lines(cfg, components: list[str]) -> list[str]:
                      f"{v.judge_steps} steps, lr {v.judge_lr}, batch {v.judge_batch_size}, ≤ {v.judge_max_pairs} "
                      "balanced pairs")
     return lines
-
-
-# ----------------------------------------------------------------------------- reading
-@dataclass
-class Checkpoint:
-    folder: Path
-    meta: dict[str, Any]
-    probes: dict[str, HiddenStateProbe] = field(default_factory=dict)
-    baselines: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> {constant, logprob, ...}
-    set_baselines: dict[str, dict[str, Any]] = field(default_factory=dict)  # row set -> {constant, logprob, ...}
-    embedding: dict[str, Any] | None = None
-    judge: dict[str, Any] | None = None  # judge.json + "adapter_dir"
-    metrics: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def components(self) -> list[str]:
-        return list(self.meta.get("components", []))
-
-
-def load_checkpoint(path: str | os.PathLike, map_location: str = "cpu") -> Checkpoint:
-    """Every part of a probe-train checkpoint folder (or its checkpoint.json) as Python objects."""
-    meta = fmt.read_meta(path)
-    folder = fmt.checkpoint_folder(path)
-    ckpt = Checkpoint(folder, meta, metrics=fmt.read_metrics(folder))
-    for name in meta.get("components", []):
-        if fmt.is_probe_component(name):
-            ckpt.probes[name] = load_probe(folder, name, map_location=map_location)
-        elif name == fmt.BASELINES:
-            ckpt.baselines = {role: _baselines(entry) for role, entry in fmt.read_baselines(folder).items()}
-            ckpt.set_baselines = {name: _baselines(entry) for name, entry in fmt.read_set_baselines(folder).items()}
-        elif name == fmt.EMBEDDING:
-            ckpt.embedding = fmt.read_embedding(folder).raw
-        elif name == fmt.JUDGE:
-            judge = fmt.read_judge(folder)
-            ckpt.judge = {**judge.raw, "adapter_dir": str(judge.adapter_dir)}
-    return ckpt
-
-
-def _baselines(entry: dict) -> dict[str, Any]:
-    out = {"constant": ConstantBaseline.from_dict(entry["constant"]),
-           "logprob": LogprobBaseline.from_dict(entry["logprob"])}
-    if "logprob_isotonic" in entry:
-        out["logprob_isotonic"] = LogprobBaseline.from_dict(entry["logprob_isotonic"])
-    return {**out,
-            "logprob_input": entry.get("logprob_input"), "trained_on": entry.get("trained_on")}

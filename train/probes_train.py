@@ -39,12 +39,12 @@ import numpy as np
 import torch
 
 from specprobe.probes.base import HiddenStateProbe
+from specprobe.probes.baselines import ConstantBaseline, LogprobBaseline
 from specprobe.probes.features import FeatureSpec, layers_from_option
 from specprobe.probes.logistic import Candidate, select_logistic
 from specprobe.probes.metrics import probe_report
 from specprobe.probes.mlp import FitHistory, fit_probe
 from specprobe.probes.mlp import ProbeMLPConfig as MLPConfig
-from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
 
 LogFn = Callable[[dict[str, Any]], None]
 

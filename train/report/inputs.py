@@ -6,7 +6,6 @@ A folder that is not a checkpoint at all is a `CheckpointError` and stops the ru
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from specprobe.data_gen.store import open_dataset
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.checkpoint_format import CheckpointError
 from specprobe.infer.verifiers import check_probe_model
-from specprobe.probes.base import HiddenStateProbe, load_probe
+from specprobe.probes.base import HiddenStateProbe
 from specprobe.probes.splits import group_split
 
 SIDES = ("train", "val", "test")
@@ -31,75 +30,31 @@ class PartError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- checkpoint
-@dataclass
-class CheckpointFolder:
-    """A probe-train checkpoint folder (see checkpoints/README.md)."""
-
-    path: Path
-    meta: dict[str, Any]
-    _probes: dict[str, HiddenStateProbe] = field(default_factory=dict, repr=False)
-    _metrics: dict[str, Any] | None = field(default=None, repr=False)
+class CheckpointFolder(fmt.Checkpoint):
+    """The report's view of a checkpoint (`infer.checkpoint_format.Checkpoint`): a missing or unreadable
+    component is a PartError, so that part is skipped and the others are still evaluated."""
 
     @property
-    def name(self) -> str:
-        return str(self.meta.get("name") or self.path.name)
+    def path(self) -> Path:
+        return self.folder
 
-    @property
-    def metrics(self) -> dict[str, Any]:
-        """The checkpoint's own metrics.json (validation metrics and the question split); {} when absent."""
-        if self._metrics is None:
-            path = self.path / fmt.METRICS_JSON
-            try:
-                self._metrics = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                self._metrics = {}
-        return self._metrics
+    def probe(self, name: str, map_location: Any = "cpu") -> HiddenStateProbe:
+        return self.part(super().probe, name, map_location)
 
-    @property
-    def config(self) -> dict[str, Any]:
-        return self.meta.get("config") or {}
-
-    def section(self, name: str) -> dict[str, Any]:
-        return self.config.get(name) or {}
-
-    def has_probe(self, name: str) -> bool:
-        return (self.path / f"{name}.safetensors").is_file() and (self.path / f"{name}.json").is_file()
-
-    def probe(self, name: str) -> HiddenStateProbe:
-        """Load probe `name`; a PartError naming what is missing when it is absent or unreadable."""
-        if not self.has_probe(name):
-            present = sorted(p.stem for p in self.path.glob("*.safetensors"))
-            raise PartError(f"the checkpoint {self.path} has no probe {name!r} ({name}.safetensors + {name}.json); "
-                            f"probes present: {present or 'none'}")
-        if name not in self._probes:
-            try:
-                self._probes[name] = load_probe(self.path, name)
-            except (ValueError, KeyError, OSError) as err:
-                raise PartError(f"cannot load probe {name!r} from {self.path}: {err}") from None
-        return self._probes[name]
-
-    def read_json(self, filename: str, what: str) -> dict[str, Any]:
-        path = self.path / filename
-        if not path.is_file():
-            raise PartError(f"the checkpoint {self.path} has no {filename} ({what}); was it trained "
-                            f"(verifiers.train in the config)?")
+    def part(self, read, *args):
+        """read(*args), a CheckpointError turned into a PartError."""
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise PartError(f"{path} is not valid JSON: {err}") from None
+            return read(*args)
+        except CheckpointError as err:
+            raise PartError(str(err)) from None
 
 
 def open_checkpoint(path: str | os.PathLike) -> CheckpointFolder:
-    """The checkpoint folder for the report; its checkpoint.json read and checked by `infer.checkpoint_format`
-    (a CheckpointError, with a hint when `path` is the run folder that holds it)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise CheckpointError(f"checkpoint folder not found: {folder} (write one with `probe-train`)")
-    nested = folder / "checkpoint" / fmt.CHECKPOINT_JSON
-    if folder.is_dir() and not (folder / fmt.CHECKPOINT_JSON).is_file() and nested.is_file():
-        raise CheckpointError(f"{folder} is not a probe-train checkpoint: it has no {fmt.CHECKPOINT_JSON}; "
-                              f"did you mean {folder / 'checkpoint'}?")
-    return CheckpointFolder(fmt.checkpoint_folder(folder), fmt.read_meta(folder))
+    """The checkpoint for the report, its checkpoint.json read and checked by `infer.checkpoint_format` (a
+    CheckpointError, with a hint when `path` is the run folder that holds it)."""
+    if not Path(path).is_dir():
+        raise CheckpointError(f"checkpoint folder not found: {path} (write one with `probe-train`)")
+    return CheckpointFolder(path)
 
 
 # ----------------------------------------------------------------------------- data

@@ -21,7 +21,6 @@ from specprobe.probes.metrics import brier
 from specprobe.probes.mlp import ProbeMLPConfig as MLPConfig
 from specprobe.probes.mlp import fit_probe
 from specprobe.probes.splits import group_split
-from specprobe.train.baselines import ConstantBaseline, LogprobBaseline
 from specprobe.train.probes_train import ROW_SETS, RowSet, load_row_set, torch_threads
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report.inputs import CheckpointFolder, HeldOut, PartError, check_probe_fits_data, predict
@@ -138,18 +137,18 @@ def baseline_predictions(ctx: EvalContext, role: str, rows: RowSet) -> dict[str,
     """The baselines of `rows`' own set from baselines.json: its constant and its calibrated log-prob (logistic
     and isotonic). A checkpoint written before per-set baselines falls back to the role's, and says so."""
 
-    data = ctx.ckpt.read_json(fmt.BASELINES_JSON, "constant and log-probability baselines")
-    entry = (data.get("sets") or {}).get(rows.name)
-    if not isinstance(entry, dict):
-        entry = data.get(role) or (data.get("roles") or {}).get(role)
-        if not isinstance(entry, dict):
-            raise PartError(f"{fmt.BASELINES_JSON} has no entry for {rows.name} or the {role} (keys: {sorted(data)})")
+    entry = ctx.ckpt.part(ctx.ckpt.set_baselines).get(rows.name)
+    if entry is None:
+        roles = ctx.ckpt.part(ctx.ckpt.baselines)
+        if role not in roles:
+            raise PartError(f"{fmt.BASELINES_JSON} has no entry for {rows.name} or the {role} "
+                            f"(roles: {sorted(roles)})")
+        entry = roles[role]
         ctx.skip(f"baselines/{rows.name}", f"{fmt.BASELINES_JSON} has no per-set baselines (an older checkpoint): "
                                            f"the {role}'s baselines over its training sets stand in")
-    out = {"logprob": LogprobBaseline.from_dict(entry["logprob"]).predict(rows.logprob),
-           "constant": ConstantBaseline.from_dict(entry["constant"]).predict(len(rows))}
-    if "logprob_isotonic" in entry:
-        out["logprob_isotonic"] = LogprobBaseline.from_dict(entry["logprob_isotonic"]).predict(rows.logprob)
+    out = {"logprob": entry.logprob.predict(rows.logprob), "constant": entry.constant.predict(len(rows))}
+    if entry.logprob_isotonic is not None:
+        out["logprob_isotonic"] = entry.logprob_isotonic.predict(rows.logprob)
     return out
 
 

@@ -34,10 +34,10 @@ def heldout_pairs(ctx: EvalContext):
 def embedding_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, Any]]:
     """Cosines of every pair under the runtime's embedding verifier; its thresholds (chosen, F1-optimal)."""
 
-    if not (ctx.ckpt.path / fmt.EMBEDDING_JSON).is_file():
+    if not (ctx.ckpt.folder / fmt.EMBEDDING_JSON).is_file():
         raise PartError(f"the checkpoint has no {fmt.EMBEDDING_JSON}; was 'embedding' in verifiers.train?")
-    verifier = load_embedding_threshold(ctx.ckpt.path, device=ctx.device)
-    info = ctx.ckpt.read_json(fmt.EMBEDDING_JSON, "embedding-threshold verifier")
+    info = ctx.ckpt.part(ctx.ckpt.embedding).raw
+    verifier = load_embedding_threshold(ctx.ckpt.folder, device=ctx.device)
     scores = verifier.embedder.cosine(list(pairs.a), list(pairs.b)).double().numpy()
     thresholds = {"chosen": verifier.threshold}
     f1 = ((info.get("fit") or {}).get("f1_optimal") or {}).get("threshold")
@@ -49,13 +49,13 @@ def embedding_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, d
 def judge_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, Any]]:
     """P(aligned) of the runtime's judge-LoRA on a subset of eval.judge_max_pairs pairs; its threshold."""
 
-    if not (ctx.ckpt.path / fmt.JUDGE_DIR / fmt.JUDGE_JSON).is_file():
+    if not (ctx.ckpt.folder / fmt.JUDGE_DIR / fmt.JUDGE_JSON).is_file():
         raise PartError(f"the checkpoint has no {fmt.JUDGE_DIR}/{fmt.JUDGE_JSON}; was 'judge' in verifiers.train?")
-    judge = load_judge_lora(ctx.ckpt.path, device=ctx.device)
+    meta = ctx.ckpt.part(ctx.ckpt.judge).raw
+    judge = load_judge_lora(ctx.ckpt.folder, device=ctx.device)
     idx = ev.stratified_subsample(pairs.labels, ctx.cfg.judge_max_pairs, ctx.cfg.seed + 1)
     items = [(pairs.context_of(i), pairs.a[i], pairs.b[i]) for i in idx]
     scores = judge_probability(judge.model, judge.tokenizer, items, batch_size=judge.batch_size).double().numpy()
-    meta = ctx.ckpt.read_json(f"{fmt.JUDGE_DIR}/{fmt.JUDGE_JSON}", "judge-LoRA metadata")
     return idx, scores, {"chosen": judge.threshold}, {"model": judge.model_id, **fit_info(meta)}
 
 

@@ -11,7 +11,8 @@
     its knots and constant beyond them (scikit-learn's IsotonicRegression, clipped to [0, 1]).
   Both are stored as plain numbers in ``baselines.json``.
 
-(The third baseline, the last-layer probe, is an ordinary SemanticProbe; see train.probes_train.)
+(The third baseline, the last-layer probe, is an ordinary SemanticProbe; see train.probes_train. Pure numpy and
+scikit-learn, in probes/ so that the checkpoint reader in infer/ can rebuild them.)
 """
 from __future__ import annotations
 
