@@ -340,9 +340,7 @@ def _same_cache_state(env: BenchEnv) -> None:
     problem cold and pays its own prompt prefill; otherwise a method run after another on the same
     question reuses the prefill that the earlier one paid for."""
     for engine in (env.target, env.draft):
-        clear = getattr(engine, "clear_prefix_cache", None)
-        if clear is not None:
-            clear()
+        engine.clear_prefix_cache()
 
 
 def _engines(env: BenchEnv, spec: MethodSpec) -> tuple:

@@ -246,8 +246,7 @@ class VLLMJudgeVerifier(JudgeVerifier):
 
 
 def _is_vllm(engine) -> bool:
-    info = getattr(engine, "info", None)
-    return info is not None and info.extra.get("engine") == "vllm"
+    return engine is not None and engine.capabilities.kind == "vllm"
 
 
 # ----------------------------------------------------------------------------- model identity
@@ -441,7 +440,7 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
             verifier = load_embedding_threshold(checkpoint, device=device)
         else:
             # a vLLM target started with LoRA on serves the adapter itself (when it is the adapter's base)
-            lora_engine = target_engine if _is_vllm(target_engine) and target_engine.lora_enabled else None
+            lora_engine = target_engine if _is_vllm(target_engine) and target_engine.capabilities.lora else None
             verifier = load_judge_lora(checkpoint, device=device, vllm_engine=lora_engine)
         if threshold is not None:
             verifier.threshold = float(threshold)
@@ -461,6 +460,9 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
         return VLLMJudgeVerifier(VLLMJudge(llm_judge_engine), 0.5 if threshold is None else threshold,
                                  name="llm_judge", model_id=llm_judge_engine.model_name)
     if llm_judge_engine is not None:
+        if not llm_judge_engine.capabilities.raw_model:
+            raise ValueError(f"the llm_judge verifier runs the model itself; the {llm_judge_engine.capabilities.kind} "
+                             "engine gives no model to run: name runtime.llm_judge_model instead")
         model, tok, name = llm_judge_engine.model, llm_judge_engine.tokenizer, llm_judge_engine.model_name
     else:
         if not llm_judge_model:

@@ -36,7 +36,7 @@ import hashlib
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -257,6 +257,23 @@ class EngineInfo:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine can do beyond the step API. Callers branch on this, never on an engine's type.
+
+    kind: the backend ("transformers", "vllm", ...). raw_model: `model` is a transformers model callers may
+    run themselves (custom attention masks, tree attention, reusing the weights as an LLM judge). lora: it
+    serves LoRA adapters per request (the judge-LoRA on vLLM). prefix_cache: it keeps prompt-prefix KV between
+    calls (`clear_prefix_cache` empties it). token_spec_per_run: `set_token_spec` may change token-level
+    speculation between runs (vLLM fixes it when the engine starts)."""
+
+    kind: str
+    raw_model: bool = False
+    lora: bool = False
+    prefix_cache: bool = True
+    token_spec_per_run: bool = True
+
+
 @runtime_checkable
 class StepStream(Protocol):
     """Continuous batching: requests join while others decode (async Lookahead Reasoning).
@@ -287,9 +304,24 @@ class StepStream(Protocol):
 
 @runtime_checkable
 class StepEngine(Protocol):
-    """One model behind the step-level API (see the module doc for prefixes, seeds and stats)."""
+    """One model behind the step-level API (see the module doc for prefixes, seeds and stats). Everything a
+    caller outside `infer/engines/` may touch is declared here (tests/test_engine_protocol.py checks it)."""
 
     info: EngineInfo
+    model_name: str  # the name it was loaded by (config name; info.model_id is the resolved id)
+    capabilities: EngineCapabilities
+    tokenizer: Any  # the transformers tokenizer of its model
+    model: Any  # the transformers model when capabilities.raw_model, else None
+
+    def clear_prefix_cache(self) -> None:
+        """Forget cached prompt prefixes, so the next call pays its own prefill (fair benchmarks)."""
+        ...
+
+    def set_token_spec(self, spec: Any, assistant: Any = None) -> None:
+        """Token-level speculation inside steps from now on (`engines.token_spec.TokenSpecConfig`, None: off);
+        `assistant`: the draft engine for spec mode "assistant". Engines whose capabilities say
+        token_spec_per_run=False accept only what they were started with."""
+        ...
 
     def format_prefix(self, question: str, steps: Sequence[PrefixStep] = (),
                       delimiter: str = DEFAULT_STEP_DELIMITER) -> str:

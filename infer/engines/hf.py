@@ -13,6 +13,7 @@ from collections.abc import Hashable, Sequence
 
 from specprobe.infer.engines.base import (
     DEFAULT_STEP_DELIMITER,
+    EngineCapabilities,
     EngineInfo,
     EngineStats,
     Generation,
@@ -64,6 +65,7 @@ class HFStepEngine:
             model, tokenizer = load_model(model_name, device=device, dtype=dtype, cache_dir=cache_dir)
         self.model, self.tokenizer = model, tokenizer
         self.model_name = model_name
+        self.capabilities = EngineCapabilities("transformers", raw_model=True)
         self.max_batch_rows = max(1, max_batch_rows)
         self.text = StepTokenizer(tokenizer, use_chat_template=use_chat_template, system_prompt=system_prompt,
                                   eos_ids=eos_token_ids(tokenizer, getattr(model, "generation_config", None)),

@@ -50,6 +50,7 @@ import torch
 
 from specprobe.infer.engines.base import (
     DEFAULT_STEP_DELIMITER,
+    EngineCapabilities,
     EngineInfo,
     EngineStats,
     Generation,
@@ -193,6 +194,8 @@ class _Core:
 class VLLMStepEngine:
     """A causal LM served by vLLM behind the StepEngine interface."""
 
+    model = None  # no transformers model to run directly (capabilities.raw_model is False)
+
     def __init__(self, model_name: str, *, device: str | None = None, dtype: str | None = None,
                  cache_dir: str | None = None, use_chat_template: bool = True, system_prompt: str | None = None,
                  settings: VLLMSettings | None = None, token_spec: TokenSpecConfig | None = None,
@@ -235,6 +238,10 @@ class VLLMStepEngine:
     @property
     def start_seconds(self) -> float:
         return self._core.start_seconds
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return EngineCapabilities("vllm", raw_model=False, lora=self.lora_enabled, token_spec_per_run=False)
 
     @property
     def lora_enabled(self) -> bool:

@@ -1,0 +1,71 @@
+"""The engine interface is the whole interface: no module outside infer/engines/ touches an engine attribute
+that `infer.engines.base.StepEngine` does not declare (an AST scan of the modules that take engines), and both
+engines declare what they can do (`EngineCapabilities`)."""
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+from specprobe.infer.engines.base import EngineCapabilities, StepEngine
+
+ROOT = Path(__file__).resolve().parents[1]
+# modules that receive engines, and the names engines go by there
+MODULES = sorted([*ROOT.glob("infer/decoding/*.py"), ROOT / "infer/verifiers.py", ROOT / "infer/bench.py",
+                  ROOT / "infer/bench_ray.py", ROOT / "infer/acceptance_estimate.py", ROOT / "data_gen/pipeline.py"])
+ENGINE_NAMES = {"target", "draft", "engine", "target_engine", "draft_engine", "llm_judge_engine", "vllm_engine",
+                "judge_engine", "assistant"}
+HOLDERS = {"self", "env", "run", "state", "st"}  # objects that hold engines under those names (not steps: node.draft)
+# Known exception, to go when SEED's tree drafts plug into the transformers engine behind a propose/verify
+# interface: its tree attention runs the raw transformers model with a custom mask.
+ALLOWED_ELSEWHERE = {("infer/decoding/seed.py", a) for a in ("model", "config", "prefix_ids", "text")}
+
+
+def declared() -> set[str]:
+    names = set(StepEngine.__annotations__)
+    names |= {n for n, v in vars(StepEngine).items() if inspect.isfunction(v) and not n.startswith("_")}
+    return names
+
+
+def is_engine(node: ast.AST) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in ENGINE_NAMES
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):  # self.target, env.draft, ...
+        return node.value.id in HOLDERS and node.attr in ENGINE_NAMES
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute):  # self.engines[role]
+        return node.value.attr in ("engines", "engine_map")
+    return False
+
+
+def undeclared_uses(source: str, allowed: set[str]) -> list[tuple[int, str]]:
+    return [(node.lineno, node.attr) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Attribute) and is_engine(node.value) and node.attr not in allowed]
+
+
+def test_callers_use_only_what_the_engine_protocol_declares():
+    allowed = declared()
+    assert {"generate", "score", "score_chain", "open_stream", "info", "capabilities", "model_name",
+            "clear_prefix_cache", "set_token_spec"} <= allowed
+    found = []
+    for path in MODULES:
+        rel = path.relative_to(ROOT).as_posix()
+        for line, attr in undeclared_uses(path.read_text(encoding="utf-8"), allowed):
+            if (rel, attr) not in ALLOWED_ELSEWHERE:
+                found.append(f"{rel}:{line} .{attr}")
+    assert not found, "engine attributes outside the StepEngine protocol:\n" + "\n".join(found)
+
+
+def test_the_scan_notices_an_undeclared_attribute():
+    source = "def f(target, env):\n    target.generate([])\n    env.draft.secret_cache.clear()\n"
+    assert undeclared_uses(source, declared()) == [(3, "secret_cache")]
+
+
+def test_engines_declare_their_capabilities():
+    from specprobe.infer.engines import HFStepEngine
+
+    engine = HFStepEngine("random:llama-tiny", device="cpu")
+    caps = engine.capabilities
+    assert isinstance(caps, EngineCapabilities) and caps.kind == "transformers" and caps.raw_model
+    assert engine.model is not None and isinstance(engine, StepEngine)
+    engine.clear_prefix_cache()
+    engine.set_token_spec(None)
