@@ -14,6 +14,7 @@ fixed γ; on a and c >= 0.97x.
 
     python benchmarks/bench_adaptive_gamma.py --out benchmarks/results/adaptive_gamma
     python benchmarks/bench_adaptive_gamma.py --scenarios b --methods semanticspec --problems 8
+    bash benchmarks/gpu_bench.sh adaptive OUT          # on a GPU: 7B target, 1.5B draft, bf16
 """
 from __future__ import annotations
 
@@ -101,6 +102,8 @@ def main(argv=None) -> int:
     ap.add_argument("--step-tokens", type=int, default=8)
     ap.add_argument("--target", default="random:llama-20m")
     ap.add_argument("--draft", default="random:llama-tiny")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", default="benchmarks/results/adaptive_gamma")
     ap.add_argument("overrides", nargs="*", help="more config overrides")
     args = ap.parse_args(argv)
@@ -115,7 +118,7 @@ def main(argv=None) -> int:
                          f"bench.num_problems={args.problems}", f"runtime.max_steps={args.steps}",
                          f"runtime.max_new_tokens={args.steps * args.step_tokens}",
                          f"sampling.max_step_tokens={args.step_tokens}", f"runtime.adaptive.gamma_max={max(gammas)}",
-                         "bench.system_speed=true", "models.device=cpu", "models.dtype=float32"]
+                         "bench.system_speed=true", f"models.device={args.device}", f"models.dtype={args.dtype}"]
             overrides += [f"{k}={v}" for k, v in SCENARIOS[name].items()] + list(args.overrides)
             cfg = load_config(args.config, overrides)
             env = bench.prepare(cfg, engines=engines)

@@ -8,6 +8,8 @@
 #            1/8/20, with and without the shared prefix encoded once, and one teacher-forced scoring pass.
 # runtime:   bench_runtime.py, target random:qwen2-7b, draft random:qwen2-1.5b, Bernoulli(0.6) verifier, γ=3.
 # runtime32: the same with target random:qwen2-32b (the Lookahead Reasoning paper's 1.5B -> 32B pair).
+# adaptive:  bench_adaptive_gamma.py (issue 24): gamma=adaptive against fixed γ 1..6 for lr_sync and semanticspec,
+#            scenarios a/b/c, target random:qwen2-7b, draft random:qwen2-1.5b (PROBLEMS, STEPS as above).
 # PROBLEMS / STEPS override the runtime phases' problem count and steps per problem; GAMMA (default 3) the
 # drafted steps per cycle; METHODS (default target,lr_sync,lr_async,semanticspec,draft) the methods;
 # DECODE (default auto = the fast path on CUDA) the transformers decode path (fast | eager), so the same
@@ -36,5 +38,9 @@ case $phase in
     done ;;
   runtime) runtime random:qwen2-7b "${PROBLEMS:-8}" "${STEPS:-16}" runtime_7b ;;
   runtime32) runtime random:qwen2-32b "${PROBLEMS:-6}" "${STEPS:-12}" runtime_32b ;;
-  *) echo "unknown phase $phase (engine | runtime | runtime32)" >&2; exit 2 ;;
+  adaptive)
+    python3 benchmarks/bench_adaptive_gamma.py --device cuda --dtype bfloat16 --target random:qwen2-7b \
+      --draft random:qwen2-1.5b --problems "${PROBLEMS:-8}" --steps "${STEPS:-16}" --step-tokens 32 \
+      --out "$out/adaptive_gamma" bench.source.kind=jsonl "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" ;;
+  *) echo "unknown phase $phase (engine | runtime | runtime32 | adaptive)" >&2; exit 2 ;;
 esac
