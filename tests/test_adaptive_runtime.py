@@ -196,3 +196,22 @@ def test_a_missing_or_mismatched_acceptance_probe_says_what_to_do(tiny_pair, tmp
     make_input_probe(other).save(tmp_path, "probe_acceptance")
     with pytest.raises(CheckpointError, match="draft model"):
         load_acceptance_probe(tmp_path, draft)
+
+
+def test_multi_branch_levels_use_the_level_acceptance():
+    """W = 2: a level's estimate is 1 - (1 - mean)^W; reject-all still writes target-only's tokens, and a level
+    whose estimate does not pay is dropped with everything under it."""
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    wide = options(policy([0.95, 0.05, 0.9]), width=2, accept_length_cut=True,
+                   draft_params=SamplingParams(temperature=0.8, max_step_tokens=6))
+    base = decode("target", Q, target, None, None, options())
+    res = decode("lr_sync", Q, target, draft, build_verifier("reject_all"), wide)
+    assert [s.token_ids for s in res.steps] == [s.token_ids for s in base.steps]
+    records = [rec for rec in res.trace if "depth" in rec]
+    assert records
+    for rec in records:
+        depth = rec["depth"]
+        first = [0.95, 0.05, 0.9][rec["start_step"] % 3]
+        assert depth["estimates"][0] == pytest.approx(1 - (1 - first) ** 2)
+        assert all(d["depth"] < depth["kept"] for d in rec["drafts"])  # no draft past the kept depth is judged
+        assert len(rec["targets"]) <= 1 + 2 + 4  # rows: the root and at most two levels of two branches
