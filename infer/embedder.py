@@ -38,7 +38,7 @@ class SentenceEmbedder:
         self.name, self.batch_size = name, batch_size
         self.max_length = self.model.max_seq_length
         self.tokenizer = self.model.tokenizer
-        self.dim = int(self.model.get_sentence_embedding_dimension())
+        self.dim = int(self.model.get_embedding_dimension())
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
