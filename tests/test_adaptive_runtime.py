@@ -215,3 +215,14 @@ def test_multi_branch_levels_use_the_level_acceptance():
         assert depth["estimates"][0] == pytest.approx(1 - (1 - first) ** 2)
         assert all(d["depth"] < depth["kept"] for d in rec["drafts"])  # no draft past the kept depth is judged
         assert len(rec["targets"]) <= 1 + 2 + 4  # rows: the root and at most two levels of two branches
+
+
+def test_measured_costs_are_kept_per_model_pair_not_per_engine_object():
+    depth = AdaptiveDepth(ByPosition([0.9]), repeats=1)
+    params = SamplingParams(temperature=0.0, max_step_tokens=4)
+    first = depth.costs("lookahead", 1, 2, ToyEngine("target"), ToyEngine("draft"), params)
+    again = depth.costs("lookahead", 1, 2, ToyEngine("target"), ToyEngine("draft"), params)  # new objects
+    assert again == first and len(depth._measured) == 1
+    assert first.c > 0 and len(first.b) == 3 and first.b[0] == 1.0
+    depth.costs("semanticspec", 1, 2, ToyEngine("target"), ToyEngine("draft"), params)
+    assert len(depth._measured) == 2  # another cycle shape is measured on its own

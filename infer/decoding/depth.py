@@ -41,7 +41,8 @@ class AdaptiveDepth:
         if self.c is not None and not need_b and not need_v:
             return CycleCosts(self.c, self.b, self.v, kind, width)
         rows = sum(width ** d for d in range(gamma_max + 1)) if need_b else 1
-        key = (id(target), id(draft), kind, rows, gamma_max if need_v else 0)
+        # keyed by the models, not the engine objects: a wrapper made per generation (+lookahead) reuses it
+        key = (target.info.model_id, draft.info.model_id, kind, rows, gamma_max if need_v else 0)
         with self._lock:
             if key not in self._measured:
                 self._measured[key] = measure_costs(target, draft, params, rows, gamma_max if need_v else 0,
