@@ -24,9 +24,6 @@ from .metrics import (
 from .mlp import FitHistory, ProbeMLPConfig, SemanticProbe, fit_probe
 from .speedup import (
     async_speedup,
-    best_allocation,
-    combined_speedup,
-    step_speedup,
     sync_speedup,
     token_sd_speedup,
 )
@@ -41,6 +38,6 @@ __all__ = [
     "reliability_bins", "ReliabilityBins",
     "bootstrap_ci", "BootstrapCI", "probe_report",
     "semantic_accept_prob", "make_rng", "bernoulli", "DEFAULT_EPS",
-    "token_sd_speedup", "sync_speedup", "async_speedup", "step_speedup", "combined_speedup", "best_allocation",
+    "token_sd_speedup", "sync_speedup", "async_speedup",
     "group_split",
 ]

@@ -1,4 +1,4 @@
-"""Lookahead Reasoning's analytic speedup model (paper 000, §2, §3.2-3.3 and Appendix B).
+"""Lookahead Reasoning's analytic speedup model (its paper, §2, §3.2 and Appendix B).
 
 Symbols: α = acceptance probability of one drafted unit (token or step), independent per unit;
 c = draft cost / target cost per unit; k = number of units the target produces in parallel per cycle.
@@ -102,50 +102,3 @@ def async_speedup(alpha: Any, c: float, k: int) -> Any:
         return _out(1.0 / (c + (1.0 - c) * (1.0 - a)))
     g = np.asarray(geometric_sum(a, k))
     return _out(g / (1.0 + c * (a * g - k * a ** k)))
-
-
-def step_speedup(alpha: Any, c: float, k: int, mode: Mode = "sync") -> Any:
-    if mode == "sync":
-        return sync_speedup(alpha, c, k)
-    if mode == "async":
-        return async_speedup(alpha, c, k)
-    raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
-
-
-def step_parallel_dim(k: int, c: float, mode: Mode = "sync") -> int:
-    """Target-side parallelism the step level uses: k (sync) or min(⌈1/c⌉, k) (async)."""
-    k = _check_int(k, "k", 1)
-    if mode == "sync":
-        return k
-    if mode == "async":
-        return int(min(async_saturation_depth(c), k))
-    raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
-
-
-def combined_speedup(alpha_step: Any, c_step: float, k_step: int,
-                     alpha_token: Any, c_token: float, k_token: int, mode: Mode = "sync") -> Any:
-    """h(k₁, k₂) = f(k₁) · g(k₂): step-level LR times token-level SD inside each step.
-
-    k_token is the token level's parallel dimension (k₂ = γ₂ + 1 in token_sd_speedup's terms), as in §3.3.
-    """
-    k_token = _check_int(k_token, "k_token", 1)
-    f = np.asarray(step_speedup(alpha_step, c_step, k_step, mode))
-    g = np.asarray(token_sd_speedup(alpha_token, c_token, k_token - 1))
-    return _out(f * g)
-
-
-def best_allocation(alpha_step: float, c_step: float, alpha_token: float, c_token: float, budget: int,
-                    mode: Mode = "async") -> tuple[int, int, float]:
-    """(k₁, k₂, h) maximising combined_speedup with step_parallel_dim(k₁) · k₂ ≤ budget (the paper's eq. 1).
-
-    Among equal speedups the smallest k₁, then smallest k₂ wins (less parallel work for the same gain).
-    """
-    budget = _check_int(budget, "budget", 1)
-    best: tuple[int, int, float] = (1, 1, -math.inf)
-    for k1 in range(1, budget + 1):
-        dim = step_parallel_dim(k1, c_step, mode)
-        for k2 in range(1, budget // dim + 1):
-            h = float(combined_speedup(alpha_step, c_step, k1, alpha_token, c_token, k2, mode))
-            if h > best[2] + 1e-12:
-                best = (k1, k2, h)
-    return best

@@ -1,4 +1,4 @@
-"""Lookahead Decoding (paper 002): the pool and verification rules on tiny arrays, the one-pass layout,
+"""Lookahead Decoding: the pool and verification rules on tiny arrays, the one-pass layout,
 and, on a tiny random Llama in float32, exactness of greedy decoding and losslessness of sampling."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SEED (paper 004): token trees and their verification rule on tiny arrays, the FCFS rounds queue, and
+"""SEED: token trees and their verification rule on tiny arrays, the FCFS rounds queue, and
 scheduled speculative decoding on tiny random Llamas (greedy exact, sampling lossless), then the
 tree-of-thoughts loops on the step engines."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SpecS (paper 001): the score, SUBSAMPLE and the switching rule on tiny arrays; the loop on tiny random
+"""SpecS: the score, SUBSAMPLE and the switching rule on tiny arrays; the loop on tiny random
 models with scripted and real rewards."""
 from __future__ import annotations
 

@@ -9,10 +9,7 @@ import pytest
 from specprobe.probes.speedup import (
     async_saturation_depth,
     async_speedup,
-    best_allocation,
-    combined_speedup,
     geometric_sum,
-    step_parallel_dim,
     sync_speedup,
     token_sd_speedup,
 )
@@ -52,13 +49,12 @@ def test_alpha_one_limits_are_finite():
     assert sync_speedup(0.0, 0.1, 6) == pytest.approx(1 / 1.5)  # nothing accepted: pure overhead
 
 
-def test_async_cases_and_parallel_dim():
+def test_async_cases():
     assert async_saturation_depth(0.3) == 4 and async_saturation_depth(0.25) == 4
     assert async_saturation_depth(0.0) == math.inf
     assert async_speedup(0.6, 0.3, 4) == async_speedup(0.6, 0.3, 9)  # S1 for every k >= 4
     values = [async_speedup(0.6, 0.1, k) for k in range(1, 10)]
     assert all(b > a for a, b in zip(values, values[1:]))  # Lemma 2: increasing below ceil(1/c)
-    assert step_parallel_dim(12, 0.3, "async") == 4 and step_parallel_dim(12, 0.3, "sync") == 12
 
 
 def test_input_validation():
@@ -94,14 +90,3 @@ def test_async_monte_carlo_stages(k):
     else:
         time = 1 + C * x
     assert (x + 1).sum() / time.sum() == pytest.approx(async_speedup(ALPHA, C, k), rel=0.01)
-
-
-def test_combined_and_hybrid_optimality():
-    h = combined_speedup(0.6, 0.2, 3, 0.7, 0.1, 4, mode="sync")
-    assert h == pytest.approx(sync_speedup(0.6, 0.2, 3) * token_sd_speedup(0.7, 0.1, 3))
-    # the paper's theorem: 0.52 < α < 0.8, c1 < 1/3, c2 < 1/5, M >= 16 -> both levels used
-    for a1, a2, c1, c2, m in [(0.55, 0.75, 0.3, 0.15, 16), (0.7, 0.6, 0.1, 0.05, 32), (0.79, 0.53, 0.2, 0.19, 16)]:
-        k1, k2, best = best_allocation(a1, c1, a2, c2, m, mode="async")
-        assert k1 >= 2 and k2 >= 2
-        assert step_parallel_dim(k1, c1, "async") * k2 <= m
-        assert best > max(async_speedup(a1, c1, m), token_sd_speedup(a2, c2, m - 1))

@@ -1,4 +1,4 @@
-"""SEED (paper 004): scheduled speculative decoding for tree-of-thoughts search.
+"""SEED: scheduled speculative decoding for tree-of-thoughts search.
 
 Token level (`SeedGenerator`). Several sequences (the n thoughts of every kept state) share one draft and
 one target model. Each sequence drafts a token tree of shape k_config (k_config = (2, 2, 1): 2 candidates

@@ -1,4 +1,4 @@
-"""SpecS (paper 001): step beam search with reward-guided soft verification and dynamic switching.
+"""SpecS: step beam search with reward-guided soft verification and dynamic switching.
 
 Each round the current generator π_gen (the target at first) samples n candidate steps Y_1..Y_n after the
 committed output tr. Each gets the score (their eq. 1)

@@ -1,4 +1,4 @@
-"""Lookahead Decoding (paper 002): exact, draft-free token-level parallel decoding.
+"""Lookahead Decoding: exact, draft-free token-level parallel decoding.
 
 Every forward pass of the target carries three parts after the cached context:
 1. the committed tokens not yet in the KV cache (at least the last one, the "current" token);
