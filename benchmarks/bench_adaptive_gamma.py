@@ -175,7 +175,7 @@ def main(argv=None) -> int:
                          "bench.system_speed=true", f"models.device={args.device}", f"models.dtype={args.dtype}"]
             overrides += [f"{k}={v}" for k, v in SCENARIOS[name].items()] + list(args.overrides)
             cfg = load_config(args.config, overrides)
-            env = bench.prepare(cfg, engines=engines)
+            env = bench.prepare(cfg.bench_setup(), engines=engines)
             engines = (env.target, env.draft)
             methods = ["target"] + [f"{method}:gamma={g}" for g in gammas] + [f"{method}:gamma=adaptive"]
             t0 = time.perf_counter()

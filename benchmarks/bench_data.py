@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     engines = build_engine_pair(cfg.models)
     judge = build_judge(cfg.data, None, cfg.models.resolved_device()).inner
     load_seconds = time.perf_counter() - start
-    result = generate_dataset(cfg, engines=engines, judge=judge, progress=True)
+    result = generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=True)
     if result.reused:
         print(f"{result.data_dir} already held complete data: nothing measured (use a fresh --output-dir)")
         return 1

@@ -170,7 +170,7 @@ def main(argv=None) -> int:
         f"runtime.gamma={args.gamma}", f"runtime.max_steps={args.max_steps}", "runtime.max_new_tokens=100000",
         f"sampling.max_step_tokens={args.step_tokens}", f"bench.num_problems={problems}", "bench.warmup=true",
         "bench.trace=true", *args.set])
-    env = bench.prepare(cfg)
+    env = bench.prepare(cfg.bench_setup())
     print(f"# runtime benchmark: target {args.target}, draft {args.draft}, {args.dtype}, Bernoulli({args.alpha}), "
           f"γ={args.gamma}, {len(env.problems)} problems x {args.max_steps} steps of {args.step_tokens} tokens")
     print(f"# problems for α within ±{args.alpha_half_width} (95%): {needed} "

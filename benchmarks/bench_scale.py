@@ -50,7 +50,7 @@ def single_process(cfg) -> tuple[float, float, int]:
     engines = build_engine_pair(cfg.models)
     judge = build_judge(cfg.data, None, cfg.models.resolved_device())
     load = time.perf_counter() - started
-    result = generate_dataset(cfg, engines=engines, judge=judge, progress=False)
+    result = generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=False)
     return load, result.run.wall_seconds, result.run.contexts
 
 
@@ -58,9 +58,9 @@ def on_ray(cfg) -> tuple[float, float, int]:
     from specprobe.data_gen.distributed import RayShardWorkers
     from specprobe.data_gen.pipeline import generate_dataset
 
-    workers = _Timed(RayShardWorkers(cfg))
+    workers = _Timed(RayShardWorkers(cfg.data_job()))
     try:
-        result = generate_dataset(cfg, progress=False, workers=workers)
+        result = generate_dataset(cfg.data_job(), progress=False, workers=workers)
     finally:
         workers.workers.close()
     return workers.load_seconds, result.run.wall_seconds - workers.load_seconds, result.run.contexts

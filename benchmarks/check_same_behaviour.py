@@ -30,10 +30,12 @@ def run(out: Path) -> None:
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)
     _, cfg = write_config(out, out / "run")
-    generate_dataset(cfg, judge=EmbeddingNumberJudge("offline:minilm", threshold=0.8, device="cpu"), progress=False)
+    # checkouts before issue 23 took the whole experiment config; later ones its sections
+    job = cfg.data_job() if hasattr(cfg, "data_job") else cfg
+    generate_dataset(job, judge=EmbeddingNumberJudge("offline:minilm", threshold=0.8, device="cpu"), progress=False)
     cfg2 = load_config("configs/tiny.yaml", ["bench.num_problems=2", "runtime.max_steps=4",
                                             "sampling.max_step_tokens=24", f"output_dir={out}/bench"])
-    env = bench.prepare(cfg2, verifier="bernoulli")
+    env = bench.prepare(cfg2.bench_setup() if hasattr(cfg2, "bench_setup") else cfg2, verifier="bernoulli")
     texts = {}
     for method in ["target", "lr_sync", "semanticspec", "lr_async"]:
         for prob in env.problems:

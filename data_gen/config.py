@@ -1,13 +1,18 @@
-"""The data-generation section of an experiment config (`data:`), owned by `data_gen`.
-
-Assembled with the other packages' sections into `train.config.ExperimentConfig`.
+"""The data-generation section of an experiment config (`data:`), owned by `data_gen`, and `DataJob`, the
+sections the data stage reads. `train.config.ExperimentConfig` assembles the section with the others' and
+hands the job down (`data_job()`); data_gen never sees the whole config.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from specprobe.infer.config import ConfigError, check_layer_option, check_positive, opt
+from specprobe.infer.config import ModelsConfig, RayConfig, SamplingConfig
+from specprobe.inputs.config import ConfigError, check_positive, opt
+from specprobe.inputs.records import SourceConfig
+from specprobe.probes.features import parse_layer_option
 
 
 @dataclass
@@ -58,3 +63,32 @@ class DataConfig:
             raise ConfigError(f"data.models must be a non-empty subset of [target, draft] without repeats, "
                               f"got {self.models}")
         check_layer_option(self.layers, "data.layers")
+
+
+@dataclass
+class DataJob:
+    """What the data stage reads: the four sections that decide the data, the folder it writes, the Ray
+    section (for ``generate_dataset_on_ray``) and the config its manifest records. The experiment config
+    hands it down (``ExperimentConfig.data_job()``); a notebook can build one from the sections."""
+
+    data: DataConfig
+    source: SourceConfig
+    models: ModelsConfig
+    sampling: SamplingConfig
+    folder: Path
+    ray: RayConfig = field(default_factory=RayConfig)
+    record: dict | None = None  # the whole experiment config as a dict; None: these sections
+
+    def config_record(self) -> dict:
+        """The config the manifest keeps (its sections decide reuse: `data_gen.store.fingerprint`)."""
+        if self.record is not None:
+            return self.record
+        return {"output_dir": str(Path(self.folder).parent),
+                **{name: dataclasses.asdict(getattr(self, name)) for name in ("models", "source", "sampling", "data")}}
+
+
+def check_layer_option(option: str, key: str) -> None:
+    try:
+        parse_layer_option(option)
+    except ValueError as err:
+        raise ConfigError(f"{key}: {err}") from None

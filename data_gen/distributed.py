@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from specprobe.data_gen.config import DataJob
 from specprobe.data_gen.contexts import Context
 from specprobe.data_gen.judges import CachedJudge, EquivalenceJudge, PairQuery
 from specprobe.data_gen.pipeline import (
@@ -55,9 +56,9 @@ IN_FLIGHT_PER_REPLICA = 2  # one running, one queued: a replica never waits for 
 class _JudgeActor:
     """One equivalence judge model on its own actor (ray.judge: actors)."""
 
-    def __init__(self, cfg):
-        _set_threads(cfg.ray.judge_cpus, cfg.ray.judge_gpus)
-        self.judge = build_judge(cfg.data, None, cfg.models.resolved_device()).inner
+    def __init__(self, job: DataJob):
+        _set_threads(job.ray.judge_cpus, job.ray.judge_gpus)
+        self.judge = build_judge(job.data, None, job.models.resolved_device()).inner
 
     def describe(self) -> tuple[str, bool]:
         return self.judge.name, bool(getattr(self.judge, "symmetric", False))
@@ -90,15 +91,15 @@ class _RemoteJudge(EquivalenceJudge):
 class _DataReplica:
     """Target and draft engines (and, colocated, the judge) that turn shards into rows."""
 
-    def __init__(self, cfg, judge_handles: list, index: int, known: dict[str, bool]):
+    def __init__(self, job: DataJob, judge_handles: list, index: int, known: dict[str, bool]):
 
-        _set_threads(cfg.ray.cpus_per_replica, cfg.ray.gpus_per_replica)
-        self.cfg = cfg
+        _set_threads(job.ray.cpus_per_replica, job.ray.gpus_per_replica)
+        self.job = job
         inner = (_RemoteJudge(judge_handles, index) if judge_handles
-                 else build_judge(cfg.data, None, cfg.models.resolved_device()).inner)
+                 else build_judge(job.data, None, job.models.resolved_device()).inner)
         self.judge = CachedJudge(inner)
         self.judge.merge(known)
-        self.engines = dict(zip(("target", "draft"), build_engine_pair(cfg.models)))
+        self.engines = dict(zip(("target", "draft"), build_engine_pair(job.models)))
 
     def describe(self) -> dict:
         return {"engines": {r: engine_info(e) for r, e in self.engines.items()}, "judge": self.judge.name,
@@ -106,7 +107,7 @@ class _DataReplica:
 
     def run_shard(self, index: int, contexts: list[Context]) -> tuple:
         known = len(self.judge)
-        shard, entry = process_shard(self.cfg, self.engines, self.judge, index, contexts)
+        shard, entry = process_shard(self.job, self.engines, self.judge, index, contexts)
         return shard, entry, self.judge.decisions(known)
 
 
@@ -139,14 +140,14 @@ class _DecisionStore(EquivalenceJudge):
 
 # ----------------------------------------------------------------------------- the driver's workers
 class RayShardWorkers(ShardWorkers):
-    """Shards spread over ``cfg.ray.replicas`` Ray actors; results come back to this process.
+    """Shards spread over ``job.ray.replicas`` Ray actors; results come back to this process.
 
     on_shard(index, replica): called when a shard's rows arrived (tests use it to kill replicas
     mid-run). ``replicas`` holds the actor handles once started.
     """
 
-    def __init__(self, cfg, on_shard: Callable[[int, int], None] | None = None):
-        self.cfg = cfg
+    def __init__(self, job: DataJob, on_shard: Callable[[int, int], None] | None = None):
+        self.job = job
         self.on_shard = on_shard
         self.replicas: list = []
         self.judges: list = []
@@ -155,16 +156,16 @@ class RayShardWorkers(ShardWorkers):
 
     def start(self, judge_cache: Path) -> dict:
         ray = import_ray()
-        rc = self.cfg.ray
+        rc = self.job.ray
         self.cache = CachedJudge(_DecisionStore(), judge_cache)
         # held for the run: a restarted replica is rebuilt from its constructor arguments
         self._known = known = ray.put(self.cache.decisions())
         if rc.judge == "actors":
             judge_cls = ray.remote(_JudgeActor).options(**actor_options(rc.judge_cpus, rc.judge_gpus, rc.max_restarts))
-            self.judges = [judge_cls.remote(self.cfg) for _ in range(rc.judge_replicas)]
+            self.judges = [judge_cls.remote(self.job) for _ in range(rc.judge_replicas)]
         replica_cls = ray.remote(_DataReplica).options(
             **actor_options(rc.cpus_per_replica, rc.gpus_per_replica, rc.max_restarts))
-        self.replicas = [replica_cls.remote(self.cfg, self.judges, i, known) for i in range(rc.replicas)]
+        self.replicas = [replica_cls.remote(self.job, self.judges, i, known) for i in range(rc.replicas)]
         described = _started(ray, self.replicas + self.judges)[: len(self.replicas)]  # waits for the models
         self.described = described
         first = described[0]
@@ -222,16 +223,16 @@ class RayShardWorkers(ShardWorkers):
         self.replicas, self.judges = [], []
 
 
-def generate_dataset_on_ray(cfg, *, address: str | None = None, part: tuple[int, int] | None = None,
+def generate_dataset_on_ray(job: DataJob, *, address: str | None = None, part: tuple[int, int] | None = None,
                             progress: bool = True, traces: Sequence | None = None,
                             on_shard: Callable[[int, int], None] | None = None) -> DataResult:
-    """`generate_dataset` with the shards spread over Ray replicas (``cfg.ray``); same folder, same
-    rows. address: a cluster to join (default ``cfg.ray.address``; none = a local instance)."""
-    where = connect(cfg.ray, address)
-    check_resources(replica_demands(cfg.ray, judge_actors=cfg.ray.judge == "actors"))
+    """`generate_dataset` with the shards spread over Ray replicas (``job.ray``); same folder, same
+    rows. address: a cluster to join (default ``job.ray.address``; none = a local instance)."""
+    where = connect(job.ray, address)
+    check_resources(replica_demands(job.ray, judge_actors=job.ray.judge == "actors"))
     log.info("data stage on %s", where)
-    workers = RayShardWorkers(cfg, on_shard=on_shard)
+    workers = RayShardWorkers(job, on_shard=on_shard)
     try:
-        return generate_dataset(cfg, traces=traces, part=part, progress=progress, workers=workers)
+        return generate_dataset(job, traces=traces, part=part, progress=progress, workers=workers)
     finally:
         workers.close()

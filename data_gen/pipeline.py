@@ -1,7 +1,8 @@
 """Training-data generation: contexts -> samples -> meaning clusters -> labels -> hidden states -> shards.
 
-``generate_dataset(cfg)`` is the whole data stage (``probe-train --stage data`` calls it; a notebook can
-too, passing its own traces, engines or judge). Work goes shard by shard (``data.contexts_per_shard``
+``generate_dataset(job)`` is the whole data stage (``probe-train --stage data`` calls it with
+``ExperimentConfig.data_job()``; a notebook can build a `DataJob` from the sections itself and pass its own
+traces, engines or judge). Work goes shard by shard (``data.contexts_per_shard``
 contexts each); within a shard:
 
 1. per context and model: N one-step samples from ``engine.generate`` with a seed derived from
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from specprobe.data_gen.cluster import Clustering, PairQuery, assign_many, cluster_many
+from specprobe.data_gen.config import DataJob
 from specprobe.data_gen.contexts import (
     Context,
     DataWarning,
@@ -72,9 +74,8 @@ from specprobe.data_gen.store import (
     write_manifest,
     write_shard,
 )
-from specprobe.infer.config import to_dict
 from specprobe.infer.engines import Prefix, PromptTooLongError, StepRequest, build_engine_pair, sampling_params
-from specprobe.infer.versions import package_versions
+from specprobe.inputs.versions import package_versions
 from specprobe.probes.features import layers_from_option
 
 __all__ = ["generate_dataset", "DataResult", "DataGenStats", "layer_rows", "build_judge", "load_source_traces",
@@ -248,14 +249,14 @@ class _FeatureRows:
 class _ShardRunner:
     """Processes the contexts of one shard with fixed engines, judge and settings."""
 
-    def __init__(self, cfg, engines: dict[str, Any], judge: EquivalenceJudge, layers: dict[str, list[int]]):
-        self.cfg = cfg
+    def __init__(self, job: DataJob, engines: dict[str, Any], judge: EquivalenceJudge, layers: dict[str, list[int]]):
+        self.job = job
         self.engines = engines
         self.judge = judge
         self.layers = layers
-        self.models = [r for r in ROLES if r in cfg.data.models]  # target first: the row order
-        self.n = cfg.data.num_samples
-        self.delimiter = cfg.source.delimiter
+        self.models = [r for r in ROLES if r in job.data.models]  # target first: the row order
+        self.n = job.data.num_samples
+        self.delimiter = job.source.delimiter
 
     # -- sampling and recording
     def _prefix(self, ctx: Context):
@@ -265,14 +266,14 @@ class _ShardRunner:
     def sample(self, ctx: Context, timing: dict) -> _ContextWork | str:
         """The context's samples, or the reason it must be skipped."""
 
-        work = _ContextWork(ctx, {r: context_seed(self.cfg.sampling.seed, ctx.id, r) for r in self.models})
+        work = _ContextWork(ctx, {r: context_seed(self.job.sampling.seed, ctx.id, r) for r in self.models})
         for engine in {id(e): e for e in self.engines.values()}.values():
             if hasattr(engine, "clear_prefix_cache"):
                 engine.clear_prefix_cache()  # a context's results must not depend on the one before it
         start = time.perf_counter()
         try:
             for role in self.models:
-                params = sampling_params(self.cfg.sampling, role, self.delimiter, work.seeds[role])
+                params = sampling_params(self.job.sampling, role, self.delimiter, work.seeds[role])
                 drawn = self.engines[role].generate([StepRequest(self._prefix(ctx), self.n)], params).steps[0]
                 kept = [(k, s) for k, s in enumerate(drawn) if not is_empty_step(s.text)]
                 work.steps[role] = [s for _, s in kept]
@@ -313,12 +314,12 @@ class _ShardRunner:
         """Per model the clusterings of every context, the draft->target matches, and judge counts."""
         start = time.perf_counter()
         calls_before = self.judge.model_calls
-        per_call = self.cfg.data.judge_pairs_per_call
+        per_call = self.job.data.judge_pairs_per_call
         contexts = [w.context.text for w in works]
         clusterings: dict[str, list[Clustering]] = {}
         for role in self.models:
             clusterings[role] = cluster_many(contexts, [w.texts(role) for w in works], recorder, per_call,
-                                             scheme=self.cfg.data.cluster_scheme)
+                                             scheme=self.job.data.cluster_scheme)
         cluster_pairs = recorder.pairs_asked
         matches: list = [None] * len(works)
         if "target" in self.models and "draft" in self.models:
@@ -408,7 +409,7 @@ class _ShardRunner:
             hidden = self.engines[role].info.hidden_size
             return torch.zeros((0, len(self.layers[role]), hidden))
 
-        poolings = ("mean", "last") if self.cfg.data.store_last_token else ("mean",)
+        poolings = ("mean", "last") if self.job.data.store_last_token else ("mean",)
         return {f"{role}.{pooling}": stack(role, pooling) for pooling in poolings for role in ROLES}
 
     # -- the shard
@@ -442,13 +443,13 @@ class _ShardRunner:
         return shard, entry
 
 
-def process_shard(cfg, engines: dict[str, Any], judge: EquivalenceJudge, index: int, contexts: list[Context],
+def process_shard(job: DataJob, engines: dict[str, Any], judge: EquivalenceJudge, index: int, contexts: list[Context],
                   on_context: Callable[[], None] | None = None) -> tuple[ShardData, dict]:
     """The rows of shard `index` from its contexts, written by nobody: the caller writes the shard and
     its manifest entry. engines: {"target": ..., "draft": ...}. A context's rows depend only on the
     context and the config (its seeds and a cleared prefix cache), so any process can run any shard."""
-    layers = {r: layer_rows(cfg.data.layers, e.info.num_layers) for r, e in engines.items()}
-    return _ShardRunner(cfg, engines, judge, layers).run(index, contexts, on_context or (lambda: None))
+    layers = {r: layer_rows(job.data.layers, e.info.num_layers) for r, e in engines.items()}
+    return _ShardRunner(job, engines, judge, layers).run(index, contexts, on_context or (lambda: None))
 
 
 class ShardWorkers:
@@ -460,30 +461,30 @@ class ShardWorkers:
     This class runs them one by one in this process; ``data_gen.distributed`` spreads them over Ray.
     """
 
-    def __init__(self, cfg, engines: tuple | None, judge: EquivalenceJudge):
-        self.cfg = cfg
+    def __init__(self, job: DataJob, engines: tuple | None, judge: EquivalenceJudge):
+        self.job = job
         self.engines = engines
         self.judge = judge
 
     def start(self, judge_cache: Path) -> dict:
         if self.engines is None:
-            self.engines = build_engine_pair(self.cfg.models)
+            self.engines = build_engine_pair(self.job.models)
         self.engine_map = dict(zip(ROLES, self.engines))
         return {"engines": {r: engine_info(e) for r, e in self.engine_map.items()}, "judge": self.judge.name}
 
     def run(self, todo: list[tuple[int, list[Context]]], on_context: Callable[[], None]):
         for index, contexts in todo:
-            yield process_shard(self.cfg, self.engine_map, self.judge, index, contexts, on_context)
+            yield process_shard(self.job, self.engine_map, self.judge, index, contexts, on_context)
 
 
 # ----------------------------------------------------------------------------- the stage
-def _new_manifest(cfg_dict: dict, cfg, engines: dict[str, dict], layers: dict, judge_name: str, plan: dict,
+def _new_manifest(cfg_dict: dict, job: DataJob, engines: dict[str, dict], layers: dict, judge_name: str, plan: dict,
                   part: tuple[int, int] | None, my_shards: list[int]) -> dict:
     return {"format": FORMAT, "status": "in_progress", "created": now(), "updated": now(), "completed": None,
             "config": cfg_dict, "fingerprint": fingerprint(cfg_dict),
             "engines": engines, "layers": layers,
-            "layers_option": cfg.data.layers, "store_last_token": cfg.data.store_last_token,
-            "feature_dtype": "float16", "num_samples": cfg.data.num_samples, "models": list(cfg.data.models),
+            "layers_option": job.data.layers, "store_last_token": job.data.store_last_token,
+            "feature_dtype": "float16", "num_samples": job.data.num_samples, "models": list(job.data.models),
             "judge": judge_name, "versions": package_versions(), "plan": plan,
             "part": None if part is None else {"index": part[0], "count": part[1], "shards": my_shards},
             "shards": []}
@@ -550,10 +551,10 @@ def _check_no_orphan_shards(folder: Path) -> None:
             "folder away (or delete it) to generate the data again; nothing was overwritten")
 
 
-def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | None = None,
+def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: tuple | None = None,
                      judge: EquivalenceJudge | None = None, part: tuple[int, int] | None = None,
                      progress: bool = True, workers: ShardWorkers | None = None) -> DataResult:
-    """Generate (or resume, or reuse) the training data of `cfg` in ``<output_dir>/data``.
+    """Generate (or resume, or reuse) the training data of `job` in ``job.folder``.
 
     traces: Trace objects or dicts instead of the configured source (malformed ones are skipped with
     a warning). engines: a preloaded (target, draft) pair. judge: an equivalence judge instead of the
@@ -565,41 +566,40 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
     """
 
     started = time.perf_counter()
-    cfg_dict = to_dict(cfg)
-    folder = cfg.data_dir if part is None else part_dir(cfg.data_dir, *part)
-    folder = Path(folder)
+    cfg_dict = job.config_record()
+    folder = Path(job.folder) if part is None else part_dir(job.folder, *part)
     # a part run has nothing to do once the joined folder is complete
-    reused = _reuse(folder, cfg_dict) or (_reuse(Path(cfg.data_dir), cfg_dict) if part is not None else None)
+    reused = _reuse(folder, cfg_dict) or (_reuse(Path(job.folder), cfg_dict) if part is not None else None)
     if reused is not None:
         return reused
-    if part is None and read_manifest(folder) is None and any(Path(cfg.data_dir).glob("part-*-of-*")):
-        _warn(f"{cfg.data_dir} holds part-i-of-n folders but no merged data: run with --merge to join them "
+    if part is None and read_manifest(folder) is None and any(Path(job.folder).glob("part-*-of-*")):
+        _warn(f"{job.folder} holds part-i-of-n folders but no merged data: run with --merge to join them "
               "instead of generating everything again")
     cache = folder / JUDGE_CACHE
     if workers is None:
-        device = cfg.models.resolved_device()
-        judge = build_judge(cfg.data, cache, device) if judge is None else (
+        device = job.models.resolved_device()
+        judge = build_judge(job.data, cache, device) if judge is None else (
             judge if isinstance(judge, CachedJudge) else CachedJudge(judge, cache))
-        workers = ShardWorkers(cfg, engines, judge)
-    items = load_source_traces(cfg.source) if traces is None else traces
-    contexts = build_contexts(coerce_traces(items), cfg.data.contexts_per_trace, cfg.data.context_positions,
-                              cfg.data.max_context_steps)
-    if cfg.data.max_contexts is not None:
-        contexts = contexts[: cfg.data.max_contexts]
+        workers = ShardWorkers(job, engines, judge)
+    items = load_source_traces(job.source) if traces is None else traces
+    contexts = build_contexts(coerce_traces(items), job.data.contexts_per_trace, job.data.context_positions,
+                              job.data.max_context_steps)
+    if job.data.max_contexts is not None:
+        contexts = contexts[: job.data.max_contexts]
     if not contexts:
         raise DataFolderError("no contexts to generate: the source gave no usable trace "
-                              f"(source.kind={cfg.source.kind!r}); see the warnings above")
-    shards, plan = _plan(contexts, cfg.data.contexts_per_shard)
+                              f"(source.kind={job.source.kind!r}); see the warnings above")
+    shards, plan = _plan(contexts, job.data.contexts_per_shard)
     my_shards = list(range(len(shards))) if part is None else part_shards(len(shards), *part)
     started_workers = workers.start(cache)
     engine_infos = started_workers["engines"]
-    layers = {r: layer_rows(cfg.data.layers, info["num_layers"]) for r, info in engine_infos.items()}
+    layers = {r: layer_rows(job.data.layers, info["num_layers"]) for r, info in engine_infos.items()}
     run = DataGenStats()
     with FolderLock(folder):
         manifest = read_manifest(folder)
         if manifest is None:
             _check_no_orphan_shards(folder)
-            manifest = _new_manifest(cfg_dict, cfg, engine_infos, layers, started_workers["judge"], plan, part,
+            manifest = _new_manifest(cfg_dict, job, engine_infos, layers, started_workers["judge"], plan, part,
                                      my_shards)
         else:
             check_same_data(folder, manifest, cfg_dict)
@@ -609,8 +609,8 @@ def generate_dataset(cfg, *, traces: Sequence | None = None, engines: tuple | No
                                       f"({manifest['plan']} vs {plan}); the source data differ. Use another output_dir.")
             _drop_broken_shards(folder, manifest)
         clean_temporaries(folder)
-        pilot = CappedPilot(cfg.data.pilot_contexts, cfg.data.max_capped_share, cfg.sampling.max_step_tokens,
-                            cfg.source.delimiter, folder)
+        pilot = CappedPilot(job.data.pilot_contexts, job.data.max_capped_share, job.sampling.max_step_tokens,
+                            job.source.delimiter, folder)
         pilot.check(manifest["shards"])  # a resumed run that already passed the pilot size is checked at once
         _run_shards(folder, manifest, shards, my_shards, workers, run, progress, pilot)
         if len(manifest["shards"]) == len(my_shards) and manifest["status"] != "complete":

@@ -5,7 +5,7 @@ over ``max_step_chars``) or a bad line (not UTF-8, invalid JSON, not an object) 
 ``SourceWarning`` that names the file and line (or data set and row), the record id and the field;
 reading then goes on with the next record. ``load_traces`` is the single entry point; it also filters
 by domain, renames duplicate ids and applies ``limit``. Files and hub data sets are read by
-``infer.records`` (the benchmark reads its problems there too); an empty file warns. Reference answers
+``inputs.records`` (the benchmark reads its problems there too); an empty file warns. Reference answers
 lose thousands separators ("1,234" -> "1234", ``infer.answers.strip_thousands_separators``).
 
 Steps: s1K trajectories and generic text fields are split with ``data_gen.steps.split_steps``
@@ -27,7 +27,7 @@ from typing import Any
 
 from specprobe.data_gen.steps import MODES, normalise_text, split_steps
 from specprobe.infer.answers import extract_boxed, split_gsm8k, strip_thousands_separators
-from specprobe.infer.records import Record, SourceWarning, check_path, iter_records, source_stem
+from specprobe.inputs.records import Record, SourceWarning, check_path, iter_records, source_stem
 
 __all__ = [
     "KINDS",

@@ -5,7 +5,7 @@ measured speedup the analytic one at the α and c measured in that run (`infer.d
     from specprobe.train.config import load_config
     from specprobe.infer import bench
     cfg = load_config("configs/tiny.yaml", ["bench.num_problems=2"])
-    env = bench.prepare(cfg, verifier="bernoulli")
+    env = bench.prepare(cfg.bench_setup(), verifier="bernoulli")
     report = bench.run_benchmark(env, ["target", "lr_sync", "lr_async"])
     print(bench.format_markdown(report))
 
@@ -25,13 +25,13 @@ import math
 import platform
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from specprobe.infer.acceptance_estimate import LatentDifficulty, SimulatedAcceptance, load_acceptance_probe
 from specprobe.infer.answers import extract_boxed, grade, split_gsm8k, strip_thousands_separators
-from specprobe.infer.config import ConfigError, SourceConfig, to_dict
+from specprobe.infer.config import BenchSetup
 from specprobe.infer.decoding import (
     METHODS,
     REGISTRY,
@@ -48,8 +48,9 @@ from specprobe.infer.decoding.specs import SpecSConfig, specs_predicted_speedup
 from specprobe.infer.engines import build_engine_pair, sampling_params
 from specprobe.infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
 from specprobe.infer.engines.token_spec import TokenSpecConfig
-from specprobe.infer.records import iter_records
 from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier
+from specprobe.inputs.config import ConfigError
+from specprobe.inputs.records import SourceConfig, iter_records
 from specprobe.probes.metrics import wilson_interval
 
 # hub datasets reachable by short name (kind: jsonl, name: <alias>) when a hub or a datasets cache exists
@@ -184,28 +185,25 @@ def parse_method(text: str) -> MethodSpec:
     return MethodSpec(label, base, token_spec, overrides)
 
 
-def options_from_config(cfg: Any, system_speed: bool = False) -> DecodeOptions:
+def options_from_config(setup: BenchSetup, system_speed: bool = False) -> DecodeOptions:
     """DecodeOptions from the runtime and sampling sections. System-speed runs decode greedily: random
     weights give near-uniform distributions whose top-p nucleus is the whole vocabulary, so sampling
     would cost a full-vocabulary sort per token, which no real model pays."""
-    rt = cfg.runtime
-    delimiter = cfg.source.delimiter
+    rt, delimiter, sampling = setup.runtime, setup.delimiter, setup.sampling
     if system_speed:
-        from dataclasses import replace
-
-        cfg = replace(cfg, sampling=replace(cfg.sampling, temperature=0.0, draft_temperature=None))
+        sampling = replace(sampling, temperature=0.0, draft_temperature=None)
     return DecodeOptions(
         gamma=rt.gamma, width=rt.width, max_new_tokens=rt.max_new_tokens, max_steps=rt.max_steps, seed=rt.seed,
         accept_length_cut=rt.accept_length_cut or system_speed, judge_after_cut=rt.judge_after_cut,
         refuse_boxed=rt.refuse_boxed,
-        target_params=sampling_params(cfg.sampling, "target", delimiter, seed=rt.seed),
-        draft_params=sampling_params(cfg.sampling, "draft", delimiter, seed=rt.seed))
+        target_params=sampling_params(sampling, "target", delimiter, seed=rt.seed),
+        draft_params=sampling_params(sampling, "draft", delimiter, seed=rt.seed))
 
 
 # ----------------------------------------------------------------------------- setup
 @dataclass
 class BenchEnv:
-    cfg: Any  # the experiment config (train.config.ExperimentConfig): models, runtime, bench, output_dir
+    setup: BenchSetup
     target: Any
     draft: Any
     problems: list[Problem]
@@ -218,7 +216,7 @@ class BenchEnv:
 
     def difficulty(self, alpha: float | None = None) -> LatentDifficulty:
         """The Bernoulli verifier's acceptance by answer position (runtime.difficulty; easy α: alpha)."""
-        rt = self.cfg.runtime
+        rt = self.setup.runtime
         d = rt.difficulty
         easy = d.easy_alpha if d.easy_alpha is not None else (rt.bernoulli_alpha if alpha is None else alpha)
         return LatentDifficulty(easy, d.hard_alpha if d.hard_share > 0 else easy, d.hard_share, d.persistence,
@@ -237,15 +235,15 @@ class BenchEnv:
                     raise ConfigError("gamma=adaptive reads the checkpoint's acceptance probe: pass --checkpoint "
                                       "(or runtime.checkpoint), or use the bernoulli verifier")
                 estimator = load_acceptance_probe(self.checkpoint, self.draft,
-                                                  device=self.cfg.models.resolved_device(),
-                                                  allow_model_mismatch=self.cfg.runtime.allow_model_mismatch)
-            ad = self.cfg.runtime.adaptive
+                                                  device=self.setup.models.resolved_device(),
+                                                  allow_model_mismatch=self.setup.runtime.allow_model_mismatch)
+            ad = self.setup.runtime.adaptive
             self._depth[key] = AdaptiveDepth(estimator, ad.c, ad.b, ad.v)
         return self._depth[key]
 
     def verifier(self, kind: str | None = None, alpha: float | None = None):
         kind = kind or self.verifier_kind
-        rt = self.cfg.runtime
+        rt = self.setup.runtime
         alpha = rt.bernoulli_alpha if alpha is None else alpha
         key = (kind, alpha if kind == "bernoulli" else None)
         if key not in self._verifiers:
@@ -253,34 +251,34 @@ class BenchEnv:
             self._verifiers[key] = build_verifier(
                 kind, checkpoint=self.checkpoint, target_engine=self.target, draft_engine=self.draft, alpha=alpha,
                 llm_judge_model=None if judge_engine is not None else rt.llm_judge_model,
-                llm_judge_engine=judge_engine, device=self.cfg.models.resolved_device(), eps=rt.probe_eps,
+                llm_judge_engine=judge_engine, device=self.setup.models.resolved_device(), eps=rt.probe_eps,
                 threshold=rt.judge_threshold, allow_model_mismatch=rt.allow_model_mismatch,
                 difficulty=self.difficulty(alpha) if kind == "bernoulli" and rt.difficulty.hard_share > 0 else None)
         return self._verifiers[key]
 
 
-def prepare(cfg: Any, *, checkpoint: str | None = None, verifier: str | None = None,
+def prepare(setup: BenchSetup, *, checkpoint: str | None = None, verifier: str | None = None,
             system_speed: bool | None = None, engines: tuple | None = None,
             problems: Sequence[Problem] | None = None) -> BenchEnv:
     """Load models, problems and the verifier a benchmark needs (engines=(target, draft) reuses loaded ones)."""
-    system = cfg.bench.system_speed if system_speed is None else system_speed
+    system = setup.bench.system_speed if system_speed is None else system_speed
     if engines is not None:
         target, draft = engines
     else:
-        models = cfg.models
-        names = (cfg.bench.system_target, cfg.bench.system_draft) if system else (models.target, models.draft)
-        target, draft = build_engine_pair(models, names, token_spec=start_token_spec(cfg.runtime),
+        models = setup.models
+        names = (setup.bench.system_target, setup.bench.system_draft) if system else (models.target, models.draft)
+        target, draft = build_engine_pair(models, names, token_spec=start_token_spec(setup.runtime),
                                           stop_at_eos=not system)
-    kind = "bernoulli" if system else (verifier or cfg.runtime.verifier)
+    kind = "bernoulli" if system else (verifier or setup.runtime.verifier)
     if kind not in VERIFIER_KINDS:
         raise ConfigError(f"unknown verifier {kind!r}; choose one of {', '.join(VERIFIER_KINDS)}")
-    ckpt = checkpoint or cfg.runtime.checkpoint
-    if ckpt is None and cfg.checkpoint_dir.is_dir():
-        ckpt = str(cfg.checkpoint_dir)
-    probs = list(problems) if problems is not None else load_problems(cfg.bench.source, cfg.bench.num_problems)
+    ckpt = checkpoint or setup.runtime.checkpoint
+    if ckpt is None and setup.checkpoint_dir is not None and Path(setup.checkpoint_dir).is_dir():
+        ckpt = str(setup.checkpoint_dir)
+    probs = list(problems) if problems is not None else load_problems(setup.bench.source, setup.bench.num_problems)
     if not probs:
         raise ConfigError("no problems to benchmark")
-    env = BenchEnv(cfg, target, draft, probs, options_from_config(cfg, system), system, kind, ckpt)
+    env = BenchEnv(setup, target, draft, probs, options_from_config(setup, system), system, kind, ckpt)
     if kind != "bernoulli" or system:
         env.verifier()  # load now: a missing or mismatched checkpoint fails before any decoding
     return env
@@ -299,7 +297,7 @@ class MethodResult:
 
 def is_adaptive(env: BenchEnv, spec: MethodSpec) -> bool:
     """Does this method choose its depth per cycle (:gamma=adaptive, or runtime.gamma_policy adaptive)?"""
-    policy = spec.overrides.get("gamma_policy", env.cfg.runtime.gamma_policy)
+    policy = spec.overrides.get("gamma_policy", env.setup.runtime.gamma_policy)
     if policy == "adaptive" and not REGISTRY[spec.base].adaptive:
         if "gamma_policy" in spec.overrides:
             raise ConfigError(f"{spec.label}: gamma=adaptive applies to "
@@ -312,7 +310,7 @@ def _method_options(env: BenchEnv, spec: MethodSpec, policy: bool = True) -> Dec
     """The method's DecodeOptions; policy=False leaves out the adaptive depth policy (loaded on first use)."""
     ov = {k: v for k, v in spec.overrides.items() if k in ("gamma", "width", "max_steps", "max_new_tokens", "seed")}
     if is_adaptive(env, spec):
-        ov["gamma"] = env.cfg.runtime.adaptive.gamma_max
+        ov["gamma"] = env.setup.runtime.adaptive.gamma_max
         if policy:
             ov["depth"] = env.depth_policy(spec.overrides.get("verifier"), spec.overrides.get("alpha"))
     return env.opts.replace(**ov) if ov else env.opts
@@ -321,18 +319,6 @@ def _method_options(env: BenchEnv, spec: MethodSpec, policy: bool = True) -> Dec
 def start_token_spec(rt) -> TokenSpecConfig | None:
     """Token speculation an engine must be started with (vLLM fixes it at start): runtime.token_spec ngram."""
     return TokenSpecConfig("ngram", rt.num_speculative_tokens, rt.ngram_size) if rt.token_spec == "ngram" else None
-
-
-def _set_token_spec(env: BenchEnv, spec: MethodSpec) -> None:
-    rt = env.cfg.runtime
-    mode = spec.token_spec if spec.token_spec != "none" else rt.token_spec
-    if mode in ("none", "lookahead"):  # Lookahead Decoding wraps the engine instead (_engines)
-        env.target.set_token_spec(None)
-        env.draft.set_token_spec(None)
-        return
-    cfg = TokenSpecConfig(mode, rt.num_speculative_tokens, rt.ngram_size)
-    engine = env.draft if spec.base == "draft" else env.target
-    engine.set_token_spec(cfg, assistant=env.draft if mode == "assistant" else None)
 
 
 def _same_cache_state(env: BenchEnv) -> None:
@@ -344,23 +330,27 @@ def _same_cache_state(env: BenchEnv) -> None:
 
 
 def _engines(env: BenchEnv, spec: MethodSpec) -> tuple:
-    """(target, draft) for one generation: with +lookahead the engine that writes the steps (the draft
-    for draft-only, else the target) is wrapped by Lookahead Decoding, fresh for every generation so
-    that it starts cold like the others (see _same_cache_state)."""
-    mode = spec.token_spec if spec.token_spec != "none" else env.cfg.runtime.token_spec
-    if mode != "lookahead":
-        return env.target, env.draft
-
-    la = env.cfg.runtime.lookahead
-    cfg = LookaheadConfig(la.window, la.ngram, la.max_verify, env.cfg.runtime.seed)
-    if spec.base == "draft":
-        return env.target, LookaheadStepEngine(env.draft, cfg)
-    return LookaheadStepEngine(env.target, cfg), env.draft
+    """(target, draft) for one generation, with the method's token-level speculation in the engine that writes
+    the steps (the draft for draft-only, else the target): +ngram / +assistant as a view of it (the shared
+    engines are never changed), +lookahead as Lookahead Decoding wrapped around it, fresh for every generation
+    so that it starts cold like the others (see _same_cache_state)."""
+    rt = env.setup.runtime
+    mode = spec.token_spec if spec.token_spec != "none" else rt.token_spec
+    target, draft = env.target, env.draft
+    if mode == "lookahead":
+        la = rt.lookahead
+        writer = LookaheadStepEngine(draft if spec.base == "draft" else target,
+                                     LookaheadConfig(la.window, la.ngram, la.max_verify, rt.seed))
+    else:
+        token_spec = None if mode == "none" else TokenSpecConfig(mode, rt.num_speculative_tokens, rt.ngram_size)
+        writer = (draft if spec.base == "draft" else target).with_token_spec(
+            token_spec, assistant=draft if mode == "assistant" else None)
+    return (target, writer) if spec.base == "draft" else (writer, draft)
 
 
 def _settings(env: BenchEnv, spec: MethodSpec):
     """SpecSConfig / SeedConfig of the search methods from runtime.specs / runtime.tree."""
-    rt = env.cfg.runtime
+    rt = env.setup.runtime
     section = REGISTRY[spec.base].settings
     if section == "specs":
         return SpecSConfig(rt.specs.n, rt.specs.beta, rt.specs.tau)
@@ -374,20 +364,15 @@ def _run_one(env: BenchEnv, spec: MethodSpec, question: str, opts: DecodeOptions
     verifier = None
     if REGISTRY[spec.base].needs_verifier:
         verifier = env.verifier(spec.overrides.get("verifier"), spec.overrides.get("alpha"))
-    _set_token_spec(env, spec)
     _same_cache_state(env)
     target, draft = _engines(env, spec)
     settings = _settings(env, spec)
-    try:
-        if spec.base == "lr_async":  # shorter GIL hand-overs between the draft and target threads
-            with fast_thread_switching():
-                return decode(spec.base, question, target, draft, verifier, opts)
-        if settings is not None:
-            return decode(spec.base, question, target, draft, verifier, opts, settings)
-        return decode(spec.base, question, target, draft, verifier, opts)
-    finally:
-        env.target.set_token_spec(None)
-        env.draft.set_token_spec(None)
+    if spec.base == "lr_async":  # shorter GIL hand-overs between the draft and target threads
+        with fast_thread_switching():
+            return decode(spec.base, question, target, draft, verifier, opts)
+    if settings is not None:
+        return decode(spec.base, question, target, draft, verifier, opts, settings)
+    return decode(spec.base, question, target, draft, verifier, opts)
 
 
 def list_methods() -> str:
@@ -428,11 +413,11 @@ def warm_up(env: BenchEnv, specs: Sequence[MethodSpec], log: Callable[[str], Non
     initialisation, kernel choice and, on the fast path, graph capture there, the baseline's included (a
     method failing there is marked and skipped)."""
     results = {s.label: MethodResult(s) for s in specs}
-    if env.cfg.bench.warmup:
+    if env.setup.bench.warmup:
         for s in specs:
             opts = _method_options(env, s)
             try:
-                _run_one(env, s, WARMUP_QUESTION + env.cfg.bench.prompt_suffix,
+                _run_one(env, s, WARMUP_QUESTION + env.setup.bench.prompt_suffix,
                          opts.replace(max_steps=min(opts.max_steps, opts.gamma + 2)))
             except (ValueError, RuntimeError) as err:
                 results[s.label].error = f"{type(err).__name__}: {err}"
@@ -445,7 +430,7 @@ def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, 
                  on_trace: Callable[[str, Iterable[dict]], None] | None = None) -> None:
     """Decode every problem of `env` with every method, adding to `results`; on_trace(label, records)
     receives each generation's per-cycle trace."""
-    suffix = env.cfg.bench.prompt_suffix
+    suffix = env.setup.bench.prompt_suffix
     for i, prob in enumerate(env.problems):
         for s in specs:
             res = results[s.label]
@@ -503,12 +488,12 @@ def write_report(report: dict, out: Path) -> None:
 def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: str | Path | None = None,
                   log: Callable[[str], None] = print) -> dict:
     """Decode every problem with every method; returns the report (see `format_markdown`)."""
-    specs = method_specs(methods or env.cfg.bench.methods)
+    specs = method_specs(methods or env.setup.bench.methods)
     out = Path(out_dir) if out_dir else None
     on_trace = trace_files(out, specs) if out is not None else None
     results = warm_up(env, specs, log)
     started = time.perf_counter()
-    run_problems(env, specs, results, log, on_trace if env.cfg.bench.trace else None)
+    run_problems(env, specs, results, log, on_trace if env.setup.bench.trace else None)
     report = summarize(env, results)
     report["wall_s"] = time.perf_counter() - started
     if out is not None:
@@ -602,7 +587,7 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
     return {"rows": rows, "system_speed": env.system_speed, "verifier": env.verifier_kind,
             "checkpoint": env.checkpoint,
             "models": {"target": env.target.model_name, "draft": env.draft.model_name},
-            "problems": [p.id for p in env.problems], "config": to_dict(env.cfg),
+            "problems": [p.id for p in env.problems], "config": env.setup.config_record(),
             "host": {"platform": platform.platform(), "python": platform.python_version()}}
 
 
@@ -627,7 +612,7 @@ def _search_prediction(env: BenchEnv, kind: str, st: RunStats) -> dict:
     if kind == "specs":
         return specs_predicted_speedup(st)
 
-    return seed_predicted_speedup(st, env.cfg.runtime.tree.k_config)
+    return seed_predicted_speedup(st, env.setup.runtime.tree.k_config)
 
 
 def fmt(value, digits: int = 2) -> str:

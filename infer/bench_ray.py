@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specprobe.infer import bench
-from specprobe.infer.config import ConfigError
 from specprobe.infer.ray_cluster import (
     ClusterError,
     actor_options,
@@ -23,6 +22,7 @@ from specprobe.infer.ray_cluster import (
     import_ray,
     replica_demands,
 )
+from specprobe.inputs.config import ConfigError
 
 __all__ = ["run_benchmark_on_ray", "deal_problems"]
 
@@ -36,12 +36,12 @@ def deal_problems(problems: Sequence, replicas: int) -> list[list]:
 class _BenchReplica:
     """Target, draft and verifier on one actor, decoding a share of the problems with every method."""
 
-    def __init__(self, cfg, checkpoint: str | None, verifier: str | None, problems: list):
-        if cfg.ray.gpus_per_replica == 0 and cfg.ray.cpus_per_replica >= 1:
+    def __init__(self, setup: bench.BenchSetup, checkpoint: str | None, verifier: str | None, problems: list):
+        if setup.ray.gpus_per_replica == 0 and setup.ray.cpus_per_replica >= 1:
             import torch
 
-            torch.set_num_threads(int(cfg.ray.cpus_per_replica))
-        self.env = bench.prepare(cfg, checkpoint=checkpoint, verifier=verifier, problems=problems)
+            torch.set_num_threads(int(setup.ray.cpus_per_replica))
+        self.env = bench.prepare(setup, checkpoint=checkpoint, verifier=verifier, problems=problems)
 
     def describe(self) -> dict:
         env = self.env
@@ -52,7 +52,7 @@ class _BenchReplica:
         """(results per method, traces, seconds of decoding after the warm-up)."""
         traces: list[tuple[str, list[dict]]] = []
         results = bench.warm_up(self.env, specs, log=print)
-        on_trace = (lambda label, recs: traces.append((label, list(recs)))) if self.env.cfg.bench.trace else None
+        on_trace = (lambda label, recs: traces.append((label, list(recs)))) if self.env.setup.bench.trace else None
         started = time.perf_counter()
         bench.run_problems(self.env, specs, results, log=print, on_trace=on_trace)
         return results, traces, time.perf_counter() - started
@@ -65,7 +65,7 @@ class _ModelName:
     model_name: str
 
 
-def run_benchmark_on_ray(cfg, methods: Sequence[str] | None = None, *, checkpoint: str | None = None,
+def run_benchmark_on_ray(setup: bench.BenchSetup, methods: Sequence[str] | None = None, *, checkpoint: str | None = None,
                          verifier: str | None = None, address: str | None = None,
                          out_dir: str | Path | None = None, log: Callable[[str], None] = print) -> dict:
     """`infer.bench.run_benchmark` with the problems spread over Ray replicas; same report, plus
@@ -73,18 +73,18 @@ def run_benchmark_on_ray(cfg, methods: Sequence[str] | None = None, *, checkpoin
     ray = import_ray()
     from ray.exceptions import RayActorError
 
-    where = connect(cfg.ray, address)
-    check_resources(replica_demands(cfg.ray))
-    specs = bench.method_specs(methods or cfg.bench.methods)
-    problems = bench.load_problems(cfg.bench.source, cfg.bench.num_problems)
+    where = connect(setup.ray, address)
+    check_resources(replica_demands(setup.ray))
+    specs = bench.method_specs(methods or setup.bench.methods)
+    problems = bench.load_problems(setup.bench.source, setup.bench.num_problems)
     if not problems:
         raise ConfigError("no problems to benchmark")
-    shares = deal_problems(problems, cfg.ray.replicas)
+    shares = deal_problems(problems, setup.ray.replicas)
     log(f"probe-bench on {where}: {len(problems)} problems over {len(shares)} replica(s)")
-    rc = cfg.ray
+    rc = setup.ray
     replica_cls = ray.remote(_BenchReplica).options(**actor_options(rc.cpus_per_replica, rc.gpus_per_replica,
                                                                     rc.max_restarts))
-    replicas = [replica_cls.remote(cfg, checkpoint, verifier, share) for share in shares]
+    replicas = [replica_cls.remote(setup, checkpoint, verifier, share) for share in shares]
     try:
         try:  # a missing model or bad checkpoint fails here, before any decoding
             info = ray.get([r.describe.remote() for r in replicas])[0]
@@ -94,8 +94,8 @@ def run_benchmark_on_ray(cfg, methods: Sequence[str] | None = None, *, checkpoin
     finally:
         for r in replicas:
             ray.kill(r, no_restart=True)
-    env = bench.BenchEnv(cfg, _ModelName(info["target"]), _ModelName(info["draft"]), problems,
-                         bench.options_from_config(cfg, info["system_speed"]), info["system_speed"],
+    env = bench.BenchEnv(setup, _ModelName(info["target"]), _ModelName(info["draft"]), problems,
+                         bench.options_from_config(setup, info["system_speed"]), info["system_speed"],
                          info["verifier"], info["checkpoint"])
     report = bench.summarize(env, bench.merge_results([results for results, _, _ in parts]))
     report.update(wall_s=max(seconds for _, _, seconds in parts), replicas=len(shares))

@@ -1,45 +1,19 @@
-"""Config machinery, and the config sections the inference side owns.
+"""The config sections the inference side owns (models, sampling, runtime, benchmark, Ray), and `BenchSetup`,
+the sections a benchmark reads.
 
-One YAML file per experiment, `key=value` overrides on the command line. Every field has help text
-(``field_help``) and is type-checked when loaded: an unknown key or a value of the wrong type is a
-``ConfigError`` that names the key and the file.
-
-Each package keeps its sections beside its code, as TRL keeps a trainer's config next to the trainer:
-here the models, sampling, trace/problem source, runtime, benchmark and Ray sections (`infer` reads them,
-and `data_gen` reads models/sampling/source too); `data_gen.config` the data-generation section;
-`train.config` the probe, verifier, evaluation and tracking sections and `ExperimentConfig`, which
-assembles all of them and is what every CLI loads (`train.config.load_config`). The machinery lives
-here because every package but `probes` may import `infer`.
+`data_gen` reads models and sampling too. The machinery (`opt`, `section`, loading, help) is
+`inputs.config`; the source section is `inputs.records.SourceConfig`, beside the reader it configures.
 """
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
-
-import yaml
+from typing import Literal
 
 from specprobe.infer.models import DTYPE_NAMES, OFFLINE_PREFIX, check_model_name, offline_model_folder
-from specprobe.probes.features import parse_layer_option
-
-
-class ConfigError(ValueError):
-    """A config file or override that does not fit the schema."""
-
-
-def opt(default: Any, help: str, **kw) -> Any:
-    """A dataclass field with help text (shown by `--help-config`)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
-
-
-def section(cls: type, help: str) -> Any:
-    return field(default_factory=cls, metadata={"help": help})
+from specprobe.inputs.config import ConfigError, check_folder, check_positive, load_yaml, opt, section, to_dict
+from specprobe.inputs.records import SourceConfig
 
 
 # ----------------------------------------------------------------------------- sections
@@ -131,40 +105,6 @@ class ModelsConfig:
 
     def resolved_device(self) -> str | None:
         return None if self.device == "auto" else self.device
-
-
-@dataclass
-class SourceConfig:
-    kind: Literal["reasoning_gym", "s1k", "gsm8k", "champ", "jsonl"] = opt(
-        "reasoning_gym", "trace source: reasoning_gym (offline default), s1k, gsm8k, champ, jsonl")
-    path: str | None = opt(None, "local file (jsonl/parquet) for s1k, gsm8k and jsonl sources")
-    name: str | None = opt(None, "datasets hub name, e.g. simplescaling/s1K-1.1 (needs hub access or a cache)")
-    split: str = opt("train", "dataset split")
-    task: str = opt("gsm_symbolic", "reasoning-gym task name")
-    size: int = opt(24, "number of generated reasoning-gym problems")
-    limit: int | None = opt(None, "read at most this many traces")
-    seed: int = opt(0, "seed for generated sources")
-    step_mode: Literal["delimiter", "sentence"] = opt("delimiter", "split reasoning on the delimiter or on sentence punctuation")
-    delimiter: str = opt("\n\n", "step delimiter")
-    trajectory: Literal["deepseek", "gemini"] = opt("deepseek", "which s1K-1.1 trajectory to read")
-    domains: list[str] | None = opt(None, "keep only these domains (e.g. [math])")
-    fields: dict | None = opt(None, "jsonl source: field names, e.g. {question: prompt, steps: reasoning, answer: label}")
-    max_step_chars: int | None = opt(None, "skip (with a warning) traces that have a step longer than this")
-    strip_calculator: bool = opt(
-        True, "gsm8k / reasoning_gym: remove GSM8K's calculator annotations (<<48/2=24>>) from the steps; "
-              "false keeps the rationale exactly as written")
-
-    def __post_init__(self) -> None:
-        check_positive(self, "size")
-        if not self.delimiter:
-            raise ConfigError("source.delimiter must not be empty")
-        if self.kind == "jsonl" and not self.path:
-            raise ConfigError("source.kind is jsonl but source.path is not set; name the .jsonl file (source.path=...)")
-
-    def check_available(self) -> None:
-        """Before any model loads: a local source file exists."""
-        if self.path and not Path(self.path).expanduser().exists():
-            raise ConfigError(f"source.path: {self.path} does not exist (source.kind={self.kind})")
 
 
 @dataclass
@@ -390,147 +330,62 @@ class RayConfig:
             raise ConfigError("ray.connect_timeout_s must be > 0")
 
 
-def check_layer_option(option: str, key: str) -> None:
+@dataclass
+class BenchSetup:
+    """What a benchmark reads: its config sections, the step delimiter, the folder where a trained
+    checkpoint is looked for when none is named, and the config its results record. The experiment config
+    hands it down (``ExperimentConfig.bench_setup()``); a notebook can build one from the sections."""
 
-    try:
-        parse_layer_option(option)
-    except ValueError as err:
-        raise ConfigError(f"{key}: {err}") from None
+    models: ModelsConfig
+    sampling: SamplingConfig
+    runtime: RuntimeConfig
+    bench: BenchConfig
+    ray: RayConfig = field(default_factory=RayConfig)
+    delimiter: str = "\n\n"
+    checkpoint_dir: Path | None = None
+    record: dict | None = None  # the whole experiment config as a dict; None: these sections
 
-
-def check_positive(obj: Any, name: str) -> None:
-    value = getattr(obj, name)
-    if value is not None and value < 1:
-        raise ConfigError(f"{type(obj).__name__}.{name} must be >= 1, got {value}")
-
-
-# ----------------------------------------------------------------------------- loading
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
-    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
-    origin, args = get_origin(tp), get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(value, arg, key, where)
-            except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(errors[0] if errors else f"{key}: bad value in {where}")
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{key}: {value!r} is not one of {list(args)} (in {where})")
-        return value
-    if origin in (list, tuple, Sequence):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r} (in {where})")
-        inner = args[0] if args else Any
-        return [_coerce(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value)]
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping (in {where})")
-        return dict(value)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a section (mapping), got {value!r} (in {where})")
-        return build(tp, value, where, prefix=key + ".")
-    if tp is Any:
-        return value
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is bool and not isinstance(value, bool) or tp is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} (in {where})")
-    if not isinstance(value, tp):
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} (in {where})")
-    return value
+    def config_record(self) -> dict:
+        if self.record is not None:
+            return self.record
+        return {name: to_dict(getattr(self, name)) for name in ("models", "sampling", "runtime", "bench", "ray")}
 
 
-def build(cls: type, values: dict, where: str = "<dict>", prefix: str = "") -> Any:
-    """Instantiate dataclass `cls` from a (nested) dict, checking every key and type."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = [k for k in values if k not in names]
-    if unknown:
-        raise ConfigError(f"unknown key {prefix}{unknown[0]} in {where}; "
-                          f"valid keys of {prefix.rstrip('.') or 'the top level'}: {sorted(names)}")
-    kwargs = {k: _coerce(v, hints[k], prefix + k, where) for k, v in values.items()}
-    try:
-        return cls(**kwargs)
-    except ConfigError as err:
-        raise ConfigError(f"{err} (in {where})") from None
+@dataclass
+class InferenceConfig:
+    """The inference side of an experiment config: what probe-bench loads (`load_inference_config`) from the
+    same YAML file as probe-train, whose `train.config.ExperimentConfig` adds the data, training, report and
+    tracking sections to these."""
+
+    name: str = opt("tiny", "run name; checkpoints go to <output_dir>/checkpoint")
+    output_dir: str = opt("runs/tiny", "where this run writes its data, checkpoint and reports")
+    models: ModelsConfig = section(ModelsConfig, "draft and target models")
+    source: SourceConfig = section(SourceConfig, "reasoning traces")
+    sampling: SamplingConfig = section(SamplingConfig, "step sampling")
+    runtime: RuntimeConfig = section(RuntimeConfig, "decoding runtime")
+    bench: BenchConfig = section(BenchConfig, "probe-bench")
+    ray: RayConfig = section(RayConfig, "scale-out on Ray (probe-train --stage data --ray, probe-bench --ray)")
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.output_dir) / "checkpoint"
+
+    def bench_setup(self) -> BenchSetup:
+        """probe-bench's sections (`infer.bench.prepare` takes this); the checkpoint this run trained, if any,
+        is the default verifier checkpoint."""
+        return BenchSetup(self.models, self.sampling, self.runtime, self.bench, self.ray, self.source.delimiter,
+                          self.checkpoint_dir, record=to_dict(self))
+
+    def check_before_loading(self, *, sources: bool = True) -> None:
+        """What can be checked before any model loads (a wrong device or path found after minutes of loading
+        is time lost): the output folder, the device, offline model packages and local paths, a local source
+        file."""
+        check_folder(self.output_dir, "output_dir")
+        self.models.check_available()
+        if sources:
+            self.source.check_available()
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`a.b=value` → (["a", "b"], value); the value is read as YAML (numbers, bools, lists)."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like key=value (e.g. data.num_samples=8)")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:  # not YAML (e.g. a path with a colon): keep the text
-        value = raw
-    return key.strip().split("."), value
-
-
-def _set_path(tree: dict, path: list[str], value: Any) -> None:
-    node = tree
-    for part in path[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"override {'.'.join(path)}: {part} is not a section")
-    node[path[-1]] = value
-
-
-def load_yaml(cls: type, path: str | Path | None = None, overrides: Sequence[str] = ()):
-    """Dataclass `cls` from a YAML file (or its defaults when path is None) with `key=value` overrides.
-    The experiment config every CLI loads is `train.config.load_config`."""
-    tree: dict = {}
-    where = "defaults"
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path} is not valid YAML: {err}") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
-        where = str(path)
-    for text in overrides:
-        keys, value = parse_override(text)
-        _set_path(tree, keys, value)
-    if overrides:
-        where += f" + overrides {list(overrides)}"
-    return build(cls, tree, where)
-
-
-def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
-
-
-def dump_yaml(cfg: Any) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
-
-
-def field_help(cls: type, prefix: str = "") -> list[tuple[str, str, Any]]:
-    """(key, help, default) for every field, nested sections flattened with dots."""
-    rows = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            rows.extend(field_help(tp, prefix + f.name + "."))
-        else:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            rows.append((prefix + f.name, f.metadata.get("help", ""), default))
-    return rows
-
-
-def format_help(cls: type) -> str:
-    return "\n".join(f"  {k:34s} {h}  [default: {d!r}]" for k, h, d in field_help(cls))
+def load_inference_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> InferenceConfig:
+    """The inference sections of an experiment YAML (its other sections are probe-train's, skipped here)."""
+    return load_yaml(InferenceConfig, path, overrides, other_sections=True)

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from specprobe.data_gen.store import FORMAT, ShardData, fingerprint, write_manifest, write_shard
-from specprobe.infer.config import to_dict
+from specprobe.inputs.config import to_dict
 from specprobe.train.config import load_config
 
 NUM_LAYERS, HIDDEN = 4, 16

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from specprobe.data_gen.store import FORMAT, ShardData, fingerprint, write_manifest, write_shard
-from specprobe.infer.config import build, to_dict
+from specprobe.inputs.config import build, to_dict
 from specprobe.train.config import ExperimentConfig, load_config
 
 ENGINES = {

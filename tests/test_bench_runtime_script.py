@@ -98,7 +98,7 @@ def _stats(latency):
 
 def test_summary_gives_no_speedup_to_a_method_that_failed_mid_run():
     cfg = load_config(REPO / "configs" / "tiny.yaml", [])
-    env = SimpleNamespace(cfg=cfg, opts=bench.options_from_config(cfg), verifier_kind="bernoulli", system_speed=True,
+    env = SimpleNamespace(setup=cfg.bench_setup(), opts=bench.options_from_config(cfg.bench_setup()), verifier_kind="bernoulli", system_speed=True,
                           checkpoint=None, target=SimpleNamespace(model_name="t"),
                           draft=SimpleNamespace(model_name="d"), problems=[])
     results = {label: bench.MethodResult(bench.parse_method(label)) for label in ("target", "lr_sync", "lr_async")}
@@ -118,7 +118,7 @@ def test_every_method_starts_with_the_same_prefix_cache_state():
     cfg = load_config(REPO / "configs" / "tiny.yaml", [
         "bench.system_speed=true", "bench.system_target=random:llama-20m", "bench.system_draft=random:llama-tiny",
         "models.device=cpu", "runtime.max_steps=2", "sampling.max_step_tokens=4", "bench.num_problems=1"])
-    env = bench.prepare(cfg)
+    env = bench.prepare(cfg.bench_setup())
     question = env.problems[0].question
     target = bench.parse_method("target")
     work = {"prefill_tokens": 0, "reused_prefix_tokens": 0}

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from specprobe.infer.config import ConfigError, dump_yaml
+from specprobe.inputs.config import ConfigError, dump_yaml
 from specprobe.train.config import ExperimentConfig, field_help, load_config
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").glob("*.yaml"))
@@ -120,7 +120,7 @@ def test_dump_round_trips(tmp_path):
 
 def test_each_section_lives_beside_its_owner():
     cfg = ExperimentConfig()
-    owners = {"models": "infer", "sampling": "infer", "source": "infer", "runtime": "infer", "bench": "infer",
+    owners = {"models": "infer", "sampling": "infer", "source": "inputs", "runtime": "infer", "bench": "infer",
               "ray": "infer", "data": "data_gen", "probe": "train", "verifiers": "train", "eval": "train",
               "wandb": "train"}
     assert {name: type(getattr(cfg, name)).__module__.split(".")[1] for name in owners} == owners

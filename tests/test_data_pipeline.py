@@ -180,7 +180,7 @@ def tiny(tmp_path_factory, engines, judge):
     """The uninterrupted reference run (3 contexts, 3 shards)."""
     root = tmp_path_factory.mktemp("tiny")
     _, cfg = write_config(root, root / "run")
-    result = generate_dataset(cfg, engines=engines, judge=judge, progress=False)
+    result = generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=False)
     assert result.complete and not result.reused
     return cfg, result
 
@@ -350,11 +350,11 @@ def test_complete_folder_is_reused_and_other_models_are_refused(tiny, monkeypatc
         raise AssertionError("models must not be loaded")
 
     monkeypatch.setattr("specprobe.infer.engines.build_engine_pair", no_loading)
-    again = generate_dataset(cfg, progress=False)
+    again = generate_dataset(cfg.data_job(), progress=False)
     assert again.reused and again.manifest["counts"] == result.manifest["counts"]
     other = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, draft="random:llama-tiny"))
     with pytest.raises(DataMismatchError, match=r"different models:\n  models.draft: .*random:llama-tiny"):
-        generate_dataset(other, progress=False)
+        generate_dataset(other.data_job(), progress=False)
 
 
 @pytest.mark.slow
@@ -410,7 +410,7 @@ def test_a_broken_shard_of_a_finished_run_is_redone_not_reused(tiny, tmp_path, e
     path = copy_cfg.data_dir / before["shards"][1]["files"]["features"]
     path.write_bytes(path.read_bytes()[:-100])  # truncated after the run finished
     with pytest.warns(UserWarning, match="shard 1 will be generated again: .*features-00001.safetensors has"):
-        result = generate_dataset(copy_cfg, engines=engines, judge=judge, progress=False)
+        result = generate_dataset(copy_cfg.data_job(), engines=engines, judge=judge, progress=False)
     assert result.complete and not result.reused
     after = read_manifest(copy_cfg.data_dir)
     assert after["shards"][0] == before["shards"][0] and after["shards"][2] == before["shards"][2]  # kept
@@ -426,7 +426,7 @@ def test_shards_without_a_manifest_are_not_overwritten(tiny, tmp_path, engines, 
     (cfg.data_dir / "manifest.json").unlink()
     stamp = {p.name: p.stat().st_mtime_ns for p in (cfg.data_dir / "shards").iterdir()}
     with pytest.raises(DataFolderError, match="holds 12 shard files .* but no manifest.json.*nothing was overwritten"):
-        generate_dataset(cfg, engines=engines, judge=judge, progress=False)
+        generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=False)
     assert {p.name: p.stat().st_mtime_ns for p in (cfg.data_dir / "shards").iterdir()} == stamp
 
 
@@ -447,14 +447,14 @@ def test_train_refuses_data_whose_recorded_model_differs_in_any_field(tiny):
 def test_shard_parts_then_merge_equals_single_run(tiny, tmp_path, engines, judge):
     _, reference = tiny
     _, cfg = write_config(tmp_path, tmp_path / "run")
-    first = generate_dataset(cfg, engines=engines, judge=judge, part=(0, 2), progress=False)
+    first = generate_dataset(cfg.data_job(), engines=engines, judge=judge, part=(0, 2), progress=False)
     assert first.data_dir == cfg.data_dir / "part-0-of-2" and first.complete
     assert [s["index"] for s in first.manifest["shards"]] == [0, 2]
     with pytest.raises(DataFolderError):
         open_dataset(cfg.data_dir)  # nothing merged yet
     half = merge_parts(cfg.data_dir)  # part 1 not run yet: merged but incomplete
     assert half["status"] == "in_progress" and [s["index"] for s in half["shards"]] == [0, 2]
-    generate_dataset(cfg, engines=engines, judge=judge, part=(1, 2), progress=False)
+    generate_dataset(cfg.data_job(), engines=engines, judge=judge, part=(1, 2), progress=False)
     merged = merge_parts(cfg.data_dir)
     assert merged["status"] == "complete" and [s["index"] for s in merged["shards"]] == [0, 1, 2]
     assert_same_data(dataset_arrays(cfg.data_dir), dataset_arrays(reference.data_dir))
@@ -471,7 +471,7 @@ def test_bad_traces_and_empty_contexts_are_skipped_with_warnings(tmp_path, engin
     _, cfg = write_config(tmp_path, tmp_path / "run", data={"contexts_per_shard": 8})
     wrapped = tuple(BlankingEngine(e) for e in engines)
     with pytest.warns(DataWarning) as caught:
-        result = generate_dataset(cfg, traces=traces, engines=wrapped, judge=judge, progress=False)
+        result = generate_dataset(cfg.data_job(), traces=traces, engines=wrapped, judge=judge, progress=False)
     messages = "\n".join(str(w.message) for w in caught)
     assert "id 'broken'" in messages and "'question'" in messages
     assert "context 'all-empty@0'" in messages and "samples are empty" in messages
@@ -510,7 +510,7 @@ def test_nli_model_without_entailment_label_fails_before_any_work(tmp_path, monk
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("no trace may load first")))
     _, cfg = write_config(tmp_path, tmp_path / "run", data={"judge": "nli", "nli_model": str(folder)})
     with pytest.raises(ValueError, match="no 'entailment' label"):
-        generate_dataset(cfg, progress=False)
+        generate_dataset(cfg.data_job(), progress=False)
     assert not (cfg.data_dir / "manifest.json").exists() and not (cfg.data_dir / "shards").exists()
 
 
@@ -535,14 +535,14 @@ def test_pilot_stops_a_run_whose_steps_hit_the_cap_and_keeps_its_shards(tmp_path
     sections = dict(sampling={"max_step_tokens": 3}, data={"pilot_contexts": 1, "max_capped_share": 0.15})
     _, cfg = write_config(tmp_path, tmp_path / "run", **sections)
     with pytest.raises(CappedStepsError, match=r"after the pilot's 1 contexts, \d+\.\d% .*max_step_tokens=3.*'\\n\\n'"):
-        generate_dataset(cfg, engines=engines, judge=judge, progress=False)
+        generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=False)
     manifest = read_manifest(cfg.data_dir)
     assert len(manifest["shards"]) == 1 and manifest["status"] != "complete"
     capped, samples = manifest["shards"][0]["stats"]["capped"], manifest["shards"][0]["stats"]["samples"]
     assert sum(capped.values()) > 0.15 * sum(samples.values())
     sections["data"]["max_capped_share"] = None
     _, cfg = write_config(tmp_path, tmp_path / "run", **sections)  # not in the fingerprint: the folder is reused
-    result = generate_dataset(cfg, engines=engines, judge=judge, progress=False)
+    result = generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=False)
     assert result.complete and len(result.manifest["shards"]) == 3
 
 
@@ -555,15 +555,15 @@ def test_a_run_that_skips_every_context_is_an_error_and_bad_text_is_cleaned(tmp_
     _, cfg = write_config(tmp_path, tmp_path / "run")
     wrapped = tuple(BlankingEngine(e) for e in engines)
     with pytest.warns(DataWarning), pytest.raises(DataFolderError, match="all 1 contexts were skipped.*all-empty@0"):
-        generate_dataset(cfg, traces=[empty], engines=wrapped, judge=judge, progress=False)
+        generate_dataset(cfg.data_job(), traces=[empty], engines=wrapped, judge=judge, progress=False)
     # a record far larger than the context window (the 5 MB case): skipped, and the empty run is an error
     huge = Trace("huge", "math", good.question + " 12 apples." * 9000, good.steps, good.answer)
     _, cfg = write_config(tmp_path, tmp_path / "run-huge")
     with pytest.warns(DataWarning), pytest.raises(DataFolderError, match="all 1 contexts were skipped.*huge@0.*too long"):
-        generate_dataset(cfg, traces=[huge], engines=engines, judge=judge, progress=False)
+        generate_dataset(cfg.data_job(), traces=[huge], engines=engines, judge=judge, progress=False)
     # a lone surrogate and a control character: replaced, the record kept and named
     bad = {"id": "surrogate", "question": good.question + " \ud800\x07", "steps": list(good.steps), "answer": good.answer}
     _, cfg = write_config(tmp_path, tmp_path / "run2")
     with pytest.warns(DataWarning, match=r"id 'surrogate'.*replaced 2 lone surrogate or control characters in question"):
-        result = generate_dataset(cfg, traces=[bad], engines=engines, judge=judge, progress=False)
+        result = generate_dataset(cfg.data_job(), traces=[bad], engines=engines, judge=judge, progress=False)
     assert result.complete and open_dataset(result.data_dir).contexts.num_rows == 1

@@ -45,7 +45,7 @@ def undeclared_uses(source: str, allowed: set[str]) -> list[tuple[int, str]]:
 def test_callers_use_only_what_the_engine_protocol_declares():
     allowed = declared()
     assert {"generate", "score", "score_chain", "open_stream", "info", "capabilities", "model_name",
-            "clear_prefix_cache", "set_token_spec"} <= allowed
+            "clear_prefix_cache", "with_token_spec"} <= allowed
     found = []
     for path in MODULES:
         rel = path.relative_to(ROOT).as_posix()
@@ -68,4 +68,4 @@ def test_engines_declare_their_capabilities():
     assert isinstance(caps, EngineCapabilities) and caps.kind == "transformers" and caps.raw_model
     assert engine.model is not None and isinstance(engine, StepEngine)
     engine.clear_prefix_cache()
-    engine.set_token_spec(None)
+    assert engine.with_token_spec(None) is engine  # nothing to change: the engine itself

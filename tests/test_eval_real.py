@@ -47,7 +47,7 @@ def real_checkpoint(tmp_path_factory):
     path = root / "tiny.yaml"
     path.write_text(yaml.safe_dump({**CONFIG, "output_dir": str(root / "run")}, sort_keys=False))
     cfg = load_config(path)
-    generate_dataset(cfg, progress=False)
+    generate_dataset(cfg.data_job(), progress=False)
     train_all(cfg, print_fn=lambda _: None)
     return cfg
 

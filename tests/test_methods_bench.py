@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from specprobe.infer import bench
-from specprobe.infer.config import ConfigError
 from specprobe.infer.engines import HFStepEngine, SamplingParams
 from specprobe.infer.engines.base import Prefix, StepRequest
 from specprobe.infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
+from specprobe.inputs.config import ConfigError
 from specprobe.train.config import format_help, load_config
 
 
@@ -60,7 +60,7 @@ def test_bench_runs_the_three_methods_with_their_baselines(engines, tmp_path):
                              "runtime.specs.n=2", "runtime.tree.thoughts=2", "runtime.tree.depth=2",
                              "runtime.tree.k_config=[2,1]", "runtime.tree.threaded=false",
                              "runtime.lookahead.window=3", "runtime.lookahead.ngram=3", "bench.warmup=false"])
-    env = bench.prepare(cfg, engines=engines, system_speed=True,
+    env = bench.prepare(cfg.bench_setup(), engines=engines, system_speed=True,
                         problems=[bench.Problem("p0", "What is 2 + 3?", "5")])
     report = bench.run_benchmark(env, ["specs", "seed_tot", "target+lookahead"], out_dir=tmp_path, log=lambda s: None)
     rows = {r["method"]: r for r in report["rows"]}
@@ -90,3 +90,19 @@ def test_predictions_of_the_search_methods():
     alpha = sd.acceptance_rate
     assert alpha == pytest.approx(6 / 9)
     assert seed_predicted_speedup(sd, (2, 2, 1))["ideal"] == pytest.approx(float(token_sd_speedup(alpha, 0.1, 3)))
+
+
+@pytest.mark.slow
+def test_token_speculation_is_chosen_per_method_not_left_in_the_engines(engines, tmp_path):
+    """+ngram speculates in its own generations only: the methods after it (the baseline included) propose
+    nothing, and the shared engines carry no token speculation afterwards."""
+    cfg = load_config(None, ["runtime.max_new_tokens=24", "runtime.max_steps=3", "sampling.max_step_tokens=8",
+                             "bench.warmup=false", "runtime.num_speculative_tokens=4", "runtime.ngram_size=2"])
+    env = bench.prepare(cfg.bench_setup(), engines=engines, system_speed=True,
+                        problems=[bench.Problem("p0", "Count: 1 2 3 1 2 3 1 2 3 1 2 3", None)])
+    report = bench.run_benchmark(env, ["target+ngram", "lr_sync", "lr_sync+ngram", "draft"], out_dir=tmp_path,
+                                 log=lambda s: None)
+    proposed = {r["method"]: r["stats"]["spec_proposed"] for r in report["rows"]}
+    assert proposed["target+ngram"] > 0 and proposed["lr_sync+ngram"] > 0
+    assert proposed["target"] == 0 and proposed["lr_sync"] == 0
+    assert env.target.token_spec is None and env.draft.token_spec is None

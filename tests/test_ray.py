@@ -85,7 +85,7 @@ def reference(tmp_path_factory):
     """The single-process run of the small config (real SmolLM2 + MiniLM judge)."""
     folder = tmp_path_factory.mktemp("single")
     _, cfg = small_config(folder)
-    result = generate_dataset(cfg, progress=False)
+    result = generate_dataset(cfg.data_job(), progress=False)
     assert result.complete and len(result.manifest["shards"]) == 4
     return result
 
@@ -102,7 +102,7 @@ def test_too_many_gpus_is_refused_before_loading_anything(local_ray, tmp_path):
 
     _, cfg = small_config(tmp_path, gpus_per_replica=1)
     with pytest.raises(ClusterError, match=r"1 GPUs \(ray.gpus_per_replica\).* has 0"):
-        generate_dataset_on_ray(cfg, progress=False)
+        generate_dataset_on_ray(cfg.data_job(), progress=False)
     assert not cfg.data_dir.exists()
 
 
@@ -115,7 +115,7 @@ def test_a_replica_that_cannot_load_its_model_is_a_clear_error(local_ray, tmp_pa
     _, cfg = write_config(tmp_path, tmp_path / "run", **SMALL, ray={"local_cpus": 2},
                           models={"target": str(tmp_path / "empty-model-folder")})
     with pytest.raises(ClusterError, match=r"(?s)could not start.*ModelUnavailableError.*empty-model-folder"):
-        generate_dataset_on_ray(cfg, progress=False)
+        generate_dataset_on_ray(cfg.data_job(), progress=False)
     manifest = read_manifest(cfg.data_dir)
     assert manifest is None  # nothing was planned into the folder
 
@@ -125,7 +125,7 @@ def test_two_replicas_write_the_single_process_dataset(local_ray, reference, tmp
     from specprobe.data_gen.distributed import generate_dataset_on_ray
 
     _, cfg = small_config(tmp_path, replicas=2)
-    result = generate_dataset_on_ray(cfg, progress=False)
+    result = generate_dataset_on_ray(cfg.data_job(), progress=False)
     assert result.complete and result.run.contexts == 4
     assert_same_data(dataset_arrays(result.data_dir), dataset_arrays(reference.data_dir))
     assert result.manifest["judge"] == reference.manifest["judge"]
@@ -146,10 +146,10 @@ def test_replica_killed_mid_run_is_restarted_and_nothing_is_lost(local_ray, refe
             killed.append((index, workers.described[replica]["pid"]))
             ray.kill(workers.replicas[replica], no_restart=False)  # Ray restarts it (ray.max_restarts)
 
-    workers = RayShardWorkers(cfg, on_shard=kill_after_first)
+    workers = RayShardWorkers(cfg.data_job(), on_shard=kill_after_first)
     written = []
     try:
-        result = generate_dataset(cfg, progress=False, workers=_Recording(workers, written))
+        result = generate_dataset(cfg.data_job(), progress=False, workers=_Recording(workers, written))
         new_pid = ray.get(workers.replicas[0].describe.remote())["pid"]
     finally:
         workers.close()
@@ -234,7 +234,7 @@ BENCH = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "mo
 def test_bench_on_two_replicas_gives_the_single_process_table(local_ray, tmp_path, capsys):
     import json
 
-    from specprobe.train.bench_cli import main
+    from specprobe.infer.bench_cli import main
 
     methods = ["--methods", "target,lr_sync,semanticspec", "--verifier", "bernoulli"]
     assert main(["--config", "configs/tiny.yaml", *methods, "--out", str(tmp_path / "single"), *BENCH]) == 0

@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from specprobe.infer import bench
-from specprobe.infer.config import ConfigError, SourceConfig
+from specprobe.infer.bench_cli import main
 from specprobe.infer.decoding import read_trace, replay_text
+from specprobe.inputs.config import ConfigError
+from specprobe.inputs.records import SourceConfig
 from specprobe.probes.features import FeatureSpec
 from specprobe.probes.metrics import wilson_interval
 from specprobe.probes.mlp import ProbeMLPConfig, SemanticProbe
-from specprobe.train.bench_cli import main
 from specprobe.train.config import load_config
 
 TINY_MODELS = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "models.device=cpu",
@@ -157,7 +158,7 @@ def test_system_speed_adaptive_depth_with_heterogeneous_acceptance(tmp_path):
         estimates = {round(a, 9) for rec in trace for a in rec.get("depth", {}).get("estimates", [])}
         assert estimates <= {0.95, 0.05, 0.0} and len(estimates - {0.0}) >= 1
     assert bench.parse_method("lr_async:gamma=adaptive").overrides == {"gamma_policy": "adaptive"}
-    env = bench.prepare(load_config("configs/tiny.yaml", ["bench.system_speed=true"]), engines=(None, None),
+    env = bench.prepare(load_config("configs/tiny.yaml", ["bench.system_speed=true"]).bench_setup(), engines=(None, None),
                         problems=[bench.Problem("p", "q", None)])
     with pytest.raises(ConfigError, match="gamma=adaptive applies to"):
         bench.is_adaptive(env, bench.parse_method("target:gamma=adaptive"))

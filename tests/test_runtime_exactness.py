@@ -68,12 +68,9 @@ def test_reject_all_every_method_equals_target_only_greedy(smol):
                              opts(width=2, draft_params=SamplingParams(0.8, max_step_tokens=24))),
         "semanticspec": decode("semanticspec", Q, target, plain, reject, opts()),
     }
-    target.set_token_spec(TokenSpecConfig("ngram", num_tokens=8, ngram_size=3))
-    try:
-        runs["lr_sync+ngram"] = decode("lr_sync", Q, target, plain, reject, opts())
-        runs["target+ngram"] = decode("target", Q, target, None, None, opts())
-    finally:
-        target.set_token_spec(None)
+    speculating = target.with_token_spec(TokenSpecConfig("ngram", num_tokens=8, ngram_size=3))
+    runs["lr_sync+ngram"] = decode("lr_sync", Q, speculating, plain, reject, opts())
+    runs["target+ngram"] = decode("target", Q, speculating, None, None, opts())
     prompt = target.prefix_ids(Prefix(Q))
     for _name, res in runs.items():
         assert_same_greedy(target.model, prompt, ids_of(res), ids_of(base), at_least=20)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from specprobe.infer.config import ConfigError
 from specprobe.infer.decoding import DecodeOptions, decode, read_trace, replay_text, stats_from_trace, write_trace
 from specprobe.infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams
 from specprobe.infer.verifiers import BernoulliVerifier, Verifier, build_verifier
+from specprobe.inputs.config import ConfigError
 from specprobe.train.config import load_config
 
 from _margins import assert_same_greedy

@@ -5,10 +5,10 @@ import pytest
 
 from specprobe.infer.answers import answers_match, extract_answer, extract_boxed, grade, to_number
 from specprobe.infer.bench import parse_method
-from specprobe.infer.config import ConfigError
 from specprobe.infer.decoding.analytic import predict, semanticspec_speedup, token_level_factor
 from specprobe.infer.decoding.common import seed_for
 from specprobe.infer.decoding.metrics import RunStats, join_steps, replay_text, stats_from_trace
+from specprobe.inputs.config import ConfigError
 from specprobe.probes.speedup import async_speedup, sync_speedup
 
 

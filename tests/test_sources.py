@@ -152,7 +152,7 @@ def test_final_answers_lose_thousands_separators(tmp_path):
 
 def test_strip_calculator_is_set_from_the_config():
     from specprobe.data_gen.pipeline import load_source_traces
-    from specprobe.infer.config import SourceConfig
+    from specprobe.inputs.records import SourceConfig
     from specprobe.train.config import field_help, load_config
 
     kept = load_config(None, ["source.kind=gsm8k", f"source.path={DATA / 'gsm8k.jsonl'}",

@@ -31,7 +31,7 @@ from specprobe.data_gen.store import (
     write_manifest,
     write_shard,
 )
-from specprobe.infer.config import to_dict
+from specprobe.inputs.config import to_dict
 from specprobe.train.config import ExperimentConfig
 
 L, H = 3, 5

@@ -201,19 +201,20 @@ def test_dropping_unused_columns_keeps_results(tiny):
 @pytest.mark.parametrize("method", ["ngram", "assistant"])
 def test_greedy_with_token_speculation_is_exactly_greedy(small, tiny, method):
     plain = [gen(small, [p])[0] for p in PREFIXES]
-    small.set_token_spec(TokenSpecConfig(method, num_tokens=4, ngram_size=3),
-                         assistant=tiny if method == "assistant" else None)
-    try:
-        spec = [small.generate([StepRequest(p)], GREEDY) for p in PREFIXES]
-        batched = gen(small, PREFIXES)
-    finally:
-        small.set_token_spec(None)
+    view = small.with_token_spec(TokenSpecConfig(method, num_tokens=4, ngram_size=3),
+                                 assistant=tiny if method == "assistant" else None)
+    spec = [view.generate([StepRequest(p)], GREEDY) for p in PREFIXES]
+    batched = gen(view, PREFIXES)
     for p, s, b, want in zip(PREFIXES, spec, batched, plain):
         same_greedy(small, p, s.steps[0][0], want)
         same_greedy(small, p, b, want)
     assert sum(s.stats.spec_proposed for s in spec) > 0  # speculation really ran
     if method == "assistant":
         assert sum(s.stats.proposer_forward_passes for s in spec) > 0
+    # chosen per call: the engine itself never speculates, before or after the view's calls
+    again = small.generate([StepRequest(PREFIXES[0])], GREEDY)
+    assert small.token_spec is None and again.stats.spec_proposed == 0
+    assert view.with_token_spec(None).token_spec is None and view.token_spec is not None
 
 
 def test_assistant_needs_the_same_tokenizer(small):
@@ -222,7 +223,7 @@ def test_assistant_needs_the_same_tokenizer(small):
     with pytest.raises(ValueError, match="tokenizer"):
         AssistantProposer(other, small.info.tokenizer_id)
     with pytest.raises(ValueError, match="assistant engine"):
-        small.set_token_spec(TokenSpecConfig("assistant"))
+        small.with_token_spec(TokenSpecConfig("assistant"))
 
 
 @pytest.mark.slow
@@ -232,8 +233,8 @@ def test_ngram_speculation_is_exact_on_real_smollm2():
                     "How many apples and pears does Anna have left?")
     params = SamplingParams(temperature=0, max_step_tokens=24)
     plain = gen(eng, [prefix], params)[0]
-    eng.set_token_spec(TokenSpecConfig("ngram", num_tokens=8, ngram_size=3))
-    out = eng.generate([StepRequest(prefix)], params)
+    out = eng.with_token_spec(TokenSpecConfig("ngram", num_tokens=8, ngram_size=3)).generate([StepRequest(prefix)],
+                                                                                            params)
     assert_same_greedy(eng.model, eng.prefix_ids(prefix), out.steps[0][0].token_ids, plain.token_ids, at_least=8)
     assert out.stats.spec_proposed > 0
 

@@ -194,9 +194,9 @@ def test_speculation_is_fixed_at_start(vllm_pair):
     from specprobe.infer.engines.token_spec import TokenSpecConfig
 
     target, _ = vllm_pair
-    target.set_token_spec(None)  # what it was started with: fine
+    assert target.with_token_spec(None) is target  # what it was started with: fine
     with pytest.raises(ValueError, match="speculative_config"):
-        target.set_token_spec(TokenSpecConfig("ngram"))
+        target.with_token_spec(TokenSpecConfig("ngram"))
 
 
 def test_tiny_data_stage_on_vllm_feeds_the_train_stage(vllm_pair, tmp_path):
@@ -217,7 +217,7 @@ def test_tiny_data_stage_on_vllm_feeds_the_train_stage(vllm_pair, tmp_path):
     target, _ = vllm_pair
     draft = type(target)(SMOL, dtype="float32", share=target)  # chat template on, like the config's draft
     judge = EmbeddingNumberJudge("offline:minilm", threshold=0.8, device="cpu")
-    result = generate_dataset(cfg, engines=(target, draft), judge=judge, progress=False)
+    result = generate_dataset(cfg.data_job(), engines=(target, draft), judge=judge, progress=False)
     assert result.complete
     ds = open_dataset(result.data_dir)
     assert ds.contexts.num_rows == 3 and 0 < ds.samples.num_rows <= 3 * 2 * 4  # empty steps are dropped
@@ -247,7 +247,7 @@ def test_data_stage_with_a_batch_larger_than_one_scheduler_step(vllm_pair, tmp_p
         return generate(requests, params)
     monkeypatch.setattr(target, "generate", counting)
     judge = EmbeddingNumberJudge("offline:minilm", threshold=0.8, device="cpu")
-    result = generate_dataset(cfg, engines=(target, target), judge=judge, progress=False)
+    result = generate_dataset(cfg.data_job(), engines=(target, target), judge=judge, progress=False)
     assert result.complete
     assert prompt_tokens and max(prompt_tokens) > 4096  # the call did outgrow one step
     ds = open_dataset(result.data_dir)

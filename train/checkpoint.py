@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.infer import checkpoint_format as fmt
-from specprobe.infer.config import to_dict
 from specprobe.infer.models import describe_source
-from specprobe.infer.versions import package_versions
+from specprobe.inputs.config import to_dict
+from specprobe.inputs.versions import package_versions
 from specprobe.probes.io import front_matter
 from specprobe.train.tracking import format_metrics
 

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from specprobe.data_gen.contexts import parse_part
 from specprobe.data_gen.pipeline import DataGenStats, DataResult, generate_dataset
 from specprobe.data_gen.store import merge_parts
-from specprobe.infer.config import ConfigError
-from specprobe.train.config import check_before_loading, format_help, load_config
+from specprobe.inputs.config import ConfigError
+from specprobe.train.config import format_help, load_config
 from specprobe.train.pipeline import train_all
 
 STAGES = ("data", "train", "all")
@@ -53,11 +53,11 @@ def run_data_stage(cfg, shard: str | None, progress: bool, ray_address: str | No
 
     part = parse_part(shard) if shard else None
     if ray_address is None:
-        result = generate_dataset(cfg, part=part, progress=progress)
+        result = generate_dataset(cfg.data_job(), part=part, progress=progress)
     else:
         from specprobe.data_gen.distributed import generate_dataset_on_ray
 
-        result = generate_dataset_on_ray(cfg, address=ray_address or None, part=part, progress=progress)
+        result = generate_dataset_on_ray(cfg.data_job(), address=ray_address or None, part=part, progress=progress)
     print(result.summary())
     if part is not None:
         print(f"part {part[0]} of {part[1]} done; when every part is done: probe-train --config <file> --merge")
@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(args.config, args.overrides)
-        check_before_loading(cfg, sources=args.stage in ("data", "all"))
+        cfg.check_before_loading(sources=args.stage in ("data", "all"))
         if args.merge:
             return run_merge(cfg)
         if args.stage in ("data", "all"):

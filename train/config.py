@@ -1,8 +1,9 @@
 """The training, evaluation and tracking sections of an experiment config, and the experiment config itself.
 
-`ExperimentConfig` assembles every package's sections (infer: models, source, sampling, runtime, bench,
-ray; data_gen: data; train: probe, verifiers, eval, wandb) into the one schema that `probe-train`,
-`probe-eval` and `probe-bench` load with `load_config`.
+`ExperimentConfig` extends the inference sections (`infer.config.InferenceConfig`: models, sampling, runtime,
+bench, ray, and the source of `inputs.records`) with data_gen's data section and train's probe, verifiers, eval
+and wandb, into the one schema of an experiment YAML that `probe-train` and `probe-eval` load with
+`load_config` (probe-bench reads the inference part of the same file).
 """
 from __future__ import annotations
 
@@ -11,21 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from specprobe.data_gen.config import DataConfig
-from specprobe.infer import config as base
-from specprobe.infer.config import (
-    BenchConfig,
-    ConfigError,
-    ModelsConfig,
-    RayConfig,
-    RuntimeConfig,
-    SamplingConfig,
-    SourceConfig,
-    check_layer_option,
-    check_positive,
-    opt,
-    section,
-)
+from specprobe.data_gen.config import DataConfig, DataJob, check_layer_option
+from specprobe.infer.config import InferenceConfig
+from specprobe.inputs import config as base
+from specprobe.inputs.config import ConfigError, check_positive, opt, section
 
 
 @dataclass
@@ -193,50 +183,30 @@ class WandbConfig:
 
 
 @dataclass
-class ExperimentConfig:
-    name: str = opt("tiny", "run name; checkpoints go to <output_dir>/checkpoint")
-    output_dir: str = opt("runs/tiny", "where this run writes its data, checkpoint and reports")
-    models: ModelsConfig = section(ModelsConfig, "draft and target models")
-    source: SourceConfig = section(SourceConfig, "reasoning traces")
-    sampling: SamplingConfig = section(SamplingConfig, "step sampling")
+class ExperimentConfig(InferenceConfig):
+    """The whole experiment: the inference sections (`infer.config.InferenceConfig`: name, output_dir, models,
+    source, sampling, runtime, bench, ray) and the data, training, report and tracking sections. Only the
+    CLIs and `train.pipeline` hold it; library code below `train` takes sections (`data_job`, `bench_setup`)."""
+
     data: DataConfig = section(DataConfig, "training-data generation")
     probe: ProbeConfig = section(ProbeConfig, "semantic-probability probes")
     verifiers: VerifiersConfig = section(VerifiersConfig, "pair verifiers")
     eval: EvalConfig = section(EvalConfig, "probe-eval report")
-    runtime: RuntimeConfig = section(RuntimeConfig, "decoding runtime")
-    bench: BenchConfig = section(BenchConfig, "probe-bench")
     wandb: WandbConfig = section(WandbConfig, "experiment tracking")
-    ray: RayConfig = section(RayConfig, "scale-out on Ray (probe-train --stage data --ray, probe-bench --ray)")
 
     @property
     def data_dir(self) -> Path:
         return Path(self.output_dir) / "data"
 
-    @property
-    def checkpoint_dir(self) -> Path:
-        return Path(self.output_dir) / "checkpoint"
+    def data_job(self) -> DataJob:
+        """The data stage's sections and folder (`data_gen.generate_dataset` takes this, not the whole config)."""
+        return DataJob(self.data, self.source, self.models, self.sampling, self.data_dir, self.ray,
+                       record=base.to_dict(self))
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:
     """The experiment config of a YAML file (or the defaults when path is None) with `key=value` overrides."""
     return base.load_yaml(ExperimentConfig, path, overrides)
-
-
-def check_folder(path: str | Path, what: str) -> None:
-    """A folder the job will write: neither it nor any parent may be a file."""
-    path = Path(path).expanduser()
-    for p in (path, *path.parents):
-        if p.exists() and not p.is_dir():
-            raise ConfigError(f"{what}: {p} is a file, not a folder; choose another {what}")
-
-
-def check_before_loading(cfg: ExperimentConfig, *, sources: bool = True) -> None:
-    """What can be checked before any model loads (a wrong device or path found after minutes of loading is
-    time lost): the output folder, the device, offline model packages and local paths, a local source file."""
-    check_folder(cfg.output_dir, "output_dir")
-    cfg.models.check_available()
-    if sources:
-        cfg.source.check_available()
 
 
 def field_help(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, object]]:

@@ -18,8 +18,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from specprobe.infer.config import ConfigError
-from specprobe.train.config import check_folder
+from specprobe.inputs.config import ConfigError, check_folder
 from specprobe.train.report import CheckpointError, compare_checkpoints, evaluate_checkpoint
 
 

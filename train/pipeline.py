@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from specprobe.data_gen.store import DataFolderError, open_dataset
-from specprobe.infer.config import to_dict
 from specprobe.infer.models import default_device, describe_source
+from specprobe.inputs.config import to_dict
 from specprobe.probes.splits import group_split
 from specprobe.train import pair_verifiers, probes_train
 from specprobe.train.checkpoint import write_checkpoint

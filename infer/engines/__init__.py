@@ -41,7 +41,7 @@ def build_engine(name: str, models_cfg, *, role: str = "target", token_spec=None
     """An engine for `name` (the `role` model) on the engine kind, device, dtype, cache and template settings
     of a ModelsConfig. share: an engine of the same kind on the same model whose weights (transformers) or
     vLLM engine this one reuses. token_spec: token speculation fixed at start (vLLM engines only; the
-    transformers engine takes it per run with `set_token_spec`)."""
+    transformers engine takes it per call with `with_token_spec`)."""
     common = dict(device=models_cfg.resolved_device(), dtype=models_cfg.dtype, cache_dir=models_cfg.cache_dir,
                   use_chat_template=models_cfg.use_chat_template, system_prompt=models_cfg.system_prompt,
                   stop_at_eos=stop_at_eos)

@@ -264,8 +264,8 @@ class EngineCapabilities:
     kind: the backend ("transformers", "vllm", ...). raw_model: `model` is a transformers model callers may
     run themselves (custom attention masks, tree attention, reusing the weights as an LLM judge). lora: it
     serves LoRA adapters per request (the judge-LoRA on vLLM). prefix_cache: it keeps prompt-prefix KV between
-    calls (`clear_prefix_cache` empties it). token_spec_per_run: `set_token_spec` may change token-level
-    speculation between runs (vLLM fixes it when the engine starts)."""
+    calls (`clear_prefix_cache` empties it). token_spec_per_run: `with_token_spec` may choose token-level
+    speculation per call (vLLM fixes it when the engine starts)."""
 
     kind: str
     raw_model: bool = False
@@ -317,10 +317,11 @@ class StepEngine(Protocol):
         """Forget cached prompt prefixes, so the next call pays its own prefill (fair benchmarks)."""
         ...
 
-    def set_token_spec(self, spec: Any, assistant: Any = None) -> None:
-        """Token-level speculation inside steps from now on (`engines.token_spec.TokenSpecConfig`, None: off);
-        `assistant`: the draft engine for spec mode "assistant". Engines whose capabilities say
-        token_spec_per_run=False accept only what they were started with."""
+    def with_token_spec(self, spec: Any, assistant: Any = None) -> StepEngine:
+        """This engine with token-level speculation inside steps (`engines.token_spec.TokenSpecConfig`, None:
+        off) for the calls made through the returned view; the engine itself is not changed. `assistant`: the
+        draft engine for spec mode "assistant". Engines whose capabilities say token_spec_per_run=False accept
+        only what they were started with (and return themselves)."""
         ...
 
     def format_prefix(self, question: str, steps: Sequence[PrefixStep] = (),

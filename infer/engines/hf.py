@@ -2,11 +2,12 @@
 
 `HFStepEngine` turns interface calls into token ids (`infer.engines.tokens.StepTokenizer`) and hands
 them to `infer.engines.hf_kv` (the model call, KV cache, prefix reuse and batched decoding). Optional
-token-level speculation inside each step (`set_token_spec`: prompt-lookup n-grams or an assistant model
+token-level speculation inside each step (`with_token_spec`: prompt-lookup n-grams or an assistant model
 with the same tokenizer) is exact under greedy decoding and lossless under sampling.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Hashable, Sequence
@@ -126,22 +127,26 @@ class HFStepEngine:
         self.runner.clear()
 
     # ---------------------------------------------------------------- token speculation
-    def set_token_spec(self, spec: TokenSpecConfig | None, assistant: HFStepEngine | None = None) -> None:
-        """Turn token-level speculation inside steps on (or off with None).
+    def with_token_spec(self, spec: TokenSpecConfig | None, assistant: HFStepEngine | None = None) -> HFStepEngine:
+        """This engine with token-level speculation inside steps for the calls made through the returned view
+        (None: off); the engine itself is unchanged, so methods sharing it cannot leak a setting into each
+        other. The view shares the model, tokenizer and prefix cache.
 
         ngram: prompt lookup over the prompt and the step so far. assistant: greedy proposals from
         `assistant` (an engine whose tokenizer must equal this one's).
         """
-        if spec is None:
-            self.token_spec, self._proposer = None, None
-            return
-        if spec.method == "ngram":
+        if spec is None and self.token_spec is None:
+            return self
+        proposer = None
+        if spec is not None and spec.method == "ngram":
             proposer = NgramProposer(spec.ngram_size, spec.min_ngram)
-        else:
+        elif spec is not None:
             if assistant is None:
                 raise ValueError("token_spec 'assistant' needs an assistant engine (the draft model)")
             proposer = AssistantProposer(assistant, self.info.tokenizer_id)
-        self.token_spec, self._proposer = spec, proposer
+        view = copy.copy(self)
+        view.token_spec, view._proposer = spec, proposer
+        return view
 
     def greedy_continue(self, ids: Sequence[int], k: int, stats: EngineStats) -> list[int]:
         """k greedy tokens after `ids` (assistant proposals for another engine); stops early at EOS."""

@@ -282,12 +282,13 @@ class VLLMStepEngine:
         with self._core.lock:
             self.llm.reset_prefix_cache()
 
-    def set_token_spec(self, spec: TokenSpecConfig | None, assistant=None) -> None:
-        """vLLM fixes speculation when the engine starts (`runtime.token_spec: ngram` in the config);
-        asking for another setting later is an error rather than a silent no-op."""
+    def with_token_spec(self, spec: TokenSpecConfig | None, assistant=None) -> VLLMStepEngine:
+        """vLLM fixes speculation when the engine starts (`runtime.token_spec: ngram` in the config): asking
+        for what it was started with returns this engine; anything else is an error rather than a silent
+        no-op."""
         have = self._core.token_spec
         if (spec is None) == (have is None) and (spec is None or spec.method == have.method):
-            return
+            return self
         raise ValueError(f"the vLLM engine was started with token speculation {have.method if have else 'off'}; "
                          f"it cannot switch to {spec.method if spec else 'off'} (vLLM fixes speculative_config at "
                          "start). Set runtime.token_spec in the config and bench the methods with and without "

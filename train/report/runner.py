@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from specprobe.infer.config import build, parse_override, to_dict
+from specprobe.inputs.config import build, parse_override, to_dict
 from specprobe.train.config import EvalConfig, WandbConfig
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report import plots, render

@@ -4,7 +4,8 @@ One reader for every consumer: `data_gen.sources` turns records into traces, `in
 benchmark problems. Local .jsonl/.ndjson/.json/.parquet files are read lazily; a bad line (not UTF-8,
 invalid JSON, not an object) is skipped with a `SourceWarning` naming the file and line, and a file
 with no records at all warns too. A hub data set is loaded with `datasets`; when that fails (no hub
-access, no cache) the error says how to make a local file instead.
+access, no cache) the error says how to make a local file instead. `SourceConfig` is the config section
+that names a source (`source` for traces, `bench.source` for problems).
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from specprobe.inputs.config import ConfigError, check_positive, opt
 
 DEFAULT_HUB_CONFIGS = {"openai/gsm8k": "main", "gsm8k": "main"}
 FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
@@ -172,3 +176,37 @@ def iter_records(path: str | os.PathLike | None, name: str | None, config: str |
     if name is None:
         raise ValueError("give path= (a local .jsonl/.json/.parquet file) or name= (a hub dataset)")
     return iter_hub(name, config if config is not None else DEFAULT_HUB_CONFIGS.get(name), split)
+
+
+@dataclass
+class SourceConfig:
+    kind: Literal["reasoning_gym", "s1k", "gsm8k", "champ", "jsonl"] = opt(
+        "reasoning_gym", "trace source: reasoning_gym (offline default), s1k, gsm8k, champ, jsonl")
+    path: str | None = opt(None, "local file (jsonl/parquet) for s1k, gsm8k and jsonl sources")
+    name: str | None = opt(None, "datasets hub name, e.g. simplescaling/s1K-1.1 (needs hub access or a cache)")
+    split: str = opt("train", "dataset split")
+    task: str = opt("gsm_symbolic", "reasoning-gym task name")
+    size: int = opt(24, "number of generated reasoning-gym problems")
+    limit: int | None = opt(None, "read at most this many traces")
+    seed: int = opt(0, "seed for generated sources")
+    step_mode: Literal["delimiter", "sentence"] = opt("delimiter", "split reasoning on the delimiter or on sentence punctuation")
+    delimiter: str = opt("\n\n", "step delimiter")
+    trajectory: Literal["deepseek", "gemini"] = opt("deepseek", "which s1K-1.1 trajectory to read")
+    domains: list[str] | None = opt(None, "keep only these domains (e.g. [math])")
+    fields: dict | None = opt(None, "jsonl source: field names, e.g. {question: prompt, steps: reasoning, answer: label}")
+    max_step_chars: int | None = opt(None, "skip (with a warning) traces that have a step longer than this")
+    strip_calculator: bool = opt(
+        True, "gsm8k / reasoning_gym: remove GSM8K's calculator annotations (<<48/2=24>>) from the steps; "
+              "false keeps the rationale exactly as written")
+
+    def __post_init__(self) -> None:
+        check_positive(self, "size")
+        if not self.delimiter:
+            raise ConfigError("source.delimiter must not be empty")
+        if self.kind == "jsonl" and not self.path:
+            raise ConfigError("source.kind is jsonl but source.path is not set; name the .jsonl file (source.path=...)")
+
+    def check_available(self) -> None:
+        """Before any model loads: a local source file exists."""
+        if self.path and not Path(self.path).expanduser().exists():
+            raise ConfigError(f"source.path: {self.path} does not exist (source.kind={self.kind})")

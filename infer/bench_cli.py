@@ -7,7 +7,8 @@ Usage:
     probe-bench --config configs/r1-1.5b-32b.yaml --methods target,lr_sync,lr_sync+ngram --out runs/bench
 
 Arguments:
-    --config PATH        experiment YAML (default: built-in defaults)
+    --config PATH        experiment YAML (default: built-in defaults); probe-bench reads its inference
+                         sections (models, source, sampling, runtime, bench, ray) and skips the others
     --checkpoint DIR     probe-train checkpoint with the trained verifiers (probe, embedding, judge)
     --methods LIST       comma list of target, draft, semanticspec, lr_sync, lr_async, specs (SpecS soft
                          verification + switching; runtime.specs), beam_target (its target beam search),
@@ -37,9 +38,9 @@ import sys
 from pathlib import Path
 
 from specprobe.infer import bench
-from specprobe.infer.config import ConfigError
+from specprobe.infer.config import InferenceConfig, load_inference_config
 from specprobe.infer.models import ModelUnavailableError
-from specprobe.train.config import check_before_loading, check_folder, format_help, load_config
+from specprobe.inputs.config import ConfigError, check_folder, format_help
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.help_config:
-        print(format_help())
+        print(format_help(InferenceConfig))
         return 0
     if args.list_methods:
         print(bench.list_methods())
@@ -78,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append("bench.system_speed=true")
 
     try:
-        cfg = load_config(args.config, overrides)
-        check_before_loading(cfg, sources=False)
+        cfg = load_inference_config(args.config, overrides)
+        cfg.check_before_loading(sources=False)
         if args.out:
             check_folder(args.out, "--out")
         methods = [m for m in args.methods.split(",") if m.strip()] if args.methods else None
@@ -87,11 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.ray is not None:
             from specprobe.infer.bench_ray import run_benchmark_on_ray
 
-            report = run_benchmark_on_ray(cfg, methods, checkpoint=args.checkpoint, verifier=args.verifier,
+            report = run_benchmark_on_ray(cfg.bench_setup(), methods, checkpoint=args.checkpoint, verifier=args.verifier,
                                           address=args.ray or None, out_dir=out,
                                           log=lambda s: print(s, file=sys.stderr))
         else:
-            env = bench.prepare(cfg, checkpoint=args.checkpoint, verifier=args.verifier)
+            env = bench.prepare(cfg.bench_setup(), checkpoint=args.checkpoint, verifier=args.verifier)
             report = bench.run_benchmark(env, methods, out_dir=out, log=lambda s: print(s, file=sys.stderr))
     except (ConfigError, ValueError, FileNotFoundError, ModelUnavailableError, RuntimeError) as err:
         print(f"probe-bench: error: {err}", file=sys.stderr)

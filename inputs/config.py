@@ -1,0 +1,193 @@
+"""Config machinery: typed sections read from one YAML file per experiment, with `key=value` overrides.
+
+Every field has help text (``field_help``) and is type-checked when loaded: an unknown key or a value of
+the wrong type is a ``ConfigError`` that names the key and the file. Each package keeps its sections beside
+its code, as TRL keeps a trainer's config next to the trainer (`infer.config`: models, sampling, runtime,
+benchmark, Ray; `inputs.records`: the trace/problem source; `data_gen.config`: data generation;
+`train.config`: probes, verifiers, evaluation, tracking, and `ExperimentConfig`, which assembles them all
+and which only the CLIs and `train.pipeline` hold). Library functions below `train` take the sections
+they read.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema."""
+
+
+def opt(default: Any, help: str, **kw) -> Any:
+    """A dataclass field with help text (shown by `--help-config`)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+def section(cls: type, help: str) -> Any:
+    return field(default_factory=cls, metadata={"help": help})
+
+
+def check_positive(obj: Any, name: str) -> None:
+    value = getattr(obj, name)
+    if value is not None and value < 1:
+        raise ConfigError(f"{type(obj).__name__}.{name} must be >= 1, got {value}")
+
+
+# ----------------------------------------------------------------------------- loading
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
+    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, arg, key, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value in {where}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(args)} (in {where})")
+        return value
+    if origin in (list, tuple, Sequence):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r} (in {where})")
+        inner = args[0] if args else Any
+        return [_coerce(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping (in {where})")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a section (mapping), got {value!r} (in {where})")
+        return build(tp, value, where, prefix=key + ".")
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool) or tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} (in {where})")
+    if not isinstance(value, tp):
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} (in {where})")
+    return value
+
+
+def build(cls: type, values: dict, where: str = "<dict>", prefix: str = "") -> Any:
+    """Instantiate dataclass `cls` from a (nested) dict, checking every key and type."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        raise ConfigError(f"unknown key {prefix}{unknown[0]} in {where}; "
+                          f"valid keys of {prefix.rstrip('.') or 'the top level'}: {sorted(names)}")
+    kwargs = {k: _coerce(v, hints[k], prefix + k, where) for k, v in values.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        raise ConfigError(f"{err} (in {where})") from None
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b=value` → (["a", "b"], value); the value is read as YAML (numbers, bools, lists)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key=value (e.g. data.num_samples=8)")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:  # not YAML (e.g. a path with a colon): keep the text
+        value = raw
+    return key.strip().split("."), value
+
+
+def _set_path(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {'.'.join(path)}: {part} is not a section")
+    node[path[-1]] = value
+
+
+def load_yaml(cls: type, path: str | Path | None = None, overrides: Sequence[str] = (), *,
+              other_sections: bool = False):
+    """Dataclass `cls` from a YAML file (or its defaults when path is None) with `key=value` overrides.
+    The experiment config probe-train and probe-eval load is `train.config.load_config`.
+
+    other_sections: the file may hold sections `cls` does not have (another stage's: probe-bench's config
+    skips the data and training sections of the shared experiment YAML); they are dropped unread. An
+    override must still name a key of `cls`."""
+    tree: dict = {}
+    where = "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        where = str(path)
+    if other_sections:
+        names = {f.name for f in dataclasses.fields(cls)}
+        tree = {k: v for k, v in tree.items() if k in names or not isinstance(v, dict)}
+    for text in overrides:
+        keys, value = parse_override(text)
+        if other_sections and keys[0] not in {f.name for f in dataclasses.fields(cls)}:
+            raise ConfigError(f"override {text!r}: this command reads only the keys "
+                              f"{sorted(f.name for f in dataclasses.fields(cls))}; {keys[0]} is not one of them")
+        _set_path(tree, keys, value)
+    if overrides:
+        where += f" + overrides {list(overrides)}"
+    return build(cls, tree, where)
+
+
+def check_folder(path: str | Path, what: str) -> None:
+    """A folder the job will write: neither it nor any parent may be a file."""
+    path = Path(path).expanduser()
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            raise ConfigError(f"{what}: {p} is a file, not a folder; choose another {what}")
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
+
+
+def field_help(cls: type, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(key, help, default) for every field, nested sections flattened with dots."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows.extend(field_help(tp, prefix + f.name + "."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rows.append((prefix + f.name, f.metadata.get("help", ""), default))
+    return rows
+
+
+def format_help(cls: type) -> str:
+    return "\n".join(f"  {k:34s} {h}  [default: {d!r}]" for k, h, d in field_help(cls))
