@@ -94,15 +94,16 @@ def test_predictions_of_the_search_methods():
 
 @pytest.mark.slow
 def test_token_speculation_is_chosen_per_method_not_left_in_the_engines(engines, tmp_path):
-    """+ngram speculates in its own generations only: the methods after it (the baseline included) propose
-    nothing, and the shared engines carry no token speculation afterwards."""
+    """+ngram speculates in its own generations only, in the engine that writes the steps (the draft for
+    draft+ngram, whose counters are reported too): the methods after it propose nothing, and the shared engines
+    carry no token speculation afterwards."""
     cfg = load_config(None, ["runtime.max_new_tokens=24", "runtime.max_steps=3", "sampling.max_step_tokens=8",
                              "bench.warmup=false", "runtime.num_speculative_tokens=4", "runtime.ngram_size=2"])
     env = bench.prepare(cfg.bench_setup(), engines=engines, system_speed=True,
                         problems=[bench.Problem("p0", "Count: 1 2 3 1 2 3 1 2 3 1 2 3", None)])
-    report = bench.run_benchmark(env, ["target+ngram", "lr_sync", "lr_sync+ngram", "draft"], out_dir=tmp_path,
-                                 log=lambda s: None)
+    report = bench.run_benchmark(env, ["target+ngram", "lr_sync", "lr_sync+ngram", "draft+ngram", "draft"],
+                                 out_dir=tmp_path, log=lambda s: None)
     proposed = {r["method"]: r["stats"]["spec_proposed"] for r in report["rows"]}
-    assert proposed["target+ngram"] > 0 and proposed["lr_sync+ngram"] > 0
-    assert proposed["target"] == 0 and proposed["lr_sync"] == 0
+    assert proposed["target+ngram"] > 0 and proposed["lr_sync+ngram"] > 0 and proposed["draft+ngram"] > 0
+    assert proposed["target"] == 0 and proposed["lr_sync"] == 0 and proposed["draft"] == 0
     assert env.target.token_spec is None and env.draft.token_spec is None

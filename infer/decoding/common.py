@@ -243,11 +243,12 @@ class GenState:
             st.target_forward_passes += es.forward_passes
             st.target_prefill_tokens += es.prefill_tokens
             st.draft_forward_passes += es.proposer_forward_passes  # the assistant is the draft model
-            st.spec_rounds += es.spec_rounds
-            st.spec_proposed += es.spec_proposed
-            st.spec_accepted += es.spec_accepted
         else:
             st.draft_forward_passes += es.forward_passes + es.proposer_forward_passes
+        # token speculation inside steps, in whichever engine writes with it (the target; the draft of draft+ngram)
+        st.spec_rounds += es.spec_rounds
+        st.spec_proposed += es.spec_proposed
+        st.spec_accepted += es.spec_accepted
 
     def book(self, role: str, es: EngineStats, rows: int, calls: int, seconds: float | None = None) -> None:
         """Add one engine call's (or stream iteration's) work under `role`."""
