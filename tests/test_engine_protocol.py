@@ -69,3 +69,25 @@ def test_engines_declare_their_capabilities():
     assert engine.model is not None and isinstance(engine, StepEngine)
     engine.clear_prefix_cache()
     assert engine.with_token_spec(None) is engine  # nothing to change: the engine itself
+
+
+def test_the_lookahead_wrapper_passes_through_the_protocol_and_nothing_else():
+    """LookaheadStepEngine spells the protocol out (no catch-all __getattr__): declared members reach the
+    base engine, an undeclared one is an AttributeError, and token speculation does not stack on it."""
+    import pytest
+
+    from specprobe.infer.engines import HFStepEngine
+    from specprobe.infer.engines.base import Prefix
+    from specprobe.infer.engines.lookahead_decoding import LookaheadStepEngine
+    from specprobe.infer.engines.token_spec import TokenSpecConfig
+
+    base = HFStepEngine("random:llama-tiny", device="cpu")
+    la = LookaheadStepEngine(base)
+    assert isinstance(la, StepEngine)
+    assert (la.info, la.model_name, la.model, la.tokenizer) == (base.info, base.model_name, base.model, base.tokenizer)
+    assert la.prefix_ids(Prefix("Hi")) == base.prefix_ids(Prefix("Hi")) and la.count_tokens("a b") == base.count_tokens("a b")
+    assert not la.capabilities.token_spec_per_run and la.with_token_spec(None) is la
+    with pytest.raises(ValueError, match="does not combine"):
+        la.with_token_spec(TokenSpecConfig("ngram"))
+    with pytest.raises(AttributeError):
+        la.runner  # noqa: B018 — the base engine's internals are not passed through

@@ -27,13 +27,14 @@ is the whole API: token ids in, token ids and counters out.
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from specprobe.infer.engines.base import EngineStats, Generation, SerialStream, sample_seed
+from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER, EngineStats, Generation, SerialStream, sample_seed
 from specprobe.infer.engines.token_spec import filtered_probs, sample_from
 
 
@@ -351,18 +352,43 @@ class LookaheadStepEngine:
     """
 
     def __init__(self, base, cfg: LookaheadConfig | None = None):
-        if getattr(base, "model", None) is None or getattr(base, "text", None) is None:
+        if not base.capabilities.raw_model or getattr(base, "text", None) is None:
             raise ValueError(f"lookahead decoding needs a transformers engine; {type(base).__name__} has no model")
         self.base, self.cfg = base, cfg or LookaheadConfig()
         self.decoder = LookaheadDecoder(base.model, self.cfg)
-        self.info = base.info
+        # the StepEngine protocol, spelled out: generation is ours, the rest is the base engine's
+        self.info, self.model_name, self.model, self.tokenizer = base.info, base.model_name, base.model, base.tokenizer
+        self.capabilities = replace(base.capabilities, token_spec_per_run=False)
+        self.text = base.text  # the step stop rule and prefixes (SEED's raw-model path reads them too)
 
-    def __getattr__(self, name):  # format_prefix, check_fits, count_tokens, score, score_chain, prefix_ids, ...
-        return getattr(self.base, name)
+    def clear_prefix_cache(self) -> None:
+        self.base.clear_prefix_cache()
+
+    def with_token_spec(self, spec, assistant=None):
+        if spec is not None:
+            raise ValueError("Lookahead Decoding is itself the token-level speculation inside steps; it does not "
+                             "combine with +ngram / +assistant")
+        return self
+
+    def format_prefix(self, question, steps=(), delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
+        return self.base.format_prefix(question, steps, delimiter)
+
+    def prefix_ids(self, prefix) -> list[int]:
+        return self.base.prefix_ids(prefix)
+
+    def check_fits(self, prefix, extra_tokens: int = 0) -> None:
+        self.base.check_fits(prefix, extra_tokens)
+
+    def count_tokens(self, text: str) -> int:
+        return self.base.count_tokens(text)
+
+    def score(self, prefix, steps, *, hidden: bool = True, layers=None):
+        return self.base.score(prefix, steps, hidden=hidden, layers=layers)
+
+    def score_chain(self, prefix, steps, *, hidden: bool = True, layers=None):
+        return self.base.score_chain(prefix, steps, hidden=hidden, layers=layers)
 
     def generate(self, requests, params):
-        import time
-
         t0 = time.perf_counter()
         stats = EngineStats()
         steps = []
@@ -390,5 +416,4 @@ class LookaheadStepEngine:
         return Generation(steps, stats)
 
     def open_stream(self, params):
-
         return SerialStream(self, params)
