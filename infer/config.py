@@ -386,6 +386,11 @@ class InferenceConfig:
             self.source.check_available()
 
 
+# the sections of an experiment YAML that probe-train reads and probe-bench does not (tests/test_config_flow.py
+# checks this list against train.config.ExperimentConfig, so the two cannot drift apart)
+TRAINING_SECTIONS = ("data", "probe", "verifiers", "eval", "wandb")
+
+
 def load_inference_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> InferenceConfig:
-    """The inference sections of an experiment YAML (its other sections are probe-train's, skipped here)."""
-    return load_yaml(InferenceConfig, path, overrides, other_sections=True)
+    """The inference sections of an experiment YAML (its data and training sections are skipped unread)."""
+    return load_yaml(InferenceConfig, path, overrides, other_sections=TRAINING_SECTIONS)

@@ -125,13 +125,13 @@ def _set_path(tree: dict, path: list[str], value: Any) -> None:
 
 
 def load_yaml(cls: type, path: str | Path | None = None, overrides: Sequence[str] = (), *,
-              other_sections: bool = False):
+              other_sections: Sequence[str] = ()):
     """Dataclass `cls` from a YAML file (or its defaults when path is None) with `key=value` overrides.
-    The experiment config probe-train and probe-eval load is `train.config.load_config`.
+    The whole experiment config (probe-train's) is `train.config.load_config`.
 
-    other_sections: the file may hold sections `cls` does not have (another stage's: probe-bench's config
-    skips the data and training sections of the shared experiment YAML); they are dropped unread. An
-    override must still name a key of `cls`."""
+    other_sections: top-level sections the file may hold that `cls` does not read (probe-bench skips the data
+    and training sections of the shared experiment YAML); they are dropped unread. Any other unknown key, a
+    misspelt section included, is still an error, and an override must name a key of `cls`."""
     tree: dict = {}
     where = "defaults"
     if path is not None:
@@ -145,12 +145,10 @@ def load_yaml(cls: type, path: str | Path | None = None, overrides: Sequence[str
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         where = str(path)
-    if other_sections:
-        names = {f.name for f in dataclasses.fields(cls)}
-        tree = {k: v for k, v in tree.items() if k in names or not isinstance(v, dict)}
+    tree = {k: v for k, v in tree.items() if k not in other_sections}
     for text in overrides:
         keys, value = parse_override(text)
-        if other_sections and keys[0] not in {f.name for f in dataclasses.fields(cls)}:
+        if keys[0] in other_sections:
             raise ConfigError(f"override {text!r}: this command reads only the keys "
                               f"{sorted(f.name for f in dataclasses.fields(cls))}; {keys[0]} is not one of them")
         _set_path(tree, keys, value)

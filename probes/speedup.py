@@ -20,11 +20,9 @@ Reading notes on the paper:
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-
-Mode = Literal["sync", "async"]
 
 
 def _alpha(alpha: Any) -> np.ndarray:

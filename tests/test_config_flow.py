@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specprobe.data_gen.config import DataJob
-from specprobe.infer.config import BenchSetup, InferenceConfig, load_inference_config
+from specprobe.infer.config import TRAINING_SECTIONS, BenchSetup, InferenceConfig, load_inference_config
 from specprobe.inputs.config import ConfigError
 from specprobe.train.config import ExperimentConfig, load_config
 
@@ -27,14 +27,21 @@ def _modules(package: str):
     return sorted((ROOT / package).rglob("*.py"))
 
 
-def _imported_packages(tree: ast.AST) -> set[str]:
-    names = set()
+def _imported_packages(tree: ast.AST, depth: int = 1) -> set[str]:
+    """Project packages a module imports: `specprobe.X...`, `from specprobe import X`. A relative import stays in
+    the module's own top-level package when its level is at most `depth` (the module's folder depth); one that
+    climbs out is reported as "relative" (it would hide a crossing)."""
+    found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-    return {n.split(".")[1] for n in names if n.startswith("specprobe.") and n.count(".") >= 1}
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("specprobe.")}
+        elif isinstance(node, ast.ImportFrom) and node.level > depth:
+            found.add("relative")
+        elif isinstance(node, ast.ImportFrom) and node.module == "specprobe":
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("specprobe."):
+            found.add(node.module.split(".")[1])
+    return found
 
 
 def _experiment_fields() -> set[str]:
@@ -63,7 +70,8 @@ def experiment_reads(source: str) -> list[tuple[int, str]]:
 @pytest.mark.parametrize("package", sorted(MAY_IMPORT))
 def test_packages_import_one_way(package):
     for path in _modules(package):
-        bad = _imported_packages(ast.parse(path.read_text())) - MAY_IMPORT[package] - {package}
+        depth = len(path.relative_to(ROOT).parts) - 1
+        bad = _imported_packages(ast.parse(path.read_text()), depth) - MAY_IMPORT[package] - {package}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}; {package} may import {sorted(MAY_IMPORT[package])}"
 
 
@@ -92,6 +100,8 @@ def test_the_scan_sees_the_leaks_it_forbids():
     assert [expr for _, expr in experiment_reads(leaks)] == ["cfg.runtime", "self.cfg.data_dir", "config.models"]
     fine = "def f(setup, job):\n    return setup.runtime.gamma, job.data.num_samples, job.folder\n"
     assert experiment_reads(fine) == []
+    crossings = "from specprobe import train\nimport specprobe.data_gen.store\nfrom ..infer import bench\nfrom .x import y\n"
+    assert _imported_packages(ast.parse(crossings), depth=1) == {"train", "data_gen", "relative"}
 
 
 def test_the_sections_handed_down_are_the_experiments_own():
@@ -100,12 +110,14 @@ def test_the_sections_handed_down_are_the_experiments_own():
     cfg = load_config(ROOT / "configs" / "tiny.yaml", ["data.num_samples=3", "runtime.gamma=2"])
     job = cfg.data_job()
     assert isinstance(job, DataJob)
-    assert (job.data, job.source, job.models, job.sampling, job.ray) == (cfg.data, cfg.source, cfg.models,
-                                                                        cfg.sampling, cfg.ray)
+    for name in ("data", "source", "models", "sampling", "ray"):
+        assert getattr(job, name) is getattr(cfg, name), name
     assert job.data.num_samples == 3 and job.folder == cfg.data_dir
     assert job.config_record()["output_dir"] == cfg.output_dir
     setup = cfg.bench_setup()
     assert isinstance(setup, BenchSetup)
+    for name in ("models", "sampling", "runtime", "bench", "ray"):
+        assert getattr(setup, name) is getattr(cfg, name), name
     assert setup.runtime.gamma == 2 and setup.delimiter == cfg.source.delimiter
     assert setup.checkpoint_dir == cfg.checkpoint_dir and setup.config_record()["data"]["num_samples"] == 3
 
@@ -143,5 +155,15 @@ def test_probe_bench_loads_the_inference_sections_of_the_shared_yaml(tmp_path):
     bad.write_text("nmae: x\nprobe: {hidden_dim: 8}\n")
     with pytest.raises(ConfigError, match="unknown key nmae"):
         load_inference_config(bad)
+    bad.write_text("runtme: {gamma: 3}\n")  # a misspelt section is not mistaken for another stage's
+    with pytest.raises(ConfigError, match="unknown key runtme"):
+        load_inference_config(bad)
     bad.write_text("probe: {hidden_dim: 8}\nruntime: {gamma: 2}\n")
     assert load_inference_config(bad).runtime.gamma == 2  # probe-train's sections are not read here
+
+
+def test_the_sections_probe_bench_skips_are_exactly_probe_trains_own():
+    """TRAINING_SECTIONS (infer/) names what ExperimentConfig (train/) adds to InferenceConfig: a new training
+    section would otherwise make probe-bench reject every experiment YAML that sets it."""
+    extra = {f.name for f in dataclasses.fields(ExperimentConfig)} - {f.name for f in dataclasses.fields(InferenceConfig)}
+    assert extra == set(TRAINING_SECTIONS)

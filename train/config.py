@@ -2,8 +2,8 @@
 
 `ExperimentConfig` extends the inference sections (`infer.config.InferenceConfig`: models, sampling, runtime,
 bench, ray, and the source of `inputs.records`) with data_gen's data section and train's probe, verifiers, eval
-and wandb, into the one schema of an experiment YAML that `probe-train` and `probe-eval` load with
-`load_config` (probe-bench reads the inference part of the same file).
+and wandb, into the one schema of an experiment YAML that `probe-train` loads with `load_config` (probe-bench
+reads the inference part of the same file; probe-eval the config saved in a checkpoint).
 """
 from __future__ import annotations
 

@@ -245,10 +245,12 @@ class GenState:
             st.draft_forward_passes += es.proposer_forward_passes  # the assistant is the draft model
         else:
             st.draft_forward_passes += es.forward_passes + es.proposer_forward_passes
-        # token speculation inside steps, in whichever engine writes with it (the target; the draft of draft+ngram)
-        st.spec_rounds += es.spec_rounds
-        st.spec_proposed += es.spec_proposed
-        st.spec_accepted += es.spec_accepted
+        # token speculation inside the steps that are written: the target's, or the draft's when it writes every
+        # step (draft-only: no draft beside it). A drafting engine's own (vLLM starts both with ngram) is left out.
+        if role == "target" or self.draft is None:
+            st.spec_rounds += es.spec_rounds
+            st.spec_proposed += es.spec_proposed
+            st.spec_accepted += es.spec_accepted
 
     def book(self, role: str, es: EngineStats, rows: int, calls: int, seconds: float | None = None) -> None:
         """Add one engine call's (or stream iteration's) work under `role`."""

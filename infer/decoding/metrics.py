@@ -52,7 +52,7 @@ class RunStats:
     target_prefill_tokens: int = 0  # prompt tokens the target ran through the model (cache hits excluded)
     draft_abandoned: int = 0  # async: drafts cut short because a rejection made them useless
     draft_abandoned_s: float = 0.0
-    spec_rounds: int = 0  # token-level speculation inside steps (target): rounds with a proposal
+    spec_rounds: int = 0  # token-level speculation inside the written steps (target; draft-only: draft): rounds with a proposal
     spec_proposed: int = 0
     spec_accepted: int = 0
     stop_reasons: dict = field(default_factory=dict)
