@@ -4,13 +4,12 @@ hands the job down (`data_job()`); data_gen never sees the whole config.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from specprobe.infer.config import ModelsConfig, RayConfig, SamplingConfig
-from specprobe.inputs.config import ConfigError, check_positive, opt
+from specprobe.inputs.config import ConfigError, check_positive, opt, to_dict
 from specprobe.inputs.records import SourceConfig
 from specprobe.probes.features import parse_layer_option
 
@@ -83,8 +82,7 @@ class DataJob:
         """The config the manifest keeps (its sections decide reuse: `data_gen.store.fingerprint`)."""
         if self.record is not None:
             return self.record
-        return {"output_dir": str(Path(self.folder).parent),
-                **{name: dataclasses.asdict(getattr(self, name)) for name in ("models", "source", "sampling", "data")}}
+        return {"output_dir": str(Path(self.folder).parent), **to_dict(self, ("models", "source", "sampling", "data"))}
 
 
 def check_layer_option(option: str, key: str) -> None:

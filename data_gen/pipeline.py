@@ -567,13 +567,14 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
 
     started = time.perf_counter()
     cfg_dict = job.config_record()
-    folder = Path(job.folder) if part is None else part_dir(job.folder, *part)
+    root = Path(job.folder)
+    folder = root if part is None else part_dir(root, *part)
     # a part run has nothing to do once the joined folder is complete
-    reused = _reuse(folder, cfg_dict) or (_reuse(Path(job.folder), cfg_dict) if part is not None else None)
+    reused = _reuse(folder, cfg_dict) or (_reuse(root, cfg_dict) if part is not None else None)
     if reused is not None:
         return reused
-    if part is None and read_manifest(folder) is None and any(Path(job.folder).glob("part-*-of-*")):
-        _warn(f"{job.folder} holds part-i-of-n folders but no merged data: run with --merge to join them "
+    if part is None and read_manifest(folder) is None and any(root.glob("part-*-of-*")):
+        _warn(f"{root} holds part-i-of-n folders but no merged data: run with --merge to join them "
               "instead of generating everything again")
     cache = folder / JUDGE_CACHE
     if workers is None:

@@ -145,11 +145,8 @@ class ProbeAcceptance:
 def load_acceptance_probe(path: str | Path, draft_engine, *, device: str | torch.device = "cpu",
                           allow_model_mismatch: bool = False) -> ProbeAcceptance:
     """The checkpoint's acceptance probe, checked against the draft engine's model."""
-
-    checkpoint = ckpt.Checkpoint(path, strict=False)
-    if not checkpoint.has_probe(ACCEPTANCE_PROBE):
-        raise CheckpointError(f"checkpoint {checkpoint.folder} has no {ACCEPTANCE_PROBE}.safetensors/.json, which gamma=adaptive "
-                              "reads; probe-train writes it when the data holds draft steps labelled under the target "
-                              "(both models in data.models), or run with a fixed gamma")
-    return ProbeAcceptance(checkpoint.probe(ACCEPTANCE_PROBE, map_location=device), draft_engine,
-                           allow_model_mismatch)
+    probe = ckpt.Checkpoint(path, strict=False).probe(
+        ACCEPTANCE_PROBE, map_location=device,
+        missing="gamma=adaptive reads it; probe-train writes it when the data holds draft steps labelled under the "
+                "target (both models in data.models), or run with a fixed gamma")
+    return ProbeAcceptance(probe, draft_engine, allow_model_mismatch)

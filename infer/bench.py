@@ -108,7 +108,6 @@ def _from_records(records, stem: str, limit: int) -> list[Problem]:
 
 
 def _records(path: str | None, name: str | None, config: str | None, split: str):
-
     try:
         return iter_records(path, name, config, split)
     except (FileNotFoundError, RuntimeError) as err:
@@ -318,7 +317,11 @@ def _method_options(env: BenchEnv, spec: MethodSpec, policy: bool = True) -> Dec
 
 def start_token_spec(rt) -> TokenSpecConfig | None:
     """Token speculation an engine must be started with (vLLM fixes it at start): runtime.token_spec ngram."""
-    return TokenSpecConfig("ngram", rt.num_speculative_tokens, rt.ngram_size) if rt.token_spec == "ngram" else None
+    return _token_spec(rt, "ngram") if rt.token_spec == "ngram" else None
+
+
+def _token_spec(rt, mode: str) -> TokenSpecConfig:
+    return TokenSpecConfig(mode, rt.num_speculative_tokens, rt.ngram_size)
 
 
 def _same_cache_state(env: BenchEnv) -> None:
@@ -337,14 +340,13 @@ def _engines(env: BenchEnv, spec: MethodSpec) -> tuple:
     rt = env.setup.runtime
     mode = spec.token_spec if spec.token_spec != "none" else rt.token_spec
     target, draft = env.target, env.draft
+    writes = draft if spec.base == "draft" else target
     if mode == "lookahead":
         la = rt.lookahead
-        writer = LookaheadStepEngine(draft if spec.base == "draft" else target,
-                                     LookaheadConfig(la.window, la.ngram, la.max_verify, rt.seed))
+        writer = LookaheadStepEngine(writes, LookaheadConfig(la.window, la.ngram, la.max_verify, rt.seed))
     else:
-        token_spec = None if mode == "none" else TokenSpecConfig(mode, rt.num_speculative_tokens, rt.ngram_size)
-        writer = (draft if spec.base == "draft" else target).with_token_spec(
-            token_spec, assistant=draft if mode == "assistant" else None)
+        writer = writes.with_token_spec(None if mode == "none" else _token_spec(rt, mode),
+                                        assistant=draft if mode == "assistant" else None)
     return (target, writer) if spec.base == "draft" else (writer, draft)
 
 
@@ -611,7 +613,6 @@ def _search_prediction(env: BenchEnv, kind: str, st: RunStats) -> dict:
     token SD's g(k) at the measured per-position acceptance and draft/target forward cost."""
     if kind == "specs":
         return specs_predicted_speedup(st)
-
     return seed_predicted_speedup(st, env.setup.runtime.tree.k_config)
 
 

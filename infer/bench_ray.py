@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specprobe.infer import bench
+from specprobe.infer.config import BenchSetup
 from specprobe.infer.ray_cluster import (
     ClusterError,
     actor_options,
@@ -36,7 +37,7 @@ def deal_problems(problems: Sequence, replicas: int) -> list[list]:
 class _BenchReplica:
     """Target, draft and verifier on one actor, decoding a share of the problems with every method."""
 
-    def __init__(self, setup: bench.BenchSetup, checkpoint: str | None, verifier: str | None, problems: list):
+    def __init__(self, setup: BenchSetup, checkpoint: str | None, verifier: str | None, problems: list):
         if setup.ray.gpus_per_replica == 0 and setup.ray.cpus_per_replica >= 1:
             import torch
 
@@ -65,7 +66,7 @@ class _ModelName:
     model_name: str
 
 
-def run_benchmark_on_ray(setup: bench.BenchSetup, methods: Sequence[str] | None = None, *, checkpoint: str | None = None,
+def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None, *, checkpoint: str | None = None,
                          verifier: str | None = None, address: str | None = None,
                          out_dir: str | Path | None = None, log: Callable[[str], None] = print) -> dict:
     """`infer.bench.run_benchmark` with the problems spread over Ray replicas; same report, plus

@@ -410,13 +410,16 @@ class Checkpoint:
         return has_probe(self.folder, name)
 
     # ------------------------------------------------------------------ components
-    def probe(self, name: str, map_location: Any = "cpu") -> HiddenStateProbe:
-        """Probe `name` (MLP or logistic, told apart by its format tag), loaded once per device."""
+    def probe(self, name: str, map_location: Any = "cpu", *, missing: str = "") -> HiddenStateProbe:
+        """Probe `name` (MLP or logistic, told apart by its format tag), loaded once per device. missing: what
+        the error for an absent probe tells the caller's user to do."""
         key = (name, str(map_location))
         if key not in self._probes:
             if not self.has_probe(name):
-                raise CheckpointError(f"the checkpoint {self.folder} has no probe {name!r} ({name}.safetensors + "
-                                      f"{name}.json); probes present: {self.probe_names() or 'none'}")
+                raise CheckpointError(f"the checkpoint {self.folder} has no probe {name!r} (no {name}.safetensors + "
+                                      f"{name}.json)"
+                                      f"{'; ' + missing if missing else ''}; probes present: "
+                                      f"{self.probe_names() or 'none'}")
             try:
                 self._probes[key] = load_probe(self.folder, name, map_location=map_location)
             except (ValueError, KeyError, OSError) as err:

@@ -346,9 +346,7 @@ class BenchSetup:
     record: dict | None = None  # the whole experiment config as a dict; None: these sections
 
     def config_record(self) -> dict:
-        if self.record is not None:
-            return self.record
-        return {name: to_dict(getattr(self, name)) for name in ("models", "sampling", "runtime", "bench", "ray")}
+        return self.record if self.record is not None else to_dict(self, ("models", "sampling", "runtime", "bench", "ray"))
 
 
 @dataclass

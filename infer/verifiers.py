@@ -352,15 +352,10 @@ class ProbePairVerifier(Verifier):
 # ----------------------------------------------------------------------------- loading
 def load_probe_pair(path: str | Path, *, target_engine=None, draft_engine=None, eps: float = DEFAULT_EPS,
                     allow_model_mismatch: bool = False, device: str | torch.device = "cpu") -> ProbePairVerifier:
-
     checkpoint = ckpt.Checkpoint(path, strict=False)
-    probes = []
-    for role in ("target", "draft"):
-        name = ckpt.probe_name(role)
-        if not checkpoint.has_probe(name):
-            raise CheckpointError(f"checkpoint {checkpoint.folder} has no {name}.safetensors/.json; train the probes "
-                                  "(verifiers.train includes 'probes') or use another verifier")
-        probes.append(checkpoint.probe(name, map_location=device))
+    probes = [checkpoint.probe(ckpt.probe_name(role), map_location=device,
+                               missing="train the probes (verifiers.train includes 'probes') or use another verifier")
+              for role in ("target", "draft")]
     return ProbePairVerifier(probes[0], probes[1], eps, target_engine, draft_engine, allow_model_mismatch)
 
 

@@ -165,8 +165,11 @@ def check_folder(path: str | Path, what: str) -> None:
             raise ConfigError(f"{what}: {p} is a file, not a folder; choose another {what}")
 
 
-def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
+def to_dict(cfg: Any, sections: Sequence[str] | None = None) -> dict:
+    """The config as plain data; sections: only these fields of it."""
+    if sections is None:
+        return dataclasses.asdict(cfg)
+    return {name: dataclasses.asdict(getattr(cfg, name)) for name in sections}
 
 
 def dump_yaml(cfg: Any) -> str:

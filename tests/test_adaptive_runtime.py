@@ -190,7 +190,7 @@ def test_acceptance_probe_reads_the_drafts_own_hidden_states(tiny_pair, tmp_path
 
 def test_a_missing_or_mismatched_acceptance_probe_says_what_to_do(tiny_pair, tmp_path):
     _, draft = tiny_pair
-    with pytest.raises(CheckpointError, match="probe_acceptance"):
+    with pytest.raises(CheckpointError, match="probe_acceptance.*run with a fixed gamma"):
         load_acceptance_probe(tmp_path, draft)
     other = HFStepEngine("random:llama-20m", device="cpu")
     make_input_probe(other).save(tmp_path, "probe_acceptance")

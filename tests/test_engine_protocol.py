@@ -7,7 +7,12 @@ import ast
 import inspect
 from pathlib import Path
 
-from specprobe.infer.engines.base import EngineCapabilities, StepEngine
+import pytest
+
+from specprobe.infer.engines import HFStepEngine
+from specprobe.infer.engines.base import EngineCapabilities, Prefix, StepEngine
+from specprobe.infer.engines.lookahead_decoding import LookaheadStepEngine
+from specprobe.infer.engines.token_spec import TokenSpecConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 # modules that receive engines, and the names engines go by there
@@ -60,10 +65,13 @@ def test_the_scan_notices_an_undeclared_attribute():
     assert undeclared_uses(source, declared()) == [(3, "secret_cache")]
 
 
-def test_engines_declare_their_capabilities():
-    from specprobe.infer.engines import HFStepEngine
+@pytest.fixture(scope="module")
+def tiny():
+    return HFStepEngine("random:llama-tiny", device="cpu")
 
-    engine = HFStepEngine("random:llama-tiny", device="cpu")
+
+def test_engines_declare_their_capabilities(tiny):
+    engine = tiny
     caps = engine.capabilities
     assert isinstance(caps, EngineCapabilities) and caps.kind == "transformers" and caps.raw_model
     assert engine.model is not None and isinstance(engine, StepEngine)
@@ -71,17 +79,10 @@ def test_engines_declare_their_capabilities():
     assert engine.with_token_spec(None) is engine  # nothing to change: the engine itself
 
 
-def test_the_lookahead_wrapper_passes_through_the_protocol_and_nothing_else():
+def test_the_lookahead_wrapper_passes_through_the_protocol_and_nothing_else(tiny):
     """LookaheadStepEngine spells the protocol out (no catch-all __getattr__): declared members reach the
     base engine, an undeclared one is an AttributeError, and token speculation does not stack on it."""
-    import pytest
-
-    from specprobe.infer.engines import HFStepEngine
-    from specprobe.infer.engines.base import Prefix
-    from specprobe.infer.engines.lookahead_decoding import LookaheadStepEngine
-    from specprobe.infer.engines.token_spec import TokenSpecConfig
-
-    base = HFStepEngine("random:llama-tiny", device="cpu")
+    base = tiny
     la = LookaheadStepEngine(base)
     assert isinstance(la, StepEngine)
     assert (la.info, la.model_name, la.model, la.tokenizer) == (base.info, base.model_name, base.model, base.tokenizer)
