@@ -46,7 +46,7 @@ from specprobe.infer.decoding.depth import AdaptiveDepth
 from specprobe.infer.decoding.seed import SeedConfig, seed_predicted_speedup
 from specprobe.infer.decoding.specs import SpecSConfig, specs_predicted_speedup
 from specprobe.infer.engines import build_engine_pair, sampling_params
-from specprobe.infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
+from specprobe.infer.engines.lookahead_decoding import LookaheadConfig
 from specprobe.infer.engines.token_spec import TokenSpecConfig
 from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier
 from specprobe.inputs.config import ConfigError
@@ -321,7 +321,9 @@ def start_token_spec(rt) -> TokenSpecConfig | None:
 
 
 def _token_spec(rt, mode: str) -> TokenSpecConfig:
-    return TokenSpecConfig(mode, rt.num_speculative_tokens, rt.ngram_size)
+    la = rt.lookahead
+    return TokenSpecConfig(mode, rt.num_speculative_tokens, rt.ngram_size,
+                           lookahead=LookaheadConfig(la.window, la.ngram, la.max_verify, rt.seed))
 
 
 def _same_cache_state(env: BenchEnv) -> None:
@@ -334,19 +336,15 @@ def _same_cache_state(env: BenchEnv) -> None:
 
 def _engines(env: BenchEnv, spec: MethodSpec) -> tuple:
     """(target, draft) for one generation, with the method's token-level speculation in the engine that writes
-    the steps (the draft for draft-only, else the target): +ngram / +assistant as a view of it (the shared
-    engines are never changed), +lookahead as Lookahead Decoding wrapped around it, fresh for every generation
-    so that it starts cold like the others (see _same_cache_state)."""
+    the steps (the draft for draft-only, else the target) as a view of it (`with_token_spec`: the shared engines
+    are never changed); +lookahead's view is fresh for every generation, so that its pool starts cold like the
+    others (see _same_cache_state)."""
     rt = env.setup.runtime
     mode = spec.token_spec if spec.token_spec != "none" else rt.token_spec
     target, draft = env.target, env.draft
     writes = draft if spec.base == "draft" else target
-    if mode == "lookahead":
-        la = rt.lookahead
-        writer = LookaheadStepEngine(writes, LookaheadConfig(la.window, la.ngram, la.max_verify, rt.seed))
-    else:
-        writer = writes.with_token_spec(None if mode == "none" else _token_spec(rt, mode),
-                                        assistant=draft if mode == "assistant" else None)
+    writer = writes.with_token_spec(None if mode == "none" else _token_spec(rt, mode),
+                                    assistant=draft if mode == "assistant" else None)
     return (target, writer) if spec.base == "draft" else (writer, draft)
 
 
@@ -571,7 +569,7 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
             pred = predict(method.prediction, st.acceptance_rate, c, opts.gamma, b, tau)
         if spec.token_spec == "lookahead":  # the paper's step compression S = tokens / decoding steps
             comp = ratio(st.target_generated_tokens if kind != "draft" else st.draft_generated_tokens,
-                        st.target_forward_passes if kind != "draft" else st.draft_forward_passes)
+                        st.target_iterations if kind != "draft" else st.draft_iterations)
             pred = {**pred, "ideal": comp, "adjusted": ratio(comp, b) if kind == "target" else None,
                     "formula": "S (lookahead compression)"}
         elif spec.token_spec != "none":  # token level: multiply by g at the measured token acceptance

@@ -5,14 +5,36 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specprobe.infer.engines.lookahead_decoding import (
-    LookaheadConfig,
-    LookaheadDecoder,
-    NgramPool,
-    greedy_verify,
-    lookahead_layout,
-    sample_verify,
-)
+from specprobe.infer.engines.lookahead_decoding import LookaheadConfig, LookaheadDecoder, NgramPool, lookahead_layout
+from specprobe.infer.engines.sequence_kv import SequenceKV
+from specprobe.infer.engines.token_spec import DraftTree, verify_tree
+
+
+def greedy_verify(cands, argmax):
+    """Verification of pool candidates as the decoder does it (a trie); argmax[j][i] is the target's argmax
+    after the context plus cands[j][:i], turned into one-hot logits per trie node."""
+    tree = DraftTree.trie(cands)
+    rows = torch.zeros(len(tree) + 1, 10)
+    for cand, am in zip(cands, argmax):
+        u = -1
+        for i, t in enumerate(cand):
+            rows[u + 1, am[i]] = 1.0
+            u = next(c for c in tree.children()[u] if tree.tokens[c] == t)
+        rows[u + 1, am[len(cand)]] = 1.0
+    return verify_tree(tree, rows, 0.0, 1.0, None)[0]
+
+
+def sample_verify(cands, probs, gen):
+    """Sampled verification of pool candidates: probs[j] row i is the target after cands[j][:i]."""
+    tree = DraftTree.trie(cands)
+    rows = torch.zeros(len(tree) + 1, probs[0].shape[-1])
+    for cand, p in zip(cands, probs):
+        u = -1
+        for i, t in enumerate(cand):
+            rows[u + 1] = p[i]
+            u = next(c for c in tree.children()[u] if tree.tokens[c] == t)
+        rows[u + 1] = p[len(cand)]
+    return verify_tree(tree, torch.log(rows), 1.0, 1.0, gen)[0]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -35,8 +57,7 @@ def test_greedy_verify_longest_matching_prefix_plus_one():
     assert greedy_verify(cands, argmax) == [5, 8, 1, 4]  # candidate 1 matches in full, plus its bonus
     assert greedy_verify([[5, 6, 7]], [[5, 6, 9, 3]]) == [5, 6, 9]
     assert greedy_verify([[4, 6, 7], [3, 1, 1]], [[5, 0, 0, 0], [5, 0, 0, 0]]) == [5]  # none: one token
-    with pytest.raises(ValueError):
-        greedy_verify([[1, 2], [1]], [[1, 2, 3]])
+    assert greedy_verify([[5, 6], [5, 6]], [[5, 6, 2], [5, 6, 2]]) == [5, 6, 2]  # duplicates share their nodes
 
 
 def test_sample_verify_is_lossless():
@@ -66,16 +87,16 @@ def test_sample_verify_is_lossless():
 
 
 def test_layout_masks_and_positions():
-    # 1 fresh token at position 10, 2 levels x 3 columns, 1 candidate of 2 tokens, 4 cached tokens
-    allowed, pos = lookahead_layout(1, 2, 3, 1, 2, cur_pos=10, cached=4)
-    assert pos.tolist() == [10, 11, 12, 13, 12, 13, 14, 11, 12]
-    def kv(r):
-        return [c - 4 for c in range(4, allowed.shape[1]) if allowed[r, c]]
-    assert bool(allowed[:, :4].all())
-    assert kv(0) == [0]
-    assert kv(1) == [0, 1] and kv(3) == [0, 1, 2, 3]  # level 0: causal guess sequence
-    assert kv(5) == [0, 1, 2, 5]  # level 1, column 1: level 0 up to column 1, then itself
-    assert kv(7) == [0, 7] and kv(8) == [0, 7, 8]  # verification chain sees only the context and itself
+    # current token at position 10, 2 levels x 3 columns, a trie of [[4, 5], [4, 6]] (3 nodes)
+    allowed, pos = lookahead_layout(2, 3, DraftTree.trie([[4, 5], [4, 6]]), cur_pos=10)
+    assert pos.tolist() == [11, 12, 13, 12, 13, 14, 11, 12, 12]
+
+    def seen(r):
+        return allowed[r].nonzero().flatten().tolist()
+
+    assert seen(0) == [0] and seen(2) == [0, 1, 2]  # level 0: causal guess sequence
+    assert seen(4) == [0, 1, 4]  # level 1, column 1: level 0 up to column 1, then itself
+    assert seen(6) == [6] and seen(7) == [6, 7] and seen(8) == [6, 8]  # trie: its path only, no window
 
 
 # ----------------------------------------------------------------------------- tiny model
@@ -119,7 +140,7 @@ def test_greedy_lookahead_equals_plain_greedy_decoding():
     assert margin > 1e-3
     accepted = 0
     for w, n, g in [(4, 3, None), (5, 4, 2), (1, 2, 1), (3, 5, None)]:
-        out, stats = LookaheadDecoder(model, LookaheadConfig(w, n, g)).generate(PROMPT, 60)
+        out, stats = LookaheadDecoder(SequenceKV(model), LookaheadConfig(w, n, g)).generate(PROMPT, 60)
         assert out == ref, (w, n, g)
         assert stats.tokens == 60 and stats.forward_passes + stats.accepted >= 60 > stats.forward_passes
         accepted += stats.accepted
@@ -130,7 +151,7 @@ def test_greedy_lookahead_stops_where_plain_decoding_stops():
     model = _tiny_llama(48)
     ref, _ = _plain_greedy(model, PROMPT, 60)
     stop_tok = ref[25]
-    out, _ = LookaheadDecoder(model, LookaheadConfig(4, 3)).generate(PROMPT, 60, stop=lambda t: t[-1] == stop_tok)
+    out, _ = LookaheadDecoder(SequenceKV(model), LookaheadConfig(4, 3)).generate(PROMPT, 60, stop=lambda t: t[-1] == stop_tok)
     assert out == ref[:ref.index(stop_tok) + 1]
 
 
@@ -145,7 +166,7 @@ def test_sampled_lookahead_keeps_the_models_token_distribution():
         p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1], -1)
         rows = torch.softmax(model(torch.tensor([prompt + [t] for t in range(vocab)])).logits[:, -1], -1)
     p2 = p1 @ rows  # marginal of the second token
-    dec = LookaheadDecoder(model, LookaheadConfig(window=2, ngram=3))
+    dec = LookaheadDecoder(SequenceKV(model), LookaheadConfig(window=2, ngram=3))
     n = 1500
     c1, c2 = torch.zeros(vocab), torch.zeros(vocab)
     accepted = 0

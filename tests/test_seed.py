@@ -6,16 +6,32 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specprobe.infer.decoding.seed import (
-    RoundsQueue,
-    SeedConfig,
-    SeedGenerator,
-    expand_tree,
-    tot_search,
-    tree_ancestry,
-    verify_tree_greedy,
-    verify_tree_sample,
-)
+from specprobe.infer.decoding.seed import SeedConfig, tot_search
+from specprobe.infer.engines.seed_decoding import RoundsQueue, SeedGenerator, tree_shape
+from specprobe.infer.engines.sequence_kv import SequenceKV
+from specprobe.infer.engines.token_spec import DraftTree, verify_tree
+
+
+def _tree(k_config, tokens=None, q=None) -> DraftTree:
+    parents = tree_shape(k_config)
+    return DraftTree(tuple(tokens) if tokens is not None else (0,) * len(parents), parents, q)
+
+
+def _argmax_rows(argmax: dict[int, int], m: int, vocab: int = 10) -> torch.Tensor:
+    """Logits whose argmax after node u (row u + 1; u = -1: the root) is argmax[u]."""
+    rows = torch.zeros(m + 1, vocab)
+    for u, t in argmax.items():
+        rows[u + 1, t] = 1.0
+    return rows
+
+
+def _prob_rows(p: dict[int, torch.Tensor], m: int) -> torch.Tensor:
+    """Logits whose softmax after node u is p[u] (temperature 1 gives back p)."""
+    return torch.log(torch.stack([p[u] for u in range(-1, m)]))
+
+
+def _seed(target, draft, k_config, **kw) -> SeedGenerator:
+    return SeedGenerator(lambda: SequenceKV(target), lambda: SequenceKV(draft), k_config, **kw)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -25,20 +41,23 @@ def _one_thread(one_thread):
 
 # ----------------------------------------------------------------------------- pure parts
 def test_tree_shape_and_tree_attention():
-    parents, depths = expand_tree((2, 2, 1))
-    assert parents == [-1, -1, 0, 0, 1, 1, 2, 3, 4, 5] and depths == [1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
-    anc = tree_ancestry(parents)
+    tree = _tree((2, 2, 1))
+    assert tree.parents == (-1, -1, 0, 0, 1, 1, 2, 3, 4, 5) and tree.depths() == [1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+    anc = tree.ancestry()
     assert anc[6].nonzero().flatten().tolist() == [0, 2, 6]  # a leaf sees its path only
     assert anc[9].nonzero().flatten().tolist() == [1, 5, 9] and not bool(anc[6, 3])
-    assert expand_tree((1, 1, 1)) == ([-1, 0, 1], [1, 2, 3])
+    assert tree_shape((1, 1, 1)) == (-1, 0, 1) and _tree((1, 1, 1)).is_chain and not tree.is_chain
 
 
 def test_greedy_tree_verification_follows_the_argmax_path():
-    parents, _ = expand_tree((2, 1))  # nodes 0, 1 after the root; 2 after 0; 3 after 1
-    tokens = [5, 7, 8, 9]
-    assert verify_tree_greedy(tokens, parents, {-1: 7, 0: 0, 1: 9, 2: 0, 3: 4}) == ([7, 9, 4], [1, 3, -2])
-    assert verify_tree_greedy(tokens, parents, {-1: 7, 0: 0, 1: 2, 2: 0, 3: 4}) == ([7, 2], [1, -2])
-    assert verify_tree_greedy(tokens, parents, {-1: 3, 0: 0, 1: 0, 2: 0, 3: 0}) == ([3], [-2])
+    tree = _tree((2, 1), [5, 7, 8, 9])  # nodes 0, 1 after the root; 2 after 0; 3 after 1
+
+    def walk(argmax):
+        return verify_tree(tree, _argmax_rows(argmax, 4), 0.0, 1.0, None)
+
+    assert walk({-1: 7, 0: 0, 1: 9, 2: 0, 3: 4}) == ([7, 9, 4], [1, 3, -2])
+    assert walk({-1: 7, 0: 0, 1: 2, 2: 0, 3: 4}) == ([7, 2], [1, -2])
+    assert walk({-1: 3, 0: 0, 1: 0, 2: 0, 3: 0}) == ([3], [-2])
 
 
 def test_sampled_tree_verification_is_lossless():
@@ -48,7 +67,6 @@ def test_sampled_tree_verification_is_lossless():
     p_root = torch.tensor([0.1, 0.2, 0.3, 0.4])
     q_after = torch.tensor([[0.7, 0.1, 0.1, 0.1], [0.25] * 4, [0.1, 0.1, 0.1, 0.7], [0.4, 0.4, 0.1, 0.1]])
     p_after = torch.tensor([[0.2, 0.2, 0.5, 0.1], [0.6, 0.1, 0.1, 0.2], [0.3, 0.3, 0.2, 0.2], [0.1, 0.1, 0.1, 0.7]])
-    parents, _ = expand_tree((2, 1))
     gen = torch.Generator().manual_seed(0)
     n = 6000
     first = torch.zeros(4)
@@ -61,7 +79,7 @@ def test_sampled_tree_verification_is_lossless():
         tokens = c + g
         q = {-1: q_root, 0: q_after[c[0]], 1: q_after[c[1]]}
         p = {-1: p_root, 0: p_after[c[0]], 1: p_after[c[1]], 2: torch.full((4,), 0.25), 3: torch.full((4,), 0.25)}
-        out, _ = verify_tree_sample(tokens, parents, q, p, gen)
+        out, _ = verify_tree(_tree((2, 1), tokens, q), _prob_rows(p, 4), 1.0, 1.0, gen)
         first[out[0]] += 1
         if len(out) > 1:
             pair[out[0], out[1]] += 1
@@ -83,21 +101,20 @@ def test_multi_candidate_rule_and_bonus_token_by_chi_square():
     p_root = torch.tensor([0.1, 0.2, 0.3, 0.4])
     p_after = torch.tensor([[0.2, 0.2, 0.5, 0.1], [0.6, 0.1, 0.1, 0.2], [0.3, 0.3, 0.2, 0.2], [0.1, 0.1, 0.1, 0.7]])
     gen = torch.Generator().manual_seed(1)
-    parents, _ = expand_tree((2,))
     n = 40000
     first = [0] * 4
     for _ in range(n):
         tokens = [sample_from(q_root, gen) for _ in range(2)]
-        out, _ = verify_tree_sample(tokens, parents, {-1: q_root}, {-1: p_root, 0: p_after[tokens[0]],
-                                                                     1: p_after[tokens[1]]}, gen)
+        p = {-1: p_root, 0: p_after[tokens[0]], 1: p_after[tokens[1]]}
+        out, _ = verify_tree(_tree((2,), tokens, {-1: q_root}), _prob_rows(p, 2), 1.0, 1.0, gen)
         first[out[0]] += 1
     assert chi_square_p(first, p_root.tolist()) > 1e-3
     # the bonus token: root accepted for sure (q = p there), then drawn from p after the accepted leaf
-    parents, _ = expand_tree((1,))
     bonus = torch.zeros(4, 4)
     for _ in range(12000):
         x = sample_from(p_root, gen)
-        out, nodes = verify_tree_sample([x], parents, {-1: p_root}, {-1: p_root, 0: p_after[x]}, gen)
+        out, nodes = verify_tree(_tree((1,), [x], {-1: p_root}), _prob_rows({-1: p_root, 0: p_after[x]}, 1), 1.0,
+                                 1.0, gen)
         assert out[0] == x and nodes == [0, -2]
         bonus[x, out[1]] += 1
     for x in range(4):
@@ -153,13 +170,13 @@ def test_greedy_seed_writes_the_targets_greedy_tokens_and_schedules_fcfs(threade
     target, draft = _llama(48, 0), _llama(48, 1, hidden=16, layers=1)
     refs = [_greedy(target, p, 20) for p in PROMPTS]
     assert min(m for _, m in refs) > 1e-3  # far above float noise between tree and one-token passes
-    gen = SeedGenerator(target, draft, (2, 2, 1), temperature=0.0, threaded=threaded)
+    gen = _seed(target, draft, (2, 2, 1), temperature=0.0, threaded=threaded)
     outs = gen.generate(PROMPTS, [20, 20, 12], [0, 1, 2])
     assert [o[0] for o in outs] == [refs[0][0], refs[1][0], refs[2][0][:12]]
     _check_schedule(gen.queue)
     assert gen.stats.rounds == gen.queue.verified and gen.stats.rounds < 52  # fewer target passes than tokens
     stop = refs[0][0][5]
-    outs = SeedGenerator(target, draft, (1, 1), threaded=threaded).generate(
+    outs = _seed(target, draft, (1, 1), threaded=threaded).generate(
         PROMPTS[:1], [20], [0], stop=lambda t: t[-1] == stop)
     assert outs[0][0] == refs[0][0][:refs[0][0].index(stop) + 1]
 
@@ -174,7 +191,7 @@ def test_sampled_seed_keeps_the_targets_distribution_per_draft():
         p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1], -1)
         rows = torch.softmax(target(torch.tensor([prompt + [t] for t in range(vocab)])).logits[:, -1], -1)
     p2 = p1 @ rows
-    gen = SeedGenerator(target, draft, (2, 1), temperature=1.0, draft_temperature=1.0, threaded=False)
+    gen = _seed(target, draft, (2, 1), temperature=1.0, draft_temperature=1.0, threaded=False)
     n = 600
     c1, c2 = torch.zeros(vocab), torch.zeros(vocab)
     for s in range(n):
@@ -184,6 +201,29 @@ def test_sampled_seed_keeps_the_targets_distribution_per_draft():
         _check_schedule(gen.queue)
     assert gen.stats.accepted > 0
     assert torch.allclose(c1 / (2 * n), p1, atol=0.05) and torch.allclose(c2 / (2 * n), p2, atol=0.05)
+
+
+@pytest.mark.slow
+def test_threaded_seed_on_engines_writes_the_targets_greedy_steps_and_shares_prompts(one_thread):
+    """SEED on two step engines (their locks, their prefix caches), drafting in a thread: every thought is the
+    target's greedy step, and the second thought of a prompt starts from the target's prefix cache."""
+    from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
+
+    from _margins import assert_same_greedy
+
+    target = HFStepEngine("random:llama-20m", device="cpu", stop_at_eos=False)
+    draft = HFStepEngine("random:llama-tiny", device="cpu", stop_at_eos=False)
+    gen = SeedGenerator.from_engines(target, draft, (2, 1), temperature=0.0, threaded=True)
+    prefixes = [Prefix("What is 2 + 3?"), Prefix("Name a prime number.")]
+    steps = gen.generate_steps(target, prefixes, 2, [16, 16], [0, 5], "\n\n")
+    _check_schedule(gen.queue)
+    assert gen.stats.target_forward_passes == gen.stats.rounds + 2  # one prompt prefill per prefix, not per thought
+    params = SamplingParams(temperature=0.0, max_step_tokens=16)
+    for pre, thoughts in zip(prefixes, steps):
+        want = target.generate([StepRequest(pre, 1, 0, 16)], params).steps[0][0]
+        for got in thoughts:
+            assert got.num_tokens == 16 and got.stop_reason == want.stop_reason
+            assert_same_greedy(target.model, target.prefix_ids(pre), got.token_ids, want.token_ids, at_least=4)
 
 
 # ----------------------------------------------------------------------------- tree-of-thoughts loops

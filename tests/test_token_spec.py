@@ -12,11 +12,12 @@ from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRe
 from specprobe.infer.engines.hf_kv import common_prefix_len
 from specprobe.infer.engines.token_spec import (
     AssistantProposer,
+    DraftTree,
+    NgramProposer,
     TokenSpecConfig,
+    draw_tokens,
     filtered_probs,
-    greedy_accept,
     ngram_propose,
-    sample_accept,
 )
 
 from _margins import assert_same_greedy
@@ -31,6 +32,16 @@ def test_ngram_propose_uses_most_recent_match_and_backs_off():
     assert ngram_propose([4, 5, 6, 5], 3, 2, min_ngram=2) == []
     assert ngram_propose([1, 2, 3], 3, 4) == []
     assert ngram_propose([], 3, 4) == [] and ngram_propose([1, 1], 2, 0) == []
+
+
+def greedy_accept(proposal, target_argmax):
+    """The chain rule under greedy decoding, with the target's argmax per position as one-hot logits."""
+    return draw_tokens(proposal, torch.nn.functional.one_hot(torch.tensor(target_argmax), 10).float(), 0.0, 1.0, None)
+
+
+def sample_accept(proposal, probs, gen):
+    """The chain rule under sampling at temperature 1 (softmax of log p gives p back)."""
+    return draw_tokens(proposal, torch.log(probs), 1.0, 1.0, gen)
 
 
 def test_greedy_accept_longest_prefix_plus_one():
@@ -71,6 +82,25 @@ def test_sample_accept_never_rejects_a_certain_token():
         assert sample_accept([1], probs, gen)[0] == 1
     with pytest.raises(ValueError):
         sample_accept([1, 2], probs, gen)
+
+
+def test_draft_trees_chain_trie_and_checks():
+    chain = DraftTree.chain([4, 5, 6])
+    assert chain.parents == (-1, 0, 1) and chain.is_chain and chain.depths() == [1, 2, 3]
+    trie = DraftTree.trie([[1, 3], [1, 0], [2, 2], [1, 3]])  # common prefixes merged, first appearance first
+    assert trie.tokens == (1, 3, 0, 2, 2) and trie.parents == (-1, 0, 0, -1, 3) and not trie.is_chain
+    assert trie.children() == {-1: [0, 3], 0: [1, 2], 3: [4]} and trie.depths() == [1, 2, 2, 1, 2]
+    assert trie.ancestry()[4].nonzero().flatten().tolist() == [3, 4]
+    assert len(DraftTree.trie([])) == 0 and DraftTree().is_chain
+    with pytest.raises(ValueError, match="before their children"):
+        DraftTree((1, 2), (1, -1))
+    with pytest.raises(ValueError, match="one parent per token"):
+        DraftTree((1, 2), (-1,))
+
+
+def test_the_proposers_return_chains():
+    tree = NgramProposer(3).propose([1, 2, 3, 9, 1, 2, 3], 2)
+    assert tree == DraftTree.chain([9, 1])
 
 
 def _nucleus_reference(logits, temperature, top_p):

@@ -262,13 +262,15 @@ class EngineCapabilities:
     """What an engine can do beyond the step API. Callers branch on this, never on an engine's type.
 
     kind: the backend ("transformers", "vllm", ...). raw_model: `model` is a transformers model callers may
-    run themselves (custom attention masks, tree attention, reusing the weights as an LLM judge). lora: it
+    run themselves (reusing the weights as an LLM judge). tree_attention: `sequence_kv()` gives one sequence's
+    KV cache with custom attention masks (tree attention: Lookahead Decoding, SEED). lora: it
     serves LoRA adapters per request (the judge-LoRA on vLLM). prefix_cache: it keeps prompt-prefix KV between
     calls (`clear_prefix_cache` empties it). token_spec_per_run: `with_token_spec` may choose token-level
     speculation per call (vLLM fixes it when the engine starts)."""
 
     kind: str
     raw_model: bool = False
+    tree_attention: bool = False
     lora: bool = False
     prefix_cache: bool = True
     token_spec_per_run: bool = True
@@ -312,6 +314,7 @@ class StepEngine(Protocol):
     capabilities: EngineCapabilities
     tokenizer: Any  # the transformers tokenizer of its model
     model: Any  # the transformers model when capabilities.raw_model, else None
+    text: Any  # its `tokens.StepTokenizer`: prefixes as token ids and the one step stop rule (`finished`)
 
     def clear_prefix_cache(self) -> None:
         """Forget cached prompt prefixes, so the next call pays its own prefill (fair benchmarks)."""
@@ -324,10 +327,19 @@ class StepEngine(Protocol):
         only what they were started with (and return themselves)."""
         ...
 
+    def sequence_kv(self) -> Any:
+        """A fresh `sequence_kv.SequenceKV` on this engine's model (capabilities.tree_attention; other engines
+        raise NotImplementedError): the KV of one sequence with tree-attention blocks."""
+        ...
+
     def format_prefix(self, question: str, steps: Sequence[PrefixStep] = (),
                       delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
         """The prefix as text (chat template applied to the question, then the steps as in
         `Prefix.step_texts`). For display and datasets; engines condition on token ids (see Prefix)."""
+        ...
+
+    def prefix_ids(self, prefix: Prefix) -> list[int]:
+        """The token ids the engine conditions on for `prefix` (committed steps as their own ids)."""
         ...
 
     def check_fits(self, prefix: Prefix, extra_tokens: int = 0) -> None:

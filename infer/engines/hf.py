@@ -2,8 +2,8 @@
 
 `HFStepEngine` turns interface calls into token ids (`infer.engines.tokens.StepTokenizer`) and hands
 them to `infer.engines.hf_kv` (the model call, KV cache, prefix reuse and batched decoding). Optional
-token-level speculation inside each step (`with_token_spec`: prompt-lookup n-grams or an assistant model
-with the same tokenizer) is exact under greedy decoding and lossless under sampling.
+token-level speculation inside each step (`with_token_spec`: prompt-lookup n-grams, an assistant model with
+the same tokenizer, or Lookahead Decoding) is exact under greedy decoding and lossless under sampling.
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ from specprobe.infer.engines.base import (
     sample_seed,
 )
 from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec
+from specprobe.infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
+from specprobe.infer.engines.sequence_kv import SequenceKV
 from specprobe.infer.engines.static_kv import FastDecodeBatch, static_cache_supported
 from specprobe.infer.engines.token_spec import AssistantProposer, NgramProposer, TokenSpecConfig
 from specprobe.infer.engines.tokens import StepTokenizer, eos_token_ids
@@ -66,7 +68,7 @@ class HFStepEngine:
             model, tokenizer = load_model(model_name, device=device, dtype=dtype, cache_dir=cache_dir)
         self.model, self.tokenizer = model, tokenizer
         self.model_name = model_name
-        self.capabilities = EngineCapabilities("transformers", raw_model=True)
+        self.capabilities = EngineCapabilities("transformers", raw_model=True, tree_attention=True)
         self.max_batch_rows = max(1, max_batch_rows)
         self.text = StepTokenizer(tokenizer, use_chat_template=use_chat_template, system_prompt=system_prompt,
                                   eos_ids=eos_token_ids(tokenizer, getattr(model, "generation_config", None)),
@@ -127,14 +129,18 @@ class HFStepEngine:
         self.runner.clear()
 
     # ---------------------------------------------------------------- token speculation
-    def with_token_spec(self, spec: TokenSpecConfig | None, assistant: HFStepEngine | None = None) -> HFStepEngine:
+    def with_token_spec(self, spec: TokenSpecConfig | None,
+                        assistant: HFStepEngine | None = None) -> HFStepEngine | LookaheadStepEngine:
         """This engine with token-level speculation inside steps for the calls made through the returned view
         (None: off); the engine itself is unchanged, so methods sharing it cannot leak a setting into each
         other. The view shares the model, tokenizer and prefix cache.
 
         ngram: prompt lookup over the prompt and the step so far. assistant: greedy proposals from
-        `assistant` (an engine whose tokenizer must equal this one's).
+        `assistant` (an engine whose tokenizer must equal this one's). lookahead: Lookahead Decoding writes
+        the steps (a fresh `LookaheadStepEngine` on this engine, one sequence at a time, its own n-gram pool).
         """
+        if spec is not None and spec.method == "lookahead":
+            return LookaheadStepEngine(self.with_token_spec(None), spec.lookahead or LookaheadConfig())
         if spec is None and self.token_spec is None:
             return self
         proposer = None
@@ -147,6 +153,11 @@ class HFStepEngine:
         view = copy.copy(self)
         view.token_spec, view._proposer = spec, proposer
         return view
+
+    def sequence_kv(self) -> SequenceKV:
+        """One sequence's KV cache on this model, for tree-attention decoders (Lookahead Decoding, SEED); it
+        takes the engine's model lock for every forward and starts new sequences from its prefix cache."""
+        return SequenceKV(self.runner.model, self.runner.lock, prefill=self.runner.prefill)
 
     def greedy_continue(self, ids: Sequence[int], k: int, stats: EngineStats) -> list[int]:
         """k greedy tokens after `ids` (assistant proposals for another engine); stops early at EOS."""

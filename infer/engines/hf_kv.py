@@ -1,8 +1,10 @@
-"""Everything of the transformers engine that touches the model call and its KV cache.
+"""The transformers engine's model calls and batch KV caches (the eager reference path).
 
-`ModelRunner` owns the model, its lock and the prefix cache: every forward pass of `HFStepEngine`
-goes through `ModelRunner.forward`, and every transformers-internal detail (DynamicCache layers,
-cropping, batch ops, hidden-state outputs) lives in this module.
+`ModelRunner` owns the model, its lock and the prefix cache: the engine's batch decoding, scoring and
+prefills go through `ModelRunner.forward`, and the batch-cache details (DynamicCache batch ops, holes,
+hidden-state outputs) live in this module. Tree-attention decoders (Lookahead Decoding, SEED) run one
+sequence at a time on `sequence_kv.SequenceKV`, which takes the same lock, starts from the same prefix
+cache and owns cropping; the fast path's preallocated buffers are `static_kv.StaticKV`.
 
 Prefix reuse. A prompt's KV cache is computed once and shared by every row decoded after it; the
 last few prefixes are kept (LRU), and so is the KV of every one-sample step of the latest decoding
@@ -43,7 +45,8 @@ from typing import Any
 import torch
 
 from specprobe.infer.engines.base import EngineStats, PromptTooLongError, SamplingParams, ScoredStep, Step
-from specprobe.infer.engines.token_spec import draw_tokens
+from specprobe.infer.engines.sequence_kv import check_plain_cache, crop_cache
+from specprobe.infer.engines.token_spec import DraftTree, draw_tokens
 from specprobe.infer.engines.tokens import StepTokenizer
 
 
@@ -70,14 +73,6 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
 
 def _croppable(cache) -> bool:
     return all(getattr(layer, "is_croppable", False) for layer in getattr(cache, "layers", [None]))
-
-
-def _check_plain_cache(cache) -> None:
-    for layer in getattr(cache, "layers", []):
-        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
-            raise NotImplementedError(
-                f"rows can only join a running batch with a plain DynamicCache; this model uses "
-                f"{type(layer).__name__} layers")
 
 
 class ModelRunner:
@@ -126,11 +121,9 @@ class ModelRunner:
             n = min(common_prefix_len([cached, key]), len(key) - 1)  # >= 1 new token gives the logits
             if n > shared and (n == len(cached) or _croppable(cache)):
                 best, shared = cache, n
-                best_len = len(cached)
         if best is not None:
             cache = clone_cache(best)
-            if shared < best_len:
-                cache.crop(shared - best_len)
+            crop_cache(cache, shared)
             new = ids[shared:]
             stats.reused_prefix_tokens += shared
         else:
@@ -360,8 +353,11 @@ class DecodeBatch(RowBatch):
         proposals: list[list[int]] = []
         for r in self.rows:
             k = min(self.spec_tokens, r.cap - len(r.tokens) - 1)
-            prop = self.proposer.propose(r.ids + r.tokens, k, self.stats) if k > 0 else []
-            proposals.append(list(prop)[:max(k, 0)])
+            tree = self.proposer.propose(r.ids + r.tokens, k, self.stats) if k > 0 else DraftTree()
+            if not tree.is_chain:  # a batch row's proposals sit in one causal run of columns
+                raise ValueError(f"{type(self.proposer).__name__} proposed a tree; the transformers engine's "
+                                 f"batches verify chains (tree proposers run on sequence_kv.SequenceKV)")
+            proposals.append(list(tree.tokens)[:max(k, 0)])
         width = 1 + max(len(p) for p in proposals)
         rows = len(self.rows)
         pad = self.runner.pad_id
@@ -460,7 +456,7 @@ class DecodeBatch(RowBatch):
             if n == 1 and self.cache is None and rows[0].donor is None and rows[0].share == len(self.base_ids):
                 cache = clone_cache(self.base_cache)  # the common single-row case: no copying at all
             else:
-                _check_plain_cache(template)
+                check_plain_cache(template, "rows joining a running batch")
                 cache = clone_cache(template)
                 index = {id(r): i for i, r in enumerate(self.rows)}
                 nb = len(self.base_ids)
@@ -532,7 +528,7 @@ class DecodeBatch(RowBatch):
         1-row cache, with the logits its last token was drawn from."""
         if not row.keep or self.cache is None:
             return
-        _check_plain_cache(self.cache)
+        check_plain_cache(self.cache, "keeping a finished row's KV")
         slot = next(i for i, r in enumerate(self.rows) if r is row)
         fed = len(row.tokens) - 1
         idx = torch.tensor(row.cols + row.gen_cols[:fed], dtype=torch.long, device=self.device)
@@ -552,7 +548,7 @@ class DecodeBatch(RowBatch):
         keep = used.nonzero().squeeze(1)
         if len(keep) > (1 - max_hole_share) * self.ncols:
             return
-        _check_plain_cache(self.cache)
+        check_plain_cache(self.cache, "dropping unused batch columns")
         remap = torch.full((self.ncols,), -1, dtype=torch.long)
         remap[keep] = torch.arange(len(keep))
         idx = keep.to(self.device)

@@ -1,47 +1,57 @@
-"""Token-level speculation inside one step: proposers and the acceptance rules.
+"""Token-level speculation inside one step: proposers, the draft tree they return, and its one verification rule.
 
-Both proposers are *deterministic* functions of the context (prompt lookup; greedy drafting by an
-assistant model that shares the target's tokenizer), which gives a simple exact rule:
+One interface, in the manner of vLLM's spec_decode: a proposer's `propose(context, k, stats)` returns a
+`DraftTree` of tokens that might follow the context; `verify_tree` accepts a path of it against the target's
+logits for every node, computed in one forward with tree attention. The proposers:
+- prompt lookup (`NgramProposer`) and an assistant model's greedy tokens (`AssistantProposer`) return chains,
+  verified inside the transformers engine's batches (`infer.engines.hf_kv.DecodeBatch`);
+- Lookahead Decoding's Jacobi n-gram pool (`lookahead_decoding.NgramPool`) returns a trie of pool n-grams;
+- SEED's draft model (`seed_decoding.TreeDrafter`) returns a sampled token tree with its distributions q.
+The last two run one sequence at a time on `sequence_kv.SequenceKV`.
 
-- greedy (temperature 0): accept the longest prefix of the proposal that equals the target's argmax at
-  each position, then append the target's own argmax at the first mismatch (or after the last proposed
-  token). The output is token-for-token what plain greedy decoding writes.
+The rule (`verify_tree`):
+- greedy (temperature 0): follow the child equal to the target's argmax, append the argmax at the first
+  mismatch or after a leaf. The output is token for token what plain greedy decoding writes.
 - sampling: a deterministic proposal x has q(x) = 1, so the speculative-sampling rule min(1, p/q) becomes
-  "accept x with probability p(x)"; on rejection the next token is drawn from p with x removed and the
-  rest renormalised. Marginally every token is still distributed as p (lossless):
-  P(x) = p(x), and P(y) = (1 − p(x)) · p(y) / (1 − p(x)) = p(y) for y ≠ x.
+  "accept x with probability p(x)"; on rejection x is removed from p and the next sibling is tried against
+  the rest (renormalised). Marginally every token is still distributed as p (lossless):
+  P(x) = p(x), and P(y) = (1 − p(x)) · p(y) / (1 − p(x)) = p(y) for y ≠ x. Sampled proposals (SEED) use
+  min(1, p'(x)/q(x)) and the residual norm(max(p' − q, 0)).
 
 `p` is the distribution the engine samples from (temperature, then top-p), so speculation and plain
-sampling target the same distribution: `draw_tokens` is the one sampling rule of the transformers engine,
-with or without a proposal (no proposal: one draw from p, or the argmax under greedy). The functions here
-are pure (tensors in, token lists out) and are unit-tested on tiny arrays;
-`infer.engines.hf_kv.DecodeBatch` calls them.
+sampling target the same distribution: `draw_tokens` (the chain case) is the one sampling rule of the
+transformers engine, with or without a proposal (no proposal: one draw from p, or the argmax under greedy).
+The functions here are pure (tensors in, token lists out) and are unit-tested on tiny arrays.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
 from specprobe.infer.engines.base import EngineStats
 
-TokenSpecMethod = Literal["ngram", "assistant"]
+TokenSpecMethod = Literal["ngram", "assistant", "lookahead"]
 
 
 @dataclass(frozen=True)
 class TokenSpecConfig:
-    """How a step engine speculates tokens inside a step."""
+    """How a step engine speculates tokens inside a step (`StepEngine.with_token_spec`): prompt lookup, an
+    assistant model, or Lookahead Decoding (its Jacobi window and n-gram pool; `lookahead` holds its
+    `lookahead_decoding.LookaheadConfig`, None: the paper's defaults)."""
 
     method: TokenSpecMethod = "ngram"
     num_tokens: int = 8  # proposed tokens per round (LR's n-gram setting: 8)
     ngram_size: int = 3  # longest n-gram matched by prompt lookup; shorter ones are tried down to min_ngram
     min_ngram: int = 1
+    lookahead: Any = None
 
     def __post_init__(self) -> None:
-        if self.method not in ("ngram", "assistant"):
-            raise ValueError(f"token speculation method must be 'ngram' or 'assistant', got {self.method!r}")
+        if self.method not in ("ngram", "assistant", "lookahead"):
+            raise ValueError(f"token speculation method must be 'ngram', 'assistant' or 'lookahead', "
+                             f"got {self.method!r}")
         if self.num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {self.num_tokens}")
         if not 1 <= self.min_ngram <= self.ngram_size:
@@ -66,10 +76,87 @@ def ngram_propose(context: Sequence[int], max_ngram: int, k: int, min_ngram: int
     return []
 
 
+@dataclass(frozen=True)
+class DraftTree:
+    """What every token proposer returns: proposed tokens as a tree after the context.
+
+    Node i holds tokens[i] and hangs below parents[i] (-1: the root, i.e. the context's last token); a
+    parent always comes before its children. A chain has parents -1, 0, 1, ...; a trie of candidate
+    sequences merges their common prefixes; SEED's trees have several children per node. q: the draft's
+    distribution after node u (key -1: the root) when children were sampled from it, None when the
+    proposals are deterministic. Verification: `verify_tree`.
+    """
+
+    tokens: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+    q: dict | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError(f"a draft tree needs one parent per token, got {len(self.tokens)} tokens and "
+                             f"{len(self.parents)} parents")
+        if any(not -1 <= p < i for i, p in enumerate(self.parents)):
+            raise ValueError(f"draft tree parents must come before their children, got {list(self.parents)}")
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int]) -> DraftTree:
+        return cls(tuple(int(t) for t in tokens), tuple(range(-1, len(tokens) - 1)))
+
+    @classmethod
+    def trie(cls, candidates: Sequence[Sequence[int]]) -> DraftTree:
+        """Candidate sequences merged on common prefixes; children keep the order of first appearance
+        (the order in which sampling tries them)."""
+        tokens, parents, index = [], [], {}
+        for cand in candidates:
+            u = -1
+            for t in cand:
+                key = (u, int(t))
+                if key not in index:
+                    index[key] = len(tokens)
+                    tokens.append(int(t))
+                    parents.append(u)
+                u = index[key]
+        return cls(tuple(tokens), tuple(parents))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents == tuple(range(-1, len(self.tokens) - 1))
+
+    def depths(self) -> list[int]:
+        """Depth of every node (1 below the root)."""
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p < 0 else out[p] + 1)
+        return out
+
+    def children(self) -> dict[int, list[int]]:
+        kids: dict[int, list[int]] = {}
+        for i, p in enumerate(self.parents):
+            kids.setdefault(p, []).append(i)
+        return kids
+
+    def ancestry(self) -> torch.Tensor:
+        """(m, m) bool tree-attention pattern: [i, j] is True when node j is node i or one of its ancestors."""
+        m = len(self.tokens)
+        allowed = torch.zeros((m, m), dtype=torch.bool)
+        for i in range(m):
+            j = i
+            while j >= 0:
+                allowed[i, j] = True
+                j = self.parents[j]
+        return allowed
+
+
 class Proposer(Protocol):
-    def propose(self, context: Sequence[int], k: int, stats: EngineStats) -> list[int]:
-        """Up to k tokens that might follow `context` (token ids of the target's tokenizer); model work
-        is added to `stats.proposer_forward_passes`."""
+    """A token-level proposer (vLLM spec_decode's proposer role): prompt lookup, an assistant model, Lookahead
+    Decoding's Jacobi pool, SEED's draft trees. Verification is `verify_tree`, whatever the proposer."""
+
+    def propose(self, context: Sequence[int], k: int, stats: EngineStats | None) -> DraftTree:
+        """Tokens that might follow `context` (token ids of the target's tokenizer), at most k deep; model
+        work is added to `stats.proposer_forward_passes`."""
         ...
 
 
@@ -79,8 +166,8 @@ class NgramProposer:
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def propose(self, context: Sequence[int], k: int, stats: EngineStats | None = None) -> list[int]:
-        return ngram_propose(context, self.max_ngram, k, self.min_ngram)
+    def propose(self, context: Sequence[int], k: int, stats: EngineStats | None = None) -> DraftTree:
+        return DraftTree.chain(ngram_propose(context, self.max_ngram, k, self.min_ngram))
 
 
 class AssistantProposer:
@@ -97,12 +184,12 @@ class AssistantProposer:
                 f"{assistant.info.model_id!r} has a different vocabulary. Use token_spec=ngram instead.")
         self.assistant = assistant
 
-    def propose(self, context: Sequence[int], k: int, stats: EngineStats | None = None) -> list[int]:
+    def propose(self, context: Sequence[int], k: int, stats: EngineStats | None = None) -> DraftTree:
         own = EngineStats()
         out = self.assistant.greedy_continue(list(context), k, own)
         if stats is not None:
             stats.proposer_forward_passes += own.forward_passes
-        return out
+        return DraftTree.chain(out)
 
 
 # ----------------------------------------------------------------------------- distributions
@@ -133,57 +220,84 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return min(int(torch.searchsorted(cdf, u[None], right=True)[0]), probs.shape[0] - 1)
 
 
-# ----------------------------------------------------------------------------- acceptance rules
-def greedy_accept(proposal: Sequence[int], target_argmax: Sequence[int]) -> list[int]:
-    """Greedy verification. target_argmax[i] is the target's argmax after the context plus proposal[:i]
-    (len(proposal) + 1 entries). Returns the accepted proposal prefix plus one target token."""
-    if len(target_argmax) != len(proposal) + 1:
-        raise ValueError(f"need len(proposal) + 1 = {len(proposal) + 1} target tokens, got {len(target_argmax)}")
-    out: list[int] = []
-    for x, t in zip(proposal, target_argmax):
-        if int(x) != int(t):
-            break
-        out.append(int(x))
-    out.append(int(target_argmax[len(out)]))
-    return out
+# ----------------------------------------------------------------------------- verification
+def _walk_greedy(tree: DraftTree, argmax: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Follow the child equal to the target's argmax; at a mismatch or a leaf append the argmax."""
+    kids = tree.children()
+    u, out, nodes = -1, [], []
+    while True:
+        best = int(argmax[u + 1])
+        nxt = next((c for c in kids.get(u, ()) if tree.tokens[c] == best), None)
+        out.append(best)
+        nodes.append(-2 if nxt is None else nxt)
+        if nxt is None:
+            return out, nodes
+        u = nxt
 
 
-def sample_accept(proposal: Sequence[int], probs: torch.Tensor, generator: torch.Generator | None) -> list[int]:
-    """Lossless verification of a deterministic proposal under sampling.
+def _walk_sampled(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None) -> tuple[list[int], list[int]]:
+    """Multi-candidate speculative sampling down the tree (see `verify_tree`)."""
+    kids = tree.children()
+    u, out, nodes = -1, [], []
+    while True:
+        p = probs[u + 1]
+        if u not in kids:  # a leaf: bonus token
+            out.append(sample_from(p, generator))
+            nodes.append(-2)
+            return out, nodes
+        residual, total, nxt = p, 1.0, None
+        q = None if tree.q is None else tree.q[u].detach().float().cpu()
+        for c in kids[u]:
+            x = tree.tokens[c]
+            ratio = float(residual[x]) / total if q is None else min(1.0, float(residual[x]) / max(float(q[x]), 1e-30))
+            if float(torch.rand((), generator=generator)) < ratio:
+                nxt = c
+                break
+            if q is None:  # a deterministic proposal: remove it, keep the rest (unnormalised, mass `total`)
+                residual = residual.clone()
+                residual[x] = 0.0
+                total = float(residual.sum())
+                if total <= 0.0:  # x held all the mass (p(x) == 1 up to rounding): it is the only possible token
+                    nxt = c
+                    break
+            else:  # a draw from q: the residual norm(max(p' - q, 0))
+                residual = torch.clamp(residual - q, min=0.0)
+                total = float(residual.sum())
+                residual, total = (residual / total, 1.0) if total > 0 else (p.clone(), 1.0)
+        if nxt is None:  # every child rejected: draw from what is left
+            out.append(sample_from(residual, generator))
+            nodes.append(-2)
+            return out, nodes
+        out.append(tree.tokens[nxt])
+        nodes.append(nxt)
+        u = nxt
 
-    probs: (len(proposal) + 1, vocab), row i = the target's distribution after context + proposal[:i].
-    Accept proposal[i] with probability probs[i, x]; at the first rejection draw from probs[i] without x
-    (renormalised); when everything is accepted draw a bonus token from the last row.
-    """
-    if probs.ndim != 2 or probs.shape[0] != len(proposal) + 1:
-        raise ValueError(f"probs must be (len(proposal) + 1, vocab) = ({len(proposal) + 1}, V), "
-                         f"got {tuple(probs.shape)}")
-    probs = probs.detach().float().cpu()
-    out: list[int] = []
-    for i, x in enumerate(proposal):
-        x = int(x)
-        px = float(probs[i, x])
-        u = float(torch.rand((), generator=generator))
-        if u < px:
-            out.append(x)
-            continue
-        residual = probs[i].clone()
-        residual[x] = 0.0
-        total = float(residual.sum())
-        if total <= 0.0:  # p(x) == 1 up to rounding: x is the only possible token
-            out.append(x)
-            continue
-        out.append(sample_from(residual, generator))
-        return out
-    out.append(sample_from(probs[len(proposal)], generator))
-    return out
+
+def verify_tree(tree: DraftTree, logits: torch.Tensor, temperature: float, top_p: float,
+                generator: torch.Generator | None) -> tuple[list[int], list[int]]:
+    """The one verification rule of every token proposer: (accepted tokens plus one, node of each token or -2
+    for the token the target drew itself).
+
+    logits: (len(tree) + 1, vocab); row 0 is the target after the context, row i + 1 after the context and
+    node i's path. Greedy (temperature 0): follow the child equal to the target's argmax; at a mismatch or a
+    leaf append the argmax (exactly the target's greedy output). Sampling, p' starting as the target's
+    filtered distribution p at the node: try the children in order, accepting child x with probability
+    p'(x) when the proposals are deterministic (`tree.q` None: prompt lookup, an assistant's greedy tokens,
+    a Jacobi pool) and then removing x from p'; with min(1, p'(x) / q(x)) when they were drawn i.i.d. from the
+    draft's q (SEED), then p' <- norm(max(p' - q, 0)). With every child rejected draw from p'; at a leaf draw a
+    bonus token from p. Every token is distributed as the target's p. On a chain with deterministic
+    proposals this is the longest accepted prefix plus one token (standard speculative sampling at q = 1)."""
+    if logits.ndim != 2 or logits.shape[0] != len(tree) + 1:
+        raise ValueError(f"logits must be (len(tree) + 1, vocab) = ({len(tree) + 1}, V), got {tuple(logits.shape)}")
+    if temperature <= 0:
+        return _walk_greedy(tree, logits.argmax(-1).tolist())
+    probs = filtered_probs(logits, temperature, top_p).detach().float().cpu()
+    return _walk_sampled(tree, probs, generator)
 
 
 def draw_tokens(proposal: Sequence[int], logits: torch.Tensor, temperature: float, top_p: float,
                 generator: torch.Generator | None) -> list[int]:
     """The accepted proposal prefix plus one new token, from one row's logits (len(proposal) + 1, vocab):
-    argmax at temperature 0, else the nucleus distribution with one uniform draw per token from the
-    row's own generator (so a row's draws never depend on the other rows of a batch)."""
-    if temperature == 0:
-        return greedy_accept(proposal, logits.argmax(-1).tolist())
-    return sample_accept(proposal, filtered_probs(logits, temperature, top_p), generator)
+    `verify_tree` on a chain, with one uniform draw per token from the row's own generator (so a row's draws
+    never depend on the other rows of a batch). No proposal: the argmax, or one draw from p."""
+    return verify_tree(DraftTree.chain(proposal), logits, temperature, top_p, generator)[0]

@@ -289,10 +289,18 @@ class VLLMStepEngine:
         have = self._core.token_spec
         if (spec is None) == (have is None) and (spec is None or spec.method == have.method):
             return self
+        if spec is not None and spec.method == "lookahead":
+            raise ValueError("Lookahead Decoding needs tree attention, which vLLM has no hook for: run +lookahead "
+                             "on a transformers engine (models.engine: hf); vLLM's draft-free option is "
+                             "runtime.token_spec: ngram")
         raise ValueError(f"the vLLM engine was started with token speculation {have.method if have else 'off'}; "
                          f"it cannot switch to {spec.method if spec else 'off'} (vLLM fixes speculative_config at "
                          "start). Set runtime.token_spec in the config and bench the methods with and without "
                          "speculation in separate runs")
+
+    def sequence_kv(self):
+        raise NotImplementedError("vLLM runs no custom attention masks, so tree-attention decoders (Lookahead "
+                                  "Decoding, SEED's token trees) need a transformers engine (models.engine: hf)")
 
     # ------------------------------------------------------------------ sampling
     def _vllm_params(self, params: SamplingParams, seed: int | None, cap: int):
