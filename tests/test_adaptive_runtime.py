@@ -160,6 +160,21 @@ def test_async_skips_a_first_draft_that_does_not_pay_whatever_the_timing():
     assert all(values[rec["start_step"] % len(values)] == 0.02 for rec in skipped)
 
 
+def test_async_forecasts_the_drafts_after_the_first_like_the_drafting_rule():
+    """Where one more target row costs nearly a step (b(2) = 2), one draft alone never pays but an easy stretch
+    does: a first draft estimated 0.9 is judged (the drafts after it are forecast at 0.9, as when drafting), one
+    estimated 0.2 is skipped."""
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    steep = (1.0, 2.0, 2.2, 2.4, 2.6)
+    for value, skip in ((0.9, False), (0.2, True)):
+        res = decode("lr_async", Q, target, draft, build_verifier("bernoulli", alpha=0.8),
+                     options(policy([value], b=steep)))
+        decisions = [rec["depth"]["skipped"] for rec in res.trace
+                     if rec.get("depth", {}).get("estimate") == value]  # (a draft the runtime refuses gets 0)
+        assert len(decisions) >= 3 and set(decisions) == {skip}, value
+        assert any(c["source"] == "draft" for rec in res.trace for c in rec["committed"]) is not skip
+
+
 # ----------------------------------------------------------------------------- the acceptance probe, for real
 @pytest.fixture(scope="module")
 def tiny_pair():

@@ -472,12 +472,14 @@ class _AsyncRun:
     def _depth_decision(self) -> dict | None:
         """gamma=adaptive (call with cond held): skip the first pending draft when, on its own estimate, it does
         not pay (the target writes the step). Only that draft's estimate decides, so the output does not depend
-        on how far the draft thread has run ahead."""
+        on how far the draft thread has run ahead; like `keep_drafting`, the drafts after it are forecast at its
+        estimate (judged alone, one draft never pays where a batch row costs nearly a step, and every draft of
+        an easy stretch was drafted and then thrown away)."""
         if self.costs is None:
             return None
-        depth = self.state.opts.depth
+        depth, gamma = self.state.opts.depth, self.state.opts.gamma
         first = self.estimates[0]
-        skipped = depth.kept([first], self.costs, self.state.opts.gamma) == 0
+        skipped = depth.kept([first] * gamma, self.costs, gamma) == 0
         self.state.stats.record_depth(len(self.drafts), 0 if skipped else self._verified_depth())
         return {"skipped": skipped, "estimate": first, "pending": len(self.drafts)}
 
