@@ -69,9 +69,9 @@ def forward_layout(committed: int, n_fresh: int, speculative: int, allowed: torc
 class SequenceKV:
     """The KV cache of one sequence on one transformers model (see the module doc). `lock`: the engine's
     model lock, so that a sequence decoder and the engine's own batches never run the model at once.
-    `prefill`: the engine's prompt-prefix cache (`hf_kv.ModelRunner.prefill`); a sequence that shares nothing
-    with this cache's previous one starts from it, so sequences with one prompt (SEED's n thoughts of a
-    state, on both models) encode it once."""
+    `prefill`: the engine's prompt-prefix cache (`hf_kv.ModelRunner.prefill`); a sequence that does not continue
+    this cache's previous one starts from it, so sequences with one prompt (SEED's n thoughts of a state, on
+    both models) encode it once."""
 
     def __init__(self, model, lock=None, prefill: Callable | None = None):
         self.model = model
