@@ -14,6 +14,7 @@ fixed γ; on a and c >= 0.97x.
 
     python benchmarks/bench_adaptive_gamma.py --out benchmarks/results/adaptive_gamma
     python benchmarks/bench_adaptive_gamma.py --scenarios b --methods semanticspec --problems 8
+    python benchmarks/bench_adaptive_gamma.py --forecast-skip --out OUT   # also gamma=adaptive:forecast_skip=true
     python benchmarks/bench_adaptive_gamma.py --simulate   # the pure policy alone, no models (simulation.md)
     bash benchmarks/gpu_bench.sh adaptive OUT          # on a GPU: 7B target, 1.5B draft, bf16
 """
@@ -55,7 +56,9 @@ def bootstrap_ratio(num: list[float], den: list[float], n_boot: int = 2000, seed
     return stats[int(0.025 * n_boot)], stats[int(0.975 * n_boot) - 1]
 
 
-def compare(report: dict, method: str, gammas: list[int]) -> dict:
+def compare(report: dict, method: str, gammas: list[int], skip: bool = False) -> dict:
+    """The adaptive method against the best fixed γ; skip: also `gamma=adaptive:forecast_skip=true` against the
+    best fixed γ and against adaptive without it, all in the same run."""
     rows = {r["method"]: r for r in report["rows"]}
     base = rows["target"]["latencies_s"]
     fixed = {g: rows[f"{method}:gamma={g}"] for g in gammas}
@@ -64,6 +67,14 @@ def compare(report: dict, method: str, gammas: list[int]) -> dict:
     best = fixed[best_g]["latencies_s"]
     mine = adaptive["latencies_s"]
     per_problem = [b / a for b, a in zip(best, mine)]
+    extra = {}
+    if skip:
+        row = rows[f"{method}:gamma=adaptive:forecast_skip=true"]
+        lat = row["latencies_s"]
+        extra = {"skip_over_best_fixed": sum(best) / sum(lat), "skip_over_best_fixed_ci95": bootstrap_ratio(best, lat),
+                 "skip_over_adaptive": sum(mine) / sum(lat), "skip_over_adaptive_ci95": bootstrap_ratio(mine, lat),
+                 "skip_per_problem_median": statistics.median(b / a for b, a in zip(best, lat)),
+                 "skip_depth_drafted": row["depth_drafted"], "skip_depth_kept": row["depth_kept"]}
     return {
         "speedup_over_target": {label: sum(base) / sum(r["latencies_s"]) for label, r in rows.items()},
         "acceptance": {label: r["acceptance"] for label, r in rows.items()},
@@ -74,7 +85,7 @@ def compare(report: dict, method: str, gammas: list[int]) -> dict:
         "per_problem_range": [min(per_problem), max(per_problem)],
         "adaptive_over_target_per_problem_median": statistics.median(b / a for b, a in zip(base, mine)),
         "adaptive_depth_kept": adaptive["depth_kept"], "adaptive_mean_depth_kept": adaptive["mean_depth_kept"],
-        "adaptive_costs": adaptive["depth_policy"],
+        "adaptive_costs": adaptive["depth_policy"], **extra,
     }
 
 
@@ -91,7 +102,20 @@ def table(name: str, method: str, cmp: dict, gammas: list[int], target: float) -
             f"**{cmp['adaptive_over_best_fixed']:.3f}** [{lo:.3f}, {hi:.3f}] (95% bootstrap over problems), per-problem "
             f"median {cmp['per_problem_median']:.3f} (range {cmp['per_problem_range'][0]:.3f}–"
             f"{cmp['per_problem_range'][1]:.3f}); target ≥ {target:.2f}: {verdict} it. Kept depths (count by depth "
-            f"0..): {cmp['adaptive_depth_kept']}, mean {cmp['adaptive_mean_depth_kept']:.2f}.\n")
+            f"0..): {cmp['adaptive_depth_kept']}, mean {cmp['adaptive_mean_depth_kept']:.2f}.\n" + _skip_line(cmp, method))
+
+
+def _skip_line(cmp: dict, method: str) -> str:
+    if "skip_over_best_fixed" not in cmp:
+        return ""
+    lo, hi = cmp["skip_over_best_fixed_ci95"]
+    alo, ahi = cmp["skip_over_adaptive_ci95"]
+    return (f"\nWith the forecast skip ({method}:gamma=adaptive:forecast_skip=true): speedup over target-only "
+            f"{cmp['speedup_over_target'][method + ':gamma=adaptive:forecast_skip=true']:.2f}; / best fixed = "
+            f"**{cmp['skip_over_best_fixed']:.3f}** [{lo:.3f}, {hi:.3f}], per-problem median "
+            f"{cmp['skip_per_problem_median']:.3f}; / adaptive without it = **{cmp['skip_over_adaptive']:.3f}** "
+            f"[{alo:.3f}, {ahi:.3f}]. Drafted depths (count by depth 0..; 0 = skipped): {cmp['skip_depth_drafted']}; "
+            f"kept: {cmp['skip_depth_kept']}.\n")
 
 
 def simulate(kind: str, name: str, policy, c: float, b: list[float], v: list[float], gamma_max: int = 6,
@@ -156,6 +180,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", default="benchmarks/results/adaptive_gamma")
     ap.add_argument("--simulate", action="store_true", help="only the pure-policy simulation (no models)")
+    ap.add_argument("--forecast-skip", action="store_true",
+                    help="also run gamma=adaptive:forecast_skip=true (lr_sync, semanticspec) in the same runs")
     ap.add_argument("overrides", nargs="*", help="more config overrides")
     args = ap.parse_args(argv)
     if args.simulate:
@@ -178,9 +204,10 @@ def main(argv=None) -> int:
             env = bench.prepare(cfg.bench_setup(), engines=engines)
             engines = (env.target, env.draft)
             methods = ["target"] + [f"{method}:gamma={g}" for g in gammas] + [f"{method}:gamma=adaptive"]
+            methods += [f"{method}:gamma=adaptive:forecast_skip=true"] if args.forecast_skip else []
             t0 = time.perf_counter()
             report = bench.run_benchmark(env, methods, out_dir=out / f"{name}_{method}")
-            cmp = compare(report, method, gammas)
+            cmp = compare(report, method, gammas, skip=args.forecast_skip)
             cmp["wall_s"] = time.perf_counter() - t0
             cmp["scenario"] = SCENARIOS[name]
             cmp["target"] = TARGETS[name]

@@ -16,7 +16,9 @@ tree of thoughts and its target-only baseline), with optional "+ngram" / "+assis
 (token speculation inside target steps; lookahead = Lookahead Decoding) and
 ":key=value" options overrides (gamma, width, max_steps, max_new_tokens, seed, verifier, alpha), e.g.
 "lr_sync:width=2:gamma=2" or "semanticspec:verifier=probe"; "gamma=adaptive" lets each cycle of semanticspec /
-lr_sync / lr_async draft as far as predicted acceptance pays (`infer.decoding.depth`, runtime.adaptive).
+lr_sync / lr_async draft as far as predicted acceptance pays (`infer.decoding.depth`, runtime.adaptive), and
+"forecast_skip=true" beside it lets a cycle of lr_sync / semanticspec draft nothing when the last estimate says no
+draft pays.
 """
 from __future__ import annotations
 
@@ -147,8 +149,14 @@ class MethodSpec:
     overrides: dict = field(default_factory=dict)
 
 
+def _flag(text: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(text)
+    return text.lower() in ("true", "1")
+
+
 _OVERRIDE_TYPES = {"gamma": int, "width": int, "max_steps": int, "max_new_tokens": int, "seed": int,
-                   "verifier": str, "alpha": float}
+                   "verifier": str, "alpha": float, "forecast_skip": _flag}
 
 
 def parse_method(text: str) -> MethodSpec:
@@ -175,7 +183,12 @@ def parse_method(text: str) -> MethodSpec:
         try:
             overrides[key] = _OVERRIDE_TYPES[key](value)
         except ValueError:
-            raise ConfigError(f"method option {key} in {text!r} must be {_OVERRIDE_TYPES[key].__name__}") from None
+            kind = "true or false" if _OVERRIDE_TYPES[key] is _flag else _OVERRIDE_TYPES[key].__name__
+            raise ConfigError(f"method option {key} in {text!r} must be {kind}") from None
+    if "forecast_skip" in overrides and (overrides.get("gamma_policy") != "adaptive"
+                                         or base not in ("lr_sync", "semanticspec")):
+        raise ConfigError(f"forecast_skip in {text!r} applies to lr_sync and semanticspec with gamma=adaptive "
+                          "(lr_async judges its first pending draft's estimate instead)")
     if overrides.get("verifier") is not None and overrides["verifier"] not in VERIFIER_KINDS:
         raise ConfigError(f"unknown verifier {overrides['verifier']!r} in {text!r}")
     small = [k for k in ("gamma", "width", "max_steps", "max_new_tokens") if k in overrides and overrides[k] < 1]
@@ -196,7 +209,8 @@ def options_from_config(setup: BenchSetup, system_speed: bool = False) -> Decode
         accept_length_cut=rt.accept_length_cut or system_speed, judge_after_cut=rt.judge_after_cut,
         refuse_boxed=rt.refuse_boxed,
         target_params=sampling_params(sampling, "target", delimiter, seed=rt.seed),
-        draft_params=sampling_params(sampling, "draft", delimiter, seed=rt.seed))
+        draft_params=sampling_params(sampling, "draft", delimiter, seed=rt.seed),
+        forecast_skip=rt.adaptive.forecast_skip)
 
 
 # ----------------------------------------------------------------------------- setup
@@ -307,7 +321,8 @@ def is_adaptive(env: BenchEnv, spec: MethodSpec) -> bool:
 
 def _method_options(env: BenchEnv, spec: MethodSpec, policy: bool = True) -> DecodeOptions:
     """The method's DecodeOptions; policy=False leaves out the adaptive depth policy (loaded on first use)."""
-    ov = {k: v for k, v in spec.overrides.items() if k in ("gamma", "width", "max_steps", "max_new_tokens", "seed")}
+    ov = {k: v for k, v in spec.overrides.items()
+          if k in ("gamma", "width", "max_steps", "max_new_tokens", "seed", "forecast_skip")}
     if is_adaptive(env, spec):
         ov["gamma"] = env.setup.runtime.adaptive.gamma_max
         if policy:
@@ -549,6 +564,7 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
                "stop_reasons": st.stop_reasons, "width": opts.width, "latencies_s": list(res.latencies),
                "gamma": f"adaptive<={opts.gamma}" if adaptive else opts.gamma,
                "mean_depth_kept": st.mean_depth_kept, "depth_kept": st.depth_kept,
+               "depth_drafted": st.depth_drafted,
                "depth_policy": _policy_record(env, spec) if adaptive else None,
                "verifier": spec.overrides.get("verifier", env.verifier_kind) if method.needs_verifier else None}
         c = ratio(ratio(st.draft_time_s, st.draft_calls), t_step)

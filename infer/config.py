@@ -176,6 +176,10 @@ class AdaptiveDepthSettings:
                                       "units, b(1..n) (null: measured; past the list it grows linearly)")
     v: list[float] | None = opt(None, "gamma=adaptive, SemanticSpec: teacher-forced target pass over k drafts in "
                                       "target steps, v(1..n) (null: measured)")
+    forecast_skip: bool = opt(False, "gamma=adaptive, lr_sync / semanticspec: a cycle whose steps, forecast at the "
+                                     "last estimate, would not pay drafts nothing (the target writes the step and "
+                                     "the draft scores it for the next forecast); false: every cycle drafts one "
+                                     "step to learn its estimate")
 
     def __post_init__(self) -> None:
         check_positive(self, "gamma_max")

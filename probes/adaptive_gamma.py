@@ -22,7 +22,8 @@ The policy: after each drafted step the runtime knows that step's predicted a_i 
 draft's own hidden states, or a system-speed estimate); later steps are forecast at the last known value;
 drafting goes on while the best depth over the known and forecast estimates lies beyond the steps drafted so
 far, and never past gamma_max. The cycle then keeps the best depth over what it drafted; when even the first
-step does not pay (best depth 0), the draft is dropped and the target writes the step.
+step does not pay (best depth 0), the draft is dropped and the target writes the step. With the forecast skip
+(`forecast_pays`), a cycle whose every step is forecast at the last estimate known does not draft at all.
 
 Pure functions of (a, costs): no model code; tested against brute-force enumeration of the accept/reject
 outcomes.
@@ -152,6 +153,14 @@ def keep_drafting(known: Sequence[float], costs: CycleCosts, gamma_max: int) -> 
         return True  # the first step is drafted to learn a_1
     forecast = known + [known[-1]] * (gamma_max - len(known))
     return best_depth(forecast, costs, gamma_max) > len(known)
+
+
+def forecast_pays(estimate: float, costs: CycleCosts, gamma_max: int) -> bool:
+    """Before drafting anything: does a cycle pay when each of its gamma_max steps is forecast at `estimate` (the
+    last estimate known, e.g. of the step before)? False: skip drafting, the target writes the step."""
+    if gamma_max < 1:
+        raise ValueError(f"gamma_max must be >= 1, got {gamma_max}")
+    return best_depth([estimate] * gamma_max, costs, gamma_max) > 0
 
 
 def drafting_plan(estimates: Sequence[float], costs: CycleCosts, gamma_max: int) -> tuple[int, int]:

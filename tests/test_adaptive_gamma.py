@@ -14,6 +14,7 @@ from specprobe.probes.adaptive_gamma import (
     drafting_plan,
     expected_committed,
     expected_speedup,
+    forecast_pays,
     keep_drafting,
     level_acceptance,
 )
@@ -105,6 +106,24 @@ def test_the_sequential_policy_stops_where_the_gain_changes_sign():
     assert drafting_plan([0.95, 0.95, 0.95, 0.05, 0.95, 0.95], lr(0.1, b), 6) == (4, 3)
 
 
+def test_the_forecast_skip_drafts_when_a_cycle_at_that_estimate_pays():
+    """forecast_pays(e) is: some depth k >= 1 beats the target alone when every step is accepted with e, by
+    enumeration; it says yes at e = 1 with a free batch, no at e = 0, and flips once as e grows."""
+    b = [1.0, 1.3, 1.6, 1.9, 2.2]
+    for costs in (lr(0.2, b), CycleCosts(0.2, v=[0.2, 0.22, 0.24, 0.26], kind="semanticspec")):
+        answers = []
+        for e in [i / 40 for i in range(41)]:
+            if costs.kind == "lookahead":
+                speeds = [brute_committed([e] * k, k) / (k * 0.2 + batch_cost(b, k + 1)) for k in range(1, 5)]
+            else:
+                speeds = [x / y for x, y in (brute_semanticspec([e] * k, k, 0.2, costs.v) for k in range(1, 5))]
+            answers.append(forecast_pays(e, costs, 4))
+            assert answers[-1] == (max(speeds) > 1.0 + 1e-12), (costs.kind, e)
+        assert answers[0] is False and answers[-1] is True
+        assert answers == sorted(answers)  # one flip: no at low estimates, yes at high ones
+    assert forecast_pays(1.0, lr(0.0), 3) and not forecast_pays(0.0, lr(0.0), 3)
+
+
 def test_bad_inputs():
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         best_depth([1.2], lr(0.1))
@@ -114,6 +133,8 @@ def test_bad_inputs():
         CycleCosts(0.1, kind="token")
     with pytest.raises(ValueError, match="gamma_max"):
         keep_drafting([0.5], lr(0.1), 0)
+    with pytest.raises(ValueError, match="gamma_max"):
+        forecast_pays(0.5, lr(0.1), 0)
     assert batch_cost([1.0, 1.5], 4) == pytest.approx(2.5)  # extended linearly past the measured rows
 
 

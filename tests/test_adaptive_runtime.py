@@ -20,7 +20,7 @@ from specprobe.infer.decoding.depth import AdaptiveDepth
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams
 from specprobe.infer.engines.base import Step
 from specprobe.infer.verifiers import BernoulliVerifier, StepContext, VerifyItem, build_verifier
-from specprobe.probes.adaptive_gamma import CycleCosts, drafting_plan
+from specprobe.probes.adaptive_gamma import CycleCosts, drafting_plan, forecast_pays
 
 from _probe_fixtures import make_input_probe
 
@@ -173,6 +173,43 @@ def test_async_forecasts_the_drafts_after_the_first_like_the_drafting_rule():
                      if rec.get("depth", {}).get("estimate") == value]  # (a draft the runtime refuses gets 0)
         assert len(decisions) >= 3 and set(decisions) == {skip}, value
         assert any(c["source"] == "draft" for rec in res.trace for c in rec["committed"]) is not skip
+
+
+@pytest.mark.parametrize("method", ["lr_sync", "semanticspec"])
+def test_the_forecast_skip_drafts_nothing_where_the_last_estimate_says_no_draft_pays(method):
+    """forecast_skip: a cycle drafts nothing when its steps, forecast at the last estimate known (the previous
+    cycle's last draft, or the target step a skipped cycle wrote), would not pay; the target writes the step and
+    its estimate is the next forecast. Reject-all still writes target-only's tokens, with fewer draft calls."""
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    values = [0.95, 0.95, 0.02, 0.02, 0.02, 0.95, 0.95, 0.02]
+    b, v = [1.0, 1.1, 1.2, 1.3, 1.4], [0.1, 0.12, 0.14, 0.16, 0.18]
+    costs = CycleCosts(0.1, b=b, v=v, kind="lookahead" if method == "lr_sync" else "semanticspec")
+    opts = options(policy(values, b=b, v=v), gamma=4, max_steps=16, accept_length_cut=True)
+    base = decode("target", Q, target, None, None, opts.replace(depth=None))
+    plain = decode(method, Q, target, draft, build_verifier("reject_all"), opts)
+    res = decode(method, Q, target, draft, build_verifier("reject_all"), opts.replace(forecast_skip=True))
+    assert [s.token_ids for s in res.steps] == [s.token_ids for s in base.steps]
+    forecast, kinds = None, []
+    for rec in res.trace:
+        depth = rec.get("depth")
+        if depth is None:
+            continue
+        g = min(4, 16 - rec["start_step"] - (1 if method == "lr_sync" else 0))
+        kinds.append(bool(depth.get("skipped")))
+        if depth.get("skipped"):
+            assert forecast is not None and not forecast_pays(forecast, costs, g) and depth["forecast"] == forecast
+            assert rec["drafts"] == [] and [c["source"] for c in rec["committed"]] == ["target"]
+            if "target_estimate" not in depth:  # the answer ended on this step: nothing more to forecast
+                assert rec is res.trace[-1]
+                continue
+            forecast = depth["target_estimate"]
+            assert forecast == pytest.approx(values[rec["start_step"] % len(values)])  # of the step the target wrote
+        else:
+            assert forecast is None or forecast_pays(forecast, costs, g)
+            forecast = depth["estimates"][-1]
+    assert True in kinds and kinds[kinds.index(True):].count(False) > 0  # skips, then drafts again
+    assert res.stats.depth_drafted[0] == kinds.count(True)
+    assert res.stats.draft_calls < plain.stats.draft_calls and plain.stats.depth_drafted[0] == 0
 
 
 # ----------------------------------------------------------------------------- the acceptance probe, for real

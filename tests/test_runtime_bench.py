@@ -158,6 +158,13 @@ def test_system_speed_adaptive_depth_with_heterogeneous_acceptance(tmp_path):
         estimates = {round(a, 9) for rec in trace for a in rec.get("depth", {}).get("estimates", [])}
         assert estimates <= {0.95, 0.05, 0.0} and len(estimates - {0.0}) >= 1
     assert bench.parse_method("lr_async:gamma=adaptive").overrides == {"gamma_policy": "adaptive"}
+    assert bench.parse_method("semanticspec:gamma=adaptive:forecast_skip=true").overrides == {
+        "gamma_policy": "adaptive", "forecast_skip": True}
+    for bad, match in (("lr_async:gamma=adaptive:forecast_skip=1", "applies to lr_sync and semanticspec"),
+                       ("lr_sync:forecast_skip=1", "with gamma=adaptive"),
+                       ("lr_sync:gamma=adaptive:forecast_skip=yes", "must be true or false")):
+        with pytest.raises(ConfigError, match=match):
+            bench.parse_method(bad)
     env = bench.prepare(load_config("configs/tiny.yaml", ["bench.system_speed=true"]).bench_setup(), engines=(None, None),
                         problems=[bench.Problem("p", "q", None)])
     with pytest.raises(ConfigError, match="gamma=adaptive applies to"):

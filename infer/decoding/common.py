@@ -55,6 +55,9 @@ class DecodeOptions:
     # gamma=adaptive (infer.decoding.depth.AdaptiveDepth): each cycle drafts as deep as predicted acceptance pays,
     # gamma is then the cap (gamma_max). None: every cycle drafts gamma steps.
     depth: Any = None
+    # with depth: a sync cycle whose steps, forecast at the last estimate known, would not pay drafts nothing; the
+    # target writes the step and the estimate of that step is the next forecast (no draft work on hard stretches)
+    forecast_skip: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.gamma, int) or self.gamma < 1:
@@ -138,6 +141,7 @@ class GenState:
         self.stop_reason: str | None = None
         self.stats = RunStats(method=method, problems=1)
         self.trace: list[dict] = []
+        self.forecast: float | None = None  # gamma=adaptive: the last acceptance estimate (see forecast_skip)
         self._same_tok = draft is None or draft.info.tokenizer_id == target.info.tokenizer_id
         self._t0 = time.perf_counter()
 
@@ -286,6 +290,12 @@ class GenState:
         value = self.opts.depth.estimate(prefix, step)
         self.stats.estimate_time_s += time.perf_counter() - t0
         return value
+
+    def skip_drafting(self, costs, gamma: int) -> bool:
+        """gamma=adaptive with forecast_skip: do cycles of `gamma` steps, each forecast at the last estimate
+        known, not pay? (Never before the first estimate: the first cycle drafts to learn one.)"""
+        return (costs is not None and self.opts.forecast_skip and self.forecast is not None
+                and not self.opts.depth.pays(self.forecast, costs, gamma))
 
     def add_trace(self, record: dict) -> None:
         if self.opts.keep_trace:

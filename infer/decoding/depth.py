@@ -2,10 +2,12 @@
 
 The decoding loops ask `AdaptiveDepth` two things: after each drafted step (or multi-branch level), whether to
 draft one more (`keep`), and when drafting stopped, how many drafted steps to keep (`kept`; 0 drops the draft
-and the target writes the step). Estimates come from an `AcceptanceEstimator` (the acceptance probe, or the
-system-speed simulation); the costs c, b(rows) and v(k) come from the config when given, else they are
-measured once per engine pair and cycle shape on a calibration problem (`measure_costs`): median wall time of
-`repeats` calls per shape after one untimed call, as the benchmarks measure b(k).
+and the target writes the step). With the forecast skip (`DecodeOptions.forecast_skip`) they also ask, before
+drafting, whether a cycle forecast at the last estimate pays at all (`pays`). Estimates come from an
+`AcceptanceEstimator` (the acceptance probe, or the system-speed simulation); the costs c, b(rows) and v(k) come
+from the config when given, else they are measured once per engine pair and cycle shape on a calibration
+problem (`measure_costs`): median wall time of `repeats` calls per shape after one untimed call, as the
+benchmarks measure b(k).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 
 from specprobe.infer.acceptance_estimate import AcceptanceEstimator
 from specprobe.infer.engines.base import Prefix, SamplingParams, Step, StepRequest
-from specprobe.probes.adaptive_gamma import CycleCosts, best_depth, keep_drafting, level_acceptance
+from specprobe.probes.adaptive_gamma import CycleCosts, best_depth, forecast_pays, keep_drafting, level_acceptance
 
 CALIBRATION_QUESTION = "Calibration (not timed): a train travels 60 km in 45 minutes. What is its speed in km/h?"
 
@@ -57,6 +59,10 @@ class AdaptiveDepth:
     @staticmethod
     def keep(estimates: Sequence[float], costs: CycleCosts, gamma_max: int) -> bool:
         return keep_drafting(estimates, costs, gamma_max)
+
+    @staticmethod
+    def pays(forecast: float, costs: CycleCosts, gamma_max: int) -> bool:
+        return forecast_pays(forecast, costs, gamma_max)
 
     @staticmethod
     def kept(estimates: Sequence[float], costs: CycleCosts, gamma_max: int) -> int:

@@ -29,7 +29,9 @@ cycle, no drafts).
 
 gamma=adaptive (`DecodeOptions.depth`, `infer.decoding.depth`): sync drafts level by level while the policy
 says one more level pays (a level's acceptance: its branches' mean estimate, 1 − (1 − ā)^W), then drops the
-levels past the depth worth keeping before the target batch (kept 0: the target writes the step alone).
+levels past the depth worth keeping before the target batch (kept 0: the target writes the step alone). With
+`forecast_skip`, a cycle whose levels, forecast at the last estimate known, would not pay drafts nothing: the
+target writes the step, and the draft's estimate of that step is the next forecast.
 Async drafts ahead only while the policy says so, starts target steps only for the prefixes it would keep, and
 skips a first pending draft whose own estimate does not pay (the target's step is committed unjudged); that
 decision reads only the first draft's estimate, so the output still does not depend on thread timing.
@@ -97,6 +99,9 @@ def _draft_tree(state: GenState, draft, g: int, width: int, costs=None) -> tuple
     nodes: list[_Node] = []
     frontier = [root]
     opts = state.opts
+    if state.skip_drafting(costs, g):
+        state.stats.record_depth(0, 0)
+        return root, nodes, {"drafted": 0, "kept": 0, "estimates": [], "skipped": True, "forecast": state.forecast}
     estimates: list[float] = []
     for depth in range(1, g + 1):
         expand = [n for n in frontier if (n is root or state.acceptable(n.draft)) and state.cap(n.path_tokens) >= 1]
@@ -126,6 +131,8 @@ def _draft_tree(state: GenState, draft, g: int, width: int, costs=None) -> tuple
                 break
     if costs is None:
         return root, nodes, None
+    if estimates:
+        state.forecast = estimates[-1]
     kept = opts.depth.kept(estimates, costs, g)
     state.stats.record_depth(len(estimates), kept)
     for n in [root] + nodes:  # drop the levels past the kept depth
@@ -230,6 +237,10 @@ def _sync_cycle(state: GenState, target, draft, verifier: Verifier | None, gamma
         node = chosen
         if state.done or node.target is None:
             break
+    if depth_record is not None and depth_record.get("skipped") and not state.done:
+        # no draft to estimate: the target's step, scored by the draft, is the next cycle's forecast
+        state.forecast = opts.depth.level([state.estimate(prefixes[0], root.target)], width)
+        depth_record["target_estimate"] = state.forecast
     state.stats.cycles += 1
     state.add_trace({
         "cycle": cycle, "start_step": len(state.steps) - len(committed),
@@ -479,7 +490,7 @@ class _AsyncRun:
             return None
         depth, gamma = self.state.opts.depth, self.state.opts.gamma
         first = self.estimates[0]
-        skipped = depth.kept([first] * gamma, self.costs, gamma) == 0
+        skipped = not depth.pays(first, self.costs, gamma)
         self.state.stats.record_depth(len(self.drafts), 0 if skipped else self._verified_depth())
         return {"skipped": skipped, "estimate": first, "pending": len(self.drafts)}
 

@@ -18,8 +18,10 @@ reject_all); then no hidden states are read, but the target pass still runs, as 
 
 gamma=adaptive (`DecodeOptions.depth`): step 1 stops early when the policy says one more draft does not pay
 (`probes.adaptive_gamma`, SemanticSpec's cycle formula), and only the depth worth keeping goes to the target
-pass; kept 0 drops the drafts and the target writes the step. The drop reads only draft-side estimates;
-every draft that is judged is judged by the same min(1, p/q) rule as with a fixed γ.
+pass; kept 0 drops the drafts and the target writes the step. With `forecast_skip`, a cycle whose steps,
+forecast at the last estimate known, would not pay drafts nothing: the target writes the step, and the draft's
+estimate of that step is the next forecast. The drop and the skip read only draft-side estimates; every draft
+that is judged is judged by the same min(1, p/q) rule as with a fixed γ.
 """
 from __future__ import annotations
 
@@ -55,6 +57,11 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
     g = min(opts.gamma, state.steps_left)  # >= 1 and cap() >= 1 while the generation runs
     costs = None if opts.depth is None else opts.depth.costs("semanticspec", 1, opts.gamma, target, draft,
                                                               opts.target_params)
+    if state.skip_drafting(costs, g):
+        stats.record_depth(0, 0)
+        _target_writes(state, target, cycle, {"drafted": 0, "kept": 0, "estimates": [], "skipped": True,
+                                              "forecast": state.forecast})
+        return
     drafts, tokens, estimates = [], [], []
     for _ in range(g):
         cap = state.cap(sum(tokens))
@@ -73,6 +80,8 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
             break
     depth_record = None
     if costs is not None:  # keep the depth that pays; 0: the target writes the step (below, as on a rejection)
+        if estimates:
+            state.forecast = estimates[-1]
         kept = opts.depth.kept(estimates, costs, g)
         stats.record_depth(len(drafts), kept)
         depth_record = {"drafted": len(drafts), "kept": kept, "estimates": estimates}
@@ -138,8 +147,13 @@ def _target_step(state: GenState, target) -> dict:
 
 
 def _target_writes(state: GenState, target, cycle: int, depth_record: dict) -> None:
-    """A cycle whose drafts were all dropped by the depth policy: one target step, no verification."""
+    """A cycle whose drafts were all dropped by the depth policy, or that drafted none (forecast skip): one
+    target step, no verification."""
+    prefix = state.prefix()
     committed = [_target_step(state, target)]
+    if depth_record.get("skipped") and not state.done:
+        # no draft to estimate: the target's step, scored by the draft, is the next cycle's forecast
+        state.forecast = depth_record["target_estimate"] = state.estimate(prefix, state.committed[-1])
     state.stats.cycles += 1
     state.add_trace({"cycle": cycle, "start_step": len(state.steps) - 1, "drafts": [], "targets": [],
                      "positions": [], "committed": committed, "depth": depth_record})
