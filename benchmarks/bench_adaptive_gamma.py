@@ -122,8 +122,8 @@ def simulate(kind: str, name: str, policy, c: float, b: list[float], v: list[flo
              skip: bool = False, positions: int = 3000, seed: int = 1) -> float:
     """Steps per unit of target time of one policy on one scenario, from the pure functions alone (no models): a
     renewal simulation of the cycles with the costs given. policy: a fixed γ or "adaptive"; skip: the adaptive
-    policy also skips drafting when the previous cycle's last estimate forecasts that a_1 will not pay (not built in
-    the runtime; its target step is then scored by the draft for the next forecast, cost neglected)."""
+    policy also skips drafting when the previous cycle's last estimate forecasts that a_1 will not pay (the runtime's
+    forecast_skip; its target step is then scored by the draft for the next forecast, cost neglected)."""
     sc = SCENARIOS[name]
     easy = sc["runtime.bernoulli_alpha"]
     share = sc["runtime.difficulty.hard_share"]
@@ -187,6 +187,8 @@ def main(argv=None) -> int:
     if args.simulate:
         print(simulation_table(0.14, [1.0, 1.6, 2.4, 1.75, 1.9, 2.1, 2.4], [0.21, 0.21, 0.21, 0.22, 0.23, 0.24]))
         return 0
+    if any(o.startswith("runtime.adaptive.forecast_skip") for o in args.overrides):
+        ap.error("the plain gamma=adaptive rows run without the forecast skip; use --forecast-skip to add it")
     torch.set_num_threads(1)
     gammas = [int(g) for g in args.gammas.split(",")]
     out = Path(args.out)
@@ -204,10 +206,11 @@ def main(argv=None) -> int:
             env = bench.prepare(cfg.bench_setup(), engines=engines)
             engines = (env.target, env.draft)
             methods = ["target"] + [f"{method}:gamma={g}" for g in gammas] + [f"{method}:gamma=adaptive"]
-            methods += [f"{method}:gamma=adaptive:forecast_skip=true"] if args.forecast_skip else []
+            skip = args.forecast_skip and method in bench.FORECAST_SKIP_METHODS
+            methods += [f"{method}:gamma=adaptive:forecast_skip=true"] if skip else []
             t0 = time.perf_counter()
             report = bench.run_benchmark(env, methods, out_dir=out / f"{name}_{method}")
-            cmp = compare(report, method, gammas, skip=args.forecast_skip)
+            cmp = compare(report, method, gammas, skip=skip)
             cmp["wall_s"] = time.perf_counter() - t0
             cmp["scenario"] = SCENARIOS[name]
             cmp["target"] = TARGETS[name]

@@ -13,12 +13,12 @@ Problems and methods are interleaved (problem 1 with every method, then problem 
 machine load during the run hits every method alike. Methods: target, draft, semanticspec, lr_sync,
 lr_async, specs / beam_target (SpecS and its target beam-search baseline), seed_tot / tot_target (SEED
 tree of thoughts and its target-only baseline), with optional "+ngram" / "+assistant" / "+lookahead"
-(token speculation inside target steps; lookahead = Lookahead Decoding) and
-":key=value" options overrides (gamma, width, max_steps, max_new_tokens, seed, verifier, alpha), e.g.
+(token speculation inside target steps; lookahead = Lookahead Decoding) and ":key=value" options overrides
+(gamma, width, max_steps, max_new_tokens, seed, verifier, alpha, forecast_skip), e.g.
 "lr_sync:width=2:gamma=2" or "semanticspec:verifier=probe"; "gamma=adaptive" lets each cycle of semanticspec /
 lr_sync / lr_async draft as far as predicted acceptance pays (`infer.decoding.depth`, runtime.adaptive), and
-"forecast_skip=true" beside it lets a cycle of lr_sync / semanticspec draft nothing when the last estimate says no
-draft pays.
+"forecast_skip=true" beside it (or runtime.adaptive.forecast_skip) lets a cycle of lr_sync / semanticspec draft
+nothing when the last estimate says no draft pays.
 """
 from __future__ import annotations
 
@@ -155,6 +155,7 @@ def _flag(text: str) -> bool:
     return text.lower() in ("true", "1")
 
 
+FORECAST_SKIP_METHODS = ("lr_sync", "semanticspec")  # the sync cycles DecodeOptions.forecast_skip applies to
 _OVERRIDE_TYPES = {"gamma": int, "width": int, "max_steps": int, "max_new_tokens": int, "seed": int,
                    "verifier": str, "alpha": float, "forecast_skip": _flag}
 
@@ -185,10 +186,9 @@ def parse_method(text: str) -> MethodSpec:
         except ValueError:
             kind = "true or false" if _OVERRIDE_TYPES[key] is _flag else _OVERRIDE_TYPES[key].__name__
             raise ConfigError(f"method option {key} in {text!r} must be {kind}") from None
-    if "forecast_skip" in overrides and (overrides.get("gamma_policy") != "adaptive"
-                                         or base not in ("lr_sync", "semanticspec")):
-        raise ConfigError(f"forecast_skip in {text!r} applies to lr_sync and semanticspec with gamma=adaptive "
-                          "(lr_async judges its first pending draft's estimate instead)")
+    if "forecast_skip" in overrides and base not in FORECAST_SKIP_METHODS:
+        raise ConfigError(f"forecast_skip in {text!r} applies to {' and '.join(FORECAST_SKIP_METHODS)} with "
+                          "gamma=adaptive (lr_async judges its first pending draft's estimate instead)")
     if overrides.get("verifier") is not None and overrides["verifier"] not in VERIFIER_KINDS:
         raise ConfigError(f"unknown verifier {overrides['verifier']!r} in {text!r}")
     small = [k for k in ("gamma", "width", "max_steps", "max_new_tokens") if k in overrides and overrides[k] < 1]
@@ -319,10 +319,23 @@ def is_adaptive(env: BenchEnv, spec: MethodSpec) -> bool:
     return policy == "adaptive"
 
 
+def check_method(env: BenchEnv, spec: MethodSpec) -> None:
+    """Refuse, before any decoding, options this method cannot use with this config."""
+    if "forecast_skip" in spec.overrides and not is_adaptive(env, spec):
+        raise ConfigError(f"{spec.label}: forecast_skip applies with gamma=adaptive (add :gamma=adaptive, or set "
+                          "runtime.gamma_policy: adaptive)")
+
+
+def forecast_skips(env: BenchEnv, spec: MethodSpec) -> bool:
+    """Does this method's adaptive policy skip drafting on the forecast (option, else runtime.adaptive)?"""
+    return (spec.base in FORECAST_SKIP_METHODS and is_adaptive(env, spec)
+            and spec.overrides.get("forecast_skip", env.opts.forecast_skip))
+
+
 def _method_options(env: BenchEnv, spec: MethodSpec, policy: bool = True) -> DecodeOptions:
     """The method's DecodeOptions; policy=False leaves out the adaptive depth policy (loaded on first use)."""
-    ov = {k: v for k, v in spec.overrides.items()
-          if k in ("gamma", "width", "max_steps", "max_new_tokens", "seed", "forecast_skip")}
+    ov = {k: v for k, v in spec.overrides.items() if k in ("gamma", "width", "max_steps", "max_new_tokens", "seed")}
+    ov["forecast_skip"] = forecast_skips(env, spec)
     if is_adaptive(env, spec):
         ov["gamma"] = env.setup.runtime.adaptive.gamma_max
         if policy:
@@ -504,6 +517,8 @@ def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: 
                   log: Callable[[str], None] = print) -> dict:
     """Decode every problem with every method; returns the report (see `format_markdown`)."""
     specs = method_specs(methods or env.setup.bench.methods)
+    for spec in specs:
+        check_method(env, spec)
     out = Path(out_dir) if out_dir else None
     on_trace = trace_files(out, specs) if out is not None else None
     results = warm_up(env, specs, log)
@@ -564,7 +579,7 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
                "stop_reasons": st.stop_reasons, "width": opts.width, "latencies_s": list(res.latencies),
                "gamma": f"adaptive<={opts.gamma}" if adaptive else opts.gamma,
                "mean_depth_kept": st.mean_depth_kept, "depth_kept": st.depth_kept,
-               "depth_drafted": st.depth_drafted,
+               "depth_drafted": st.depth_drafted, "forecast_skip": forecast_skips(env, spec),
                "depth_policy": _policy_record(env, spec) if adaptive else None,
                "verifier": spec.overrides.get("verifier", env.verifier_kind) if method.needs_verifier else None}
         c = ratio(ratio(st.draft_time_s, st.draft_calls), t_step)

@@ -175,38 +175,41 @@ def test_async_forecasts_the_drafts_after_the_first_like_the_drafting_rule():
         assert any(c["source"] == "draft" for rec in res.trace for c in rec["committed"]) is not skip
 
 
-@pytest.mark.parametrize("method", ["lr_sync", "semanticspec"])
-def test_the_forecast_skip_drafts_nothing_where_the_last_estimate_says_no_draft_pays(method):
-    """forecast_skip: a cycle drafts nothing when its steps, forecast at the last estimate known (the previous
-    cycle's last draft, or the target step a skipped cycle wrote), would not pay; the target writes the step and
-    its estimate is the next forecast. Reject-all still writes target-only's tokens, with fewer draft calls."""
+@pytest.mark.parametrize("method,width", [("lr_sync", 1), ("semanticspec", 1), ("lr_sync", 2)])
+def test_the_forecast_skip_drafts_nothing_where_the_last_estimate_says_no_draft_pays(method, width):
+    """forecast_skip: a cycle drafts nothing exactly when its steps, forecast at the last estimate known (the
+    previous cycle's last draft, or the target step a skipped cycle wrote; W = 2: a level's 1 - (1 - a)^2) would
+    not pay; the target writes the step and its estimate is the next forecast. Reject-all still writes
+    target-only's tokens, with fewer draft calls."""
     target, draft = ToyEngine("target"), ToyEngine("draft")
     values = [0.95, 0.95, 0.02, 0.02, 0.02, 0.95, 0.95, 0.02]
-    b, v = [1.0, 1.1, 1.2, 1.3, 1.4], [0.1, 0.12, 0.14, 0.16, 0.18]
-    costs = CycleCosts(0.1, b=b, v=v, kind="lookahead" if method == "lr_sync" else "semanticspec")
-    opts = options(policy(values, b=b, v=v), gamma=4, max_steps=16, accept_length_cut=True)
-    base = decode("target", Q, target, None, None, opts.replace(depth=None))
+    b, v = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7], [0.1, 0.12, 0.14, 0.16, 0.18]
+    costs = CycleCosts(0.1, b=b, v=v, kind="lookahead" if method == "lr_sync" else "semanticspec", width=width)
+    opts = options(policy(values, b=b, v=v), gamma=4 if width == 1 else 2, max_steps=16, accept_length_cut=True,
+                   width=width, draft_params=SamplingParams(temperature=0.8 if width > 1 else 0.0, max_step_tokens=6))
+    base = decode("target", Q, target, None, None, opts.replace(depth=None, width=1))
     plain = decode(method, Q, target, draft, build_verifier("reject_all"), opts)
     res = decode(method, Q, target, draft, build_verifier("reject_all"), opts.replace(forecast_skip=True))
     assert [s.token_ids for s in res.steps] == [s.token_ids for s in base.steps]
-    forecast, kinds = None, []
+    left, kinds = None, []  # the forecast each cycle leaves for the next
     for rec in res.trace:
         depth = rec.get("depth")
         if depth is None:
             continue
-        g = min(4, 16 - rec["start_step"] - (1 if method == "lr_sync" else 0))
-        kinds.append(bool(depth.get("skipped")))
-        if depth.get("skipped"):
-            assert forecast is not None and not forecast_pays(forecast, costs, g) and depth["forecast"] == forecast
-            assert rec["drafts"] == [] and [c["source"] for c in rec["committed"]] == ["target"]
-            if "target_estimate" not in depth:  # the answer ended on this step: nothing more to forecast
-                assert rec is res.trace[-1]
-                continue
-            forecast = depth["target_estimate"]
-            assert forecast == pytest.approx(values[rec["start_step"] % len(values)])  # of the step the target wrote
-        else:
-            assert forecast is None or forecast_pays(forecast, costs, g)
-            forecast = depth["estimates"][-1]
+        forecast, skipped = depth["forecast"], bool(depth.get("skipped"))
+        assert forecast == (None if left is None else pytest.approx(left))
+        g = min(opts.gamma, 16 - rec["start_step"] - (1 if method == "lr_sync" else 0))
+        assert skipped == (forecast is not None and not forecast_pays(forecast, costs, g)), rec
+        kinds.append(skipped)
+        if not skipped:
+            left = depth["estimates"][-1]
+            continue
+        assert rec["drafts"] == [] and [c["source"] for c in rec["committed"]] == ["target"]
+        if "target_estimate" not in depth:  # the answer ended on this step: nothing more to forecast
+            assert rec is res.trace[-1]
+            continue
+        left = depth["target_estimate"]
+        assert left == pytest.approx(1 - (1 - values[rec["start_step"] % len(values)]) ** width)  # the target's step
     assert True in kinds and kinds[kinds.index(True):].count(False) > 0  # skips, then drafts again
     assert res.stats.depth_drafted[0] == kinds.count(True)
     assert res.stats.draft_calls < plain.stats.draft_calls and plain.stats.depth_drafted[0] == 0

@@ -142,7 +142,8 @@ def test_system_speed_adaptive_depth_with_heterogeneous_acceptance(tmp_path):
     """:gamma=adaptive through the CLI: the simulated acceptance probe, costs measured on the engines, the
     kept depths reported and traced; the suffix is refused where no depth is chosen."""
     code = main(["--config", "configs/tiny.yaml", "--system-speed", "--num-problems", "1",
-                 "--methods", "target,lr_sync:gamma=adaptive,semanticspec:gamma=adaptive", "--out", str(tmp_path),
+                 "--methods", "target,lr_sync:gamma=adaptive,semanticspec:gamma=adaptive,"
+                 "lr_sync:gamma=adaptive:forecast_skip=true", "--out", str(tmp_path),
                  "bench.system_target=random:llama-20m", "bench.system_draft=random:llama-tiny",
                  "runtime.max_steps=6", "sampling.max_step_tokens=4", "bench.warmup=false",
                  "runtime.adaptive.gamma_max=3", "runtime.bernoulli_alpha=0.95", "runtime.difficulty.hard_share=0.5",
@@ -157,11 +158,17 @@ def test_system_speed_adaptive_depth_with_heterogeneous_acceptance(tmp_path):
         trace = read_trace(tmp_path / "traces" / f"{bench._safe(label)}.jsonl")
         estimates = {round(a, 9) for rec in trace for a in rec.get("depth", {}).get("estimates", [])}
         assert estimates <= {0.95, 0.05, 0.0} and len(estimates - {0.0}) >= 1
+        assert row["forecast_skip"] is False and not any(rec.get("depth", {}).get("skipped") for rec in trace)
+    # the option reaches the loop: after a hard position (estimate 0.05) a cycle drafts nothing
+    row = next(r for r in report["rows"] if r["method"] == "lr_sync:gamma=adaptive:forecast_skip=true")
+    trace = read_trace(tmp_path / "traces" / f"{bench._safe(row['method'])}.jsonl")
+    skipped = [rec for rec in trace if rec.get("depth", {}).get("skipped")]
+    assert row["forecast_skip"] is True and skipped and row["depth_drafted"][0] == len(skipped)
+    assert all(rec["drafts"] == [] and rec["depth"]["forecast"] == pytest.approx(0.05) for rec in skipped)
     assert bench.parse_method("lr_async:gamma=adaptive").overrides == {"gamma_policy": "adaptive"}
     assert bench.parse_method("semanticspec:gamma=adaptive:forecast_skip=true").overrides == {
         "gamma_policy": "adaptive", "forecast_skip": True}
     for bad, match in (("lr_async:gamma=adaptive:forecast_skip=1", "applies to lr_sync and semanticspec"),
-                       ("lr_sync:forecast_skip=1", "with gamma=adaptive"),
                        ("lr_sync:gamma=adaptive:forecast_skip=yes", "must be true or false")):
         with pytest.raises(ConfigError, match=match):
             bench.parse_method(bad)
@@ -169,3 +176,12 @@ def test_system_speed_adaptive_depth_with_heterogeneous_acceptance(tmp_path):
                         problems=[bench.Problem("p", "q", None)])
     with pytest.raises(ConfigError, match="gamma=adaptive applies to"):
         bench.is_adaptive(env, bench.parse_method("target:gamma=adaptive"))
+    with pytest.raises(ConfigError, match="forecast_skip applies with gamma=adaptive"):
+        bench.check_method(env, bench.parse_method("lr_sync:forecast_skip=true"))
+    # config-wide: runtime.adaptive.forecast_skip for the sync cycles, a method option overrides it
+    wide = bench.prepare(load_config("configs/tiny.yaml", ["bench.system_speed=true", "runtime.gamma_policy=adaptive",
+                                                           "runtime.adaptive.forecast_skip=true"]).bench_setup(),
+                         engines=(None, None), problems=[bench.Problem("p", "q", None)])
+    bench.check_method(wide, bench.parse_method("lr_sync:forecast_skip=true"))  # adaptive by the config
+    assert [bench.forecast_skips(wide, bench.parse_method(m)) for m in
+            ("semanticspec", "lr_async", "lr_sync:forecast_skip=false", "target")] == [True, False, False, False]

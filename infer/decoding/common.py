@@ -56,7 +56,8 @@ class DecodeOptions:
     # gamma is then the cap (gamma_max). None: every cycle drafts gamma steps.
     depth: Any = None
     # with depth: a sync cycle whose steps, forecast at the last estimate known, would not pay drafts nothing; the
-    # target writes the step and the estimate of that step is the next forecast (no draft work on hard stretches)
+    # target writes the step and the draft's estimate of that step (one teacher-forced draft pass with the
+    # acceptance probe, booked as estimate time) is the next forecast: no draft generation on hard stretches
     forecast_skip: bool = False
 
     def __post_init__(self) -> None:
@@ -141,7 +142,9 @@ class GenState:
         self.stop_reason: str | None = None
         self.stats = RunStats(method=method, problems=1)
         self.trace: list[dict] = []
-        self.forecast: float | None = None  # gamma=adaptive: the last acceptance estimate (see forecast_skip)
+        # gamma=adaptive: the last estimate of a draft that could be accepted, or of a step the target wrote in a
+        # skipped cycle (see forecast_skip); a refused draft's 0 says nothing about how hard the position is
+        self.forecast: float | None = None
         self._same_tok = draft is None or draft.info.tokenizer_id == target.info.tokenizer_id
         self._t0 = time.perf_counter()
 
@@ -282,9 +285,11 @@ class GenState:
         return GenerationResult(method, self.question, self.steps, self.stop_reason, st, self.trace,
                                 self.opts.delimiter)
 
-    def estimate(self, prefix: Prefix, step: Step) -> float:
-        """The depth policy's acceptance estimate of a draft step (0 for one that may not be accepted), timed."""
-        if not self.acceptable(step):
+    def estimate(self, prefix: Prefix, step: Step, written: bool = False) -> float:
+        """The depth policy's acceptance estimate of a draft step (0 for one that may not be accepted), timed.
+        written: a step the target wrote, estimated only as the forecast of the next draft (no draft rule
+        applies to it)."""
+        if not written and not self.acceptable(step):
             return 0.0
         t0 = time.perf_counter()
         value = self.opts.depth.estimate(prefix, step)

@@ -99,10 +99,12 @@ def _draft_tree(state: GenState, draft, g: int, width: int, costs=None) -> tuple
     nodes: list[_Node] = []
     frontier = [root]
     opts = state.opts
+    forecast = state.forecast  # what the skip decision reads (recorded with the cycle)
     if state.skip_drafting(costs, g):
         state.stats.record_depth(0, 0)
-        return root, nodes, {"drafted": 0, "kept": 0, "estimates": [], "skipped": True, "forecast": state.forecast}
+        return root, nodes, {"drafted": 0, "kept": 0, "estimates": [], "skipped": True, "forecast": forecast}
     estimates: list[float] = []
+    usable: list[float] = []  # estimates of levels with a draft that could be accepted: the next forecast
     for depth in range(1, g + 1):
         expand = [n for n in frontier if (n is root or state.acceptable(n.draft)) and state.cap(n.path_tokens) >= 1]
         if not expand:
@@ -127,19 +129,20 @@ def _draft_tree(state: GenState, draft, g: int, width: int, costs=None) -> tuple
         if costs is not None:
             level = [state.estimate(state.prefix(n.parent.path), n.draft) for n in frontier]
             estimates.append(opts.depth.level(level, width))
+            if any(state.acceptable(n.draft) for n in frontier):
+                usable.append(estimates[-1])
             if not opts.depth.keep(estimates, costs, g):
                 break
     if costs is None:
         return root, nodes, None
-    if estimates:
-        state.forecast = estimates[-1]
+    state.forecast = usable[-1] if usable else state.forecast
     kept = opts.depth.kept(estimates, costs, g)
     state.stats.record_depth(len(estimates), kept)
     for n in [root] + nodes:  # drop the levels past the kept depth
         if n.depth >= kept:
             n.children = []
     return root, [n for n in nodes if n.depth <= kept], {"drafted": len(estimates), "kept": kept,
-                                                         "estimates": estimates}
+                                                         "estimates": estimates, "forecast": forecast}
 
 
 def _probe_features(state: GenState, target, draft, verifier, root: _Node, nodes: list[_Node]) -> None:
@@ -239,7 +242,7 @@ def _sync_cycle(state: GenState, target, draft, verifier: Verifier | None, gamma
             break
     if depth_record is not None and depth_record.get("skipped") and not state.done:
         # no draft to estimate: the target's step, scored by the draft, is the next cycle's forecast
-        state.forecast = opts.depth.level([state.estimate(prefixes[0], root.target)], width)
+        state.forecast = opts.depth.level([state.estimate(prefixes[0], root.target, written=True)], width)
         depth_record["target_estimate"] = state.forecast
     state.stats.cycles += 1
     state.add_trace({

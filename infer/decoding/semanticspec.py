@@ -57,10 +57,11 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
     g = min(opts.gamma, state.steps_left)  # >= 1 and cap() >= 1 while the generation runs
     costs = None if opts.depth is None else opts.depth.costs("semanticspec", 1, opts.gamma, target, draft,
                                                               opts.target_params)
+    forecast = state.forecast  # what the skip decision reads (recorded with the cycle)
     if state.skip_drafting(costs, g):
         stats.record_depth(0, 0)
         _target_writes(state, target, cycle, {"drafted": 0, "kept": 0, "estimates": [], "skipped": True,
-                                              "forecast": state.forecast})
+                                              "forecast": forecast})
         return
     drafts, tokens, estimates = [], [], []
     for _ in range(g):
@@ -80,11 +81,11 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
             break
     depth_record = None
     if costs is not None:  # keep the depth that pays; 0: the target writes the step (below, as on a rejection)
-        if estimates:
-            state.forecast = estimates[-1]
+        usable = [e for d, e in zip(drafts, estimates) if state.acceptable(d)]
+        state.forecast = usable[-1] if usable else state.forecast
         kept = opts.depth.kept(estimates, costs, g)
         stats.record_depth(len(drafts), kept)
-        depth_record = {"drafted": len(drafts), "kept": kept, "estimates": estimates}
+        depth_record = {"drafted": len(drafts), "kept": kept, "estimates": estimates, "forecast": forecast}
         drafts, tokens = drafts[:kept], tokens[:kept]
         if not drafts:
             _target_writes(state, target, cycle, depth_record)
@@ -153,7 +154,7 @@ def _target_writes(state: GenState, target, cycle: int, depth_record: dict) -> N
     committed = [_target_step(state, target)]
     if depth_record.get("skipped") and not state.done:
         # no draft to estimate: the target's step, scored by the draft, is the next cycle's forecast
-        state.forecast = depth_record["target_estimate"] = state.estimate(prefix, state.committed[-1])
+        state.forecast = depth_record["target_estimate"] = state.estimate(prefix, state.committed[-1], written=True)
     state.stats.cycles += 1
     state.add_trace({"cycle": cycle, "start_step": len(state.steps) - 1, "drafts": [], "targets": [],
                      "positions": [], "committed": committed, "depth": depth_record})
