@@ -11,6 +11,7 @@ from specprobe.infer.bench_cli import main
 from specprobe.infer.decoding import read_trace, replay_text
 from specprobe.inputs.config import ConfigError
 from specprobe.inputs.records import SourceConfig
+from specprobe.probes.adaptive_gamma import CycleCosts, forecast_pays
 from specprobe.probes.features import FeatureSpec
 from specprobe.probes.metrics import wilson_interval
 from specprobe.probes.mlp import ProbeMLPConfig, SemanticProbe
@@ -159,12 +160,19 @@ def test_system_speed_adaptive_depth_with_heterogeneous_acceptance(tmp_path):
         estimates = {round(a, 9) for rec in trace for a in rec.get("depth", {}).get("estimates", [])}
         assert estimates <= {0.95, 0.05, 0.0} and len(estimates - {0.0}) >= 1
         assert row["forecast_skip"] is False and not any(rec.get("depth", {}).get("skipped") for rec in trace)
-    # the option reaches the loop: after a hard position (estimate 0.05) a cycle drafts nothing
+    # the option reaches the loop: a cycle drafts nothing exactly where its forecast does not pay at the costs
+    # measured on this machine (those vary with its load, so the decisions are checked against them, not fixed)
     row = next(r for r in report["rows"] if r["method"] == "lr_sync:gamma=adaptive:forecast_skip=true")
     trace = read_trace(tmp_path / "traces" / f"{bench._safe(row['method'])}.jsonl")
-    skipped = [rec for rec in trace if rec.get("depth", {}).get("skipped")]
+    measured = next(m for m in row["depth_policy"]["measured"] if len(m["b"]) > 1)  # the LR cycle's b(1..4)
+    costs = CycleCosts(measured["c"], b=measured["b"], kind="lookahead")
+    cycles = [rec for rec in trace if "depth" in rec]
+    for rec in cycles:
+        forecast, g = rec["depth"]["forecast"], min(3, 6 - rec["start_step"] - 1)
+        assert bool(rec["depth"].get("skipped")) == (forecast is not None and not forecast_pays(forecast, costs, g))
+    skipped = [rec for rec in cycles if rec["depth"].get("skipped")]
     assert row["forecast_skip"] is True and skipped and row["depth_drafted"][0] == len(skipped)
-    assert all(rec["drafts"] == [] and rec["depth"]["forecast"] == pytest.approx(0.05) for rec in skipped)
+    assert all(rec["drafts"] == [] for rec in skipped)
     assert bench.parse_method("lr_async:gamma=adaptive").overrides == {"gamma_policy": "adaptive"}
     assert bench.parse_method("semanticspec:gamma=adaptive:forecast_skip=true").overrides == {
         "gamma_policy": "adaptive", "forecast_skip": True}
