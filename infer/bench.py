@@ -340,7 +340,7 @@ def _method_options(env: BenchEnv, spec: MethodSpec, policy: bool = True) -> Dec
         ov["gamma"] = env.setup.runtime.adaptive.gamma_max
         if policy:
             ov["depth"] = env.depth_policy(spec.overrides.get("verifier"), spec.overrides.get("alpha"))
-    return env.opts.replace(**ov) if ov else env.opts
+    return env.opts.replace(**ov)
 
 
 def start_token_spec(rt) -> TokenSpecConfig | None:

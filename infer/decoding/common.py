@@ -302,6 +302,12 @@ class GenState:
         return (costs is not None and self.opts.forecast_skip and self.forecast is not None
                 and not self.opts.depth.pays(self.forecast, costs, gamma))
 
+    def forecast_written(self, prefix: Prefix, step: Step, width: int = 1) -> float:
+        """A skipped cycle has no draft to estimate: the step the target wrote after `prefix`, scored by the draft
+        (its level acceptance for W branches), is the next cycle's forecast."""
+        self.forecast = self.opts.depth.level([self.estimate(prefix, step, written=True)], width)
+        return self.forecast
+
     def add_trace(self, record: dict) -> None:
         if self.opts.keep_trace:
             self.trace.append(record)

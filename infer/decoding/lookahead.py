@@ -241,9 +241,7 @@ def _sync_cycle(state: GenState, target, draft, verifier: Verifier | None, gamma
         if state.done or node.target is None:
             break
     if depth_record is not None and depth_record.get("skipped") and not state.done:
-        # no draft to estimate: the target's step, scored by the draft, is the next cycle's forecast
-        state.forecast = opts.depth.level([state.estimate(prefixes[0], root.target, written=True)], width)
-        depth_record["target_estimate"] = state.forecast
+        depth_record["target_estimate"] = state.forecast_written(prefixes[0], root.target, width)
     state.stats.cycles += 1
     state.add_trace({
         "cycle": cycle, "start_step": len(state.steps) - len(committed),

@@ -153,8 +153,7 @@ def _target_writes(state: GenState, target, cycle: int, depth_record: dict) -> N
     prefix = state.prefix()
     committed = [_target_step(state, target)]
     if depth_record.get("skipped") and not state.done:
-        # no draft to estimate: the target's step, scored by the draft, is the next cycle's forecast
-        state.forecast = depth_record["target_estimate"] = state.estimate(prefix, state.committed[-1], written=True)
+        depth_record["target_estimate"] = state.forecast_written(prefix, state.committed[-1])
     state.stats.cycles += 1
     state.add_trace({"cycle": cycle, "start_step": len(state.steps) - 1, "drafts": [], "targets": [],
                      "positions": [], "committed": committed, "depth": depth_record})
