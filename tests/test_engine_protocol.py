@@ -13,7 +13,7 @@ import pytest
 
 from specprobe.infer.engines import HFStepEngine
 from specprobe.infer.engines.base import EngineCapabilities, Prefix, SamplingParams, StepEngine, StepRequest
-from specprobe.infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
+from specprobe.infer.engines.lookahead_decoding import LookaheadConfig
 from specprobe.infer.engines.seed_decoding import SeedGenerator
 from specprobe.infer.engines.sequence_kv import SequenceKV
 from specprobe.infer.engines.token_spec import TokenSpecConfig
@@ -81,29 +81,13 @@ def test_engines_declare_their_capabilities(tiny):
     assert engine.with_token_spec(None) is engine  # nothing to change: the engine itself
 
 
-def test_the_lookahead_wrapper_passes_through_the_protocol_and_nothing_else(tiny):
-    """LookaheadStepEngine spells the protocol out (no catch-all __getattr__): declared members reach the
-    base engine, an undeclared one is an AttributeError, and token speculation does not stack on it."""
-    base = tiny
-    la = LookaheadStepEngine(base)
-    assert isinstance(la, StepEngine)
-    assert (la.info, la.model_name, la.model, la.tokenizer) == (base.info, base.model_name, base.model, base.tokenizer)
-    assert la.prefix_ids(Prefix("Hi")) == base.prefix_ids(Prefix("Hi")) and la.count_tokens("a b") == base.count_tokens("a b")
-    assert not la.capabilities.token_spec_per_run and la.with_token_spec(None) is la
-    with pytest.raises(ValueError, match="does not combine"):
-        la.with_token_spec(TokenSpecConfig("ngram"))
-    with pytest.raises(AttributeError):
-        la.runner  # noqa: B018 — the base engine's internals are not passed through
-    assert la.capabilities.tree_attention and isinstance(la.sequence_kv(), SequenceKV)
-
-
 def test_lookahead_is_chosen_per_call_like_the_other_proposers(tiny):
-    """with_token_spec("lookahead") gives a fresh Lookahead Decoding view (its own pool) on the unchanged engine,
-    and it writes the engine's own greedy step."""
+    """with_token_spec("lookahead") gives a Lookahead Decoding view on the unchanged engine (the same class, the
+    same batches), and it writes the engine's own greedy step."""
     spec = TokenSpecConfig("lookahead", lookahead=LookaheadConfig(window=3, ngram=3))
     view = tiny.with_token_spec(spec)
-    assert isinstance(view, LookaheadStepEngine) and view.cfg == spec.lookahead and view.base.token_spec is None
-    assert tiny.with_token_spec(spec) is not view and tiny.token_spec is None
+    assert type(view) is type(tiny) and view.token_spec == spec and view.capabilities == tiny.capabilities
+    assert tiny.with_token_spec(spec) is not view and tiny.token_spec is None and view.with_token_spec(None).token_spec is None
     params = SamplingParams(temperature=0.0, max_step_tokens=12, delimiter="\n\n")
     req = [StepRequest(Prefix("Count: 1 2 3"), 1, 0)]
     got, want = view.generate(req, params).steps[0][0], tiny.generate(req, params).steps[0][0]
@@ -111,10 +95,10 @@ def test_lookahead_is_chosen_per_call_like_the_other_proposers(tiny):
 
 
 def test_tree_attention_decoders_refuse_engines_without_it(tiny):
-    """SEED and Lookahead Decoding ask the capabilities, and say what to use instead."""
+    """SEED asks both engines' capabilities, and says what to use instead."""
     no_tree = copy.copy(tiny)
     no_tree.capabilities = replace(tiny.capabilities, kind="vllm", tree_attention=False)
     with pytest.raises(ValueError, match="draft engine \\(vllm\\) has none. Use a transformers engine"):
         SeedGenerator.from_engines(tiny, no_tree, (2, 1))
-    with pytest.raises(ValueError, match="needs tree attention"):
-        LookaheadStepEngine(no_tree)
+    with pytest.raises(ValueError, match="SEED verifies token trees with tree attention; the target engine"):
+        SeedGenerator.from_engines(no_tree, tiny, (2, 1))

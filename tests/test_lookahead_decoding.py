@@ -2,12 +2,20 @@
 and, on a tiny random Llama in float32, exactness of greedy decoding and losslessness of sampling."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from specprobe.infer.engines.lookahead_decoding import LookaheadConfig, LookaheadDecoder, NgramPool, lookahead_layout
+from specprobe.infer.engines.lookahead_decoding import (
+    JacobiProposer,
+    LookaheadConfig,
+    LookaheadDecoder,
+    NgramPool,
+    window_branch,
+)
 from specprobe.infer.engines.sequence_kv import SequenceKV
-from specprobe.infer.engines.token_spec import DraftTree, verify_tree
+from specprobe.infer.engines.token_spec import DraftTree, SideBranch, block_layout, verify_tree
 
 
 def greedy_verify(cands, argmax):
@@ -88,7 +96,10 @@ def test_sample_verify_is_lossless():
 
 def test_layout_masks_and_positions():
     # current token at position 10, 2 levels x 3 columns, a trie of [[4, 5], [4, 6]] (3 nodes)
-    allowed, pos = lookahead_layout(2, 3, DraftTree.trie([[4, 5], [4, 6]]), cur_pos=10)
+    window, offsets = window_branch(2, 3)
+    tree = replace(DraftTree.trie([[4, 5], [4, 6]]), side=SideBranch((7, 7, 7, 8, 8, 8), window, offsets))
+    tokens, allowed, pos = block_layout(tree, cur_pos=10)
+    assert tokens == [7, 7, 7, 8, 8, 8, 4, 5, 6]
     assert pos.tolist() == [11, 12, 13, 12, 13, 14, 11, 12, 12]
 
     def seen(r):
@@ -97,6 +108,31 @@ def test_layout_masks_and_positions():
     assert seen(0) == [0] and seen(2) == [0, 1, 2]  # level 0: causal guess sequence
     assert seen(4) == [0, 1, 4]  # level 1, column 1: level 0 up to column 1, then itself
     assert seen(6) == [6] and seen(7) == [6, 7] and seen(8) == [6, 8]  # trie: its path only, no window
+
+
+def test_the_jacobi_proposer_fills_its_pool_from_full_window_columns_and_forks_per_sequence():
+    cfg = LookaheadConfig(window=2, ngram=3)
+    first = JacobiProposer(cfg).fork(3)
+    tree = first.propose([5, 6, 7], 2)
+    assert len(tree) == 0 and len(tree.side.tokens) == 2  # one level until the window is full
+    assert all(t in (5, 6, 7) for t in tree.side.tokens)  # the window starts from context tokens
+
+    def logits_for(tokens):  # the target's greedy output on every window token
+        out = torch.full((len(tokens), 10), -5.0)
+        out[torch.arange(len(tokens)), torch.tensor(tokens)] = 5.0
+        return out
+
+    first.observe(tree, logits_for([1, 2]))  # level 2 is (1, 2): the window is full (N - 1 = 2 levels)
+    assert len(first.pool) == 0
+    tree = first.propose([5, 6, 7], 2)
+    assert tree.side.tokens[2:] == (1, 2) and len(tree.side.tokens) == 4
+    first.observe(tree, logits_for([0, 0, 3, 4]))  # columns emit (level 0 [j], 1 or 2, new guess 3 or 4)
+    lv0 = tree.side.tokens[:2]
+    assert [1, 3] in first.pool.lookup(lv0[0], 5) and [2, 4] in first.pool.lookup(lv0[1], 5) and len(first.pool) == 2
+    assert first.propose([9, 9], 2).side.tokens == (1, 2, 3, 4)  # slid: (1, 2) is now level 0
+    again = JacobiProposer(cfg).fork(3)
+    assert len(again.pool) == 0 and again.levels is None  # a fork starts its own window and pool
+    assert again.propose([5, 6, 7], 2).side.tokens == JacobiProposer(cfg).fork(3).propose([5, 6, 7], 2).side.tokens
 
 
 # ----------------------------------------------------------------------------- tiny model

@@ -1,19 +1,23 @@
 """Token-level speculation inside steps: the pure rules on tiny arrays, and exactness of the engine.
 
-Greedy decoding with speculation (prompt lookup or an assistant model) must write exactly the tokens
+Greedy decoding with speculation (prompt lookup, an assistant model, Lookahead Decoding) must write exactly the tokens
 plain greedy decoding writes; the sampling rule must leave every token distributed as p.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
-from specprobe.infer.engines.hf_kv import common_prefix_len
+from specprobe.infer.engines.hf_kv import DecodeBatch, RowSpec, common_prefix_len
+from specprobe.infer.engines.lookahead_decoding import LookaheadConfig
 from specprobe.infer.engines.token_spec import (
     AssistantProposer,
     DraftTree,
     NgramProposer,
+    SideBranch,
     TokenSpecConfig,
     draw_tokens,
     filtered_probs,
@@ -228,10 +232,11 @@ def test_dropping_unused_columns_keeps_results(tiny):
         same_greedy(tiny, PREFIXES[k], res[k], alone[k])
 
 
-@pytest.mark.parametrize("method", ["ngram", "assistant"])
+@pytest.mark.parametrize("method", ["ngram", "assistant", "lookahead"])
 def test_greedy_with_token_speculation_is_exactly_greedy(small, tiny, method):
     plain = [gen(small, [p])[0] for p in PREFIXES]
-    view = small.with_token_spec(TokenSpecConfig(method, num_tokens=4, ngram_size=3),
+    view = small.with_token_spec(TokenSpecConfig(method, num_tokens=4, ngram_size=3,
+                                                 lookahead=LookaheadConfig(window=4, ngram=3)),
                                  assistant=tiny if method == "assistant" else None)
     spec = [view.generate([StepRequest(p)], GREEDY) for p in PREFIXES]
     batched = gen(view, PREFIXES)
@@ -298,3 +303,55 @@ def test_prefix_cache_reuses_the_longest_shared_token_prefix(tiny):
     _, fresh = runner.prefill(b, EngineStats())
     assert torch.allclose(logits, fresh, atol=1e-4)
     assert common_prefix_len([[1, 2, 3, 4], [1, 2, 9]]) == 2 and common_prefix_len([[], [1]]) == 0
+
+
+class _KnownTreeProposer:
+    """A test double for the batch's tree path: for a row whose greedy continuation is known it proposes a tree
+    whose first child is wrong and whose second child starts the true continuation (cut at `depth`, then one
+    wrong token), beside a side branch of arbitrary tokens whose outputs it only counts. Rows it does not know
+    get no proposal. Accepting the right path and keeping exactly its columns (no side-branch or rejected
+    column) is what leaves the output equal to plain greedy decoding on a real model."""
+
+    def __init__(self, known: dict[tuple[int, ...], list[int]], depth: int, vocab: int):
+        self.known, self.depth, self.vocab = known, depth, vocab
+        self.observed = self.expected = 0
+
+    def fork(self, seed):
+        return self
+
+    def propose(self, context, k, stats=None):
+        for prompt, ref in self.known.items():
+            if tuple(context[:len(prompt)]) == prompt:
+                done = len(context) - len(prompt)
+                d = min(k - 1, self.depth, len(ref) - done - 1)
+                if d < 1:
+                    return DraftTree()
+                truth, after = ref[done:done + d], ref[done + d]
+                self.expected += d  # accepted: the true path; its wrong last token is rejected
+                wrong = (truth[0] + 1) % self.vocab
+                side = SideBranch((wrong, 11, 12), torch.tril(torch.ones(3, 3, dtype=torch.bool)), (1, 2, 3))
+                return replace(DraftTree.trie([[wrong], truth + [(after + 1) % self.vocab]]), side=side)
+        return DraftTree()
+
+    def observe(self, tree, side_logits):
+        assert side_logits.shape[0] == len(tree.side.tokens)
+        self.observed += 1
+
+
+@pytest.mark.slow
+def test_tree_proposals_in_a_batch_keep_only_the_accepted_paths_columns():
+    eng = HFStepEngine("offline:smollm2-135m-instruct", device="cpu")
+    params = SamplingParams(temperature=0, max_step_tokens=20)
+    prefixes = [Prefix("Anna has 12 apples. She buys 5 more and eats 3. How many are left?"),
+                Prefix("Name three prime numbers.")]
+    plain = gen(eng, prefixes, params)
+    ids = [eng.prefix_ids(p) for p in prefixes]
+    proposer = _KnownTreeProposer({tuple(ids[0]): list(plain[0].token_ids)}, depth=3,
+                                  vocab=eng.info.vocab_size)
+    batch = DecodeBatch(eng.runner, eng.text, params, proposer=proposer, spec_tokens=5)
+    batch.add([RowSpec(k, i, 20) for k, i in enumerate(ids)])  # row 1 gets no proposal: mixed block widths
+    out = batch.run()
+    for k in range(2):
+        assert_same_greedy(eng.model, ids[k], out[k].token_ids, plain[k].token_ids, at_least=8)
+    # the right child is accepted as deep as it was right, every round; the side branch was seen every round
+    assert batch.stats.spec_accepted == proposer.expected and proposer.observed == batch.stats.spec_rounds >= 3

@@ -262,9 +262,9 @@ class EngineCapabilities:
     """What an engine can do beyond the step API. Callers branch on this, never on an engine's type.
 
     kind: the backend ("transformers", "vllm", ...). raw_model: `model` is a transformers model callers may
-    run themselves (reusing the weights as an LLM judge). tree_attention: `sequence_kv()` gives one sequence's
-    KV cache with custom attention masks (tree attention: Lookahead Decoding, SEED). lora: it
-    serves LoRA adapters per request (the judge-LoRA on vLLM). prefix_cache: it keeps prompt-prefix KV between
+    run themselves (reusing the weights as an LLM judge). tree_attention: custom attention masks, for token trees
+    (`sequence_kv()` gives one sequence's KV cache for SEED; the batches verify Lookahead Decoding's tries). lora:
+    it serves LoRA adapters per request (the judge-LoRA on vLLM). prefix_cache: it keeps prompt-prefix KV between
     calls (`clear_prefix_cache` empties it). token_spec_per_run: `with_token_spec` may choose token-level
     speculation per call (vLLM fixes it when the engine starts)."""
 

@@ -28,7 +28,7 @@ from specprobe.infer.engines.base import (
     sample_seed,
 )
 from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec
-from specprobe.infer.engines.lookahead_decoding import LookaheadConfig, LookaheadStepEngine
+from specprobe.infer.engines.lookahead_decoding import JacobiProposer, LookaheadConfig
 from specprobe.infer.engines.sequence_kv import SequenceKV
 from specprobe.infer.engines.static_kv import FastDecodeBatch, static_cache_supported
 from specprobe.infer.engines.token_spec import AssistantProposer, NgramProposer, TokenSpecConfig
@@ -129,23 +129,22 @@ class HFStepEngine:
         self.runner.clear()
 
     # ---------------------------------------------------------------- token speculation
-    def with_token_spec(self, spec: TokenSpecConfig | None,
-                        assistant: HFStepEngine | None = None) -> HFStepEngine | LookaheadStepEngine:
+    def with_token_spec(self, spec: TokenSpecConfig | None, assistant: HFStepEngine | None = None) -> HFStepEngine:
         """This engine with token-level speculation inside steps for the calls made through the returned view
         (None: off); the engine itself is unchanged, so methods sharing it cannot leak a setting into each
         other. The view shares the model, tokenizer and prefix cache.
 
         ngram: prompt lookup over the prompt and the step so far. assistant: greedy proposals from
-        `assistant` (an engine whose tokenizer must equal this one's). lookahead: Lookahead Decoding writes
-        the steps (a fresh `LookaheadStepEngine` on this engine, one sequence at a time, its own n-gram pool).
+        `assistant` (an engine whose tokenizer must equal this one's). lookahead: Lookahead Decoding (each
+        row its own Jacobi window and n-gram pool). All three run in the engine's batches.
         """
-        if spec is not None and spec.method == "lookahead":
-            return LookaheadStepEngine(self.with_token_spec(None), spec.lookahead or LookaheadConfig())
         if spec is None and self.token_spec is None:
             return self
         proposer = None
         if spec is not None and spec.method == "ngram":
             proposer = NgramProposer(spec.ngram_size, spec.min_ngram)
+        elif spec is not None and spec.method == "lookahead":
+            proposer = JacobiProposer(spec.lookahead or LookaheadConfig())
         elif spec is not None:
             if assistant is None:
                 raise ValueError("token_spec 'assistant' needs an assistant engine (the draft model)")

@@ -26,7 +26,11 @@ no re-padding. A new row is not re-encoded from scratch:
   new columns (holes for every other row). The γ+1 prefixes of an LR batch are nested, so the longest
   is encoded once and the others add a token or two; an async row reuses the row before it.
 Token speculation adds a few proposed tokens per row to each forward; the columns of rejected proposals
-become holes. Columns no row uses any more are dropped from time to time (`_compact`).
+become holes. Chains (prompt lookup, an assistant) ride the causal mask; a forward where some row proposes a
+tree or a side branch (Lookahead Decoding's trie and Jacobi window) gets a 4-D mask instead: each row's block
+is laid out by `token_spec.block_layout` after its current token, the accepted path's columns stay and every
+other block column becomes a hole. Each row has its own proposer (`Proposer.fork`). Columns no row uses any
+more are dropped from time to time (`_compact`).
 
 Sampling. Each row draws from its own generator, one uniform per token by inverting the CDF of its own
 distribution (`token_spec.draw_tokens`), so which random numbers a row uses never depends on the other
@@ -45,8 +49,8 @@ from typing import Any
 import torch
 
 from specprobe.infer.engines.base import EngineStats, PromptTooLongError, SamplingParams, ScoredStep, Step
-from specprobe.infer.engines.sequence_kv import check_plain_cache, crop_cache
-from specprobe.infer.engines.token_spec import DraftTree, draw_tokens
+from specprobe.infer.engines.sequence_kv import additive_mask, check_plain_cache, crop_cache
+from specprobe.infer.engines.token_spec import DraftTree, block_layout, draw_tokens, verify_tree
 from specprobe.infer.engines.tokens import StepTokenizer
 
 
@@ -259,6 +263,7 @@ class _Row:
     gen_cols: list[int] = field(default_factory=list)  # cache column of each generated token fed so far
     donor: _Row | None = None  # row whose columns it copies at join time (None: the base)
     share: int = 0  # prompt tokens taken from the donor / base instead of being forwarded
+    proposer: Any = None  # its own token proposer (`token_spec.Proposer.fork`), None without speculation
 
 
 class RowBatch:
@@ -324,7 +329,8 @@ class DecodeBatch(RowBatch):
             new_rows = []
             for s in specs:
                 gen = torch.Generator(device="cpu").manual_seed(s.seed) if s.seed is not None else None
-                new_rows.append(_Row(s.key, list(s.ids), s.cap, gen, s.keep, pos=len(s.ids)))
+                proposer = self.proposer.fork(s.seed) if self.proposer is not None else None
+                new_rows.append(_Row(s.key, list(s.ids), s.cap, gen, s.keep, pos=len(s.ids), proposer=proposer))
             first_logits: dict[int, torch.Tensor] = {}
             for wave in self._plan(new_rows, creating):
                 first_logits.update(self._join_wave(wave))
@@ -350,61 +356,100 @@ class DecodeBatch(RowBatch):
         """One forward for all rows (with token speculation when the engine has it on)."""
         if not self.rows:
             return []
-        proposals: list[list[int]] = []
+        trees = []
         for r in self.rows:
             k = min(self.spec_tokens, r.cap - len(r.tokens) - 1)
-            tree = self.proposer.propose(r.ids + r.tokens, k, self.stats) if k > 0 else DraftTree()
-            if not tree.is_chain:  # a batch row's proposals sit in one causal run of columns
-                raise ValueError(f"{type(self.proposer).__name__} proposed a tree; the transformers engine's "
-                                 f"batches verify chains (tree proposers run on sequence_kv.SequenceKV)")
-            proposals.append(list(tree.tokens)[:max(k, 0)])
-        width = 1 + max(len(p) for p in proposals)
-        rows = len(self.rows)
-        pad = self.runner.pad_id
+            tree = r.proposer.propose(r.ids + r.tokens, k, self.stats) if k > 0 else DraftTree()
+            trees.append(DraftTree.chain(tree.tokens[:max(k, 0)]) if tree.is_chain else tree)
         with torch.inference_mode():
-            inp = torch.full((rows, width), pad, dtype=torch.long)
-            new_mask = torch.zeros((rows, width), dtype=torch.long)
-            pos = torch.zeros((rows, width), dtype=torch.long)
-            for i, (r, prop) in enumerate(zip(self.rows, proposals)):
-                inp[i, 0] = r.tokens[-1]
-                if prop:
-                    inp[i, 1:1 + len(prop)] = torch.tensor(prop)
-                new_mask[i, :1 + len(prop)] = 1
-                pos[i] = torch.arange(r.pos, r.pos + width)
-            attn = torch.cat([self.mask, new_mask], 1)
-            out = self.runner.forward(self.stats, input_ids=inp.to(self.device), past_key_values=self.cache,
-                               attention_mask=attn.to(self.device), position_ids=pos.to(self.device), use_cache=True)
-            self.cache = out.past_key_values
-            logits = out.logits.float()
-            self.stats.decode_tokens += int(new_mask.sum())
+            forward = self._forward_chains if all(t.is_chain for t in trees) else self._forward_trees
+            logits, width = forward(trees)
+            new_mask = torch.zeros((len(self.rows), width), dtype=torch.long)
             finished = []
-            for i, (r, prop) in enumerate(zip(self.rows, proposals)):
-                row_logits = logits[i, :1 + len(prop)]
-                new = self._draw(prop, row_logits, r)
-                accepted = len(new) - 1
-                if prop:
+            for i, (r, tree) in enumerate(zip(self.rows, trees)):
+                s = 0 if tree.side is None else len(tree.side.tokens)
+                if tree.side is not None:
+                    r.proposer.observe(tree, logits[i, 1:1 + s])
+                row_logits = torch.cat([logits[i, :1], logits[i, 1 + s:1 + s + len(tree)]])  # 0: after the current
+                chunk, nodes = verify_tree(tree, row_logits, self.params.temperature, self.params.top_p, r.generator)
+                kept = [0] + [1 + s + u for u in nodes[:-1]]  # the current token, then the accepted nodes
+                new_mask[i, kept] = 1  # rejected proposals and side branches become holes
+                if len(tree):
                     self.stats.spec_rounds += 1
-                    self.stats.spec_proposed += len(prop)
-                    self.stats.spec_accepted += accepted
-                    new_mask[i, 1 + accepted:] = 0  # rejected proposals become holes
-                r.pos += 1 + accepted
-                r.gen_cols.extend(range(self.ncols, self.ncols + 1 + accepted))
-                lsm = torch.log_softmax(row_logits[:accepted + 1], -1)
-                for j, tok in enumerate(new):
-                    done = self._append(r, tok, float(lsm[j, tok]))
-                    if done is not None:
-                        finished.append((r, done))
-                        self._export(r, row_logits[j])
-                        break
+                    self.stats.spec_proposed += len(tree)
+                    self.stats.spec_accepted += len(chunk) - 1
+                r.pos += len(chunk)
+                r.gen_cols.extend(self.ncols + c for c in kept)
+                done = self._append_path(r, chunk, nodes, row_logits)
+                if done is not None:
+                    finished.append((r, done))
             self.mask = torch.cat([self.mask, new_mask], 1)
             self.ncols += width
             self.stats.iterations += 1
-            self.stats.row_iterations += rows
+            self.stats.row_iterations += len(self.rows)
             self._drop([r for r, _ in finished])
             self._compact()
         return [(r.key, s) for r, s in finished]
 
     # ------------------------------------------------------------------ internals
+    def _forward_chains(self, trees: list[DraftTree]) -> tuple[torch.Tensor, int]:
+        """Every row's current token and chain proposal in one causal run of new columns (a 2-D mask)."""
+        width = 1 + max(len(t) for t in trees)
+        rows = len(self.rows)
+        inp = torch.full((rows, width), self.runner.pad_id, dtype=torch.long)
+        fed = torch.zeros((rows, width), dtype=torch.long)
+        pos = torch.zeros((rows, width), dtype=torch.long)
+        for i, (r, tree) in enumerate(zip(self.rows, trees)):
+            inp[i, 0] = r.tokens[-1]
+            if len(tree):
+                inp[i, 1:1 + len(tree)] = torch.tensor(tree.tokens)
+            fed[i, :1 + len(tree)] = 1
+            pos[i] = torch.arange(r.pos, r.pos + width)
+        attn = torch.cat([self.mask, fed], 1)
+        out = self.runner.forward(self.stats, input_ids=inp.to(self.device), past_key_values=self.cache,
+                                  attention_mask=attn.to(self.device), position_ids=pos.to(self.device), use_cache=True)
+        self.cache = out.past_key_values
+        self.stats.decode_tokens += int(fed.sum())
+        return out.logits.float(), width
+
+    def _forward_trees(self, trees: list[DraftTree]) -> tuple[torch.Tensor, int]:
+        """Every row's current token, then its block (`block_layout`: side branch, tree), under a 4-D mask over
+        the batch columns (a row whose proposal is a chain gets a chain-shaped tree)."""
+        blocks = [block_layout(t, r.pos) for r, t in zip(self.rows, trees)]
+        width = 1 + max(len(b[0]) for b in blocks)
+        rows, ncols = len(self.rows), self.ncols
+        inp = torch.full((rows, width), self.runner.pad_id, dtype=torch.long)
+        pos = torch.zeros((rows, width), dtype=torch.long)
+        seen = torch.zeros((rows, width, ncols + width), dtype=torch.bool)
+        seen[:, :, :ncols] = self.mask.bool()[:, None, :]  # every query sees its row's columns...
+        seen[:, :, ncols] = True  # ...and its current token (padding queries too: no empty row)
+        for i, (r, (tokens, allowed, positions)) in enumerate(zip(self.rows, blocks)):
+            b = len(tokens)
+            inp[i, 0], pos[i] = r.tokens[-1], r.pos
+            if b:
+                inp[i, 1:1 + b], pos[i, 1:1 + b] = torch.tensor(tokens), positions
+                seen[i, 1:1 + b, ncols + 1:ncols + 1 + b] = allowed
+        dtype = next(self.runner.model.parameters()).dtype
+        out = self.runner.forward(self.stats, input_ids=inp.to(self.device), past_key_values=self.cache,
+                                  attention_mask=additive_mask(seen, dtype).to(self.device),
+                                  position_ids=pos.to(self.device), use_cache=True)
+        self.cache = out.past_key_values
+        self.stats.decode_tokens += sum(1 + len(b[0]) for b in blocks)
+        return out.logits.float(), width
+
+    def _append_path(self, row: _Row, chunk: list[int], nodes: list[int], logits: torch.Tensor) -> Step | None:
+        """Append a verified path (`verify_tree`'s tokens and nodes; logits row 0 after the current token, i + 1
+        after node i); returns the row's Step when it finishes on the way (its KV is kept, see `_export`)."""
+        prev = -1
+        for tok, node in zip(chunk, nodes):
+            drawn_from = logits[prev + 1]
+            done = self._append(row, tok, float(torch.log_softmax(drawn_from, -1)[tok]))
+            if done is not None:
+                self._export(row, drawn_from)
+                return done
+            prev = node
+        return None
+
     def _new_base(self, ids_list: list[list[int]]) -> None:
         """A fresh batch: encode the prefix common to its first rows once (engine prefix cache)."""
         lcp = common_prefix_len(ids_list)

@@ -22,20 +22,23 @@ tries the candidates that continue the accepted path in order, accepting s with 
 removing it from P on rejection. Every output token is distributed as the target's (Theorem A of the paper),
 because each proposal is deterministic.
 
-`LookaheadDecoder.generate` is the whole API: token ids in, token ids and counters out.
+Two drivers of one proposer (`JacobiProposer`: the window, the pool, their trie and side branch):
+- the transformers engine's batches (`HFStepEngine.with_token_spec(TokenSpecConfig("lookahead"))`, each row its
+  own window and pool, rows verified side by side in one forward): what the runtime and probe-bench use;
+- `LookaheadDecoder.generate`, one sequence on a `SequenceKV` with token ids in, token ids and the paper's
+  counters (compression ratio S) out: the reference on raw models, with no tokenizer or step rule.
 """
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER, EngineStats, Generation, SerialStream, sample_seed
+from specprobe.infer.engines.base import EngineStats
 from specprobe.infer.engines.sequence_kv import SequenceKV
-from specprobe.infer.engines.token_spec import DraftTree, verify_tree
+from specprobe.infer.engines.token_spec import DraftTree, SideBranch, block_layout, verify_tree
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class LookaheadConfig:
 
 # ----------------------------------------------------------------------------- n-gram pool
 class NgramPool:
-    """Lookahead Decoding's proposer: n-grams keyed by their first token; per key at most `per_key`
+    """Lookahead Decoding's n-gram pool: n-grams keyed by their first token; per key at most `per_key`
     continuations, newest kept; `propose` offers up to `candidates` of them (G) as a trie."""
 
     def __init__(self, per_key: int, candidates: int | None = None):
@@ -94,29 +97,66 @@ class NgramPool:
         return sum(len(b) for b in self._pool.values())
 
 
-# ----------------------------------------------------------------------------- one forward's layout
-def lookahead_layout(levels: int, window: int, tree: DraftTree, cur_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(allowed (m, m) bool, position ids (m,)) of the speculative block of one forward: `levels` × `window`
-    lookahead tokens (level-major), then the verification trie's nodes. The block sees the whole committed
-    context besides (`sequence_kv.forward_layout`); cur_pos is the position of the current token."""
-    n_look = levels * window
-    m = n_look + len(tree)
+# ----------------------------------------------------------------------------- the proposer
+def window_branch(levels: int, window: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """(allowed (levels * window,) * 2, offsets) of the Jacobi window, level-major: level l, column j sits at
+    offset 1 + j + l after the current token and sees level 0 up to column j and levels 1..l of column j."""
+    m = levels * window
     allowed = torch.zeros((m, m), dtype=torch.bool)
-    pos = torch.empty(m, dtype=torch.long)
-
-    def col(level: int, j: int) -> int:  # column of lookahead token (level, j)
-        return level * window + j
-
+    offsets = []
     for level in range(levels):
         for j in range(window):
-            r = col(level, j)
-            pos[r] = cur_pos + 1 + j + level
-            allowed[r, [col(0, c) for c in range(j + 1)]] = True  # level 0 up to column j
-            allowed[r, [col(lv, j) for lv in range(1, level + 1)]] = True  # same column, levels 1..level
-    if len(tree):
-        allowed[n_look:, n_look:] = tree.ancestry()
-        pos[n_look:] = torch.tensor([cur_pos + d for d in tree.depths()])
-    return allowed, pos
+            r = level * window + j
+            offsets.append(1 + j + level)
+            allowed[r, :j + 1] = True  # level 0 up to column j
+            allowed[r, [lv * window + j for lv in range(1, level + 1)]] = True  # same column, levels 1..level
+    return allowed, tuple(offsets)
+
+
+class JacobiProposer:
+    """Lookahead Decoding as a token proposer, for one sequence: `propose` returns the pool's n-grams that
+    continue the context's last token (a trie) with the Jacobi window beside it (`token_spec.SideBranch`);
+    `observe` reads the target's greedy outputs on the window, emits the full columns' n-grams into the pool and
+    slides the window. The window starts from random prompt tokens (`generator`); `fork(seed)` gives the next
+    sequence its own window and pool."""
+
+    def __init__(self, cfg: LookaheadConfig | None = None, generator: torch.Generator | None = None,
+                 prompt_pool: bool = False):
+        self.cfg = cfg or LookaheadConfig()
+        self.generator = generator if generator is not None else torch.Generator().manual_seed(self.cfg.seed)
+        self.prompt_pool = prompt_pool
+        self.pool = NgramPool(max(self.cfg.guesses, 1), self.cfg.guesses)
+        self.levels: list[list[int]] | None = None
+
+    def fork(self, seed: int | None) -> JacobiProposer:
+        gen = torch.Generator().manual_seed(int(self.cfg.seed if seed is None else seed))
+        return JacobiProposer(self.cfg, gen, self.prompt_pool)
+
+    def _start(self, context: Sequence[int]) -> None:
+        if self.prompt_pool:  # the paper's "prompt as reference" option
+            for s in range(len(context) - self.cfg.ngram + 1):
+                self.pool.add(context[s:s + self.cfg.ngram])
+        pick = torch.randint(len(context), (self.cfg.window,), generator=self.generator)
+        self.levels = [[int(context[int(i)]) for i in pick]]
+
+    def propose(self, context: Sequence[int], k: int, stats: EngineStats | None = None) -> DraftTree:
+        """Pool candidates cut to k tokens, beside the window (no model work)."""
+        if self.levels is None:
+            self._start(context)
+        trie = self.pool.propose(context, k)
+        allowed, offsets = window_branch(len(self.levels), self.cfg.window)
+        return replace(trie, side=SideBranch(tuple(t for lv in self.levels for t in lv), allowed, offsets))
+
+    def observe(self, tree: DraftTree, side_logits: torch.Tensor) -> None:
+        """New greedy guesses from the top level; full windows emit one N-gram per column and slide."""
+        w, levels = self.cfg.window, self.levels
+        top = side_logits[(len(levels) - 1) * w:].argmax(-1).tolist()
+        if len(levels) < self.cfg.ngram - 1:
+            self.levels = levels + [top]
+            return
+        for j in range(w):
+            self.pool.add([lv[j] for lv in levels] + [top[j]])
+        self.levels = levels[1:] + [top]
 
 
 # ----------------------------------------------------------------------------- decoder
@@ -156,26 +196,22 @@ class LookaheadDecoder:
             raise ValueError("lookahead decoding needs a non-empty prompt")
         cfg = self.cfg
         gen = torch.Generator().manual_seed(int(seed if seed is not None else cfg.seed))
-        pool = NgramPool(max(cfg.guesses, 1), cfg.guesses)
-        if prompt_pool:  # the paper's "prompt as reference" option
-            for s in range(len(ids) - cfg.ngram + 1):
-                pool.add(ids[s:s + cfg.ngram])
-        pick = torch.randint(len(ids), (cfg.window,), generator=gen)
-        levels: list[list[int]] = [[ids[int(i)] for i in pick]]
+        proposer = JacobiProposer(cfg, gen, prompt_pool)  # one generator: the window's start, then the draws
+        proposer.propose(ids, 0)  # draws the window's start before any verification draw
         stats = LookaheadStats()
         before = self.kv.prefill_passes
         self.kv.start(ids)
         stats.prefill_passes = self.kv.prefill_passes - before
         out: list[int] = []
         while len(out) < max_new_tokens:
-            tree = pool.propose(ids, cfg.ngram - 1)
-            allowed, pos = lookahead_layout(len(levels), cfg.window, tree, len(ids) - 1)
-            cur, block = self.kv.forward(ids, [t for lv in levels for t in lv] + list(tree.tokens), allowed, pos)
+            tree = proposer.propose(ids, cfg.ngram - 1)
+            block, allowed, pos = block_layout(tree, len(ids) - 1)
+            cur, logits = self.kv.forward(ids, block, allowed, pos)
             self.kv.drop_speculative()  # accepted tokens are re-fed as committed tokens next pass
             stats.forward_passes += 1
-            n_look = len(levels) * cfg.window
-            levels = self._advance_window(levels, block[:n_look], pool)
-            rows = torch.cat([cur[None], block[n_look:]])  # row 0: after the current token; i + 1: after node i
+            n_look = len(tree.side.tokens)
+            proposer.observe(tree, logits[:n_look])
+            rows = torch.cat([cur[None], logits[n_look:]])  # row 0: after the current token; i + 1: after node i
             chunk, nodes = verify_tree(tree, rows, temperature, top_p, gen)
             if len(tree):
                 stats.steps_with_candidates += 1
@@ -200,94 +236,3 @@ class LookaheadDecoder:
         accepted = min(used, len(chunk) - 1)
         stats.accepted += accepted
         stats.accepted_per_step.append(accepted)
-
-    def _advance_window(self, levels: list[list[int]], look_logits: torch.Tensor, pool: NgramPool) -> list[list[int]]:
-        """New greedy guesses from the top level; full windows emit one N-gram per column and slide."""
-        w = self.cfg.window
-        top = look_logits[(len(levels) - 1) * w:].argmax(-1).tolist()
-        if len(levels) < self.cfg.ngram - 1:
-            return levels + [top]
-        for j in range(w):
-            pool.add([lv[j] for lv in levels] + [top[j]])
-        return levels[1:] + [top]
-
-
-# ----------------------------------------------------------------------------- step engine
-class LookaheadStepEngine:
-    """A StepEngine whose steps are written by Lookahead Decoding on another engine's transformers model.
-
-    Generation goes through the interface (`generate`, `open_stream` via SerialStream); scoring, prefixes,
-    the tokenizer and the step stop rule are the base engine's. One sequence at a time: lookahead
-    decoding spends its parallelism inside one sequence (n samples of a request run one after another).
-    """
-
-    def __init__(self, base, cfg: LookaheadConfig | None = None):
-        if not base.capabilities.tree_attention:
-            raise ValueError(f"lookahead decoding needs tree attention (a transformers engine); "
-                             f"{type(base).__name__} has none")
-        self.base, self.cfg = base, cfg or LookaheadConfig()
-        self.decoder = LookaheadDecoder(base.sequence_kv(), self.cfg)
-        # the StepEngine protocol, spelled out: generation is ours, the rest is the base engine's
-        self.info, self.model_name, self.model, self.tokenizer = base.info, base.model_name, base.model, base.tokenizer
-        self.capabilities = replace(base.capabilities, token_spec_per_run=False)
-        self.text = base.text  # the step stop rule and prefixes (SEED reads them too)
-
-    def clear_prefix_cache(self) -> None:
-        self.base.clear_prefix_cache()
-
-    def sequence_kv(self) -> SequenceKV:
-        return self.base.sequence_kv()
-
-    def with_token_spec(self, spec, assistant=None):
-        if spec is not None:
-            raise ValueError("Lookahead Decoding is itself the token-level speculation inside steps; it does not "
-                             "combine with +ngram / +assistant")
-        return self
-
-    def format_prefix(self, question, steps=(), delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
-        return self.base.format_prefix(question, steps, delimiter)
-
-    def prefix_ids(self, prefix) -> list[int]:
-        return self.base.prefix_ids(prefix)
-
-    def check_fits(self, prefix, extra_tokens: int = 0) -> None:
-        self.base.check_fits(prefix, extra_tokens)
-
-    def count_tokens(self, text: str) -> int:
-        return self.base.count_tokens(text)
-
-    def score(self, prefix, steps, *, hidden: bool = True, layers=None):
-        return self.base.score(prefix, steps, hidden=hidden, layers=layers)
-
-    def score_chain(self, prefix, steps, *, hidden: bool = True, layers=None):
-        return self.base.score_chain(prefix, steps, hidden=hidden, layers=layers)
-
-    def generate(self, requests, params):
-        t0 = time.perf_counter()
-        stats = EngineStats()
-        steps = []
-        for req in requests:
-            ids = self.base.prefix_ids(req.prefix)
-            cap = req.cap(params)
-            seed = params.seed if req.seed is None else req.seed
-            row = []
-            for k in range(req.n):
-                def stop(tokens, cap=cap):
-                    return self.base.text.finished(tokens, cap, params.delimiter) is not None
-
-                tokens, st = self.decoder.generate(ids, cap, temperature=params.temperature, top_p=params.top_p,
-                                                   stop=stop, seed=sample_seed(seed, k) or 0)
-                row.append(self.base.text.make_step(tokens, st.logprob, cap, params.delimiter))
-                stats.forward_passes += st.forward_passes + st.prefill_passes
-                stats.iterations += st.forward_passes
-                stats.row_iterations += st.forward_passes
-                stats.generated_tokens += st.tokens
-                stats.spec_rounds += st.steps_with_candidates
-                stats.spec_proposed += st.proposed
-                stats.spec_accepted += st.accepted
-            steps.append(row)
-        stats.seconds = time.perf_counter() - t0
-        return Generation(steps, stats)
-
-    def open_stream(self, params):
-        return SerialStream(self, params)

@@ -52,12 +52,20 @@ class TreeDrafter:
     tree level on the sequence's own draft KV. Children are drawn i.i.d. from the draft's filtered
     distribution q (kept in the tree for verification), or are its top tokens under greedy drafting."""
 
-    def __init__(self, kv: SequenceKV, k_config: Sequence[int], temperature: float, top_p: float,
-                 generator: torch.Generator):
-        self.kv, self.k_config = kv, tuple(k_config)
-        self.temperature, self.top_p, self.generator = temperature, top_p, generator
+    def __init__(self, new_kv: Callable[[], SequenceKV], k_config: Sequence[int], temperature: float, top_p: float,
+                 seed: int = 0):
+        self.new_kv, self.kv, self.k_config = new_kv, new_kv(), tuple(k_config)
+        self.temperature, self.top_p = temperature, top_p
+        self.generator = torch.Generator().manual_seed(int(seed))
         self.parents = tree_shape(self.k_config)
         self.ancestry = DraftTree((0,) * len(self.parents), self.parents).ancestry()  # any depth's tree: a prefix
+
+    def fork(self, seed: int | None) -> TreeDrafter:
+        """The drafter of another sequence: its own draft KV and generator."""
+        return TreeDrafter(self.new_kv, self.k_config, self.temperature, self.top_p, 0 if seed is None else seed)
+
+    def observe(self, tree: DraftTree, side_logits: torch.Tensor) -> None:
+        raise ValueError("SEED's drafter proposes no side branch; nothing to observe")
 
     def propose(self, context: Sequence[int], k: int, stats: EngineStats | None = None) -> DraftTree:
         levels = self.k_config[:k]
@@ -172,7 +180,7 @@ class SeedGenerator:
     def __init__(self, target_kv: Callable[[], SequenceKV], draft_kv: Callable[[], SequenceKV],
                  k_config: Sequence[int] = (2, 2, 1), *, temperature: float = 0.0,
                  draft_temperature: float | None = None, top_p: float = 1.0, threaded: bool = True):
-        self.target_kv, self.draft_kv = target_kv, draft_kv
+        self.target_kv = target_kv
         self.k_config = tuple(k_config)
         self.temperature, self.top_p = temperature, top_p
         self.draft_temperature = temperature if draft_temperature is None else draft_temperature
@@ -180,6 +188,7 @@ class SeedGenerator:
             raise ValueError("sampled SEED needs a sampling draft (draft temperature > 0): the rule min(1, p/q) "
                              "needs the draft's distribution q")
         self.threaded = threaded
+        self.drafter = TreeDrafter(draft_kv, self.k_config, self.draft_temperature, top_p)  # forked per sequence
         self.stats = SeedStats()
         self.queue: RoundsQueue | None = None
 
@@ -271,9 +280,7 @@ class SeedGenerator:
         return [(s.out, s.logprob) for s in seqs]
 
     def _sequence(self, key, prompt: Sequence[int], cap: int, seed: int) -> _Seq:
-        drafter = TreeDrafter(self.draft_kv(), self.k_config, self.draft_temperature, self.top_p,
-                              torch.Generator().manual_seed(int(seed)))
-        return _Seq(key, [int(t) for t in prompt], int(cap), drafter, self.target_kv(),
+        return _Seq(key, [int(t) for t in prompt], int(cap), self.drafter.fork(seed), self.target_kv(),
                     torch.Generator().manual_seed(int(seed) ^ 0x5EED))
 
     def _run_rounds(self, live: list[_Seq], rq: RoundsQueue, stop) -> None:

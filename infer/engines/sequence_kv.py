@@ -1,12 +1,13 @@
 """One sequence's KV cache for tree-shaped speculation: committed tokens, then blocks of speculative tokens
 with their own attention pattern, cropped away after verification.
 
-Lookahead Decoding (its Jacobi window and pool candidates) and SEED (draft trees on the draft model, their
-verification on the target) decode one sequence at a time with custom attention; every transformers
+SEED (draft trees on the draft model, their verification on the target) and the sequence-level
+`lookahead_decoding.LookaheadDecoder` decode one sequence at a time with custom attention; every transformers
 detail they need lives here: the DynamicCache, cropping, the 4-D additive masks with explicit position ids,
 and prefix reuse (the sequence it continues, else the engine's prefix cache). The engine's batch paths keep
-their own layouts: `hf_kv.DecodeBatch` verifies chain proposals (prompt lookup, an assistant), and
-`static_kv.FastDecodeBatch` does no token speculation.
+their own layouts: `hf_kv.DecodeBatch` verifies every in-step proposer's chains and trees (prompt lookup, an
+assistant, Lookahead Decoding) row by row in one forward, and `static_kv.FastDecodeBatch` does no token
+speculation.
 
 Columns of the cache, in order: the committed tokens (`committed`), then speculative columns of earlier
 blocks (`speculative`), then the tokens of this forward. A forward feeds the committed tokens not yet
@@ -33,9 +34,10 @@ def crop_cache(cache, length: int) -> None:
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(1, 1, q, kv) additive mask: 0 where attention is allowed, the dtype's minimum elsewhere."""
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    """(batch, 1, q, kv) additive mask from a bool (q, kv) or (batch, q, kv) pattern: 0 where attention is
+    allowed, the dtype's minimum elsewhere."""
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[None, None] if allowed.ndim == 2 else mask[:, None]
 
 
 def check_plain_cache(cache, what: str) -> None:

@@ -3,11 +3,14 @@
 One interface, in the manner of vLLM's spec_decode: a proposer's `propose(context, k, stats)` returns a
 `DraftTree` of tokens that might follow the context; `verify_tree` accepts a path of it against the target's
 logits for every node, computed in one forward with tree attention. The proposers:
-- prompt lookup (`NgramProposer`) and an assistant model's greedy tokens (`AssistantProposer`) return chains,
-  verified inside the transformers engine's batches (`infer.engines.hf_kv.DecodeBatch`);
-- Lookahead Decoding's Jacobi n-gram pool (`lookahead_decoding.NgramPool`) returns a trie of pool n-grams;
+- prompt lookup (`NgramProposer`) and an assistant model's greedy tokens (`AssistantProposer`) return chains;
+- Lookahead Decoding (`lookahead_decoding.JacobiProposer`) returns a trie of its pool's n-grams and, beside it,
+  its Jacobi window (`SideBranch`): tokens fed in the same forward whose outputs only the proposer reads
+  (`observe`); it keeps state per sequence, so a batch gives each row its own (`fork`);
 - SEED's draft model (`seed_decoding.TreeDrafter`) returns a sampled token tree with its distributions q.
-The last two run one sequence at a time on `sequence_kv.SequenceKV`.
+The first three run inside the transformers engine's batches (`infer.engines.hf_kv.DecodeBatch`, chains with a
+causal mask, trees and side branches with a 4-D one laid out by `block_layout`); SEED and the sequence-level
+`lookahead_decoding.LookaheadDecoder` run one sequence at a time on `sequence_kv.SequenceKV`, with the same layout.
 
 The rule (`verify_tree`):
 - greedy (temperature 0): follow the child equal to the target's argmax, append the argmax at the first
@@ -26,7 +29,7 @@ The functions here are pure (tensors in, token lists out) and are unit-tested on
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import torch
@@ -40,7 +43,8 @@ TokenSpecMethod = Literal["ngram", "assistant", "lookahead"]
 class TokenSpecConfig:
     """How a step engine speculates tokens inside a step (`StepEngine.with_token_spec`): prompt lookup, an
     assistant model, or Lookahead Decoding (its Jacobi window and n-gram pool; `lookahead` holds its
-    `lookahead_decoding.LookaheadConfig`, None: the paper's defaults)."""
+    `lookahead_decoding.LookaheadConfig`, None: the paper's defaults). num_tokens caps the proposal's depth;
+    Lookahead Decoding's n-grams are N - 1 deep at most."""
 
     method: TokenSpecMethod = "ngram"
     num_tokens: int = 8  # proposed tokens per round (LR's n-gram setting: 8)
@@ -77,6 +81,24 @@ def ngram_propose(context: Sequence[int], max_ngram: int, k: int, min_ngram: int
 
 
 @dataclass(frozen=True)
+class SideBranch:
+    """Tokens a proposer feeds beside its tree in the verification forward, to read the target's outputs on
+    them (Lookahead Decoding's Jacobi window): `allowed` (s, s) says which of them each one sees (each sees the
+    whole context besides, never the tree), `offsets` their positions after the current token. They are never
+    accepted: their KV is dropped after the forward."""
+
+    tokens: tuple[int, ...]
+    allowed: torch.Tensor = field(compare=False)
+    offsets: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        s = len(self.tokens)
+        if tuple(self.allowed.shape) != (s, s) or len(self.offsets) != s:
+            raise ValueError(f"a side branch of {s} tokens needs allowed of shape ({s}, {s}) and {s} offsets, got "
+                             f"{tuple(self.allowed.shape)} and {len(self.offsets)}")
+
+
+@dataclass(frozen=True)
 class DraftTree:
     """What every token proposer returns: proposed tokens as a tree after the context.
 
@@ -84,12 +106,14 @@ class DraftTree:
     parent always comes before its children. A chain has parents -1, 0, 1, ...; a trie of candidate
     sequences merges their common prefixes; SEED's trees have several children per node. q: the draft's
     distribution after node u (key -1: the root) when children were sampled from it, None when the
-    proposals are deterministic. Verification: `verify_tree`.
+    proposals are deterministic. side: tokens fed beside the tree for the proposer's own use (`SideBranch`).
+    Verification: `verify_tree`.
     """
 
     tokens: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()
     q: dict | None = None
+    side: SideBranch | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
@@ -123,7 +147,9 @@ class DraftTree:
 
     @property
     def is_chain(self) -> bool:
-        return self.parents == tuple(range(-1, len(self.tokens) - 1))
+        """Proposed tokens in one causal run (no branches, no side branch): a batch row verifies it with a
+        plain causal mask."""
+        return self.side is None and self.parents == tuple(range(-1, len(self.tokens) - 1))
 
     def depths(self) -> list[int]:
         """Depth of every node (1 below the root)."""
@@ -150,6 +176,24 @@ class DraftTree:
         return allowed
 
 
+def block_layout(tree: DraftTree, cur_pos: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """(tokens, allowed (m, m) bool, position ids (m,)) of the speculative block of one verification forward:
+    the side branch's tokens, then the tree's nodes (each sees its ancestors and itself). cur_pos is the
+    position of the current token (the context's last); the block sees the whole context besides."""
+    side = tree.side
+    s = 0 if side is None else len(side.tokens)
+    m = s + len(tree)
+    allowed = torch.zeros((m, m), dtype=torch.bool)
+    pos = torch.empty(m, dtype=torch.long)
+    if side is not None:
+        allowed[:s, :s] = side.allowed
+        pos[:s] = torch.tensor([cur_pos + o for o in side.offsets], dtype=torch.long)
+    if len(tree):
+        allowed[s:, s:] = tree.ancestry()
+        pos[s:] = torch.tensor([cur_pos + d for d in tree.depths()], dtype=torch.long)
+    return ([] if side is None else list(side.tokens)) + list(tree.tokens), allowed, pos
+
+
 class Proposer(Protocol):
     """A token-level proposer (vLLM spec_decode's proposer role): prompt lookup, an assistant model, Lookahead
     Decoding's Jacobi pool, SEED's draft trees. Verification is `verify_tree`, whatever the proposer."""
@@ -159,8 +203,27 @@ class Proposer(Protocol):
         work is added to `stats.proposer_forward_passes`."""
         ...
 
+    def fork(self, seed: int | None) -> Proposer:
+        """The proposer for one more sequence: itself when it keeps no state per sequence, else a fresh one
+        (seeded with the sequence's seed where it draws anything)."""
+        ...
 
-class NgramProposer:
+    def observe(self, tree: DraftTree, side_logits: torch.Tensor) -> None:
+        """The target's logits (s, vocab) on the side branch of the tree this proposer last proposed."""
+        ...
+
+
+class StatelessProposer:
+    """Proposers that keep nothing per sequence and feed no side branch."""
+
+    def fork(self, seed: int | None) -> StatelessProposer:
+        return self
+
+    def observe(self, tree: DraftTree, side_logits: torch.Tensor) -> None:
+        raise ValueError(f"{type(self).__name__} proposes no side branch; nothing to observe")
+
+
+class NgramProposer(StatelessProposer):
     """Prompt-lookup proposals (no model)."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
@@ -170,7 +233,7 @@ class NgramProposer:
         return DraftTree.chain(ngram_propose(context, self.max_ngram, k, self.min_ngram))
 
 
-class AssistantProposer:
+class AssistantProposer(StatelessProposer):
     """Greedy proposals from a smaller model with the same tokenizer (an HFStepEngine).
 
     The assistant's prefix cache makes each round incremental: only the tokens added since the last
