@@ -48,8 +48,7 @@ from specprobe.infer.decoding.depth import AdaptiveDepth
 from specprobe.infer.decoding.seed import SeedConfig, seed_predicted_speedup
 from specprobe.infer.decoding.specs import SpecSConfig, specs_predicted_speedup
 from specprobe.infer.engines import build_engine_pair, sampling_params
-from specprobe.infer.engines.lookahead_decoding import LookaheadConfig
-from specprobe.infer.engines.token_spec import TokenSpecConfig
+from specprobe.infer.engines.token_spec import LookaheadConfig, TokenSpecConfig
 from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier
 from specprobe.inputs.config import ConfigError
 from specprobe.inputs.records import SourceConfig, iter_records
@@ -350,8 +349,8 @@ def start_token_spec(rt) -> TokenSpecConfig | None:
 
 def _token_spec(rt, mode: str) -> TokenSpecConfig:
     la = rt.lookahead
-    return TokenSpecConfig(mode, rt.num_speculative_tokens, rt.ngram_size,
-                           lookahead=LookaheadConfig(la.window, la.ngram, la.max_verify, rt.seed))
+    window = LookaheadConfig(la.window, la.ngram, la.max_verify, rt.seed) if mode == "lookahead" else None
+    return TokenSpecConfig(mode, rt.num_speculative_tokens, rt.ngram_size, lookahead=window)
 
 
 def _same_cache_state(env: BenchEnv) -> None:
@@ -365,8 +364,7 @@ def _same_cache_state(env: BenchEnv) -> None:
 def _engines(env: BenchEnv, spec: MethodSpec) -> tuple:
     """(target, draft) for one generation, with the method's token-level speculation in the engine that writes
     the steps (the draft for draft-only, else the target) as a view of it (`with_token_spec`: the shared engines
-    are never changed); +lookahead's view is fresh for every generation, so that its pool starts cold like the
-    others (see _same_cache_state)."""
+    are never changed); +lookahead's rows each start a fresh window and pool."""
     rt = env.setup.runtime
     mode = spec.token_spec if spec.token_spec != "none" else rt.token_spec
     target, draft = env.target, env.draft
@@ -598,9 +596,9 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
             pred = {"ideal": None, "adjusted": None, "k": None, "formula": "adaptive γ"}
         else:
             pred = predict(method.prediction, st.acceptance_rate, c, opts.gamma, b, tau)
-        if spec.token_spec == "lookahead":  # the paper's step compression S = tokens / decoding steps
+        if spec.token_spec == "lookahead":  # the paper's step compression S = tokens / decoding steps of a row
             comp = ratio(st.target_generated_tokens if kind != "draft" else st.draft_generated_tokens,
-                        st.target_iterations if kind != "draft" else st.draft_iterations)
+                         st.target_row_iterations if kind != "draft" else st.draft_row_iterations)
             pred = {**pred, "ideal": comp, "adjusted": ratio(comp, b) if kind == "target" else None,
                     "formula": "S (lookahead compression)"}
         elif spec.token_spec != "none":  # token level: multiply by g at the measured token acceptance

@@ -13,10 +13,9 @@ import pytest
 
 from specprobe.infer.engines import HFStepEngine
 from specprobe.infer.engines.base import EngineCapabilities, Prefix, SamplingParams, StepEngine, StepRequest
-from specprobe.infer.engines.lookahead_decoding import LookaheadConfig
 from specprobe.infer.engines.seed_decoding import SeedGenerator
 from specprobe.infer.engines.sequence_kv import SequenceKV
-from specprobe.infer.engines.token_spec import TokenSpecConfig
+from specprobe.infer.engines.token_spec import LookaheadConfig, TokenSpecConfig
 
 from _margins import assert_same_greedy
 

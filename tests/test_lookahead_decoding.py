@@ -9,13 +9,12 @@ import torch
 
 from specprobe.infer.engines.lookahead_decoding import (
     JacobiProposer,
-    LookaheadConfig,
     LookaheadDecoder,
     NgramPool,
     window_branch,
 )
 from specprobe.infer.engines.sequence_kv import SequenceKV
-from specprobe.infer.engines.token_spec import DraftTree, SideBranch, block_layout, verify_tree
+from specprobe.infer.engines.token_spec import DraftTree, LookaheadConfig, SideBranch, block_layout, verify_tree
 
 
 def greedy_verify(cands, argmax):
@@ -95,19 +94,19 @@ def test_sample_verify_is_lossless():
 
 
 def test_layout_masks_and_positions():
-    # current token at position 10, 2 levels x 3 columns, a trie of [[4, 5], [4, 6]] (3 nodes)
+    # current token at position 10, a trie of [[4, 5], [4, 6]] (3 nodes), then 2 levels x 3 columns of window
     window, offsets = window_branch(2, 3)
     tree = replace(DraftTree.trie([[4, 5], [4, 6]]), side=SideBranch((7, 7, 7, 8, 8, 8), window, offsets))
     tokens, allowed, pos = block_layout(tree, cur_pos=10)
-    assert tokens == [7, 7, 7, 8, 8, 8, 4, 5, 6]
-    assert pos.tolist() == [11, 12, 13, 12, 13, 14, 11, 12, 12]
+    assert tokens == [4, 5, 6, 7, 7, 7, 8, 8, 8]
+    assert pos.tolist() == [11, 12, 12, 11, 12, 13, 12, 13, 14]
 
     def seen(r):
         return allowed[r].nonzero().flatten().tolist()
 
-    assert seen(0) == [0] and seen(2) == [0, 1, 2]  # level 0: causal guess sequence
-    assert seen(4) == [0, 1, 4]  # level 1, column 1: level 0 up to column 1, then itself
-    assert seen(6) == [6] and seen(7) == [6, 7] and seen(8) == [6, 8]  # trie: its path only, no window
+    assert seen(0) == [0] and seen(1) == [0, 1] and seen(2) == [0, 2]  # trie: its path only, no window
+    assert seen(3) == [3] and seen(5) == [3, 4, 5]  # level 0: causal guess sequence
+    assert seen(7) == [3, 4, 7]  # level 1, column 1: level 0 up to column 1, then itself
 
 
 def test_the_jacobi_proposer_fills_its_pool_from_full_window_columns_and_forks_per_sequence():

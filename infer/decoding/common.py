@@ -276,6 +276,7 @@ class GenState:
             st.draft_steps += rows
             st.draft_generated_tokens += es.generated_tokens
             st.draft_iterations += es.iterations
+            st.draft_row_iterations += es.row_iterations
         self._book_passes(role, es)
 
     def finish(self, method: str) -> GenerationResult:

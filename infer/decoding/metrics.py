@@ -42,6 +42,7 @@ class RunStats:
     draft_steps: int = 0  # draft steps generated (accepted or not)
     draft_generated_tokens: int = 0
     draft_iterations: int = 0
+    draft_row_iterations: int = 0  # sum over draft forwards of the rows in them
     target_calls: int = 0
     target_rows: int = 0
     target_generated_tokens: int = 0

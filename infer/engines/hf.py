@@ -28,10 +28,10 @@ from specprobe.infer.engines.base import (
     sample_seed,
 )
 from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec
-from specprobe.infer.engines.lookahead_decoding import JacobiProposer, LookaheadConfig
+from specprobe.infer.engines.lookahead_decoding import JacobiProposer
 from specprobe.infer.engines.sequence_kv import SequenceKV
 from specprobe.infer.engines.static_kv import FastDecodeBatch, static_cache_supported
-from specprobe.infer.engines.token_spec import AssistantProposer, NgramProposer, TokenSpecConfig
+from specprobe.infer.engines.token_spec import AssistantProposer, LookaheadConfig, NgramProposer, TokenSpecConfig
 from specprobe.infer.engines.tokens import StepTokenizer, eos_token_ids
 from specprobe.infer.models import describe_source, load_model
 

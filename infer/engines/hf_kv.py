@@ -43,14 +43,21 @@ import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from specprobe.infer.engines.base import EngineStats, PromptTooLongError, SamplingParams, ScoredStep, Step
 from specprobe.infer.engines.sequence_kv import additive_mask, check_plain_cache, crop_cache
-from specprobe.infer.engines.token_spec import DraftTree, block_layout, draw_tokens, verify_tree
+from specprobe.infer.engines.token_spec import (
+    DraftTree,
+    block_layout,
+    draw_tokens,
+    drawn_rows,
+    path_logprobs,
+    verify_tree,
+)
 from specprobe.infer.engines.tokens import StepTokenizer
 
 
@@ -360,19 +367,21 @@ class DecodeBatch(RowBatch):
         for r in self.rows:
             k = min(self.spec_tokens, r.cap - len(r.tokens) - 1)
             tree = r.proposer.propose(r.ids + r.tokens, k, self.stats) if k > 0 else DraftTree()
-            trees.append(DraftTree.chain(tree.tokens[:max(k, 0)]) if tree.is_chain else tree)
+            if tree.is_chain and len(tree) > k:
+                tree = replace(tree, tokens=tree.tokens[:k], parents=tree.parents[:k])
+            trees.append(tree)
+        chains = all(t.is_chain for t in trees)
         with torch.inference_mode():
-            forward = self._forward_chains if all(t.is_chain for t in trees) else self._forward_trees
-            logits, width = forward(trees)
+            logits, width = (self._forward_chains if chains else self._forward_trees)(trees)
             new_mask = torch.zeros((len(self.rows), width), dtype=torch.long)
             finished = []
             for i, (r, tree) in enumerate(zip(self.rows, trees)):
-                s = 0 if tree.side is None else len(tree.side.tokens)
+                t = len(tree)
                 if tree.side is not None:
-                    r.proposer.observe(tree, logits[i, 1:1 + s])
-                row_logits = torch.cat([logits[i, :1], logits[i, 1 + s:1 + s + len(tree)]])  # 0: after the current
+                    r.proposer.observe(tree, logits[i, 1 + t:1 + t + len(tree.side.tokens)])
+                row_logits = logits[i, :1 + t]  # row 0: after the current token, u + 1: after node u
                 chunk, nodes = verify_tree(tree, row_logits, self.params.temperature, self.params.top_p, r.generator)
-                kept = [0] + [1 + s + u for u in nodes[:-1]]  # the current token, then the accepted nodes
+                kept = [0] + [1 + u for u in nodes[:-1]]  # the current token, then the accepted nodes
                 new_mask[i, kept] = 1  # rejected proposals and side branches become holes
                 if len(tree):
                     self.stats.spec_rounds += 1
@@ -383,6 +392,10 @@ class DecodeBatch(RowBatch):
                 done = self._append_path(r, chunk, nodes, row_logits)
                 if done is not None:
                     finished.append((r, done))
+            if not chains:  # no row kept a column after its last accepted node: crop them (side branches too)
+                width = int(new_mask.nonzero()[:, 1].max()) + 1
+                crop_cache(self.cache, self.ncols + width)
+                new_mask = new_mask[:, :width]
             self.mask = torch.cat([self.mask, new_mask], 1)
             self.ncols += width
             self.stats.iterations += 1
@@ -413,8 +426,9 @@ class DecodeBatch(RowBatch):
         return out.logits.float(), width
 
     def _forward_trees(self, trees: list[DraftTree]) -> tuple[torch.Tensor, int]:
-        """Every row's current token, then its block (`block_layout`: side branch, tree), under a 4-D mask over
+        """Every row's current token, then its block (`block_layout`: tree, side branch), under a 4-D mask over
         the batch columns (a row whose proposal is a chain gets a chain-shaped tree)."""
+        check_plain_cache(self.cache, "tree attention in a batch (Lookahead Decoding)")
         blocks = [block_layout(t, r.pos) for r, t in zip(self.rows, trees)]
         width = 1 + max(len(b[0]) for b in blocks)
         rows, ncols = len(self.rows), self.ncols
@@ -440,14 +454,11 @@ class DecodeBatch(RowBatch):
     def _append_path(self, row: _Row, chunk: list[int], nodes: list[int], logits: torch.Tensor) -> Step | None:
         """Append a verified path (`verify_tree`'s tokens and nodes; logits row 0 after the current token, i + 1
         after node i); returns the row's Step when it finishes on the way (its KV is kept, see `_export`)."""
-        prev = -1
-        for tok, node in zip(chunk, nodes):
-            drawn_from = logits[prev + 1]
-            done = self._append(row, tok, float(torch.log_softmax(drawn_from, -1)[tok]))
+        for tok, lp, r in zip(chunk, path_logprobs(chunk, nodes, logits), drawn_rows(nodes)):
+            done = self._append(row, tok, lp)
             if done is not None:
-                self._export(row, drawn_from)
+                self._export(row, logits[r])
                 return done
-            prev = node
         return None
 
     def _new_base(self, ids_list: list[list[int]]) -> None:

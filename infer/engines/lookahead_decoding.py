@@ -38,30 +38,14 @@ import torch
 
 from specprobe.infer.engines.base import EngineStats
 from specprobe.infer.engines.sequence_kv import SequenceKV
-from specprobe.infer.engines.token_spec import DraftTree, SideBranch, block_layout, verify_tree
-
-
-@dataclass(frozen=True)
-class LookaheadConfig:
-    """Window W, n-gram size N, verification candidates G (the paper: W = 15, N = 5, G = W for a 7B model
-    on an A100; smaller windows suit smaller accelerators, as its Table 1 shows)."""
-
-    window: int = 15
-    ngram: int = 5
-    max_verify: int | None = None  # G; None means G = W
-    seed: int = 0  # initial window guesses are drawn from the prompt with this seed
-
-    def __post_init__(self) -> None:
-        if self.window < 1:
-            raise ValueError(f"lookahead window W must be >= 1, got {self.window}")
-        if self.ngram < 2:
-            raise ValueError(f"lookahead n-gram size N must be >= 2, got {self.ngram}")
-        if self.max_verify is not None and self.max_verify < 0:
-            raise ValueError(f"lookahead max_verify G must be >= 0, got {self.max_verify}")
-
-    @property
-    def guesses(self) -> int:
-        return self.window if self.max_verify is None else self.max_verify
+from specprobe.infer.engines.token_spec import (
+    DraftTree,
+    LookaheadConfig,
+    SideBranch,
+    block_layout,
+    path_logprobs,
+    verify_tree,
+)
 
 
 # ----------------------------------------------------------------------------- n-gram pool
@@ -129,8 +113,11 @@ class JacobiProposer:
         self.levels: list[list[int]] | None = None
 
     def fork(self, seed: int | None) -> JacobiProposer:
-        gen = torch.Generator().manual_seed(int(self.cfg.seed if seed is None else seed))
-        return JacobiProposer(self.cfg, gen, self.prompt_pool)
+        """A fresh window and pool for one sequence. Its window's random start must not reuse the random numbers
+        that accept or reject this sequence's candidates (the row's own generator, seeded with `seed`), so the
+        seed is mixed first (one LCG step)."""
+        mixed = (int(self.cfg.seed if seed is None else seed) * 6364136223846793005 + 1442695040888963407) % 2**63
+        return JacobiProposer(self.cfg, torch.Generator().manual_seed(mixed), self.prompt_pool)
 
     def _start(self, context: Sequence[int]) -> None:
         if self.prompt_pool:  # the paper's "prompt as reference" option
@@ -209,17 +196,14 @@ class LookaheadDecoder:
             cur, logits = self.kv.forward(ids, block, allowed, pos)
             self.kv.drop_speculative()  # accepted tokens are re-fed as committed tokens next pass
             stats.forward_passes += 1
-            n_look = len(tree.side.tokens)
-            proposer.observe(tree, logits[:n_look])
-            rows = torch.cat([cur[None], logits[n_look:]])  # row 0: after the current token; i + 1: after node i
+            proposer.observe(tree, logits[len(tree):])
+            rows = torch.cat([cur[None], logits[:len(tree)]])  # row 0: after the current token; i + 1: after node i
             chunk, nodes = verify_tree(tree, rows, temperature, top_p, gen)
             if len(tree):
                 stats.steps_with_candidates += 1
                 stats.proposed += len(tree)
-            prev = -1
-            for i, (t, node) in enumerate(zip(chunk, nodes)):
-                stats.logprob += float(torch.log_softmax(rows[prev + 1], -1)[t])
-                prev = node
+            for i, (t, lp) in enumerate(zip(chunk, path_logprobs(chunk, nodes, rows))):
+                stats.logprob += lp
                 out.append(t)
                 ids.append(t)
                 if len(out) >= max_new_tokens or (stop is not None and stop(out)):

@@ -31,7 +31,14 @@ import torch
 
 from specprobe.infer.engines.base import EngineStats, Prefix, Step
 from specprobe.infer.engines.sequence_kv import SequenceKV
-from specprobe.infer.engines.token_spec import DraftTree, filtered_probs, sample_from, verify_tree
+from specprobe.infer.engines.token_spec import (
+    DraftTree,
+    NoSideBranch,
+    filtered_probs,
+    path_logprobs,
+    sample_from,
+    verify_tree,
+)
 
 
 def tree_shape(k_config: Sequence[int]) -> tuple[int, ...]:
@@ -47,25 +54,30 @@ def tree_shape(k_config: Sequence[int]) -> tuple[int, ...]:
     return tuple(parents)
 
 
-class TreeDrafter:
+class TreeDrafter(NoSideBranch):
     """SEED's proposer for one sequence: a token tree of shape k_config from the draft model, one forward per
     tree level on the sequence's own draft KV. Children are drawn i.i.d. from the draft's filtered
     distribution q (kept in the tree for verification), or are its top tokens under greedy drafting."""
 
     def __init__(self, new_kv: Callable[[], SequenceKV], k_config: Sequence[int], temperature: float, top_p: float,
                  seed: int = 0):
-        self.new_kv, self.kv, self.k_config = new_kv, new_kv(), tuple(k_config)
+        self.new_kv, self._kv, self.k_config = new_kv, None, tuple(k_config)
         self.temperature, self.top_p = temperature, top_p
         self.generator = torch.Generator().manual_seed(int(seed))
         self.parents = tree_shape(self.k_config)
         self.ancestry = DraftTree((0,) * len(self.parents), self.parents).ancestry()  # any depth's tree: a prefix
 
+    @property
+    def kv(self) -> SequenceKV:
+        """Its draft KV, made on first use (the generator's root drafter only forks and never drafts)."""
+        if self._kv is None:
+            self._kv = self.new_kv()
+        return self._kv
+
     def fork(self, seed: int | None) -> TreeDrafter:
         """The drafter of another sequence: its own draft KV and generator."""
         return TreeDrafter(self.new_kv, self.k_config, self.temperature, self.top_p, 0 if seed is None else seed)
 
-    def observe(self, tree: DraftTree, side_logits: torch.Tensor) -> None:
-        raise ValueError("SEED's drafter proposes no side branch; nothing to observe")
 
     def propose(self, context: Sequence[int], k: int, stats: EngineStats | None = None) -> DraftTree:
         levels = self.k_config[:k]
@@ -226,13 +238,12 @@ class SeedGenerator:
         self.stats.rounds += 1
         self.stats.proposed += len(tree)
         self.stats.positions += len(self.k_config)
-        prev, accepted = -1, 0
-        for tok, node in zip(chunk, nodes):
-            s.logprob += float(torch.log_softmax(rows[prev + 1], -1)[tok])
+        accepted = 0
+        for tok, node, lp in zip(chunk, nodes, path_logprobs(chunk, nodes, rows)):
+            s.logprob += lp
             s.out.append(tok)
             s.ids.append(tok)
             accepted += int(node >= 0)  # only draft tokens that were kept count (a stop may cut the chunk)
-            prev = node
             if len(s.out) >= s.cap or (stop is not None and stop(s.out)):
                 s.finished = True
                 break

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from functools import lru_cache
+from typing import Literal, Protocol
 
 import torch
 
@@ -40,17 +41,40 @@ TokenSpecMethod = Literal["ngram", "assistant", "lookahead"]
 
 
 @dataclass(frozen=True)
+class LookaheadConfig:
+    """Window W, n-gram size N, verification candidates G (the paper: W = 15, N = 5, G = W for a 7B model
+    on an A100; smaller windows suit smaller accelerators, as its Table 1 shows)."""
+
+    window: int = 15
+    ngram: int = 5
+    max_verify: int | None = None  # G; None means G = W
+    seed: int = 0  # initial window guesses are drawn from the prompt with this seed
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"lookahead window W must be >= 1, got {self.window}")
+        if self.ngram < 2:
+            raise ValueError(f"lookahead n-gram size N must be >= 2, got {self.ngram}")
+        if self.max_verify is not None and self.max_verify < 0:
+            raise ValueError(f"lookahead max_verify G must be >= 0, got {self.max_verify}")
+
+    @property
+    def guesses(self) -> int:
+        return self.window if self.max_verify is None else self.max_verify
+
+
+@dataclass(frozen=True)
 class TokenSpecConfig:
     """How a step engine speculates tokens inside a step (`StepEngine.with_token_spec`): prompt lookup, an
     assistant model, or Lookahead Decoding (its Jacobi window and n-gram pool; `lookahead` holds its
-    `lookahead_decoding.LookaheadConfig`, None: the paper's defaults). num_tokens caps the proposal's depth;
+    `LookaheadConfig`, None: the paper's defaults). num_tokens caps the proposal's depth;
     Lookahead Decoding's n-grams are N - 1 deep at most."""
 
     method: TokenSpecMethod = "ngram"
     num_tokens: int = 8  # proposed tokens per round (LR's n-gram setting: 8)
     ngram_size: int = 3  # longest n-gram matched by prompt lookup; shorter ones are tried down to min_ngram
     min_ngram: int = 1
-    lookahead: Any = None
+    lookahead: LookaheadConfig | None = None
 
     def __post_init__(self) -> None:
         if self.method not in ("ngram", "assistant", "lookahead"):
@@ -165,33 +189,39 @@ class DraftTree:
         return kids
 
     def ancestry(self) -> torch.Tensor:
-        """(m, m) bool tree-attention pattern: [i, j] is True when node j is node i or one of its ancestors."""
-        m = len(self.tokens)
-        allowed = torch.zeros((m, m), dtype=torch.bool)
-        for i in range(m):
-            j = i
-            while j >= 0:
-                allowed[i, j] = True
-                j = self.parents[j]
-        return allowed
+        """(m, m) bool tree-attention pattern: [i, j] is True when node j is node i or one of its ancestors
+        (one tensor per tree shape, shared: callers copy it, never modify it)."""
+        return _ancestry(self.parents)
+
+
+@lru_cache(maxsize=256)  # SEED drafts one shape every round; Lookahead Decoding's tries repeat too
+def _ancestry(parents: tuple[int, ...]) -> torch.Tensor:
+    m = len(parents)
+    allowed = torch.zeros((m, m), dtype=torch.bool)
+    for i in range(m):
+        j = i
+        while j >= 0:
+            allowed[i, j] = True
+            j = parents[j]
+    return allowed
 
 
 def block_layout(tree: DraftTree, cur_pos: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     """(tokens, allowed (m, m) bool, position ids (m,)) of the speculative block of one verification forward:
-    the side branch's tokens, then the tree's nodes (each sees its ancestors and itself). cur_pos is the
-    position of the current token (the context's last); the block sees the whole context besides."""
-    side = tree.side
-    s = 0 if side is None else len(side.tokens)
-    m = s + len(tree)
+    the tree's nodes (each sees its ancestors and itself), then the side branch's tokens. cur_pos is the
+    position of the current token (the context's last); the block sees the whole context besides. The side
+    branch comes last so that a batch can crop it with the rejected tail."""
+    side, t = tree.side, len(tree)
+    m = t + (0 if side is None else len(side.tokens))
     allowed = torch.zeros((m, m), dtype=torch.bool)
     pos = torch.empty(m, dtype=torch.long)
+    if t:
+        allowed[:t, :t] = tree.ancestry()
+        pos[:t] = torch.tensor([cur_pos + d for d in tree.depths()], dtype=torch.long)
     if side is not None:
-        allowed[:s, :s] = side.allowed
-        pos[:s] = torch.tensor([cur_pos + o for o in side.offsets], dtype=torch.long)
-    if len(tree):
-        allowed[s:, s:] = tree.ancestry()
-        pos[s:] = torch.tensor([cur_pos + d for d in tree.depths()], dtype=torch.long)
-    return ([] if side is None else list(side.tokens)) + list(tree.tokens), allowed, pos
+        allowed[t:, t:] = side.allowed
+        pos[t:] = torch.tensor([cur_pos + o for o in side.offsets], dtype=torch.long)
+    return list(tree.tokens) + ([] if side is None else list(side.tokens)), allowed, pos
 
 
 class Proposer(Protocol):
@@ -213,14 +243,18 @@ class Proposer(Protocol):
         ...
 
 
-class StatelessProposer:
+class NoSideBranch:
+    """Proposers that feed no side branch: nothing to observe."""
+
+    def observe(self, tree: DraftTree, side_logits: torch.Tensor) -> None:
+        raise ValueError(f"{type(self).__name__} proposes no side branch; nothing to observe")
+
+
+class StatelessProposer(NoSideBranch):
     """Proposers that keep nothing per sequence and feed no side branch."""
 
     def fork(self, seed: int | None) -> StatelessProposer:
         return self
-
-    def observe(self, tree: DraftTree, side_logits: torch.Tensor) -> None:
-        raise ValueError(f"{type(self).__name__} proposes no side branch; nothing to observe")
 
 
 class NgramProposer(StatelessProposer):
@@ -356,6 +390,18 @@ def verify_tree(tree: DraftTree, logits: torch.Tensor, temperature: float, top_p
         return _walk_greedy(tree, logits.argmax(-1).tolist())
     probs = filtered_probs(logits, temperature, top_p).detach().float().cpu()
     return _walk_sampled(tree, probs, generator)
+
+
+def drawn_rows(nodes: Sequence[int]) -> list[int]:
+    """The logits row each token of a verified path was drawn from (`verify_tree`'s nodes: row 0 after the
+    context, row u + 1 after node u): the first after the context, each next one after the node before it."""
+    return [0] + [u + 1 for u in nodes[:-1]]
+
+
+def path_logprobs(chunk: Sequence[int], nodes: Sequence[int], logits: torch.Tensor) -> list[float]:
+    """Log-probability of each token of a verified path under the target's unmodified distribution."""
+    lsm = torch.log_softmax(logits[drawn_rows(nodes)].float(), -1)
+    return [float(lsm[j, tok]) for j, tok in enumerate(chunk)]
 
 
 def draw_tokens(proposal: Sequence[int], logits: torch.Tensor, temperature: float, top_p: float,
