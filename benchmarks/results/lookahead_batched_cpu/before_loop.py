@@ -1,6 +1,11 @@
 """n sampled one-step continuations of one context (the data stage's shape), plain vs Lookahead Decoding."""
-import sys, time, statistics, json
+import json
+import statistics
+import sys
+import time
+
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
+
 try:
     from specprobe.infer.engines.token_spec import LookaheadConfig, TokenSpecConfig
 except ImportError:
@@ -22,7 +27,7 @@ Q = ["Anna has 12 apples. She buys 5 more and eats 3. How many are left?",
 n = int(sys.argv[4])
 params = SamplingParams(temperature=0.6, top_p=0.95, max_step_tokens=48, seed=1)
 rows = {"plain": [], "lookahead": []}
-for name, e in (("plain", eng), ("lookahead", la)):  # warm-up on a throwaway problem
+for _name, e in (("plain", eng), ("lookahead", la)):  # warm-up on a throwaway problem
     e.generate([StepRequest(Prefix("Warm up: what is 1 + 1?"), n, 0)], params)
 for q in Q:
     for name, e in (("plain", eng), ("lookahead", la)):
@@ -32,6 +37,6 @@ for q in Q:
         dt = time.perf_counter() - t
         rows[name].append({"s": dt, "tokens": g.stats.generated_tokens, "iterations": g.stats.iterations,
                            "row_iterations": g.stats.row_iterations, "accepted": g.stats.spec_accepted})
-ratio = [p["s"] / l["s"] for p, l in zip(rows["plain"], rows["lookahead"])]
+ratio = [p["s"] / q["s"] for p, q in zip(rows["plain"], rows["lookahead"])]
 print(json.dumps({"code": sys.argv[1], "window": cfg.window, "ngram": cfg.ngram, "n": n, "rows": rows,
                   "speedup_per_problem": [round(r, 3) for r in ratio], "median": round(statistics.median(ratio), 3)}))
