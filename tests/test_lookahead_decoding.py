@@ -129,6 +129,9 @@ def test_the_jacobi_proposer_fills_its_pool_from_full_window_columns_and_forks_p
     lv0 = tree.side.tokens[:2]
     assert [1, 3] in first.pool.lookup(lv0[0], 5) and [2, 4] in first.pool.lookup(lv0[1], 5) and len(first.pool) == 2
     assert first.propose([9, 9], 2).side.tokens == (1, 2, 3, 4)  # slid: (1, 2) is now level 0
+    # a row's window start is drawn apart from the row's own acceptance draws (seeded with the same seed)
+    row_draws = torch.randint(1000, (8,), generator=torch.Generator().manual_seed(3))
+    assert not torch.equal(torch.randint(1000, (8,), generator=JacobiProposer(cfg).fork(3).generator), row_draws)
     again = JacobiProposer(cfg).fork(3)
     assert len(again.pool) == 0 and again.levels is None  # a fork starts its own window and pool
     assert again.propose([5, 6, 7], 2).side.tokens == JacobiProposer(cfg).fork(3).propose([5, 6, 7], 2).side.tokens

@@ -20,8 +20,10 @@ from specprobe.infer.engines.token_spec import (
     SideBranch,
     TokenSpecConfig,
     draw_tokens,
+    drawn_rows,
     filtered_probs,
     ngram_propose,
+    path_logprobs,
 )
 
 from _margins import assert_same_greedy
@@ -100,6 +102,19 @@ def test_draft_trees_chain_trie_and_checks():
         DraftTree((1, 2), (1, -1))
     with pytest.raises(ValueError, match="one parent per token"):
         DraftTree((1, 2), (-1,))
+    side = SideBranch((7, 8), torch.tril(torch.ones(2, 2, dtype=torch.bool)), (1, 2))
+    assert not replace(chain, side=side).is_chain  # a side branch needs the 4-D mask
+    with pytest.raises(ValueError, match="side branch of 2 tokens"):
+        SideBranch((7, 8), torch.ones(2, 3, dtype=torch.bool), (1, 2))
+
+
+def test_a_verified_paths_tokens_are_scored_at_the_rows_they_were_drawn_from():
+    # tokens drawn after the context (row 0), after node 2 (row 3) and after node 4 (row 5)
+    assert drawn_rows([2, 4, -2]) == [0, 3, 5] and drawn_rows([-2]) == [0]
+    logits = torch.log(torch.tensor([[0.5, 0.5, 0.0], [0.1, 0.1, 0.8], [0.2, 0.2, 0.6], [0.3, 0.3, 0.4],
+                                     [0.6, 0.2, 0.2], [0.9, 0.05, 0.05]]) + 1e-12)
+    got = path_logprobs([1, 2, 0], [2, 4, -2], logits)
+    assert got == pytest.approx([float(torch.log(torch.tensor(x))) for x in (0.5, 0.4, 0.9)], abs=1e-5)
 
 
 def test_the_proposers_return_chains():
