@@ -6,7 +6,10 @@ continuations of each context, decoded as one batch (each row its own Jacobi win
 Both are warmed on a throwaway context first; every context then runs plain, then +lookahead, each with the
 engine's prefix cache emptied. Prints one JSON line per context (seconds, tokens, batch iterations, row
 iterations, accepted proposal tokens) and the per-context speedup (plain seconds / lookahead seconds) with its
-median and range. Run it on an otherwise idle machine.
+median and range. Run it on an otherwise idle machine. On CUDA plain decoding takes the fast path and
+Lookahead the eager one (token speculation runs there), as users get them. With random weights
+(`random:qwen2-7b`, `benchmarks/gpu_bench.sh lookahead`) the outputs repeat tokens, so acceptance is not that
+of real text; the batch iteration cost against plain decoding is the system fact.
 """
 from __future__ import annotations
 
@@ -37,14 +40,15 @@ def run(engine, prefix: Prefix, n: int, params: SamplingParams) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="offline:smollm2-135m-instruct")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
     ap.add_argument("--window", type=int, default=5, help="W (the paper: 15 on an A100)")
     ap.add_argument("--ngram", type=int, default=4, help="N (the paper: 5)")
     ap.add_argument("--n", type=int, default=8, help="samples per context (rows of one batch)")
     ap.add_argument("--tokens", type=int, default=48, help="step token cap")
     ap.add_argument("--temperature", type=float, default=0.6)
     args = ap.parse_args()
-    engine = HFStepEngine(args.model, device=args.device)
+    engine = HFStepEngine(args.model, device=args.device, dtype=args.dtype)
     spec = TokenSpecConfig("lookahead", lookahead=LookaheadConfig(window=args.window, ngram=args.ngram))
     methods = {"plain": engine, "lookahead": engine.with_token_spec(spec)}
     params = SamplingParams(temperature=args.temperature, top_p=0.95, max_step_tokens=args.tokens, seed=1)

@@ -10,6 +10,9 @@
 # runtime32: the same with target random:qwen2-32b (the Lookahead Reasoning paper's 1.5B -> 32B pair).
 # adaptive:  bench_adaptive_gamma.py (issue 24): gamma=adaptive against fixed γ 1..6 for lr_sync and semanticspec,
 #            scenarios a/b/c, target random:qwen2-7b, draft random:qwen2-1.5b (PROBLEMS, STEPS as above).
+# lookahead: bench_lookahead.py (issue 23): Lookahead Decoding in the engine's batches (n = 8 rows) against plain
+#            decoding, random:qwen2-1.5b and random:qwen2-7b, W=5 N=4 and W=15 N=5 (random weights repeat tokens:
+#            read the iteration cost, not the acceptance).
 # PROBLEMS / STEPS override the runtime phases' problem count and steps per problem; GAMMA (default 3) the
 # drafted steps per cycle; METHODS (default target,lr_sync,lr_async,semanticspec,draft) the methods;
 # DECODE (default auto = the fast path on CUDA) the transformers decode path (fast | eager), so the same
@@ -42,5 +45,13 @@ case $phase in
     python3 benchmarks/bench_adaptive_gamma.py --device cuda --dtype bfloat16 --target random:qwen2-7b \
       --draft random:qwen2-1.5b --problems "${PROBLEMS:-8}" --steps "${STEPS:-16}" --step-tokens 32 \
       --out "$out/adaptive_gamma" bench.source.kind=jsonl "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" ;;
-  *) echo "unknown phase $phase (engine | runtime | runtime32 | adaptive)" >&2; exit 2 ;;
+  lookahead)
+    for m in random:qwen2-1.5b random:qwen2-7b; do
+      for wn in "5 4" "15 5"; do
+        set -- $wn
+        python3 benchmarks/bench_lookahead.py --device cuda --model "$m" --window "$1" --ngram "$2" 2>&1 \
+          | tee "$out/lookahead_${m#random:}_w$1_n$2.txt"
+      done
+    done ;;
+  *) echo "unknown phase $phase (engine | runtime | runtime32 | adaptive | lookahead)" >&2; exit 2 ;;
 esac
