@@ -683,8 +683,8 @@ def format_markdown(report: dict) -> str:
         f"{report['verifier']}{' (system-speed mode: random weights)' if report['system_speed'] else ''}; "
         f"{len(report['problems'])} problems.",
         "specs / seed_tot: meas/analytic compares their speedup over their own search baseline "
-        "(beam_target / tot_target, same run) with the prediction; +lookahead: analytic = tokens per target "
-        "forward (the paper's compression S). "
+        "(beam_target / tot_target, same run) with the prediction; +lookahead: analytic = tokens per decoding "
+        "iteration of a row (the paper's compression S). "
         "pass@1 and α with 95% Wilson intervals (over problems / judged positions). decided = draft steps the "
         "verifier ruled on; refused = rejected before it was asked (cut by the token cap, empty); α over decided "
         "= accepted / decided, what the verifier itself did. "

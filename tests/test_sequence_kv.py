@@ -1,4 +1,4 @@
-"""SequenceKV, the one KV cache of the tree-attention decoders (Lookahead Decoding, SEED): the mask layout on
+"""SequenceKV, the KV cache of the one-sequence tree-attention decoders (SEED, LookaheadDecoder): the mask layout on
 tiny shapes, and on a tiny random Llama in float32 that a block forward with tree attention computes what
 plain forwards of each path compute, across blocks, crops and reused prefixes."""
 from __future__ import annotations

@@ -154,7 +154,7 @@ class HFStepEngine:
         return view
 
     def sequence_kv(self) -> SequenceKV:
-        """One sequence's KV cache on this model, for tree-attention decoders (Lookahead Decoding, SEED); it
+        """One sequence's KV cache on this model, for tree-attention decoders (SEED, the reference LookaheadDecoder); it
         takes the engine's model lock for every forward and starts new sequences from its prefix cache."""
         return SequenceKV(self.runner.model, self.runner.lock, prefill=self.runner.prefill)
 

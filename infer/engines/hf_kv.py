@@ -2,9 +2,9 @@
 
 `ModelRunner` owns the model, its lock and the prefix cache: the engine's batch decoding, scoring and
 prefills go through `ModelRunner.forward`, and the batch-cache details (DynamicCache batch ops, holes,
-hidden-state outputs) live in this module. Tree-attention decoders (Lookahead Decoding, SEED) run one
-sequence at a time on `sequence_kv.SequenceKV`, which takes the same lock, starts from the same prefix
-cache and owns cropping; the fast path's preallocated buffers are `static_kv.StaticKV`.
+hidden-state outputs) live in this module, token trees included (Lookahead Decoding verifies its tries in
+these batches). SEED runs one sequence at a time on `sequence_kv.SequenceKV`, which takes the same lock, starts
+from the same prefix cache and owns cropping; the fast path's preallocated buffers are `static_kv.StaticKV`.
 
 Prefix reuse. A prompt's KV cache is computed once and shared by every row decoded after it; the
 last few prefixes are kept (LRU), and so is the KV of every one-sample step of the latest decoding
@@ -369,6 +369,8 @@ class DecodeBatch(RowBatch):
             tree = r.proposer.propose(r.ids + r.tokens, k, self.stats) if k > 0 else DraftTree()
             if tree.is_chain and len(tree) > k:
                 tree = replace(tree, tokens=tree.tokens[:k], parents=tree.parents[:k])
+            if self.max_length is not None and r.pos + tree.reach() >= self.max_length:
+                tree = DraftTree()  # a side branch would run past the model's positions (chains stay within cap)
             trees.append(tree)
         chains = all(t.is_chain for t in trees)
         with torch.inference_mode():
@@ -457,7 +459,7 @@ class DecodeBatch(RowBatch):
         for tok, lp, r in zip(chunk, path_logprobs(chunk, nodes, logits), drawn_rows(nodes)):
             done = self._append(row, tok, lp)
             if done is not None:
-                self._export(row, logits[r])
+                self._export(row, logits[r].clone())  # a view would keep the whole batch's logits alive
                 return done
         return None
 

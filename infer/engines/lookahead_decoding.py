@@ -1,8 +1,10 @@
 """Lookahead Decoding: exact, draft-free token-level parallel decoding.
 
-Every forward pass of the target carries three parts after the cached context:
-1. the committed tokens not yet in the KV cache (at least the last one, the "current" token);
-2. the lookahead branch: a 2-D window of N−1 levels × W columns from past Jacobi iterations. Level 0
+Every forward pass of the target carries three parts after the cached context: the committed tokens not yet
+in the KV cache (at least the last one, the "current" token), then the verification branch (3. below), then the
+lookahead branch (2.), last so that a batch can crop it with the rejected candidates:
+1. the committed tokens;
+2. the lookahead branch (`JacobiProposer`'s side branch): a 2-D window of N−1 levels × W columns from past Jacobi iterations. Level 0
    (oldest) is a causal guess sequence at positions cur+1..cur+W; level l, column j sits at position
    cur+1+j+l and sees level 0 up to column j plus levels 1..l−1 of column j. The output of the top level
    at column j is a new guess; (level 0 [j], level 1 [j], ..., new [j]) is an N-gram for the pool. Then
@@ -12,7 +14,7 @@ Every forward pass of the target carries three parts after the cached context:
 3. the verification branch: up to G pool (N−1)-grams that continue the current token, merged into a trie
    (`token_spec.DraftTree.trie`: candidates sharing a prefix share its tokens) and attended as a tree after
    the context.
-Masks are 4-D additive float masks with explicit position ids (`sequence_kv.SequenceKV`), so the one pass
+Masks are 4-D additive float masks with explicit position ids (`token_spec.block_layout`), so the one pass
 computes for every branch what a plain forward of that path computes (up to floating-point differences
 between kernels).
 

@@ -28,7 +28,7 @@ The functions here are pure (tensors in, token lists out) and are unit-tested on
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Literal, Protocol
@@ -48,7 +48,7 @@ class LookaheadConfig:
     window: int = 15
     ngram: int = 5
     max_verify: int | None = None  # G; None means G = W
-    seed: int = 0  # initial window guesses are drawn from the prompt with this seed
+    seed: int = 0  # initial window guesses are drawn from the prompt with this seed (a batch row: its own, mixed)
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -181,6 +181,10 @@ class DraftTree:
         for p in self.parents:
             out.append(1 if p < 0 else out[p] + 1)
         return out
+
+    def reach(self) -> int:
+        """How far after the current token its furthest token sits (depths, side-branch offsets); 0 when empty."""
+        return max(self.depths() + ([] if self.side is None else list(self.side.offsets)), default=0)
 
     def children(self) -> dict[int, list[int]]:
         kids: dict[int, list[int]] = {}
@@ -332,12 +336,13 @@ def _walk_greedy(tree: DraftTree, argmax: Sequence[int]) -> tuple[list[int], lis
         u = nxt
 
 
-def _walk_sampled(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None) -> tuple[list[int], list[int]]:
-    """Multi-candidate speculative sampling down the tree (see `verify_tree`)."""
+def _walk_sampled(tree: DraftTree, probs: Callable[[int], torch.Tensor],
+                  generator: torch.Generator | None) -> tuple[list[int], list[int]]:
+    """Multi-candidate speculative sampling down the tree (see `verify_tree`); probs(i): row i's p."""
     kids = tree.children()
     u, out, nodes = -1, [], []
     while True:
-        p = probs[u + 1]
+        p = probs(u + 1)
         if u not in kids:  # a leaf: bonus token
             out.append(sample_from(p, generator))
             nodes.append(-2)
@@ -388,7 +393,13 @@ def verify_tree(tree: DraftTree, logits: torch.Tensor, temperature: float, top_p
         raise ValueError(f"logits must be (len(tree) + 1, vocab) = ({len(tree) + 1}, V), got {tuple(logits.shape)}")
     if temperature <= 0:
         return _walk_greedy(tree, logits.argmax(-1).tolist())
-    probs = filtered_probs(logits, temperature, top_p).detach().float().cpu()
+    rows: dict[int, torch.Tensor] = {}
+
+    def probs(i: int) -> torch.Tensor:  # only the rows the walk reaches (a trie's path, not its 60 nodes)
+        if i not in rows:
+            rows[i] = filtered_probs(logits[i], temperature, top_p).detach().float().cpu()
+        return rows[i]
+
     return _walk_sampled(tree, probs, generator)
 
 
