@@ -185,6 +185,27 @@ def test_greedy_lookahead_equals_plain_greedy_decoding():
     assert accepted > 0  # the verification branch really accepted pool n-grams
 
 
+def test_the_decoder_hands_the_window_its_own_outputs(monkeypatch):
+    """What `observe` receives are the target's logits on the window tokens, as plain forwards compute them:
+    level 0 is a causal guess sequence after the context (a wrong slice or position fails here, while the
+    output stays exact and only acceptance suffers)."""
+    model = _tiny_llama(48)
+    seen = []
+    real = JacobiProposer.observe
+
+    def spy(self, tree, side_logits):
+        seen.append((list(tree.side.tokens), side_logits.clone(), len(self.levels)))
+        real(self, tree, side_logits)
+
+    monkeypatch.setattr(JacobiProposer, "observe", spy)
+    LookaheadDecoder(SequenceKV(model), LookaheadConfig(window=4, ngram=3)).generate(PROMPT, 1)
+    tokens, side_logits, levels = seen[0]
+    assert levels == 1 and len(tokens) == 4
+    with torch.no_grad():
+        plain = model(torch.tensor([PROMPT + tokens])).logits[0, len(PROMPT):]
+    assert torch.allclose(side_logits, plain, atol=1e-4)
+
+
 def test_greedy_lookahead_stops_where_plain_decoding_stops():
     model = _tiny_llama(48)
     ref, _ = _plain_greedy(model, PROMPT, 60)

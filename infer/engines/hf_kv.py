@@ -394,7 +394,7 @@ class DecodeBatch(RowBatch):
                 done = self._append_path(r, chunk, nodes, row_logits)
                 if done is not None:
                     finished.append((r, done))
-            if not chains:  # no row kept a column after its last accepted node: crop them (side branches too)
+            if not chains:  # columns after the last one any row kept are holes for all (side branches too): crop
                 width = int(new_mask.nonzero()[:, 1].max()) + 1
                 crop_cache(self.cache, self.ncols + width)
                 new_mask = new_mask[:, :width]

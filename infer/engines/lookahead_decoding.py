@@ -1,19 +1,18 @@
 """Lookahead Decoding: exact, draft-free token-level parallel decoding.
 
-Every forward pass of the target carries three parts after the cached context: the committed tokens not yet
-in the KV cache (at least the last one, the "current" token), then the verification branch (3. below), then the
-lookahead branch (2.), last so that a batch can crop it with the rejected candidates:
-1. the committed tokens;
-2. the lookahead branch (`JacobiProposer`'s side branch): a 2-D window of N−1 levels × W columns from past Jacobi iterations. Level 0
+Every forward pass of the target carries three parts after the cached context, in this order:
+1. the committed tokens not yet in the KV cache (at least the last one, the "current" token);
+2. the verification branch: up to G pool (N−1)-grams that continue the current token, merged into a trie
+   (`token_spec.DraftTree.trie`: candidates sharing a prefix share its tokens) and attended as a tree after
+   the context;
+3. the lookahead branch (`JacobiProposer`'s side branch, last so that a batch crops it with the rejected
+   candidates): a 2-D window of N−1 levels × W columns from past Jacobi iterations. Level 0
    (oldest) is a causal guess sequence at positions cur+1..cur+W; level l, column j sits at position
    cur+1+j+l and sees level 0 up to column j plus levels 1..l−1 of column j. The output of the top level
    at column j is a new guess; (level 0 [j], level 1 [j], ..., new [j]) is an N-gram for the pool. Then
    the oldest level is dropped and the new guesses become the top level (during the first N−2 steps the
    window only grows). The branch is always greedy (the paper's choice: its n-grams are deterministic
-   proposals, so the sampling rule needs no draft distribution);
-3. the verification branch: up to G pool (N−1)-grams that continue the current token, merged into a trie
-   (`token_spec.DraftTree.trie`: candidates sharing a prefix share its tokens) and attended as a tree after
-   the context.
+   proposals, so the sampling rule needs no draft distribution).
 Masks are 4-D additive float masks with explicit position ids (`token_spec.block_layout`), so the one pass
 computes for every branch what a plain forward of that path computes (up to floating-point differences
 between kernels).
@@ -35,6 +34,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import torch
 
@@ -84,9 +84,11 @@ class NgramPool:
 
 
 # ----------------------------------------------------------------------------- the proposer
+@lru_cache(maxsize=64)  # one pattern per window size, asked for by every row at every forward
 def window_branch(levels: int, window: int) -> tuple[torch.Tensor, tuple[int, ...]]:
     """(allowed (levels * window,) * 2, offsets) of the Jacobi window, level-major: level l, column j sits at
-    offset 1 + j + l after the current token and sees level 0 up to column j and levels 1..l of column j."""
+    offset 1 + j + l after the current token and sees level 0 up to column j and levels 1..l of column j.
+    The tensor is shared: callers copy it, never modify it."""
     m = levels * window
     allowed = torch.zeros((m, m), dtype=torch.bool)
     offsets = []
@@ -121,7 +123,9 @@ class JacobiProposer:
         mixed = (int(self.cfg.seed if seed is None else seed) * 6364136223846793005 + 1442695040888963407) % 2**63
         return JacobiProposer(self.cfg, torch.Generator().manual_seed(mixed), self.prompt_pool)
 
-    def _start(self, context: Sequence[int]) -> None:
+    def start(self, context: Sequence[int]) -> None:
+        """Begin a sequence: the window's first level from random context tokens (and the prompt's n-grams in the
+        pool with `prompt_pool`); `propose` calls it on a fresh proposer."""
         if self.prompt_pool:  # the paper's "prompt as reference" option
             for s in range(len(context) - self.cfg.ngram + 1):
                 self.pool.add(context[s:s + self.cfg.ngram])
@@ -131,7 +135,7 @@ class JacobiProposer:
     def propose(self, context: Sequence[int], k: int, stats: EngineStats | None = None) -> DraftTree:
         """Pool candidates cut to k tokens, beside the window (no model work)."""
         if self.levels is None:
-            self._start(context)
+            self.start(context)
         trie = self.pool.propose(context, k)
         allowed, offsets = window_branch(len(self.levels), self.cfg.window)
         return replace(trie, side=SideBranch(tuple(t for lv in self.levels for t in lv), allowed, offsets))
@@ -186,7 +190,7 @@ class LookaheadDecoder:
         cfg = self.cfg
         gen = torch.Generator().manual_seed(int(seed if seed is not None else cfg.seed))
         proposer = JacobiProposer(cfg, gen, prompt_pool)  # one generator: the window's start, then the draws
-        proposer.propose(ids, 0)  # draws the window's start before any verification draw
+        proposer.start(ids)  # draws the window's start before any verification draw
         stats = LookaheadStats()
         before = self.kv.prefill_passes
         self.kv.start(ids)

@@ -78,7 +78,6 @@ class TreeDrafter(NoSideBranch):
         """The drafter of another sequence: its own draft KV and generator."""
         return TreeDrafter(self.new_kv, self.k_config, self.temperature, self.top_p, 0 if seed is None else seed)
 
-
     def propose(self, context: Sequence[int], k: int, stats: EngineStats | None = None) -> DraftTree:
         levels = self.k_config[:k]
         ctx = len(context)
