@@ -6,8 +6,8 @@ continuations of each context, decoded as one batch (each row its own Jacobi win
 Both are warmed on a throwaway context first; every context then runs plain, then +lookahead, each with the
 engine's prefix cache emptied. Prints one JSON line per context (seconds, tokens, batch iterations, row
 iterations, accepted proposal tokens) and the per-context speedup (plain seconds / lookahead seconds) with its
-median and range. Run it on an otherwise idle machine. On CUDA plain decoding takes the fast path and
-Lookahead the eager one (token speculation runs there), as users get them. With random weights
+median and range. Run it on an otherwise idle machine. `--decode` picks the transformers decode path of both
+(auto: the fast one on CUDA, the eager one on CPU, as users get them). With random weights
 (`random:qwen2-7b`, `benchmarks/gpu_bench.sh lookahead`) the outputs repeat tokens, so acceptance is not that
 of real text; the batch iteration cost against plain decoding is the system fact.
 """
@@ -47,8 +47,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="samples per context (rows of one batch)")
     ap.add_argument("--tokens", type=int, default=48, help="step token cap")
     ap.add_argument("--temperature", type=float, default=0.6)
+    ap.add_argument("--decode", default="auto", choices=["auto", "fast", "eager"], help="the decode path of both")
     args = ap.parse_args()
-    engine = HFStepEngine(args.model, device=args.device, dtype=args.dtype)
+    engine = HFStepEngine(args.model, device=args.device, dtype=args.dtype, decode=args.decode)
     spec = TokenSpecConfig("lookahead", lookahead=LookaheadConfig(window=args.window, ngram=args.ngram))
     methods = {"plain": engine, "lookahead": engine.with_token_spec(spec)}
     params = SamplingParams(temperature=args.temperature, top_p=0.95, max_step_tokens=args.tokens, seed=1)
@@ -59,7 +60,8 @@ def main() -> None:
         row = {name: run(e, Prefix(q), args.n, params) for name, e in methods.items()}
         speedups.append(row["plain"]["s"] / row["lookahead"]["s"])
         print(json.dumps({"context": i, **row, "speedup": round(speedups[-1], 3)}), flush=True)
-    print(f"model {args.model}, W={args.window}, N={args.ngram}, n={args.n}, {args.tokens} tokens per step: "
+    print(f"model {args.model} ({engine.decode} decode path), W={args.window}, N={args.ngram}, n={args.n}, "
+          f"{args.tokens} tokens per step: "
           f"lookahead / plain speedup median {statistics.median(speedups):.3f} "
           f"(range {min(speedups):.3f}-{max(speedups):.3f} over {len(speedups)} contexts)")
 

@@ -12,7 +12,7 @@
 #            scenarios a/b/c, target random:qwen2-7b, draft random:qwen2-1.5b (PROBLEMS, STEPS as above).
 # lookahead: bench_lookahead.py (issue 23): Lookahead Decoding in the engine's batches (n = 8 rows) against plain
 #            decoding, random:qwen2-1.5b and random:qwen2-7b, W=5 N=4 and W=15 N=5 (random weights repeat tokens:
-#            read the iteration cost, not the acceptance).
+#            read the iteration cost, not the acceptance; DECODE=eager for the eager path's batches).
 # PROBLEMS / STEPS override the runtime phases' problem count and steps per problem; GAMMA (default 3) the
 # drafted steps per cycle; METHODS (default target,lr_sync,lr_async,semanticspec,draft) the methods;
 # DECODE (default auto = the fast path on CUDA) the transformers decode path (fast | eager), so the same
@@ -49,8 +49,8 @@ case $phase in
     for m in random:qwen2-1.5b random:qwen2-7b; do
       for wn in "5 4" "15 5"; do
         set -- $wn
-        python3 benchmarks/bench_lookahead.py --device cuda --model "$m" --window "$1" --ngram "$2" 2>&1 \
-          | tee "$out/lookahead_${m#random:}_w$1_n$2.txt"
+        python3 benchmarks/bench_lookahead.py --device cuda --model "$m" --window "$1" --ngram "$2" \
+          --decode "${DECODE:-auto}" 2>&1 | tee "$out/lookahead_${m#random:}_w$1_n$2_${DECODE:-auto}.txt"
       done
     done ;;
   *) echo "unknown phase $phase (engine | runtime | runtime32 | adaptive | lookahead)" >&2; exit 2 ;;

@@ -2,7 +2,8 @@
 
 Greedy steps must equal the eager path's (up to a near-tie of the reference: `_margins`), for single
 rows, nested-prefix batches, different questions side by side, and rows that join and leave a running
-stream; seeded sampling must reproduce and draw from the eager path's distribution (chi-square).
+stream, with and without token speculation inside steps; seeded sampling must reproduce and draw from the
+eager path's distribution (chi-square).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.device_sampling import nucleus_logprobs, sample_tokens, seed_key, uniforms
-from specprobe.infer.engines.token_spec import filtered_probs
+from specprobe.infer.engines.token_spec import LookaheadConfig, TokenSpecConfig, filtered_probs
 
 from _margins import assert_same_greedy
 from _stats import chi_square_p
@@ -177,3 +178,63 @@ def test_fast_first_tokens_follow_the_models_distribution(engines):
     assert sum(counts) == 200  # nothing drawn outside the nucleus
     assert chi_square_p(counts, [float(probs[t]) for t in support]) > 1e-3
     assert math.isfinite(steps[0].logprob)
+
+
+# ----------------------------------------------------------------------------- token speculation on the fast path
+def _spec_view(engines, method):
+    eager, fast = engines
+    cfg = TokenSpecConfig(method, num_tokens=4, ngram_size=3, lookahead=LookaheadConfig(window=4, ngram=3))
+    return fast.with_token_spec(cfg, assistant=eager if method == "assistant" else None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ngram", "assistant", "lookahead"])
+def test_token_speculation_on_the_fast_path_writes_the_eager_greedy_steps(engines, method):
+    """Chains (prompt lookup; SmolLM2 as its own assistant, so every proposal is right) and Lookahead
+    Decoding's tries with their window, verified inside the static buffers: nested-prefix rows, then a
+    stream that rows join and leave."""
+    eager, _ = engines
+    view = _spec_view(engines, method)
+    prefixes = [Prefix(QUESTIONS[0]), Prefix(QUESTIONS[0], ("First, 12 times 4 is 48 muffins.",)), Prefix(QUESTIONS[1])]
+    want = [s[0] for s in eager.generate([StepRequest(p) for p in prefixes], GREEDY).steps]
+    got = view.generate([StepRequest(p) for p in prefixes], GREEDY)
+    for p, (g,), w in zip(prefixes, got.steps, want):
+        _same_greedy(eager.model, eager, p, g, w)
+    assert got.stats.spec_accepted > 0 and got.stats.generated_tokens == sum(s.num_tokens for (s,) in got.steps)
+    if method == "assistant":
+        assert got.stats.spec_accepted == got.stats.spec_proposed  # its own greedy tokens: never wrong
+    stream = view.open_stream(GREEDY)
+    done = dict(stream.add([(0, StepRequest(prefixes[0]))]))
+    done.update(stream.step())
+    done.update(stream.add([(1, StepRequest(prefixes[1])), (9, StepRequest(Prefix(QUESTIONS[1], ("Cancel.",))))]))
+    done.update(stream.step())
+    stream.cancel([9])
+    done.update(stream.add([(2, StepRequest(prefixes[2]))]))
+    while len(stream):
+        done.update(stream.step())
+    assert sorted(done) == [0, 1, 2]
+    for i, p in enumerate(prefixes):
+        _same_greedy(eager.model, eager, p, done[i], want[i])
+    assert stream.take_stats().spec_accepted > 0
+
+
+@pytest.mark.slow
+def test_sampled_speculation_on_the_fast_path_reproduces_and_scores_its_tokens(engines):
+    """Seeded speculative sampling reproduces; every step's log-probability is its tokens' under the model's own
+    distribution (a verified path read from the wrong slot or logits row would not be). The first request's rows
+    stop early, so the others no longer sit in the slots numbered like their place among the running rows."""
+    eager, _ = engines
+    view = _spec_view(engines, "ngram")
+    params = SamplingParams(temperature=0.7, top_p=0.95, max_step_tokens=24, seed=11)
+    reqs = [StepRequest(Prefix(QUESTIONS[0]), 3, None, 3), StepRequest(Prefix(QUESTIONS[1]), 2, seed=4)]
+    a, b = view.generate(reqs, params), view.generate(reqs, params)
+    ids = lambda g: [[s.token_ids for s in row] for row in g.steps]  # noqa: E731
+    assert ids(a) == ids(b) and a.stats.spec_accepted > 0
+    for req, row in zip(reqs, a.steps):
+        prompt = eager.prefix_ids(req.prefix)
+        for step in row:
+            seq = prompt + list(step.token_ids)
+            with torch.inference_mode():
+                lsm = torch.log_softmax(eager.model(torch.tensor([seq])).logits[0].float(), -1)
+            want = sum(float(lsm[len(prompt) - 1 + j, t]) for j, t in enumerate(step.token_ids))
+            assert step.logprob == pytest.approx(want, abs=1e-3)

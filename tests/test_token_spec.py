@@ -12,6 +12,7 @@ import torch
 
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.hf_kv import DecodeBatch, RowSpec, common_prefix_len
+from specprobe.infer.engines.static_kv import FastDecodeBatch
 from specprobe.infer.engines.token_spec import (
     AssistantProposer,
     DraftTree,
@@ -354,9 +355,11 @@ class _KnownTreeProposer:
 
 
 @pytest.mark.slow
-def test_tree_proposals_in_a_batch_keep_only_the_accepted_paths_columns():
+@pytest.mark.parametrize("batch_class", [DecodeBatch, FastDecodeBatch])
+def test_tree_proposals_in_a_batch_keep_only_the_accepted_paths_columns(batch_class):
     """Real SmolLM2 weights, so that a wrong column, mask or position changes the output. Claims are checked only
-    over the reference's stretch of clear argmax margins (tests/_margins.py)."""
+    over the reference's stretch of clear argmax margins (tests/_margins.py). Both decode paths: the eager batch
+    crops what no row kept, the fast one leaves it in its static buffers unseen."""
     eng = HFStepEngine("offline:smollm2-135m-instruct", device="cpu")
     params = SamplingParams(temperature=0, max_step_tokens=20)
     prefixes = [Prefix("Anna has 12 apples. She buys 5 more and eats 3. How many are left?"),
@@ -365,7 +368,7 @@ def test_tree_proposals_in_a_batch_keep_only_the_accepted_paths_columns():
     ids = [eng.prefix_ids(p) for p in prefixes]
     ref = list(plain[0].token_ids)
     proposer = _KnownTreeProposer({tuple(ids[0]): ref}, depth=3, vocab=eng.info.vocab_size)
-    batch = DecodeBatch(eng.runner, eng.text, params, proposer=proposer, spec_tokens=5)
+    batch = batch_class(eng.runner, eng.text, params, proposer=proposer, spec_tokens=5)
     out = dict(batch.add([RowSpec(0, ids[0], 20, keep=True)]))
     out.update(batch.step())
     out.update(batch.add([RowSpec(1, ids[1], 20, keep=True)]))  # joins a batch with tree holes; never proposes
@@ -378,9 +381,14 @@ def test_tree_proposals_in_a_batch_keep_only_the_accepted_paths_columns():
     # the side branch's outputs are the target's: after ref[done + j] comes ref[done + j + 1]
     sides = [(done + j + 1, top) for done, tops in proposer.side_argmax for j, top in enumerate(tops)]
     assert all(top == ref[m] for m, top in sides if m < trusted[0]) and any(m < trusted[0] for m, _ in sides)
-    # a finished row's kept KV (prompt + step but its last token) continues exactly like a fresh prefill
+    # a finished row's kept KV (prompt + step but its last token) continues exactly like a fresh prefill, and its
+    # log-probability is its tokens' (each scored at the row it was drawn from: the true child is node 1, not 0)
     for k in range(2):
         seq = ids[k] + list(out[k].token_ids)
+        with torch.inference_mode():
+            lsm = torch.log_softmax(eng.model(torch.tensor([seq])).logits[0].float(), -1)
+        n = len(ids[k])
+        assert out[k].logprob == pytest.approx(sum(float(lsm[n - 1 + j, t]) for j, t in enumerate(seq[n:])), abs=1e-3)
         cache, _ = batch.finished_kv[tuple(seq[:-1])]
         assert cache.get_seq_length() == len(seq) - 1
         with torch.inference_mode():

@@ -136,7 +136,7 @@ class HFStepEngine:
 
         ngram: prompt lookup over the prompt and the step so far. assistant: greedy proposals from
         `assistant` (an engine whose tokenizer must equal this one's). lookahead: Lookahead Decoding (each
-        row its own Jacobi window and n-gram pool). All three run in the engine's batches.
+        row its own Jacobi window and n-gram pool). All three run in the engine's batches, on either decode path.
         """
         if spec is None and self.token_spec is None:
             return self
@@ -164,11 +164,12 @@ class HFStepEngine:
 
     # ---------------------------------------------------------------- generation
     def _batch(self, params: SamplingParams) -> DecodeBatch | FastDecodeBatch:
-        if self.decode == "fast" and self._proposer is None:  # token speculation runs on the eager path
+        spec_tokens = self.token_spec.num_tokens if self.token_spec else 0
+        if self.decode == "fast":
             return FastDecodeBatch(self.runner, self.text, params, max_length=self.info.max_length,
-                                   compile=self.compile_decode)
+                                   compile=self.compile_decode, proposer=self._proposer, spec_tokens=spec_tokens)
         return DecodeBatch(self.runner, self.text, params, max_length=self.info.max_length,
-                           proposer=self._proposer, spec_tokens=self.token_spec.num_tokens if self.token_spec else 0)
+                           proposer=self._proposer, spec_tokens=spec_tokens)
 
     def _row_specs(self, keyed: Sequence[tuple[Hashable, StepRequest]], params: SamplingParams) -> list[RowSpec]:
         specs = []

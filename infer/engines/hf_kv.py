@@ -3,7 +3,7 @@
 `ModelRunner` owns the model, its lock and the prefix cache: the engine's batch decoding, scoring and
 prefills go through `ModelRunner.forward`, and the batch-cache details (DynamicCache batch ops, holes,
 hidden-state outputs) live in this module, token trees included (Lookahead Decoding verifies its tries in
-these batches). SEED runs one sequence at a time on `sequence_kv.SequenceKV`, which takes the same lock, starts
+these batches, as it does in the fast path's). SEED runs one sequence at a time on `sequence_kv.SequenceKV`, which takes the same lock, starts
 from the same prefix cache and owns cropping; the fast path's preallocated buffers are `static_kv.StaticKV`.
 
 Prefix reuse. A prompt's KV cache is computed once and shared by every row decoded after it; the
@@ -43,7 +43,7 @@ import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,6 +53,7 @@ from specprobe.infer.engines.sequence_kv import additive_mask, check_plain_cache
 from specprobe.infer.engines.token_spec import (
     DraftTree,
     block_layout,
+    bounded_proposal,
     draw_tokens,
     drawn_rows,
     path_logprobs,
@@ -274,9 +275,13 @@ class _Row:
 
 
 class RowBatch:
-    """What both decode paths' batches share: `rows` (each with a `key`), `step()`, and these."""
+    """What both decode paths' batches share: `rows` (each with a `key`, its tokens and its proposer), `step()`,
+    and these."""
 
     rows: list
+    stats: EngineStats
+    spec_tokens: int = 0
+    max_length: int | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -294,6 +299,13 @@ class RowBatch:
 
     def step(self) -> list[tuple[Hashable, Step]]:
         raise NotImplementedError
+
+    def _proposals(self) -> list[DraftTree]:
+        """Each row's token proposal for this iteration (an empty tree without a proposer): at most as deep as
+        the spec budget and the row's remaining cap allow (`token_spec.bounded_proposal`)."""
+        return [bounded_proposal(r.proposer, r.ids + r.tokens, min(self.spec_tokens, r.cap - len(r.tokens) - 1),
+                                 r.pos, self.max_length, self.stats) if r.proposer is not None else DraftTree()
+                for r in self.rows]
 
 
 class DecodeBatch(RowBatch):
@@ -363,15 +375,7 @@ class DecodeBatch(RowBatch):
         """One forward for all rows (with token speculation when the engine has it on)."""
         if not self.rows:
             return []
-        trees = []
-        for r in self.rows:
-            k = min(self.spec_tokens, r.cap - len(r.tokens) - 1)
-            tree = r.proposer.propose(r.ids + r.tokens, k, self.stats) if k > 0 else DraftTree()
-            if tree.is_chain and len(tree) > k:
-                tree = replace(tree, tokens=tree.tokens[:k], parents=tree.parents[:k])
-            if self.max_length is not None and r.pos + tree.reach() >= self.max_length:
-                tree = DraftTree()  # a side branch would run past the model's positions (chains stay within cap)
-            trees.append(tree)
+        trees = self._proposals()
         chains = all(t.is_chain for t in trees)
         with torch.inference_mode():
             logits, width = (self._forward_chains if chains else self._forward_trees)(trees)

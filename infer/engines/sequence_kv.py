@@ -5,9 +5,8 @@ SEED (draft trees on the draft model, their verification on the target) and the 
 `lookahead_decoding.LookaheadDecoder` decode one sequence at a time with custom attention; every transformers
 detail they need lives here: the DynamicCache, cropping, the 4-D additive masks with explicit position ids,
 and prefix reuse (the sequence it continues, else the engine's prefix cache). The engine's batch paths keep
-their own layouts: `hf_kv.DecodeBatch` verifies every in-step proposer's chains and trees (prompt lookup, an
-assistant, Lookahead Decoding) row by row in one forward, and `static_kv.FastDecodeBatch` does no token
-speculation.
+their own layouts: `hf_kv.DecodeBatch` and `static_kv.FastDecodeBatch` verify every in-step proposer's chains
+and trees (prompt lookup, an assistant, Lookahead Decoding) row by row in one forward.
 
 Columns of the cache, in order: the committed tokens (`committed`), then speculative columns of earlier
 blocks (`speculative`), then the tokens of this forward. A forward feeds the committed tokens not yet
@@ -34,9 +33,9 @@ def crop_cache(cache, length: int) -> None:
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(batch, 1, q, kv) additive mask from a bool (q, kv) or (batch, q, kv) pattern: 0 where attention is
-    allowed, the dtype's minimum elsewhere."""
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    """(batch, 1, q, kv) additive mask from a bool (q, kv) or (batch, q, kv) pattern (on its device): 0 where
+    attention is allowed, the dtype's minimum elsewhere."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None] if allowed.ndim == 2 else mask[:, None]
 
 

@@ -25,8 +25,17 @@ row's last decoded token pieces) and, only when it fires, the exact rule of ever
 Sampling (`device_sampling`) is counter-based, so results are reproducible per seed whatever the batch;
 they are not the same numbers as the eager path's CPU generators (same distribution, other draws).
 
-What it does not do (the engine uses the eager `DecodeBatch` then): token speculation inside steps
-(a proposer), models whose cache layers are not plain full-attention layers.
+Token speculation inside steps (a proposer: prompt lookup, an assistant, Lookahead Decoding) runs on the same
+buffers: an iteration where any row proposes feeds every row's current token and block (tree, side branch:
+`token_spec.block_layout`) into fresh columns under a 4-D mask, eagerly (its width varies with the proposals);
+the accepted path's columns join the row's mask and the rest stay in the buffers unseen, so nothing is cropped.
+Greedy verification copies every row's argmax and its log-probability to the host at once; sampled paths walk
+`token_spec.verify_tree` with the row's own CPU generator (the rows it visits are copied), while rows without a
+proposal draw on the device as in a plain iteration. Iterations where no row proposes take the plain
+(captured) decode step.
+
+What it does not do (the engine uses the eager `DecodeBatch` then): models whose cache layers are not plain
+full-attention layers.
 """
 from __future__ import annotations
 
@@ -40,6 +49,15 @@ import torch
 from specprobe.infer.engines.base import EngineStats, SamplingParams, Step
 from specprobe.infer.engines.device_sampling import sample_tokens, seed_key
 from specprobe.infer.engines.hf_kv import ModelRunner, RowBatch, RowSpec, check_row_specs, common_prefix_len
+from specprobe.infer.engines.sequence_kv import additive_mask
+from specprobe.infer.engines.token_spec import (
+    DraftTree,
+    block_layout,
+    drawn_rows,
+    greedy_path,
+    path_logprobs,
+    verify_tree,
+)
 from specprobe.infer.engines.tokens import StepTokenizer
 
 log = logging.getLogger(__name__)
@@ -160,15 +178,18 @@ class _FastRow:
     cols: list[int] = field(default_factory=list)  # column of each prompt token
     gen_cols: list[int] = field(default_factory=list)  # column of each generated token fed so far
     tail_text: str = ""  # the last few decoded characters (delimiter test)
+    proposer: Any = None  # its own token proposer (`token_spec.Proposer.fork`), None without speculation
+    generator: torch.Generator | None = None  # draws of `verify_tree` when it samples a proposal's path
 
 
 class FastDecodeBatch(RowBatch):
     """Decode one step for each of several rows on a StaticKV (interface of `hf_kv.DecodeBatch`)."""
 
     def __init__(self, runner: ModelRunner, text: StepTokenizer, params: SamplingParams, *,
-                 max_length: int | None = None, compile: bool = False):
+                 max_length: int | None = None, compile: bool = False, proposer=None, spec_tokens: int = 0):
         self.runner, self.text, self.params = runner, text, params
         self.max_length = max_length
+        self.proposer, self.spec_tokens = proposer, spec_tokens if proposer is not None else 0
         self.stats = EngineStats()
         self.finished_kv: dict[tuple[int, ...], tuple[Any, torch.Tensor]] = {}
         self.rows: list[_FastRow] = []
@@ -190,7 +211,11 @@ class FastDecodeBatch(RowBatch):
             return []
         check_row_specs(specs, [r.key for r in self.rows], self.max_length)
         with torch.inference_mode():
-            new = [_FastRow(s.key, list(s.ids), s.cap, self._seed_key(s.seed), s.keep, pos=len(s.ids)) for s in specs]
+            new = [_FastRow(s.key, list(s.ids), s.cap, self._seed_key(s.seed), s.keep, pos=len(s.ids),
+                            proposer=None if self.proposer is None else self.proposer.fork(s.seed),
+                            generator=None if s.seed is None or self.proposer is None
+                            else torch.Generator(device="cpu").manual_seed(s.seed))
+                   for s in specs]
             if not self.rows:
                 self._new_base([r.ids for r in new])
             self._ensure_slots(len(self.rows) + len(new))
@@ -210,7 +235,10 @@ class FastDecodeBatch(RowBatch):
     def step(self) -> list[tuple[Hashable, Step]]:
         if not self.rows:
             return []
+        trees = self._proposals()
         with torch.inference_mode():
+            if any(len(t) or t.side is not None for t in trees):
+                return self._speculative_step(trees)
             self._ensure_columns(1)
             kv, c = self.kv, self.kv.col
             kv.mask[:, c] = 1  # every slot's new token (a free slot's too: see StaticKV)
@@ -226,6 +254,107 @@ class FastDecodeBatch(RowBatch):
             self.stats.iterations += 1
             self.stats.row_iterations += len(self.rows)
             return self._sample_and_append(list(self.rows), logits, None)
+
+    # ------------------------------------------------------------------ token speculation
+    def _speculative_step(self, trees: list[DraftTree]) -> list[tuple[Hashable, Step]]:
+        """One forward of every row's current token and block (`token_spec.block_layout`) into fresh columns,
+        under a 4-D mask; `verify_tree`'s rule picks each row's path. Rejected nodes and side branches stay in
+        the buffers as columns no row sees (`_ensure_columns` drops them when room runs out): nothing is
+        cropped or copied. Runs eagerly (its shapes vary with the proposals)."""
+        rows = self.rows
+        blocks = [block_layout(t, r.pos) for r, t in zip(rows, trees)]
+        width = 1 + max(len(b[0]) for b in blocks)
+        self._ensure_columns(width)
+        kv, c = self.kv, self.kv.col
+        inp = torch.full((kv.slots, width), self.runner.pad_id, dtype=torch.long)
+        pos = torch.zeros((kv.slots, width), dtype=torch.long)
+        block = torch.zeros((kv.slots, width, width), dtype=torch.bool)
+        block[:, :, 0] = True  # every query sees its slot's current token (padding queries too: no empty row)
+        for r, (tokens, allowed, positions) in zip(rows, blocks):
+            b = len(tokens)
+            inp[r.slot, 0], pos[r.slot] = r.tokens[-1], r.pos
+            if b:
+                inp[r.slot, 1:1 + b], pos[r.slot, 1:1 + b] = torch.tensor(tokens), positions
+                block[r.slot, 1:1 + b, 1:1 + b] = allowed
+        seen = kv.mask.bool()[:, None, :].repeat(1, width, 1)
+        seen[:, :, c:c + width] = block.to(self.device)
+        dtype = kv.layers[0].keys.dtype
+        out = self.runner.forward(self.stats, input_ids=inp.to(self.device), position_ids=pos.to(self.device),
+                                  attention_mask=additive_mask(seen, dtype), past_key_values=kv.cache, use_cache=True)
+        kv.col = c + width
+        self.stats.decode_tokens += sum(1 + len(b[0]) for b in blocks)
+        self.stats.iterations += 1
+        self.stats.row_iterations += len(rows)
+        paths = self._verify(rows, trees, out.logits)
+        new_mask = torch.zeros((kv.slots, width), dtype=torch.long)
+        for slot in set(range(kv.slots)) - {r.slot for r in rows}:
+            new_mask[slot] = 1  # free slots see their own pad tokens
+        finished = []
+        for r, tree, (chunk, nodes, lps) in zip(rows, trees, paths):
+            kept = [0] + [1 + u for u in nodes[:-1]]  # the current token, then the accepted nodes
+            new_mask[r.slot, kept] = 1
+            r.gen_cols.extend(c + k for k in kept)
+            r.pos += len(chunk)
+            if len(tree):
+                self.stats.spec_rounds += 1
+                self.stats.spec_proposed += len(tree)
+                self.stats.spec_accepted += len(chunk) - 1
+            for tok, lp, drawn in zip(chunk, lps, drawn_rows(nodes)):
+                step = self._append(r, tok, lp)
+                if step is not None:
+                    self._export(r, out.logits[r.slot, drawn].float().clone())  # not a view of every row's
+                    finished.append((r, step))
+                    break
+        kv.mask[:, c:c + width] = new_mask.to(self.device)
+        slots = torch.tensor([r.slot for r in rows], device=self.device)
+        self._ids[slots, 0] = torch.tensor([r.tokens[-1] for r in rows], device=self.device)
+        self._pos[slots, 0] = torch.tensor([r.pos for r in rows], device=self.device)
+        self._drop([r for r, _ in finished])
+        return [(r.key, s) for r, s in finished]
+
+    def _verify(self, rows: list[_FastRow], trees: list[DraftTree],
+                logits: torch.Tensor) -> list[tuple[list[int], list[int], list[float]]]:
+        """(tokens, nodes, log-probabilities) of each row's verified path from the forward's logits (slots,
+        width, vocab). Greedy: one host copy of every row's argmax and its log-probability. Sampling: a row
+        without a proposal draws on the device like a plain step (so its draws never depend on whether other
+        rows proposed), one with a proposal walks `verify_tree` with its own generator."""
+        if self.params.temperature <= 0:
+            best_lp, best = torch.log_softmax(logits.float(), -1).max(-1)
+            host = torch.stack([best.double(), best_lp.double()]).cpu()  # the one device-to-host copy
+            out = []
+            for r, tree in zip(rows, trees):
+                chunk, nodes = greedy_path(tree, host[0, r.slot].long().tolist())
+                out.append((chunk, nodes, host[1, r.slot, drawn_rows(nodes)].tolist()))
+            self._observe(rows, trees, logits)
+            return out
+        plain = [r for r, t in zip(rows, trees) if not len(t)]
+        drawn: dict[int, tuple[int, float]] = {}
+        if plain:
+            idx = torch.tensor([r.slot for r in plain], device=self.device)
+            tok, lp = sample_tokens(logits[idx, 0], self.params.temperature, self.params.top_p, self._keys[idx],
+                                    self._counters[idx])
+            self._counters[idx] += 1
+            host = torch.stack([tok.double(), lp.double()]).cpu()
+            drawn = {id(r): (int(host[0, j]), float(host[1, j])) for j, r in enumerate(plain)}
+        out = []
+        for r, tree in zip(rows, trees):
+            if not len(tree):
+                tok, lp = drawn[id(r)]
+                out.append(([tok], [-2], [lp]))
+                continue
+            row_logits = logits[r.slot, :1 + len(tree)]
+            chunk, nodes = verify_tree(tree, row_logits, self.params.temperature, self.params.top_p, r.generator)
+            out.append((chunk, nodes, path_logprobs(chunk, nodes, row_logits)))
+        self._observe(rows, trees, logits)
+        return out
+
+    @staticmethod
+    def _observe(rows: list[_FastRow], trees: list[DraftTree], logits: torch.Tensor) -> None:
+        """Hand each side branch's outputs to the proposer that fed it (Lookahead Decoding's window)."""
+        for r, tree in zip(rows, trees):
+            if tree.side is not None:
+                t = len(tree)
+                r.proposer.observe(tree, logits[r.slot, 1 + t:1 + t + len(tree.side.tokens)].float())
 
     # ------------------------------------------------------------------ sampling and the stop rule
     def _seed_key(self, seed: int | None) -> int:

@@ -9,7 +9,9 @@ logits for every node, computed in one forward with tree attention. The proposer
   (`observe`); it keeps state per sequence, so a batch gives each row its own (`fork`);
 - SEED's draft model (`seed_decoding.TreeDrafter`) returns a sampled token tree with its distributions q.
 The first three run inside the transformers engine's batches (`infer.engines.hf_kv.DecodeBatch`, chains with a
-causal mask, trees and side branches with a 4-D one laid out by `block_layout`); SEED and the sequence-level
+causal mask, trees and side branches with a 4-D one laid out by `block_layout`; `static_kv.FastDecodeBatch`, every
+block with a 4-D mask over its static buffers; `bounded_proposal` is their one rule for what a row may propose);
+SEED and the sequence-level
 `lookahead_decoding.LookaheadDecoder` run one sequence at a time on `sequence_kv.SequenceKV`, with the same layout.
 
 The rule (`verify_tree`):
@@ -29,7 +31,7 @@ The functions here are pure (tensors in, token lists out) and are unit-tested on
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Literal, Protocol
 
@@ -228,6 +230,19 @@ def block_layout(tree: DraftTree, cur_pos: int) -> tuple[list[int], torch.Tensor
     return list(tree.tokens) + ([] if side is None else list(side.tokens)), allowed, pos
 
 
+def bounded_proposal(proposer: Proposer, context: Sequence[int], k: int, pos: int, max_length: int | None,
+                     stats: EngineStats | None) -> DraftTree:
+    """A batch row's proposal (either decode path): none when k < 1, a chain cut to k tokens, and none when its
+    furthest token (a side branch reaches past k) would sit at or past the model's last position; `pos` is the
+    current token's position."""
+    tree = proposer.propose(context, k, stats) if k > 0 else DraftTree()
+    if tree.is_chain and len(tree) > k:
+        tree = replace(tree, tokens=tree.tokens[:k], parents=tree.parents[:k])
+    if max_length is not None and pos + tree.reach() >= max_length:
+        return DraftTree()
+    return tree
+
+
 class Proposer(Protocol):
     """A token-level proposer (vLLM spec_decode's proposer role): prompt lookup, an assistant model, Lookahead
     Decoding's Jacobi pool, SEED's draft trees. Verification is `verify_tree`, whatever the proposer."""
@@ -322,8 +337,10 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 # ----------------------------------------------------------------------------- verification
-def _walk_greedy(tree: DraftTree, argmax: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Follow the child equal to the target's argmax; at a mismatch or a leaf append the argmax."""
+def greedy_path(tree: DraftTree, argmax: Sequence[int]) -> tuple[list[int], list[int]]:
+    """`verify_tree` at temperature 0 from the target's argmax per logits row (host ints, so that a batch can
+    copy every row's argmax to the host at once): follow the child equal to the argmax; at a mismatch or a leaf
+    append the argmax."""
     kids = tree.children()
     u, out, nodes = -1, [], []
     while True:
@@ -392,7 +409,7 @@ def verify_tree(tree: DraftTree, logits: torch.Tensor, temperature: float, top_p
     if logits.ndim != 2 or logits.shape[0] != len(tree) + 1:
         raise ValueError(f"logits must be (len(tree) + 1, vocab) = ({len(tree) + 1}, V), got {tuple(logits.shape)}")
     if temperature <= 0:
-        return _walk_greedy(tree, logits.argmax(-1).tolist())
+        return greedy_path(tree, logits.argmax(-1).tolist())
     rows: dict[int, torch.Tensor] = {}
 
     def probs(i: int) -> torch.Tensor:  # only the rows the walk reaches (a trie's path, not its 60 nodes)
