@@ -62,8 +62,8 @@ class ModelsConfig:
     max_batch_rows: int = opt(32, "most sequences decoded or scored in one batch")
     decode: Literal["auto", "fast", "eager"] = opt(
         "auto", "transformers decode path: fast (static KV buffers, device-side sampling, one host sync per "
-                "iteration, CUDA graphs), eager (the reference path; token speculation always runs there) or auto "
-                "(fast on CUDA, eager on CPU)")
+                "plain iteration, CUDA graphs), eager (the reference path) or auto (fast on CUDA, eager on CPU); "
+                "token speculation runs on both")
     compile_decode: bool | None = opt(None, "compile the fast path's decode step (CUDA graphs via torch.compile "
                                             "'reduce-overhead'); default: on CUDA only")
     engine: Literal["hf", "vllm"] = opt("hf", "step engine of the target (and of the draft unless draft_engine is "

@@ -58,7 +58,7 @@ class HFStepEngine:
         decode: str = "auto",
         compile_decode: bool | None = None,
     ):
-        """decode: "fast" (static KV buffers, device-side sampling, one host sync per iteration:
+        """decode: "fast" (static KV buffers, device-side sampling, one host sync per plain iteration:
         `infer.engines.static_kv`), "eager" (the reference `hf_kv.DecodeBatch`) or "auto" (fast on CUDA,
         eager on CPU, where both run at about the same speed). compile_decode: compile the fast path's
         decode step (CUDA graphs through torch.compile's "reduce-overhead"); default on CUDA only."""

@@ -230,6 +230,27 @@ class ModelRunner:
         return results
 
 
+def block_inputs(rows: Sequence[tuple[int, int, int, tuple[list[int], torch.Tensor, torch.Tensor]]], n: int,
+                 pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The new columns of a verification forward (either decode path), for `rows` of (batch row or slot, current
+    token, its position, its `token_spec.block_layout`) among n: input ids and position ids (n, width), and the
+    block's attention (n, width, width) bool: every query sees its row's current token (padding queries and
+    unlisted slots too: no query sees nothing), block tokens see the block columns `allowed` gives them. width:
+    1 + the longest block."""
+    width = 1 + max((len(b[0]) for *_, b in rows), default=0)
+    inp = torch.full((n, width), pad, dtype=torch.long)
+    pos = torch.zeros((n, width), dtype=torch.long)
+    block = torch.zeros((n, width, width), dtype=torch.bool)
+    block[:, :, 0] = True
+    for i, current, cur_pos, (tokens, allowed, positions) in rows:
+        b = len(tokens)
+        inp[i, 0], pos[i] = current, cur_pos
+        if b:
+            inp[i, 1:1 + b], pos[i, 1:1 + b] = torch.tensor(tokens), positions
+            block[i, 1:1 + b, 1:1 + b] = allowed
+    return inp, pos, block
+
+
 def check_row_specs(specs: Sequence[RowSpec], running_keys: Sequence[Hashable], max_length: int | None) -> None:
     """Rows about to join a batch (either decode path): unique keys, a prompt, a cap, room in the context window."""
     keys = [s.key for s in specs] + list(running_keys)
@@ -299,6 +320,31 @@ class RowBatch:
 
     def step(self) -> list[tuple[Hashable, Step]]:
         raise NotImplementedError
+
+    def _take_path(self, row, tree: DraftTree, chunk: list[int], nodes: list[int], col0: int) -> list[int]:
+        """Book a verified path (`verify_tree`'s tokens and nodes) of a row whose block started at column `col0`:
+        its position, the columns of the tokens it fed (the current token, then the accepted nodes) and the
+        speculation counts. Returns those columns' offsets in the block (0: the current token)."""
+        kept = [0] + [1 + u for u in nodes[:-1]]
+        row.gen_cols.extend(col0 + k for k in kept)
+        row.pos += len(chunk)
+        if len(tree):
+            self.stats.spec_rounds += 1
+            self.stats.spec_proposed += len(tree)
+            self.stats.spec_accepted += len(chunk) - 1
+        return kept
+
+    def _append_path(self, row, chunk: list[int], nodes: list[int], logprobs: Sequence[float],
+                     logits: torch.Tensor) -> Step | None:
+        """Append a verified path's tokens (with their log-probabilities; logits: the row's block, row 0 after
+        the current token, u + 1 after node u); returns the row's Step when it finishes on the way, keeping the
+        logits its last token was drawn from (a copy: a view would keep every row's logits alive)."""
+        for tok, lp, drawn in zip(chunk, logprobs, drawn_rows(nodes)):
+            done = self._append(row, tok, lp)
+            if done is not None:
+                self._export(row, logits[drawn].float().clone())
+                return done
+        return None
 
     def _proposals(self) -> list[DraftTree]:
         """Each row's token proposal for this iteration (an empty tree without a proposer): at most as deep as
@@ -387,15 +433,9 @@ class DecodeBatch(RowBatch):
                     r.proposer.observe(tree, logits[i, 1 + t:1 + t + len(tree.side.tokens)])
                 row_logits = logits[i, :1 + t]  # row 0: after the current token, u + 1: after node u
                 chunk, nodes = verify_tree(tree, row_logits, self.params.temperature, self.params.top_p, r.generator)
-                kept = [0] + [1 + u for u in nodes[:-1]]  # the current token, then the accepted nodes
-                new_mask[i, kept] = 1  # rejected proposals and side branches become holes
-                if len(tree):
-                    self.stats.spec_rounds += 1
-                    self.stats.spec_proposed += len(tree)
-                    self.stats.spec_accepted += len(chunk) - 1
-                r.pos += len(chunk)
-                r.gen_cols.extend(self.ncols + c for c in kept)
-                done = self._append_path(r, chunk, nodes, row_logits)
+                # rejected proposals and side branches become holes
+                new_mask[i, self._take_path(r, tree, chunk, nodes, self.ncols)] = 1
+                done = self._append_path(r, chunk, nodes, path_logprobs(chunk, nodes, row_logits), row_logits)
                 if done is not None:
                     finished.append((r, done))
             if not chains:  # columns after the last one any row kept are holes for all (side branches too): crop
@@ -436,19 +476,10 @@ class DecodeBatch(RowBatch):
         the batch columns (a row whose proposal is a chain gets a chain-shaped tree)."""
         check_plain_cache(self.cache, "tree attention in a batch (Lookahead Decoding)")
         blocks = [block_layout(t, r.pos) for r, t in zip(self.rows, trees)]
-        width = 1 + max(len(b[0]) for b in blocks)
-        rows, ncols = len(self.rows), self.ncols
-        inp = torch.full((rows, width), self.runner.pad_id, dtype=torch.long)
-        pos = torch.zeros((rows, width), dtype=torch.long)
-        seen = torch.zeros((rows, width, ncols + width), dtype=torch.bool)
-        seen[:, :, :ncols] = self.mask.bool()[:, None, :]  # every query sees its row's columns...
-        seen[:, :, ncols] = True  # ...and its current token (padding queries too: no empty row)
-        for i, (r, (tokens, allowed, positions)) in enumerate(zip(self.rows, blocks)):
-            b = len(tokens)
-            inp[i, 0], pos[i] = r.tokens[-1], r.pos
-            if b:
-                inp[i, 1:1 + b], pos[i, 1:1 + b] = torch.tensor(tokens), positions
-                seen[i, 1:1 + b, ncols + 1:ncols + 1 + b] = allowed
+        inp, pos, block = block_inputs([(i, r.tokens[-1], r.pos, b) for i, (r, b) in enumerate(zip(self.rows, blocks))],
+                                       len(self.rows), self.runner.pad_id)
+        width = inp.shape[1]
+        seen = torch.cat([self.mask.bool()[:, None, :].expand(-1, width, -1), block], 2)  # its columns, its block
         dtype = next(self.runner.model.parameters()).dtype
         out = self.runner.forward(self.stats, input_ids=inp.to(self.device), past_key_values=self.cache,
                                   attention_mask=additive_mask(seen, dtype).to(self.device),
@@ -456,16 +487,6 @@ class DecodeBatch(RowBatch):
         self.cache = out.past_key_values
         self.stats.decode_tokens += sum(1 + len(b[0]) for b in blocks)
         return out.logits.float(), width
-
-    def _append_path(self, row: _Row, chunk: list[int], nodes: list[int], logits: torch.Tensor) -> Step | None:
-        """Append a verified path (`verify_tree`'s tokens and nodes; logits row 0 after the current token, i + 1
-        after node i); returns the row's Step when it finishes on the way (its KV is kept, see `_export`)."""
-        for tok, lp, r in zip(chunk, path_logprobs(chunk, nodes, logits), drawn_rows(nodes)):
-            done = self._append(row, tok, lp)
-            if done is not None:
-                self._export(row, logits[r].clone())  # a view would keep the whole batch's logits alive
-                return done
-        return None
 
     def _new_base(self, ids_list: list[list[int]]) -> None:
         """A fresh batch: encode the prefix common to its first rows once (engine prefix cache)."""

@@ -1,5 +1,5 @@
 """The fast decode path of the transformers engine: preallocated KV, device-side sampling, one host sync
-per iteration.
+per plain iteration.
 
 `StaticKV` owns the batch's key/value buffers (transformers' `StaticCache`: per layer one
 (slots, kv heads, columns, head dim) tensor written in place), the attention mask (slots, columns) on the
@@ -17,7 +17,7 @@ empty slots keep decoding a pad token into masked columns: the batch shape never
 joins, which is what lets the decode step run as one captured CUDA graph (`torch.compile` with
 mode="reduce-overhead" on CUDA; `compile=False` runs the same code eagerly).
 
-Per iteration the host sees one device-to-host copy (the new token and its log-probability per slot).
+Per plain iteration the host sees one device-to-host copy (the new token and its log-probability per slot).
 Stop detection runs on the host from those ids: a cheap per-token test (EOS, cap, the delimiter in the
 row's last decoded token pieces) and, only when it fires, the exact rule of every engine
 (`StepTokenizer.finished`, one full decode), so steps end exactly where the eager path ends them.
@@ -30,9 +30,10 @@ buffers: an iteration where any row proposes feeds every row's current token and
 `token_spec.block_layout`) into fresh columns under a 4-D mask, eagerly (its width varies with the proposals);
 the accepted path's columns join the row's mask and the rest stay in the buffers unseen, so nothing is cropped.
 Greedy verification copies every row's argmax and its log-probability to the host at once; sampled paths walk
-`token_spec.verify_tree` with the row's own CPU generator (the rows it visits are copied), while rows without a
-proposal draw on the device as in a plain iteration. Iterations where no row proposes take the plain
-(captured) decode step.
+`token_spec.verify_tree` with the row's own CPU generator (each logits row it visits is copied: more host syncs
+than a plain iteration's one), while rows without a proposal draw on the device as in a plain iteration, and
+Lookahead's `observe` reads its window's argmax (one sync per row). Iterations where no row proposes take the
+plain (captured) decode step.
 
 What it does not do (the engine uses the eager `DecodeBatch` then): models whose cache layers are not plain
 full-attention layers.
@@ -48,7 +49,14 @@ import torch
 
 from specprobe.infer.engines.base import EngineStats, SamplingParams, Step
 from specprobe.infer.engines.device_sampling import sample_tokens, seed_key
-from specprobe.infer.engines.hf_kv import ModelRunner, RowBatch, RowSpec, check_row_specs, common_prefix_len
+from specprobe.infer.engines.hf_kv import (
+    ModelRunner,
+    RowBatch,
+    RowSpec,
+    block_inputs,
+    check_row_specs,
+    common_prefix_len,
+)
 from specprobe.infer.engines.sequence_kv import additive_mask
 from specprobe.infer.engines.token_spec import (
     DraftTree,
@@ -258,54 +266,38 @@ class FastDecodeBatch(RowBatch):
     # ------------------------------------------------------------------ token speculation
     def _speculative_step(self, trees: list[DraftTree]) -> list[tuple[Hashable, Step]]:
         """One forward of every row's current token and block (`token_spec.block_layout`) into fresh columns,
-        under a 4-D mask; `verify_tree`'s rule picks each row's path. Rejected nodes and side branches stay in
-        the buffers as columns no row sees (`_ensure_columns` drops them when room runs out): nothing is
-        cropped or copied. Runs eagerly (its shapes vary with the proposals)."""
+        under a 4-D mask; `verify_tree`'s rule picks each row's path. The write column then moves back to just
+        after the last column any row kept (the static form of the eager path's crop: the next forward writes over
+        the rest); rejected nodes before it stay in the buffers unseen. Runs eagerly (its width varies with the
+        proposals)."""
         rows = self.rows
         blocks = [block_layout(t, r.pos) for r, t in zip(rows, trees)]
-        width = 1 + max(len(b[0]) for b in blocks)
-        self._ensure_columns(width)
+        self._ensure_columns(1 + max(len(b[0]) for b in blocks))
         kv, c = self.kv, self.kv.col
-        inp = torch.full((kv.slots, width), self.runner.pad_id, dtype=torch.long)
-        pos = torch.zeros((kv.slots, width), dtype=torch.long)
-        block = torch.zeros((kv.slots, width, width), dtype=torch.bool)
-        block[:, :, 0] = True  # every query sees its slot's current token (padding queries too: no empty row)
-        for r, (tokens, allowed, positions) in zip(rows, blocks):
-            b = len(tokens)
-            inp[r.slot, 0], pos[r.slot] = r.tokens[-1], r.pos
-            if b:
-                inp[r.slot, 1:1 + b], pos[r.slot, 1:1 + b] = torch.tensor(tokens), positions
-                block[r.slot, 1:1 + b, 1:1 + b] = allowed
+        inp, pos, block = block_inputs([(r.slot, r.tokens[-1], r.pos, b) for r, b in zip(rows, blocks)], kv.slots,
+                                       self.runner.pad_id)
+        width = inp.shape[1]
         seen = kv.mask.bool()[:, None, :].repeat(1, width, 1)
         seen[:, :, c:c + width] = block.to(self.device)
-        dtype = kv.layers[0].keys.dtype
         out = self.runner.forward(self.stats, input_ids=inp.to(self.device), position_ids=pos.to(self.device),
-                                  attention_mask=additive_mask(seen, dtype), past_key_values=kv.cache, use_cache=True)
-        kv.col = c + width
+                                  attention_mask=additive_mask(seen, kv.layers[0].keys.dtype),
+                                  past_key_values=kv.cache, use_cache=True)
         self.stats.decode_tokens += sum(1 + len(b[0]) for b in blocks)
         self.stats.iterations += 1
         self.stats.row_iterations += len(rows)
         paths = self._verify(rows, trees, out.logits)
         new_mask = torch.zeros((kv.slots, width), dtype=torch.long)
-        for slot in set(range(kv.slots)) - {r.slot for r in rows}:
-            new_mask[slot] = 1  # free slots see their own pad tokens
+        new_mask[sorted(set(range(kv.slots)) - {r.slot for r in rows})] = 1  # free slots see their own pad tokens
         finished = []
         for r, tree, (chunk, nodes, lps) in zip(rows, trees, paths):
-            kept = [0] + [1 + u for u in nodes[:-1]]  # the current token, then the accepted nodes
-            new_mask[r.slot, kept] = 1
-            r.gen_cols.extend(c + k for k in kept)
-            r.pos += len(chunk)
-            if len(tree):
-                self.stats.spec_rounds += 1
-                self.stats.spec_proposed += len(tree)
-                self.stats.spec_accepted += len(chunk) - 1
-            for tok, lp, drawn in zip(chunk, lps, drawn_rows(nodes)):
-                step = self._append(r, tok, lp)
-                if step is not None:
-                    self._export(r, out.logits[r.slot, drawn].float().clone())  # not a view of every row's
-                    finished.append((r, step))
-                    break
+            new_mask[r.slot, self._take_path(r, tree, chunk, nodes, c)] = 1
+            step = self._append_path(r, chunk, nodes, lps, out.logits[r.slot])
+            if step is not None:
+                finished.append((r, step))
+        end = int(new_mask[[r.slot for r in rows]].nonzero()[:, 1].max()) + 1
+        new_mask[:, end:] = 0
         kv.mask[:, c:c + width] = new_mask.to(self.device)
+        kv.set_column(c + end)
         slots = torch.tensor([r.slot for r in rows], device=self.device)
         self._ids[slots, 0] = torch.tensor([r.tokens[-1] for r in rows], device=self.device)
         self._pos[slots, 0] = torch.tensor([r.pos for r in rows], device=self.device)
@@ -319,21 +311,21 @@ class FastDecodeBatch(RowBatch):
         without a proposal draws on the device like a plain step (so its draws never depend on whether other
         rows proposed), one with a proposal walks `verify_tree` with its own generator."""
         if self.params.temperature <= 0:
-            best_lp, best = torch.log_softmax(logits.float(), -1).max(-1)
+            live = logits[torch.tensor([r.slot for r in rows], device=self.device)]  # not the free slots'
+            best = live.argmax(-1)
+            best_lp = live.gather(-1, best[..., None]).squeeze(-1).float() - torch.logsumexp(live.float(), -1)
             host = torch.stack([best.double(), best_lp.double()]).cpu()  # the one device-to-host copy
             out = []
-            for r, tree in zip(rows, trees):
-                chunk, nodes = greedy_path(tree, host[0, r.slot].long().tolist())
-                out.append((chunk, nodes, host[1, r.slot, drawn_rows(nodes)].tolist()))
+            for j, tree in enumerate(trees):
+                chunk, nodes = greedy_path(tree, host[0, j].long().tolist())
+                out.append((chunk, nodes, host[1, j, drawn_rows(nodes)].tolist()))
             self._observe(rows, trees, logits)
             return out
         plain = [r for r, t in zip(rows, trees) if not len(t)]
         drawn: dict[int, tuple[int, float]] = {}
         if plain:
             idx = torch.tensor([r.slot for r in plain], device=self.device)
-            tok, lp = sample_tokens(logits[idx, 0], self.params.temperature, self.params.top_p, self._keys[idx],
-                                    self._counters[idx])
-            self._counters[idx] += 1
+            tok, lp = self._device_draw(logits[idx, 0], idx)
             host = torch.stack([tok.double(), lp.double()]).cpu()
             drawn = {id(r): (int(host[0, j]), float(host[1, j])) for j, r in enumerate(plain)}
         out = []
@@ -367,15 +359,11 @@ class FastDecodeBatch(RowBatch):
         """Draw one token for `rows` from logits (one row per row of `rows`, or per slot when `slots` is
         None), copy the tokens to the host once, and apply the stop rule."""
         idx = None if slots is None else torch.tensor(slots, device=self.device)
-        keys = self._keys if idx is None else self._keys[idx]
-        counters = self._counters if idx is None else self._counters[idx]
-        tok, lp = sample_tokens(logits, self.params.temperature, self.params.top_p, keys, counters)
+        tok, lp = self._device_draw(logits, idx)
         if idx is None:
             self._ids[:, 0] = tok
-            self._counters += 1
         else:
             self._ids[idx, 0] = tok
-            self._counters[idx] += 1
         host = torch.stack([tok.double(), lp.double()]).cpu()  # the one device-to-host copy
         toks, lps = host[0].long().tolist(), host[1].tolist()
         finished = []
@@ -388,6 +376,18 @@ class FastDecodeBatch(RowBatch):
             self._export(r, logits[r.slot if slots is None else slots.index(r.slot)])
         self._drop([r for r, _ in finished])
         return [(r.key, s) for r, s in finished]
+
+    def _device_draw(self, logits: torch.Tensor, idx: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token (and its log-probability) per slot of `idx` (None: every slot) from logits with one row per
+        slot, drawn with the slots' keys and counters, which advance; both stay on the device."""
+        keys = self._keys if idx is None else self._keys[idx]
+        counters = self._counters if idx is None else self._counters[idx]
+        tok, lp = sample_tokens(logits, self.params.temperature, self.params.top_p, keys, counters)
+        if idx is None:
+            self._counters += 1
+        else:
+            self._counters[idx] += 1
+        return tok, lp
 
     def _append(self, row: _FastRow, tok: int, logprob: float) -> Step | None:
         row.tokens.append(tok)
