@@ -60,8 +60,9 @@ class HFStepEngine:
     ):
         """decode: "fast" (static KV buffers, device-side sampling, one host sync per plain iteration:
         `infer.engines.static_kv`), "eager" (the reference `hf_kv.DecodeBatch`) or "auto" (fast on CUDA,
-        eager on CPU, where both run at about the same speed). compile_decode: compile the fast path's
-        decode step (CUDA graphs through torch.compile's "reduce-overhead"); default on CUDA only."""
+        eager on CPU, where the eager path is faster: benchmarks/results/fast_spec_cpu). compile_decode:
+        compile the fast path's decode step (CUDA graphs through torch.compile's "reduce-overhead"); default on
+        CUDA only."""
         if decode not in ("auto", "fast", "eager"):
             raise ValueError(f"decode must be 'auto', 'fast' or 'eager', got {decode!r}")
         if model is None:
