@@ -28,7 +28,8 @@ they are not the same numbers as the eager path's CPU generators (same distribut
 Token speculation inside steps (a proposer: prompt lookup, an assistant, Lookahead Decoding) runs on the same
 buffers: an iteration where any row proposes feeds every row's current token and block (tree, side branch:
 `token_spec.block_layout`) into fresh columns under a 4-D mask, eagerly (its width varies with the proposals);
-the accepted path's columns join the row's mask and the rest stay in the buffers unseen, so nothing is cropped.
+the accepted path's columns join the row's mask, and the write column moves back to just after the last column
+any row kept (nothing is copied: the next forward writes over the rest; rejected columns before it stay unseen).
 Greedy verification copies every row's argmax and its log-probability to the host at once; sampled paths walk
 `token_spec.verify_tree` with the row's own CPU generator (each logits row it visits is copied: more host syncs
 than a plain iteration's one), while rows without a proposal draw on the device as in a plain iteration, and
