@@ -197,10 +197,16 @@ def _spec_view(engines, method):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["ngram", "assistant", "lookahead"])
-def test_token_speculation_on_the_fast_path_writes_the_eager_greedy_steps(engines, method):
-    """Chains (prompt lookup; SmolLM2 as its own assistant, so every proposal is right) and Lookahead
-    Decoding's tries with their window, verified inside the static buffers: nested-prefix rows, then a
-    stream that rows join and leave."""
+def test_token_speculation_on_the_fast_path_writes_the_eager_greedy_steps(engines, method, monkeypatch):
+    """Chains (prompt lookup; SmolLM2 as its own assistant, so its proposals are right but at near-ties) and
+    Lookahead Decoding's tries with their window, verified inside the static buffers: nested-prefix rows, then a
+    stream that rows join and leave. The buffers start small, so they are compacted or grown while rejected
+    proposals' columns are holes."""
+    compacted = []  # resized(model, slots, columns, keep): with `keep`, the columns were compacted or grown
+    real_resized = static_kv.StaticKV.resized
+    monkeypatch.setattr(static_kv, "_COLUMN_BLOCK", 32)
+    monkeypatch.setattr(static_kv.StaticKV, "resized",
+                        lambda self, *a: compacted.append(len(a) == 4) or real_resized(self, *a))
     eager, _ = engines
     view = _spec_view(engines, method)
     prefixes = [Prefix(QUESTIONS[0]), Prefix(QUESTIONS[0], ("First, 12 times 4 is 48 muffins.",)), Prefix(QUESTIONS[1])]
@@ -224,6 +230,7 @@ def test_token_speculation_on_the_fast_path_writes_the_eager_greedy_steps(engine
     for i, p in enumerate(prefixes):
         _same_greedy(eager.model, eager, p, done[i], want[i])
     assert stream.take_stats().spec_accepted > 0
+    assert any(compacted)  # the columns were reallocated while rows speculated
 
 
 @pytest.mark.slow

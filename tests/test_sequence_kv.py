@@ -117,3 +117,51 @@ def test_sequences_of_one_prompt_share_the_engines_prefix_cache():
     assert (third.prefill_passes, third.committed) == (1, len(other) - 1)
     cur, _ = third.forward(other)
     assert torch.allclose(cur, engine.model(torch.tensor([other])).logits[0, -1].float(), atol=1e-4)
+
+
+@torch.no_grad()
+def test_a_sequence_outgrowing_its_buffers_keeps_its_columns():
+    """The one-slot buffers start at one column block; a longer sequence (with a block pending) grows them and
+    still computes what plain forwards compute, before and after the growth."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=1024)).eval()
+    kv = SequenceKV(model)
+    ids = [int(t) for t in torch.randint(0, 40, (250,))]
+    cur, _ = kv.forward(ids)
+    first = kv._kv.columns
+    assert torch.allclose(cur, _plain_last(model, ids), atol=1e-4)
+    tree = DraftTree.trie([[5, 6], [2]])
+    _, block = kv.forward(ids, tree.tokens, tree.ancestry(), [len(ids) - 1 + d for d in tree.depths()])
+    kv.drop_speculative()
+    longer = ids + [int(t) for t in torch.randint(0, 40, (20,))]
+    cur, block = kv.forward(longer, tree.tokens, tree.ancestry(), [len(longer) - 1 + d for d in tree.depths()])
+    assert kv._kv.columns > first  # it grew past the first block
+    assert torch.allclose(cur, _plain_last(model, longer), atol=1e-4)
+    assert torch.allclose(block[1], _plain_last(model, longer + [5, 6]), atol=1e-4)
+    assert torch.allclose(block[2], _plain_last(model, longer + [2]), atol=1e-4)
+
+
+def test_models_without_plain_full_attention_layers_are_refused_with_the_reason():
+    """Tree attention runs on static full-attention buffers: a sliding-window model is refused when its
+    SequenceKV is made (not half-way through a decode), the engine says it has no tree attention, and SEED on
+    it is refused before anything runs."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from specprobe.infer.engines import HFStepEngine
+    from specprobe.infer.engines.seed_decoding import SeedGenerator
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(vocab_size=40, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=128, sliding_window=8)).eval()
+    with pytest.raises(NotImplementedError, match="plain full-attention"):
+        SequenceKV(model)
+    plain = HFStepEngine("random:llama-tiny", device="cpu")
+    windowed = HFStepEngine("random:llama-tiny", model=model, tokenizer=plain.tokenizer, device="cpu")
+    assert plain.capabilities.tree_attention and not windowed.capabilities.tree_attention
+    with pytest.raises(ValueError, match="tree attention"):
+        SeedGenerator.from_engines(windowed, plain, (2, 1))

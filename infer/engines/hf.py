@@ -69,7 +69,8 @@ class HFStepEngine:
             model, tokenizer = load_model(model_name, device=device, dtype=dtype, cache_dir=cache_dir)
         self.model, self.tokenizer = model, tokenizer
         self.model_name = model_name
-        self.capabilities = EngineCapabilities("transformers", raw_model=True, tree_attention=True)
+        static_why = static_cache_supported(model)  # None: plain full-attention layers (static buffers, tree masks)
+        self.capabilities = EngineCapabilities("transformers", raw_model=True, tree_attention=static_why is None)
         self.max_batch_rows = max(1, max_batch_rows)
         self.text = StepTokenizer(tokenizer, use_chat_template=use_chat_template, system_prompt=system_prompt,
                                   eos_ids=eos_token_ids(tokenizer, getattr(model, "generation_config", None)),
@@ -92,11 +93,9 @@ class HFStepEngine:
         on_cuda = self.runner.device.type == "cuda"
         self.decode = ("fast" if on_cuda else "eager") if decode == "auto" else decode
         self.compile_decode = on_cuda if compile_decode is None else compile_decode
-        if self.decode == "fast":
-            why = static_cache_supported(model)
-            if why is not None:
-                log.warning("%s: the fast decode path cannot run (%s); decoding on the eager path", model_name, why)
-                self.decode = "eager"
+        if self.decode == "fast" and static_why is not None:
+            log.warning("%s: the fast decode path cannot run (%s); decoding on the eager path", model_name, static_why)
+            self.decode = "eager"
 
     @property
     def eos_ids(self) -> set[int]:

@@ -3,8 +3,9 @@
 `ModelRunner` owns the model, its lock and the prefix cache: the engine's batch decoding, scoring and
 prefills go through `ModelRunner.forward`, and the batch-cache details (DynamicCache batch ops, holes,
 hidden-state outputs) live in this module, token trees included (Lookahead Decoding verifies its tries in
-these batches, as it does in the fast path's). SEED runs one sequence at a time on `sequence_kv.SequenceKV`, which takes the same lock, starts
-from the same prefix cache and owns cropping; the fast path's preallocated buffers are `static_kv.StaticKV`.
+these batches, as it does in the fast path's). The fast path's preallocated buffers are `static_kv.StaticKV`, which
+also holds the one-sequence KV of SEED and the reference Lookahead decoder (`sequence_kv.SequenceKV`: the same lock,
+the same prefix cache).
 
 Prefix reuse. A prompt's KV cache is computed once and shared by every row decoded after it; the
 last few prefixes are kept (LRU), and so is the KV of every one-sample step of the latest decoding
@@ -49,7 +50,6 @@ from typing import Any
 import torch
 
 from specprobe.infer.engines.base import EngineStats, PromptTooLongError, SamplingParams, ScoredStep, Step
-from specprobe.infer.engines.sequence_kv import additive_mask, check_plain_cache, crop_cache
 from specprobe.infer.engines.token_spec import (
     DraftTree,
     block_layout,
@@ -60,6 +60,28 @@ from specprobe.infer.engines.token_spec import (
     verify_tree,
 )
 from specprobe.infer.engines.tokens import StepTokenizer
+
+
+def crop_cache(cache, length: int) -> None:
+    """Drop cached positions beyond `length` (a negative count: the form every transformers 5 accepts)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(batch, 1, q, kv) additive mask from a bool (q, kv) or (batch, q, kv) pattern (on its device): 0 where
+    attention is allowed, the dtype's minimum elsewhere."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[None, None] if allowed.ndim == 2 else mask[:, None]
+
+
+def check_plain_cache(cache, what: str) -> None:
+    """Cropping and custom column layouts need plain full-attention DynamicCache layers."""
+    for layer in getattr(cache, "layers", []):
+        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            raise NotImplementedError(f"{what}: only plain DynamicCache layers are supported; this model uses "
+                                      f"{type(layer).__name__} layers (sliding-window or compressed caches)")
 
 
 def clone_cache(cache):

@@ -22,8 +22,10 @@ Stop detection runs on the host from those ids: a cheap per-token test (EOS, cap
 row's last decoded token pieces) and, only when it fires, the exact rule of every engine
 (`StepTokenizer.finished`, one full decode), so steps end exactly where the eager path ends them.
 
-Sampling (`device_sampling`) is counter-based, so results are reproducible per seed whatever the batch;
-they are not the same numbers as the eager path's CPU generators (same distribution, other draws).
+Sampling (`device_sampling`) is counter-based, so a row's draws are the same per seed whatever the batch;
+they are not the same numbers as the eager path's CPU generators (same distribution, other draws). Its logits
+agree across batches up to floating-point rounding (a captured plain step and a verification forward, taken
+when other rows propose, round differently), so a sampled token at a near-tie can still depend on the others.
 
 Token speculation inside steps (a proposer: prompt lookup, an assistant, Lookahead Decoding) runs on the same
 buffers: an iteration where any row proposes feeds every row's current token and block (tree, side branch:
@@ -36,8 +38,11 @@ than a plain iteration's one), while rows without a proposal draw on the device 
 Lookahead's `observe` reads its window's argmax (one sync per row). Iterations where no row proposes take the
 plain (captured) decode step.
 
-What it does not do (the engine uses the eager `DecodeBatch` then): models whose cache layers are not plain
-full-attention layers.
+`StaticKV` is also the KV of the one-sequence tree decoders (SEED, the reference Lookahead decoder:
+`sequence_kv.SequenceKV`, one slot): one class owns in-place writes, the write column, prefix loading and growth.
+
+What it does not do (the engine uses the eager `DecodeBatch` then, and tree decoders refuse): models whose cache
+layers are not plain full-attention layers.
 """
 from __future__ import annotations
 
@@ -54,11 +59,11 @@ from specprobe.infer.engines.hf_kv import (
     ModelRunner,
     RowBatch,
     RowSpec,
+    additive_mask,
     block_inputs,
     check_row_specs,
     common_prefix_len,
 )
-from specprobe.infer.engines.sequence_kv import additive_mask
 from specprobe.infer.engines.token_spec import (
     DraftTree,
     block_layout,
@@ -83,8 +88,9 @@ def slot_bucket(rows: int) -> int:
     return rows
 
 
-def _round_up(n: int, block: int = _COLUMN_BLOCK) -> int:
-    return max(block, -(-n // block) * block)
+def column_capacity(n: int) -> int:
+    """Columns to allocate for n: a multiple of the column block (few buffer shapes, few graphs)."""
+    return max(_COLUMN_BLOCK, -(-n // _COLUMN_BLOCK) * _COLUMN_BLOCK)
 
 
 def static_cache_supported(model) -> str | None:
@@ -314,7 +320,9 @@ class FastDecodeBatch(RowBatch):
         if self.params.temperature <= 0:
             live = logits[torch.tensor([r.slot for r in rows], device=self.device)]  # not the free slots'
             best = live.argmax(-1)
-            best_lp = live.gather(-1, best[..., None]).squeeze(-1).float() - torch.logsumexp(live.float(), -1)
+            # row by row: a float copy of every row's block at once would be (rows, width, vocab)
+            norm = torch.stack([torch.logsumexp(x.float(), -1) for x in live])
+            best_lp = live.gather(-1, best[..., None]).squeeze(-1).float() - norm
             host = torch.stack([best.double(), best_lp.double()]).cpu()  # the one device-to-host copy
             out = []
             for j, tree in enumerate(trees):
@@ -373,8 +381,8 @@ class FastDecodeBatch(RowBatch):
             step = self._append(r, toks[j], lps[j])
             if step is not None:
                 finished.append((r, step))
-        for r, _ in finished:
-            self._export(r, logits[r.slot if slots is None else slots.index(r.slot)])
+        for r, _ in finished:  # a copy: the compiled step's logits live in a buffer its next replay overwrites
+            self._export(r, logits[r.slot if slots is None else slots.index(r.slot)].float().clone())
         self._drop([r for r, _ in finished])
         return [(r.key, s) for r, s in finished]
 
@@ -485,7 +493,7 @@ class FastDecodeBatch(RowBatch):
         want = slot_bucket(rows)
         if self.kv is not None and self.kv.slots >= want:
             return
-        cols = _round_up(len(self.base_ids) + 64)
+        cols = column_capacity(len(self.base_ids) + 64)
         if self.kv is None:
             layer_dtype = next(self.runner.model.parameters()).dtype
             self.kv = StaticKV(self.runner.model, want, cols, self.device, layer_dtype)
@@ -518,7 +526,7 @@ class FastDecodeBatch(RowBatch):
         used[:max(len(self.base_ids), 1)] = True
         keep = used[:kv.col].nonzero().squeeze(1)
         start = max(len(keep), min_start)
-        columns = kv.columns if start + n <= kv.columns else max(_round_up(start + n + 64), 2 * kv.columns)
+        columns = kv.columns if start + n <= kv.columns else max(column_capacity(start + n + 64), 2 * kv.columns)
         remap = torch.full((kv.columns,), -1, dtype=torch.long)
         remap[keep] = torch.arange(len(keep))
         self.kv = kv.resized(self.runner.model, kv.slots, columns, keep.to(self.device))

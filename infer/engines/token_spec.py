@@ -12,7 +12,8 @@ The first three run inside the transformers engine's batches (`infer.engines.hf_
 causal mask, trees and side branches with a 4-D one laid out by `block_layout`; `static_kv.FastDecodeBatch`, every
 block with a 4-D mask over its static buffers; `bounded_proposal` is their one rule for what a row may propose);
 SEED and the sequence-level
-`lookahead_decoding.LookaheadDecoder` run one sequence at a time on `sequence_kv.SequenceKV`, with the same layout.
+`lookahead_decoding.LookaheadDecoder` run one sequence at a time on `sequence_kv.SequenceKV` (a one-slot
+`static_kv.StaticKV`), with the same layout.
 
 The rule (`verify_tree`):
 - greedy (temperature 0): follow the child equal to the target's argmax, append the argmax at the first
