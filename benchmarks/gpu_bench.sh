@@ -18,39 +18,58 @@
 # DECODE (default auto = the fast path on CUDA) the transformers decode path (fast | eager), so the same
 # command measures the eager path for the 'today' column.
 # Problems: a jsonl file of questions (QUESTIONS, default .gpu/questions.jsonl); their text only sets the prompt.
+# SMOKE=1 runs every phase's commands on the CPU with tiny random models and tiny sizes (tests/test_gpu_bench.py),
+# so a GPU session never finds a broken command.
 set -euo pipefail
 phase=$1
 out=${2:-benchmarks/results/gpu}
 questions=${QUESTIONS:-.gpu/questions.jsonl}
+device=cuda dtype=bfloat16 draft=random:qwen2-1.5b target=random:qwen2-7b target32=random:qwen2-32b
+engine_models="random:qwen2-1.5b random:qwen2-7b random:qwen2-32b" lookahead_models="random:qwen2-1.5b random:qwen2-7b"
+tokens=48 repeats=3 batches=1,8,20 step_tokens=32 windows="5,4 15,5" rows=8 problems=${PROBLEMS:-} steps=${STEPS:-}
+gammas=1,2,3,4,5,6 scenarios=a,b,c
+if [ "${SMOKE:-0}" = 1 ]; then
+  device=cpu dtype=float32 draft=random:llama-tiny target=random:llama-tiny target32=random:llama-tiny
+  engine_models=random:llama-tiny lookahead_models=random:llama-tiny
+  tokens=6 repeats=1 batches=1,2 step_tokens=6 windows="3,3" rows=2 problems=${PROBLEMS:-2} steps=${STEPS:-2}
+  gammas=1,2 scenarios=b
+fi
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+else
+  echo "no nvidia-smi on this machine (device $device)" | tee "$out/gpu.txt"
+fi
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$out/gpu.txt"
 runtime() {  # target, problems, max steps, label
-  python3 benchmarks/bench_runtime.py --device cuda --dtype bfloat16 --target "$1" --draft random:qwen2-1.5b \
-    --alpha 0.6 --gamma "${GAMMA:-3}" --problems "$2" --max-steps "$3" --step-tokens 32 --decode "${DECODE:-auto}" \
-    --methods "${METHODS:-target,lr_sync,lr_async,semanticspec,draft}" --out "$out/$4" \
+  python3 benchmarks/bench_runtime.py --device "$device" --dtype "$dtype" --target "$1" --draft "$draft" \
+    --alpha 0.6 --gamma "${GAMMA:-3}" --problems "$2" --max-steps "$3" --step-tokens "$step_tokens" \
+    --decode "${DECODE:-auto}" --methods "${METHODS:-target,lr_sync,lr_async,semanticspec,draft}" --out "$out/$4" \
     --set bench.source.kind=jsonl "bench.source.path=$questions" 2>&1 | tee "$out/$4.txt"
 }
 case $phase in
   engine)
-    for m in random:qwen2-1.5b random:qwen2-7b random:qwen2-32b; do
-      python3 benchmarks/bench_engine.py --device cuda --model "$m" --tokens 48 --repeats 3 --greedy \
-        --decode "${DECODE:-auto}" 2>&1 | tee "$out/engine_${m#random:}.txt"
+    for m in $engine_models; do
+      python3 benchmarks/bench_engine.py --device "$device" --dtype "$dtype" --model "$m" --tokens "$tokens" \
+        --repeats "$repeats" --batches "$batches" --greedy --decode "${DECODE:-auto}" 2>&1 \
+        | tee "$out/engine_${m#random:}.txt"
     done ;;
-  runtime) runtime random:qwen2-7b "${PROBLEMS:-8}" "${STEPS:-16}" runtime_7b ;;
-  runtime32) runtime random:qwen2-32b "${PROBLEMS:-6}" "${STEPS:-12}" runtime_32b ;;
+  runtime) runtime "$target" "${problems:-8}" "${steps:-16}" runtime_7b ;;
+  runtime32) runtime "$target32" "${problems:-6}" "${steps:-12}" runtime_32b ;;
   adaptive)
-    python3 benchmarks/bench_adaptive_gamma.py --device cuda --dtype bfloat16 --target random:qwen2-7b \
-      --draft random:qwen2-1.5b --problems "${PROBLEMS:-8}" --steps "${STEPS:-16}" --step-tokens 32 \
-      --out "$out/adaptive_gamma" bench.source.kind=jsonl "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" ;;
+    python3 benchmarks/bench_adaptive_gamma.py --device "$device" --dtype "$dtype" --target "$target" \
+      --draft "$draft" --problems "${problems:-8}" --steps "${steps:-16}" --step-tokens "$step_tokens" \
+      --gammas "$gammas" --scenarios "$scenarios" --out "$out/adaptive_gamma" bench.source.kind=jsonl \
+      "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" ;;
   lookahead)
-    for m in random:qwen2-1.5b random:qwen2-7b; do
-      for wn in "5 4" "15 5"; do
-        set -- $wn
-        python3 benchmarks/bench_lookahead.py --device cuda --model "$m" --window "$1" --ngram "$2" \
-          --decode "${DECODE:-auto}" 2>&1 | tee "$out/lookahead_${m#random:}_w$1_n$2_${DECODE:-auto}.txt"
+    for m in $lookahead_models; do
+      for wn in $windows; do
+        w=${wn%,*} n=${wn#*,}
+        python3 benchmarks/bench_lookahead.py --device "$device" --dtype "$dtype" --model "$m" --window "$w" \
+          --ngram "$n" --n "$rows" --tokens "$tokens" --decode "${DECODE:-auto}" 2>&1 \
+          | tee "$out/lookahead_${m#random:}_w${w}_n${n}_${DECODE:-auto}.txt"
       done
     done ;;
   *) echo "unknown phase $phase (engine | runtime | runtime32 | adaptive | lookahead)" >&2; exit 2 ;;
