@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from specprobe.infer.checkpoint_format import read_judge, write_judge_meta
+from specprobe.infer.checkpoint_format import ADAPTER_CONFIG, read_judge, write_judge_meta
 from specprobe.infer.judge_prompt import (
     NO_WORD,
     PREFILL,
@@ -395,7 +395,7 @@ def load_judge(folder, device: str | None = None):
 def _portable_base(folder: Path, base_id: str) -> None:
     """PEFT records the base model as the folder it was loaded from (for offline models a local cache path);
     record the public id instead in adapter_config.json and the adapter's card, so the adapter travels."""
-    config = folder / "adapter_config.json"
+    config = folder / ADAPTER_CONFIG
     meta = json.loads(config.read_text(encoding="utf-8"))
     local = meta.get("base_model_name_or_path")
     meta["base_model_name_or_path"] = base_id

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specprobe.data_gen.store import open_dataset
+from specprobe.data_gen.store import MANIFEST, open_dataset
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.checkpoint_format import CheckpointError
 from specprobe.infer.verifiers import check_probe_model
@@ -70,7 +70,7 @@ def training_data_folder(ckpt: CheckpointFolder) -> Path | None:
         candidates.append(Path(output_dir) / "data")
     candidates.append(ckpt.path.parent / "data")  # <output_dir>/checkpoint next to <output_dir>/data
     for folder in candidates:
-        if (folder / "manifest.json").is_file():
+        if (folder / MANIFEST).is_file():
             return folder
     return None
 

@@ -47,6 +47,7 @@ from specprobe.train.tracking import Tracker
 
 REPORT_FORMAT = "specprobe-eval-report"
 REPORT_VERSION = 1
+REPORT_METRICS = "metrics.json"  # a report folder's numbers (a checkpoint's own: checkpoint_format.METRICS_JSON)
 PARTS: dict[str, Callable[[EvalContext], PartResult]] = {
     "probes": probes_part, "acceptance": acceptance_part, "layer_sweep": layer_sweep_part, "umap": umap_part,
     "logistic_sweep": logistic_sweep_part, "positive_control": positive_control_part, "verifiers": verifiers_part,
@@ -182,7 +183,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
 
 def write_report(out: Path, metrics: dict[str, Any]) -> Report:
     metrics = ev.clean(metrics)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    (out / REPORT_METRICS).write_text(json.dumps(metrics, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     (out / "report.md").write_text(render.render_report(metrics), encoding="utf-8")
     return Report(out, metrics, [out / f["file"] for f in metrics["figures"]])
 
@@ -244,7 +245,7 @@ def headline(metrics: dict[str, Any]) -> dict[str, float | None]:
 def load_or_evaluate(path: str | os.PathLike, data, out: Path, **kw) -> tuple[str, dict[str, Any]]:
     """(name, metrics) of a report folder, or of a checkpoint evaluated into `out`."""
     path = Path(path)
-    metrics_file = path / "metrics.json"
+    metrics_file = path / REPORT_METRICS
     if metrics_file.is_file():
         metrics = json.loads(metrics_file.read_text(encoding="utf-8"))
         if metrics.get("format") == REPORT_FORMAT:
