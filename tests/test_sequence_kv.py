@@ -33,12 +33,12 @@ def test_forward_layout_block_after_speculative_columns_and_its_checks():
         forward_layout(3, 1, 2, torch.ones(1, 3, dtype=torch.bool))
 
 
-def _tiny_llama(vocab: int = 40, seed: int = 0):
+def _tiny_llama(vocab: int = 40, seed: int = 0, positions: int = 128):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions)
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -123,12 +123,7 @@ def test_sequences_of_one_prompt_share_the_engines_prefix_cache():
 def test_a_sequence_outgrowing_its_buffers_keeps_its_columns():
     """The one-slot buffers start at one column block; a longer sequence (with a block pending) grows them and
     still computes what plain forwards compute, before and after the growth."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=1024)).eval()
+    model = _tiny_llama(seed=1, positions=1024)
     kv = SequenceKV(model)
     ids = [int(t) for t in torch.randint(0, 40, (250,))]
     cur, _ = kv.forward(ids)
