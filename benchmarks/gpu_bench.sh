@@ -4,7 +4,7 @@
 #
 #   SPECPROBE_RANDOM_TOKENIZER=<folder with tokenizer.json> bash benchmarks/gpu_bench.sh engine|runtime|runtime32 OUTDIR
 #
-# engine:    bench_engine.py on random:qwen2-1.5b and random:qwen2-7b (bf16): step-sampling tokens/s at batch
+# engine:    bench_engine.py on random:qwen2-1.5b, random:qwen2-7b and random:qwen2-32b (bf16): step-sampling tokens/s at batch
 #            1/8/20, with and without the shared prefix encoded once, and one teacher-forced scoring pass.
 # runtime:   bench_runtime.py, target random:qwen2-7b, draft random:qwen2-1.5b, Bernoulli(0.6) verifier, γ=3.
 # runtime32: the same with target random:qwen2-32b (the Lookahead Reasoning paper's 1.5B -> 32B pair).

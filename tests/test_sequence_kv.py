@@ -1,6 +1,6 @@
 """SequenceKV, the KV cache of the one-sequence tree-attention decoders (SEED, LookaheadDecoder): the mask layout on
 tiny shapes, and on a tiny random Llama in float32 that a block forward with tree attention computes what
-plain forwards of each path compute, across blocks, crops and reused prefixes."""
+plain forwards of each path compute, across blocks, dropped blocks, grown buffers and reused prefixes."""
 from __future__ import annotations
 
 import pytest
@@ -160,3 +160,17 @@ def test_models_without_plain_full_attention_layers_are_refused_with_the_reason(
     assert plain.capabilities.tree_attention and not windowed.capabilities.tree_attention
     with pytest.raises(ValueError, match="tree attention"):
         SeedGenerator.from_engines(windowed, plain, (2, 1))
+
+
+@torch.no_grad()
+def test_buffers_growing_between_two_forwards_keep_the_first_ones_columns():
+    """SEED's drafter feeds the context, then a tree level, with no drop in between: when the level needs more
+    columns than the buffers have, the growth keeps every column the first forward wrote."""
+    model = _tiny_llama(seed=2, positions=1024)
+    kv = SequenceKV(model)
+    ids = [int(t) for t in torch.randint(0, 40, (254,))]
+    kv.forward(ids)
+    tree = DraftTree.trie([[5, 6], [2]])  # 3 nodes: 257 columns, past the first 256
+    _, block = kv.forward(ids, tree.tokens, tree.ancestry(), [len(ids) - 1 + d for d in tree.depths()])
+    for node, path in {0: [5], 1: [5, 6], 2: [2]}.items():
+        assert torch.allclose(block[node], _plain_last(model, ids + path), atol=1e-4), node

@@ -99,9 +99,10 @@ class SequenceKV:
             stats = EngineStats()
             cache, _ = self._prefill(ids[:-1], stats)
             n = len(ids) - 1
-            self._room(n)
-            self._kv.load_prefix([0], cache, n)
-            self._kv.set_column(n)
+            with self._lock:  # device writes stay out of the way of the engine's own (captured) forwards
+                self._room(n)
+                self._kv.load_prefix([0], cache, n)
+                self._kv.set_column(n)
             self._ids = ids[:-1]
             self.prefill_passes += stats.forward_passes
 
@@ -138,12 +139,12 @@ class SequenceKV:
             raise ValueError(f"{m} block tokens need {m} positions, got {len(positions)}")
         layout = forward_layout(self.committed, len(fresh), self.speculative, allowed)
         pos = list(range(self.committed, len(ids))) + [int(p) for p in positions]
-        self._room(layout.shape[1])
-        kv = self._kv
-        seen = torch.zeros((layout.shape[0], kv.columns), dtype=torch.bool)
-        seen[:, :layout.shape[1]] = layout  # the buffer's unwritten columns stay unseen
         try:
             with self._lock:
+                self._room(layout.shape[1])
+                kv = self._kv
+                seen = torch.zeros((layout.shape[0], kv.columns), dtype=torch.bool)
+                seen[:, :layout.shape[1]] = layout  # the buffer's unwritten columns stay unseen
                 res = self.model(input_ids=torch.tensor([fresh + [int(t) for t in block]], device=self.device),
                                  attention_mask=additive_mask(seen.to(self.device), kv.layers[0].keys.dtype),
                                  position_ids=torch.tensor([pos], device=self.device), past_key_values=kv.cache,
@@ -154,6 +155,7 @@ class SequenceKV:
         self.forward_passes += 1
         self._ids = ids
         self.speculative += m
+        kv.col = self.committed + self.speculative  # the forward moved the cache's write offset; keep the mirror
         logits = res.logits[0].float()  # the last fed committed token, then the block
         return (logits[0] if fresh else None), logits[1 if fresh else 0:]
 
