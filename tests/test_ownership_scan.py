@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ["inputs", "probes", "infer", "data_gen", "train"]
 CHECKPOINT_FILES = {fmt.CHECKPOINT_JSON, fmt.METRICS_JSON, fmt.BASELINES_JSON, fmt.EMBEDDING_JSON, fmt.JUDGE_JSON,
                     fmt.ADAPTER_CONFIG, fmt.ADAPTER_WEIGHTS, fmt.JUDGE_DIR}
+# transformers' config fields (PretrainedConfig._name_or_path: the model's id or folder; ._commit_hash: its revision)
+THIRD_PARTY = {"_name_or_path", "_commit_hash"}
 # module-level constants that name a file of the same name in another format (the report folder's numbers)
 OTHER_FORMATS = {("train/report/runner.py", "REPORT_METRICS")}
 
@@ -39,9 +41,10 @@ def _own_names(tree: ast.AST) -> set[str]:
 
 def foreign_private_uses(source: str) -> list[tuple[int, str]]:
     """`obj._name` where obj is not self / cls and this module defines no `_name` (so the attribute is another
-    module's), and `from module import _name`."""
+    module's), `getattr(obj, "_name")`, and `from module import _name`. transformers' configs keep their source
+    and revision in underscored fields, which are read as its own code reads them (THIRD_PARTY)."""
     tree = ast.parse(source)
-    own = _own_names(tree)
+    own = _own_names(tree) | THIRD_PARTY
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
@@ -49,6 +52,12 @@ def foreign_private_uses(source: str) -> list[tuple[int, str]]:
                 continue
             if node.attr not in own:
                 found.append((node.lineno, ast.unparse(node)))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr")
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+              and isinstance(node.args[1].value, str) and node.args[1].value.startswith("_")
+              and not node.args[1].value.startswith("__") and node.args[1].value not in own
+              and not (isinstance(node.args[0], ast.Name) and node.args[0].id in ("self", "cls"))):
+            found.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
             found += [(node.lineno, f"from {node.module} import {a.name}") for a in node.names
                       if a.name.startswith("_") and not a.name.startswith("__")]
@@ -97,6 +106,7 @@ def test_only_the_checkpoint_format_names_checkpoint_files():
     ("def f(engine):\n    return engine.runner._prefix_cache\n", [(2, "engine.runner._prefix_cache")]),
     ("from specprobe.infer.bench import _fmt\n", [(1, "from specprobe.infer.bench import _fmt")]),
     ("class A:\n    def f(self, other):\n        self._x = 1\n        return other._x\n", []),  # its own class's
+    ("def f(engine):\n    return getattr(engine, '_lock', None)\n", [(2, "getattr(engine, '_lock', None)")]),
 ])
 def test_the_private_scan_sees_what_it_forbids(source, want):
     assert foreign_private_uses(source) == want

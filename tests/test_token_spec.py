@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
+from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest, static_kv
 from specprobe.infer.engines.hf_kv import DecodeBatch, RowSpec, common_prefix_len
 from specprobe.infer.engines.static_kv import FastDecodeBatch
 from specprobe.infer.engines.token_spec import (
@@ -355,11 +355,19 @@ class _KnownTreeProposer:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batch_class", [DecodeBatch, FastDecodeBatch])
-def test_tree_proposals_in_a_batch_keep_only_the_accepted_paths_columns(batch_class):
+@pytest.mark.parametrize("batch_class,column_block", [(DecodeBatch, None), (FastDecodeBatch, None),
+                                                      (FastDecodeBatch, 8)])
+def test_tree_proposals_in_a_batch_keep_only_the_accepted_paths_columns(batch_class, column_block, monkeypatch):
     """Real SmolLM2 weights, so that a wrong column, mask or position changes the output. Claims are checked only
     over the reference's stretch of clear argmax margins (tests/_margins.py). Both decode paths: the eager batch
-    crops what no row kept, the fast one leaves it in its static buffers unseen."""
+    crops what no row kept, the fast one leaves it in its static buffers unseen; with 8-column blocks the fast
+    batch compacts its columns while rows live, and the kept KV must still be each row's own."""
+    compacted = []
+    if column_block is not None:
+        real_resized = static_kv.StaticKV.resized
+        monkeypatch.setattr(static_kv, "_COLUMN_BLOCK", column_block)
+        monkeypatch.setattr(static_kv.StaticKV, "resized",
+                            lambda self, *a: compacted.append(len(a) == 4) or real_resized(self, *a))
     eng = HFStepEngine("offline:smollm2-135m-instruct", device="cpu")
     params = SamplingParams(temperature=0, max_step_tokens=20)
     prefixes = [Prefix("Anna has 12 apples. She buys 5 more and eats 3. How many are left?"),
@@ -396,6 +404,7 @@ def test_tree_proposals_in_a_batch_keep_only_the_accepted_paths_columns(batch_cl
                              position_ids=torch.tensor([[len(seq) - 1]])).logits[0, -1]
             fresh = eng.model(torch.tensor([seq])).logits[0, -1]
         assert torch.allclose(kept.float(), fresh.float(), atol=1e-3 * float(fresh.abs().max()))
+    assert column_block is None or any(compacted)  # the columns were compacted or grown while rows lived
 
 
 def test_lookahead_rows_near_the_models_last_position_stop_speculating(tiny, monkeypatch):
