@@ -205,6 +205,7 @@ def test_token_speculation_on_the_fast_path_writes_the_eager_greedy_steps(engine
     compacted = []  # resized(model, slots, columns, keep): with `keep`, the columns were compacted or grown
     real_resized = static_kv.StaticKV.resized
     monkeypatch.setattr(static_kv, "_COLUMN_BLOCK", 32)
+    monkeypatch.setattr(static_kv, "_COLUMN_MARGIN", 0)
     monkeypatch.setattr(static_kv.StaticKV, "resized",
                         lambda self, *a: compacted.append(len(a) == 4) or real_resized(self, *a))
     eager, _ = engines

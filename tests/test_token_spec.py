@@ -366,6 +366,7 @@ def test_tree_proposals_in_a_batch_keep_only_the_accepted_paths_columns(batch_cl
     if column_block is not None:
         real_resized = static_kv.StaticKV.resized
         monkeypatch.setattr(static_kv, "_COLUMN_BLOCK", column_block)
+        monkeypatch.setattr(static_kv, "_COLUMN_MARGIN", 0)
         monkeypatch.setattr(static_kv.StaticKV, "resized",
                             lambda self, *a: compacted.append(len(a) == 4) or real_resized(self, *a))
     eng = HFStepEngine("offline:smollm2-135m-instruct", device="cpu")
@@ -380,7 +381,12 @@ def test_tree_proposals_in_a_batch_keep_only_the_accepted_paths_columns(batch_cl
     out = dict(batch.add([RowSpec(0, ids[0], 20, keep=True)]))
     out.update(batch.step())
     out.update(batch.add([RowSpec(1, ids[1], 20, keep=True)]))  # joins a batch with tree holes; never proposes
-    out.update(batch.run())
+    while batch.rows:
+        out.update(batch.step())
+        if column_block is not None:  # each row sees exactly its prompt and fed tokens, through every compaction
+            for r in batch.rows:
+                seen = batch.kv.mask[r.slot].nonzero().flatten().tolist()
+                assert seen == sorted(r.cols + r.gen_cols), (r.key, seen, r.cols + r.gen_cols)
     trusted = [assert_same_greedy(eng.model, ids[k], out[k].token_ids, plain[k].token_ids, at_least=10 - 2 * k)
                for k in range(2)]  # row 0: two rounds of 1 + 3 tokens after the first
     # each round accepted the true child exactly as deep as it was proposed (the next round starts there)

@@ -78,6 +78,7 @@ log = logging.getLogger(__name__)
 
 _SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _COLUMN_BLOCK = 256
+_COLUMN_MARGIN = 64  # free columns a new or grown buffer gets beyond what it holds
 
 
 def slot_bucket(rows: int) -> int:
@@ -493,7 +494,7 @@ class FastDecodeBatch(RowBatch):
         want = slot_bucket(rows)
         if self.kv is not None and self.kv.slots >= want:
             return
-        cols = column_capacity(len(self.base_ids) + 64)
+        cols = column_capacity(len(self.base_ids) + _COLUMN_MARGIN)
         if self.kv is None:
             layer_dtype = next(self.runner.model.parameters()).dtype
             self.kv = StaticKV(self.runner.model, want, cols, self.device, layer_dtype)
@@ -526,7 +527,7 @@ class FastDecodeBatch(RowBatch):
         used[:max(len(self.base_ids), 1)] = True
         keep = used[:kv.col].nonzero().squeeze(1)
         start = max(len(keep), min_start)
-        columns = kv.columns if start + n <= kv.columns else max(column_capacity(start + n + 64), 2 * kv.columns)
+        columns = kv.columns if start + n <= kv.columns else max(column_capacity(start + n + _COLUMN_MARGIN), 2 * kv.columns)
         remap = torch.full((kv.columns,), -1, dtype=torch.long)
         remap[keep] = torch.arange(len(keep))
         self.kv = kv.resized(self.runner.model, kv.slots, columns, keep.to(self.device))
