@@ -24,6 +24,7 @@ from specprobe.infer.engines.token_spec import (
     filtered_probs,
 )
 
+from _buffers import small_static_buffers
 from _margins import assert_same_greedy
 from _stats import chi_square_p
 
@@ -202,12 +203,7 @@ def test_token_speculation_on_the_fast_path_writes_the_eager_greedy_steps(engine
     Lookahead Decoding's tries with their window, verified inside the static buffers: nested-prefix rows, then a
     stream that rows join and leave. The buffers start small, so they are compacted or grown while rejected
     proposals' columns are holes."""
-    compacted = []  # resized(model, slots, columns, keep): with `keep`, the columns were compacted or grown
-    real_resized = static_kv.StaticKV.resized
-    monkeypatch.setattr(static_kv, "_COLUMN_BLOCK", 32)
-    monkeypatch.setattr(static_kv, "_COLUMN_MARGIN", 0)
-    monkeypatch.setattr(static_kv.StaticKV, "resized",
-                        lambda self, *a: compacted.append(len(a) == 4) or real_resized(self, *a))
+    compacted = small_static_buffers(monkeypatch, 32)
     eager, _ = engines
     view = _spec_view(engines, method)
     prefixes = [Prefix(QUESTIONS[0]), Prefix(QUESTIONS[0], ("First, 12 times 4 is 48 muffins.",)), Prefix(QUESTIONS[1])]

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest, static_kv
+from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.hf_kv import DecodeBatch, RowSpec, common_prefix_len
 from specprobe.infer.engines.static_kv import FastDecodeBatch
 from specprobe.infer.engines.token_spec import (
@@ -27,6 +27,7 @@ from specprobe.infer.engines.token_spec import (
     path_logprobs,
 )
 
+from _buffers import small_static_buffers
 from _margins import assert_same_greedy
 
 
@@ -361,14 +362,9 @@ def test_tree_proposals_in_a_batch_keep_only_the_accepted_paths_columns(batch_cl
     """Real SmolLM2 weights, so that a wrong column, mask or position changes the output. Claims are checked only
     over the reference's stretch of clear argmax margins (tests/_margins.py). Both decode paths: the eager batch
     crops what no row kept, the fast one leaves it in its static buffers unseen; with 8-column blocks the fast
-    batch compacts its columns while rows live, and the kept KV must still be each row's own."""
-    compacted = []
-    if column_block is not None:
-        real_resized = static_kv.StaticKV.resized
-        monkeypatch.setattr(static_kv, "_COLUMN_BLOCK", column_block)
-        monkeypatch.setattr(static_kv, "_COLUMN_MARGIN", 0)
-        monkeypatch.setattr(static_kv.StaticKV, "resized",
-                            lambda self, *a: compacted.append(len(a) == 4) or real_resized(self, *a))
+    batch's buffers are compacted (at a join, where nothing is dropped) and grown while rows live, and every row
+    must still see exactly its own columns and keep its own KV."""
+    compacted = small_static_buffers(monkeypatch, column_block) if column_block is not None else []
     eng = HFStepEngine("offline:smollm2-135m-instruct", device="cpu")
     params = SamplingParams(temperature=0, max_step_tokens=20)
     prefixes = [Prefix("Anna has 12 apples. She buys 5 more and eats 3. How many are left?"),

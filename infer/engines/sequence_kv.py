@@ -26,7 +26,7 @@ import torch
 
 from specprobe.infer.engines.base import EngineStats
 from specprobe.infer.engines.hf_kv import additive_mask
-from specprobe.infer.engines.static_kv import StaticKV, column_capacity, static_cache_supported
+from specprobe.infer.engines.static_kv import StaticKV, column_capacity, grown_columns, static_cache_supported
 
 
 def forward_layout(committed: int, n_fresh: int, speculative: int, allowed: torch.Tensor) -> torch.Tensor:
@@ -116,7 +116,7 @@ class SequenceKV:
         if self._kv is None:
             self._kv = StaticKV(self.model, 1, column_capacity(columns), self.device, self.dtype)
         elif columns > self._kv.columns:
-            self._kv = self._kv.resized(self.model, 1, max(column_capacity(columns), 2 * self._kv.columns))
+            self._kv = self._kv.resized(self.model, 1, grown_columns(columns, self._kv.columns))
 
     @torch.inference_mode()
     def forward(self, ids: Sequence[int], block: Sequence[int] = (), allowed: torch.Tensor | None = None,

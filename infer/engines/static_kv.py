@@ -94,6 +94,11 @@ def column_capacity(n: int) -> int:
     return max(_COLUMN_BLOCK, -(-n // _COLUMN_BLOCK) * _COLUMN_BLOCK)
 
 
+def grown_columns(need: int, current: int) -> int:
+    """Columns of a buffer grown to hold `need`: at least double the current ones (few reallocations)."""
+    return max(column_capacity(need + _COLUMN_MARGIN), 2 * current)
+
+
 def static_cache_supported(model) -> str | None:
     """None when the fast path can run this model, else why not."""
     from transformers import StaticCache
@@ -527,7 +532,7 @@ class FastDecodeBatch(RowBatch):
         used[:max(len(self.base_ids), 1)] = True
         keep = used[:kv.col].nonzero().squeeze(1)
         start = max(len(keep), min_start)
-        columns = kv.columns if start + n <= kv.columns else max(column_capacity(start + n + _COLUMN_MARGIN), 2 * kv.columns)
+        columns = kv.columns if start + n <= kv.columns else grown_columns(start + n, kv.columns)
         remap = torch.full((kv.columns,), -1, dtype=torch.long)
         remap[keep] = torch.arange(len(keep))
         self.kv = kv.resized(self.runner.model, kv.slots, columns, keep.to(self.device))
