@@ -64,8 +64,10 @@ class ModelsConfig:
         "auto", "transformers decode path: fast (static KV buffers, device-side sampling, one host sync per "
                 "plain iteration, CUDA graphs), eager (the reference path) or auto (fast on CUDA, eager on CPU); "
                 "token speculation runs on both")
-    compile_decode: bool | None = opt(None, "compile the fast path's decode step (CUDA graphs via torch.compile "
-                                            "'reduce-overhead'); default: on CUDA only")
+    decode_graph: Literal["auto", "cuda_graph", "compile", "none"] = opt(
+        "auto", "how the fast path runs its plain decode step: cuda_graph (captured once per KV buffer and replayed), "
+                "compile (torch.compile 'reduce-overhead': fused kernels, tens of seconds of compiling per buffer "
+                "shape), none (eager), auto (cuda_graph on CUDA, none elsewhere)")
     engine: Literal["hf", "vllm"] = opt("hf", "step engine of the target (and of the draft unless draft_engine is "
                                               "set): hf (transformers) or vllm (pip install -e \".[vllm]\")")
     draft_engine: Literal["hf", "vllm"] | None = opt(None, "step engine of the draft (default: models.engine)")

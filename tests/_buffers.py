@@ -8,8 +8,9 @@ from specprobe.infer.engines import static_kv
 
 def small_static_buffers(monkeypatch, block: int) -> list[bool]:
     log: list[bool] = []
-    real = static_kv.StaticKV.resized
+    real = static_kv.StaticKV.copy_to
     monkeypatch.setattr(static_kv, "_COLUMN_BLOCK", block)
     monkeypatch.setattr(static_kv, "_COLUMN_MARGIN", 0)
-    monkeypatch.setattr(static_kv.StaticKV, "resized", lambda self, *a: log.append(len(a) == 4) or real(self, *a))
+    monkeypatch.setattr(static_kv.StaticKV, "copy_to",
+                        lambda self, new, keep=None: log.append(keep is not None) or real(self, new, keep))
     return log

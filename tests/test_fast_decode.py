@@ -127,6 +127,49 @@ def test_greedy_steps_equal_the_eager_path(engines):
 
 
 @pytest.mark.slow
+def test_batches_reuse_pooled_buffers_without_seeing_old_contents(engines):
+    """Each generate call borrows the engine's static buffers (on CUDA their captured decode step replays in later
+    batches): a batch on a buffer that another batch filled writes exactly what a fresh engine writes, and
+    allocates nothing."""
+    eager, fast = engines
+    fresh = HFStepEngine("offline:smollm2-135m-instruct", model=fast.model, tokenizer=fast.tokenizer, decode="fast")
+    fast.generate([StepRequest(Prefix(QUESTIONS[0]), 2)], GREEDY)  # fills a two-slot buffer
+    before = fast.kv_pool.created
+    reqs = [StepRequest(Prefix(QUESTIONS[1])), StepRequest(Prefix(QUESTIONS[1], ("Let me think.",)))]
+    fast.clear_prefix_cache()  # both encode the prompts the same way: only the buffers differ
+    got, want = fast.generate(reqs, GREEDY).steps, fresh.generate(reqs, GREEDY).steps
+    assert fast.kv_pool.created == before and fresh.kv_pool.created == 1
+    assert [s.token_ids for (s,) in got] == [s.token_ids for (s,) in want]
+    assert [s.logprob for (s,) in got] == pytest.approx([s.logprob for (s,) in want], abs=1e-4)
+
+
+def test_kv_pool_hands_out_empty_buffers_of_the_asked_shape_and_keeps_few(engines):
+    model = engines[1].model
+    pool = static_kv.StaticKVPool(model, pad_id=7, keep=2)
+    a, b, c = pool.take(1, 256), pool.take(2, 256), pool.take(1, 512)
+    b.mask[:, :5] = 1
+    b.ids.fill_(3)
+    b.set_column(5)
+    for kv in (a, b, c):
+        pool.give(kv)
+    assert pool.free == [b, c]  # the least recently returned went
+    again = pool.take(2, 256)
+    assert again is b and pool.created == 3
+    assert not again.mask.any() and again.col == 0 and bool((again.ids == 7).all())
+    assert int(again.layers[0].cumulative_length) == 0
+    assert pool.take(1, 256) is not a and pool.created == 4
+
+
+def test_decode_step_modes(engines):
+    model = engines[1].model  # on the CPU
+    assert static_kv.DecodeStep(model, "auto").mode == "none"
+    with pytest.raises(ValueError, match="CUDA"):
+        static_kv.DecodeStep(model, "cuda_graph")
+    with pytest.raises(ValueError, match="one of"):
+        static_kv.DecodeStep(model, "graphs")
+
+
+@pytest.mark.slow
 def test_rows_join_and_leave_a_running_fast_stream(engines):
     """Async LR's pattern: rows join while others decode, one is cancelled; columns outgrow the first
     buffer, so the batch compacts / grows its static buffers on the way."""

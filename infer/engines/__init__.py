@@ -52,7 +52,7 @@ def build_engine(name: str, models_cfg, *, role: str = "target", token_spec=None
     if share is not None:
         common.update(model=share.model, tokenizer=share.tokenizer)
     return HFStepEngine(name, max_batch_rows=models_cfg.max_batch_rows, decode=models_cfg.decode,
-                        compile_decode=models_cfg.compile_decode, **common)
+                        decode_graph=models_cfg.decode_graph, **common)
 
 
 def build_engine_pair(models_cfg, names: tuple[str, str] | None = None, *, token_spec=None,

@@ -30,7 +30,7 @@ from specprobe.infer.engines.base import (
 from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec
 from specprobe.infer.engines.lookahead_decoding import JacobiProposer
 from specprobe.infer.engines.sequence_kv import SequenceKV
-from specprobe.infer.engines.static_kv import FastDecodeBatch, static_cache_supported
+from specprobe.infer.engines.static_kv import DecodeStep, FastDecodeBatch, StaticKVPool, static_cache_supported
 from specprobe.infer.engines.token_spec import AssistantProposer, LookaheadConfig, NgramProposer, TokenSpecConfig
 from specprobe.infer.engines.tokens import StepTokenizer, eos_token_ids
 from specprobe.infer.models import describe_source, load_model
@@ -56,13 +56,13 @@ class HFStepEngine:
         tokenizer=None,
         stop_at_eos: bool = True,
         decode: str = "auto",
-        compile_decode: bool | None = None,
+        decode_graph: str = "auto",
     ):
         """decode: "fast" (static KV buffers, device-side sampling, one host sync per plain iteration:
         `infer.engines.static_kv`), "eager" (the reference `hf_kv.DecodeBatch`) or "auto" (fast on CUDA,
-        eager on CPU, where the eager path is faster: benchmarks/results/fast_spec_cpu). compile_decode:
-        compile the fast path's decode step (CUDA graphs through torch.compile's "reduce-overhead"); default on
-        CUDA only."""
+        eager on CPU, where the eager path is faster: benchmarks/results/fast_spec_cpu). decode_graph: how the
+        fast path runs its plain decode step (`static_kv.DecodeStep`): "cuda_graph" (captured once per buffer,
+        replayed), "compile" (torch.compile "reduce-overhead"), "none" (eager), "auto" (cuda_graph on CUDA)."""
         if decode not in ("auto", "fast", "eager"):
             raise ValueError(f"decode must be 'auto', 'fast' or 'eager', got {decode!r}")
         if model is None:
@@ -92,10 +92,12 @@ class HFStepEngine:
         self._proposer = None
         on_cuda = self.runner.device.type == "cuda"
         self.decode = ("fast" if on_cuda else "eager") if decode == "auto" else decode
-        self.compile_decode = on_cuda if compile_decode is None else compile_decode
         if self.decode == "fast" and static_why is not None:
             log.warning("%s: the fast decode path cannot run (%s); decoding on the eager path", model_name, static_why)
             self.decode = "eager"
+        # the fast path's buffers and decode-step captures, shared by all its batches (a capture per buffer)
+        self.decode_step = DecodeStep(model, decode_graph) if self.decode == "fast" else None
+        self.kv_pool = StaticKVPool(model, self.runner.pad_id) if self.decode == "fast" else None
 
     @property
     def eos_ids(self) -> set[int]:
@@ -167,7 +169,8 @@ class HFStepEngine:
         spec_tokens = self.token_spec.num_tokens if self.token_spec else 0
         if self.decode == "fast":
             return FastDecodeBatch(self.runner, self.text, params, max_length=self.info.max_length,
-                                   compile=self.compile_decode, proposer=self._proposer, spec_tokens=spec_tokens)
+                                   pool=self.kv_pool, decode_step=self.decode_step, proposer=self._proposer,
+                                   spec_tokens=spec_tokens)
         return DecodeBatch(self.runner, self.text, params, max_length=self.info.max_length,
                            proposer=self._proposer, spec_tokens=spec_tokens)
 

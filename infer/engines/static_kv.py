@@ -118,7 +118,7 @@ class StaticKV:
     """Preallocated K/V of a batch (transformers' StaticCache), the device attention mask and the write
     column. Every write into the buffers outside a forward goes through here."""
 
-    def __init__(self, model, slots: int, columns: int, device, dtype):
+    def __init__(self, model, slots: int, columns: int, device, dtype, pad_id: int = 0):
         from transformers import StaticCache
 
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -131,6 +131,18 @@ class StaticKV:
         # nothing would give NaN, and NaN K/V would leak through the zero attention weights
         self.mask = torch.zeros((slots, columns), dtype=torch.long, device=device)
         self.col = 0  # next column a forward writes
+        # the plain decode step's inputs (each slot's current token and its position), written in place: with the
+        # buffers and the mask they are all a captured decode step reads (`DecodeStep`)
+        self.ids = torch.full((slots, 1), pad_id, dtype=torch.long, device=device)
+        self.pos = torch.zeros((slots, 1), dtype=torch.long, device=device)
+        self.graph: Any = None  # the decode step captured on these buffers (owned by `DecodeStep`)
+
+    def reset(self, pad_id: int) -> None:
+        """Empty again (a pooled buffer handed to a new batch); the K/V contents stay, unseen."""
+        self.mask.zero_()
+        self.ids.fill_(pad_id)
+        self.pos.zero_()
+        self.set_column(0)
 
     @property
     def layers(self):
@@ -171,18 +183,53 @@ class StaticKV:
         return out
 
     def resized(self, model, slots: int, columns: int, keep: torch.Tensor | None = None) -> StaticKV:
-        """A new StaticKV with `slots` slots and `columns` columns holding this one's contents: all
-        columns, or only the `keep` columns (in order) when given."""
+        """A new StaticKV with `slots` slots and `columns` columns holding this one's contents (`copy_to`)."""
         layer0 = self.cache.layers[0]
         new = StaticKV(model, slots, columns, layer0.keys.device, layer0.keys.dtype)
+        self.copy_to(new, keep)
+        return new
+
+    def copy_to(self, new: StaticKV, keep: torch.Tensor | None = None) -> None:
+        """`new` (at least as many slots, enough columns) := this one's contents: all written columns, or only
+        the `keep` columns (in order) when given, and every slot's decode inputs."""
         keep = torch.arange(self.col, device=self.mask.device) if keep is None else keep
         n, s = len(keep), self.slots
         for old, nl in zip(self.cache.layers, new.cache.layers):
             nl.keys[:s, :, :n] = old.keys.index_select(2, keep)
             nl.values[:s, :, :n] = old.values.index_select(2, keep)
+        new.mask.zero_()
         new.mask[:s, :n] = self.mask.index_select(1, keep)
+        new.ids[:s] = self.ids
+        new.pos[:s] = self.pos
         new.set_column(n)
-        return new
+
+
+class StaticKVPool:
+    """StaticKV buffers of one model that outlive a batch. A decode step is captured once per buffer
+    (`DecodeStep`), so a batch that reuses a buffer of its shape replays that capture instead of capturing
+    (or recompiling) again; without the pool every `generate` call would pay a capture. At most `keep` free
+    buffers are held (the least recently returned go first, with their captures)."""
+
+    def __init__(self, model, pad_id: int, keep: int = 4):
+        self.model, self.pad_id, self.keep = model, pad_id, keep
+        self.free: list[StaticKV] = []
+        self.created = 0  # buffers allocated (a benchmark reads how often a batch found none to reuse)
+
+    def take(self, slots: int, columns: int) -> StaticKV:
+        """An empty buffer of exactly this shape: a free one when there is one, else a new one."""
+        for i, kv in enumerate(self.free):
+            if kv.slots == slots and kv.columns == columns:
+                del self.free[i]
+                kv.reset(self.pad_id)
+                return kv
+        param = next(self.model.parameters())
+        self.created += 1
+        return StaticKV(self.model, slots, columns, param.device, param.dtype, self.pad_id)
+
+    def give(self, kv: StaticKV) -> None:
+        self.free.append(kv)
+        if len(self.free) > self.keep:
+            del self.free[:len(self.free) - self.keep]
 
 
 @dataclass(eq=False)
@@ -207,7 +254,10 @@ class FastDecodeBatch(RowBatch):
     """Decode one step for each of several rows on a StaticKV (interface of `hf_kv.DecodeBatch`)."""
 
     def __init__(self, runner: ModelRunner, text: StepTokenizer, params: SamplingParams, *,
-                 max_length: int | None = None, compile: bool = False, proposer=None, spec_tokens: int = 0):
+                 max_length: int | None = None, pool: StaticKVPool | None = None,
+                 decode_step: DecodeStep | None = None, proposer=None, spec_tokens: int = 0):
+        """pool, decode_step: the engine's (buffers and captures shared by its batches); by default this
+        batch's own, eager on static buffers."""
         self.runner, self.text, self.params = runner, text, params
         self.max_length = max_length
         self.proposer, self.spec_tokens = proposer, spec_tokens if proposer is not None else 0
@@ -221,9 +271,10 @@ class FastDecodeBatch(RowBatch):
         self.shared_tokens = 0
         self._delim = params.delimiter
         self._cheap_stop = self._delim.isascii()  # see _append
-        self._forward = _compiled_decode(runner.model) if compile else _eager_decode(runner.model)
-        # device state of every slot, updated in place (graph inputs)
-        self._ids = self._pos = self._keys = self._counters = None
+        self.pool = pool or StaticKVPool(runner.model, runner.pad_id, keep=0)
+        self._forward = decode_step or DecodeStep(runner.model, "none")
+        # sampling state of every slot, on the device (the decode inputs live in the StaticKV)
+        self._keys = self._counters = None
 
     # ------------------------------------------------------------------ public API
     def add(self, specs: Sequence[RowSpec]) -> list[tuple[Hashable, Step]]:
@@ -265,9 +316,9 @@ class FastDecodeBatch(RowBatch):
             kv.mask[:, c] = 1  # every slot's new token (a free slot's too: see StaticKV)
             self.stats.forward_passes += 1
             with self.runner.lock:
-                logits = self._forward(self._ids, self._pos, kv.mask, kv.cache)
+                logits = self._forward(kv)
             kv.col += 1
-            self._pos += 1
+            kv.pos += 1
             for r in self.rows:
                 r.gen_cols.append(c)
                 r.pos += 1
@@ -312,8 +363,8 @@ class FastDecodeBatch(RowBatch):
         kv.mask[:, c:c + width] = new_mask.to(self.device)
         kv.set_column(c + end)
         slots = torch.tensor([r.slot for r in rows], device=self.device)
-        self._ids[slots, 0] = torch.tensor([r.tokens[-1] for r in rows], device=self.device)
-        self._pos[slots, 0] = torch.tensor([r.pos for r in rows], device=self.device)
+        self.kv.ids[slots, 0] = torch.tensor([r.tokens[-1] for r in rows], device=self.device)
+        self.kv.pos[slots, 0] = torch.tensor([r.pos for r in rows], device=self.device)
         self._drop([r for r, _ in finished])
         return [(r.key, s) for r, s in finished]
 
@@ -376,9 +427,9 @@ class FastDecodeBatch(RowBatch):
         idx = None if slots is None else torch.tensor(slots, device=self.device)
         tok, lp = self._device_draw(logits, idx)
         if idx is None:
-            self._ids[:, 0] = tok
+            self.kv.ids[:, 0] = tok
         else:
-            self._ids[idx, 0] = tok
+            self.kv.ids[idx, 0] = tok
         host = torch.stack([tok.double(), lp.double()]).cpu()  # the one device-to-host copy
         toks, lps = host[0].long().tolist(), host[1].tolist()
         finished = []
@@ -490,7 +541,7 @@ class FastDecodeBatch(RowBatch):
 
     def _init_state(self, new: list[_FastRow]) -> None:
         slots = torch.tensor([r.slot for r in new], device=self.device)
-        self._pos[slots, 0] = torch.tensor([r.pos for r in new], device=self.device)
+        self.kv.pos[slots, 0] = torch.tensor([r.pos for r in new], device=self.device)
         self._keys[slots] = torch.tensor([r.seed_key for r in new], device=self.device)
         self._counters[slots] = 0
 
@@ -499,22 +550,21 @@ class FastDecodeBatch(RowBatch):
         want = slot_bucket(rows)
         if self.kv is not None and self.kv.slots >= want:
             return
-        cols = column_capacity(len(self.base_ids) + _COLUMN_MARGIN)
         if self.kv is None:
-            layer_dtype = next(self.runner.model.parameters()).dtype
-            self.kv = StaticKV(self.runner.model, want, cols, self.device, layer_dtype)
+            self.kv = self.pool.take(want, column_capacity(len(self.base_ids) + _COLUMN_MARGIN))
         else:
-            self.kv = self.kv.resized(self.runner.model, want, self.kv.columns)
-        old = 0 if self._ids is None else self._ids.shape[0]
+            self._move_to(self.pool.take(want, self.kv.columns))
+        old = 0 if self._keys is None else self._keys.shape[0]
+        pad = torch.zeros(want - old, dtype=torch.long, device=self.device)
+        self._keys = pad if self._keys is None else torch.cat([self._keys, pad])
+        self._counters = pad.clone() if self._counters is None else torch.cat([self._counters, pad])
 
-        def extend(t, fill, width=None):
-            shape = (want - old,) if width is None else (want - old, width)
-            pad = torch.full(shape, fill, dtype=torch.long, device=self.device)
-            return pad if t is None else torch.cat([t, pad])
-        self._ids = extend(self._ids, self.runner.pad_id, 1)
-        self._pos = extend(self._pos, 0, 1)
-        self._keys = extend(self._keys, 0)
-        self._counters = extend(self._counters, 0)
+    def _move_to(self, new: StaticKV, keep: torch.Tensor | None = None) -> None:
+        """Continue on `new` (more slots, other columns) holding the current contents; the old buffer goes back
+        to the pool."""
+        self.kv.copy_to(new, keep)
+        self.pool.give(self.kv)
+        self.kv = new
 
     def _ensure_columns(self, n: int, min_start: int = 0) -> None:
         """Room for n more columns after the write column (and the write column at >= min_start):
@@ -535,7 +585,7 @@ class FastDecodeBatch(RowBatch):
         columns = kv.columns if start + n <= kv.columns else grown_columns(start + n, kv.columns)
         remap = torch.full((kv.columns,), -1, dtype=torch.long)
         remap[keep] = torch.arange(len(keep))
-        self.kv = kv.resized(self.runner.model, kv.slots, columns, keep.to(self.device))
+        self._move_to(self.pool.take(kv.slots, columns), keep.to(self.device))
         for r in self.rows:
             r.cols = remap[torch.tensor(r.cols, dtype=torch.long)].tolist()
             r.gen_cols = remap[torch.tensor(r.gen_cols, dtype=torch.long)].tolist()
@@ -557,29 +607,84 @@ class FastDecodeBatch(RowBatch):
         for r in rows:
             self.kv.clear_slot(r.slot)
         self.rows = [r for r in self.rows if id(r) not in gone]
+        if not self.rows:  # empty: the buffers (and their capture) go back for the next batch; a new row restarts
+            self.pool.give(self.kv)
+            self.kv, self.base_ids, self.base_cache = None, [], None
+            self._keys = self._counters = None
 
 
 # ---------------------------------------------------------------------- the decode forward
-def _eager_decode(model):
-    def forward(ids, pos, mask, cache):
-        return model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache,
-                     use_cache=True).logits[:, -1]
-    return forward
+DECODE_GRAPHS = ("auto", "cuda_graph", "compile", "none")
 
 
-def _compiled_decode(model):
-    """The decode forward compiled once per batch shape; on CUDA "reduce-overhead" replays it as a
-    CUDA graph (the launches of a whole forward in one call, no Python between kernels)."""
-    eager = _eager_decode(model)
-    compiled = torch.compile(eager, mode="reduce-overhead", fullgraph=False, dynamic=False)
-    state = {"failed": False}
+class DecodeStep:
+    """The plain decode forward of a batch on its StaticKV (`kv.ids`, `kv.pos`, `kv.mask`, `kv.cache`), one
+    per model. mode:
+    - "cuda_graph": the forward captured as a `torch.cuda.CUDAGraph` once per StaticKV (pooled buffers keep their
+      capture across batches) and replayed: the launches of a whole forward in one call, no Python between
+      kernels, no compilation. The first step on a buffer runs eagerly on the capture stream (the real step, and
+      the warm-up the capture needs), then the forward is captured; nothing runs during a capture.
+    - "compile": `torch.compile(mode="reduce-overhead")` (inductor's fused kernels, replayed as CUDA graphs; it
+      compiles once per buffer shape, which takes tens of seconds per shape on a large model).
+    - "none": eager on the static buffers (the CPU's choice; "auto" is "cuda_graph" on CUDA, else "none").
+    A capture or a compilation that fails (a host sync inside the model's forward, an unsupported op) is logged
+    once and the step runs eagerly from then on: slower, still correct."""
 
-    def forward(ids, pos, mask, cache):
-        if not state["failed"]:
+    def __init__(self, model, mode: str = "auto"):
+        if mode not in DECODE_GRAPHS:
+            raise ValueError(f"decode graph mode must be one of {DECODE_GRAPHS}, got {mode!r}")
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        if mode == "auto":
+            mode = "cuda_graph" if on_cuda else "none"
+        if mode == "cuda_graph" and not on_cuda:
+            raise ValueError("decode graph mode 'cuda_graph' needs the model on a CUDA device")
+        self.model, self.mode = model, mode
+        self.failed: str | None = None  # why the step fell back to eager, if it did
+        self.captures = self.replays = 0
+        self._compiled = (torch.compile(self._eager, mode="reduce-overhead", fullgraph=False, dynamic=False)
+                          if mode == "compile" else None)
+
+    def __call__(self, kv: StaticKV) -> torch.Tensor:
+        """The logits (slots, vocab) of every slot's next token; on a captured step they live in the capture's
+        output buffer, which the next replay on the same buffers overwrites."""
+        if self.failed is None and self.mode == "cuda_graph":
+            return self._graphed(kv)
+        if self.failed is None and self.mode == "compile":
             try:
-                return compiled(ids, pos, mask, cache)
+                return self._compiled(kv.ids, kv.pos, kv.mask, kv.cache)
             except Exception as err:  # noqa: BLE001 - compilation problems must not stop decoding
-                state["failed"] = True
-                log.warning("compiling the decode step failed (%s); decoding eagerly on static buffers", err)
-        return eager(ids, pos, mask, cache)
-    return forward
+                self._fail(err)
+        return self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
+
+    def _eager(self, ids, pos, mask, cache):
+        return self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache,
+                          use_cache=True).logits[:, -1]
+
+    def _graphed(self, kv: StaticKV) -> torch.Tensor:
+        if kv.graph is not None:
+            graph, out = kv.graph
+            graph.replay()
+            self.replays += 1
+            return out
+        stream = torch.cuda.Stream(device=kv.mask.device)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # the real step, and the capture stream's warm-up (kernel choice, handles)
+            logits = self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
+        torch.cuda.current_stream().wait_stream(stream)
+        logits.record_stream(torch.cuda.current_stream())  # made on the capture stream, read on this one
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # thread_local: a draft engine's thread may keep decoding while this one captures (async LR)
+            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                out = self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
+        except Exception as err:  # noqa: BLE001 - an uncapturable forward must not stop decoding
+            self._fail(err)
+            return logits
+        kv.graph = (graph, out)
+        self.captures += 1
+        return logits
+
+    def _fail(self, err: Exception) -> None:
+        self.failed = f"{type(err).__name__}: {err}"
+        log.warning("the decode step could not be %s (%s); decoding eagerly on static buffers",
+                    "captured" if self.mode == "cuda_graph" else "compiled", self.failed)
