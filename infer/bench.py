@@ -434,17 +434,18 @@ WARMUP_QUESTION = "Warm-up (not timed): a shop sells 3 pens for 4 dollars. How m
 
 
 def warm_up(env: BenchEnv, specs: Sequence[MethodSpec], log: Callable[[str], None] = print) -> dict[str, MethodResult]:
-    """Fresh results per method; with bench.warmup, each method first decodes a throwaway problem, untimed, for
-    γ + 2 steps (at most max_steps): every batch shape a cycle uses (1 to γ + 1 target rows) meets its lazy
-    initialisation, kernel choice and, on the fast path, graph capture there, the baseline's included (a
-    method failing there is marked and skipped)."""
+    """Fresh results per method; with bench.warmup, each method first decodes a throwaway problem, untimed, as
+    long as a timed one (max_steps): every batch shape a cycle uses (1 to γ + 1 target rows) and every buffer
+    length the context grows through meets its lazy initialisation, kernel choice and, on the fast path, graph
+    capture there, the baseline's included (a method failing there is marked and skipped). A shorter warm-up
+    left the longer buffers' captures to the first timed problem (on an H100 its target-only run took 7.4 s
+    against 5.4 s for the next ones)."""
     results = {s.label: MethodResult(s) for s in specs}
     if env.setup.bench.warmup:
         for s in specs:
             opts = _method_options(env, s)
             try:
-                _run_one(env, s, WARMUP_QUESTION + env.setup.bench.prompt_suffix,
-                         opts.replace(max_steps=min(opts.max_steps, opts.gamma + 2)))
+                _run_one(env, s, WARMUP_QUESTION + env.setup.bench.prompt_suffix, opts)
             except (ValueError, RuntimeError) as err:
                 results[s.label].error = f"{type(err).__name__}: {err}"
                 log(f"[{s.label}] skipped: {results[s.label].error}")
@@ -468,7 +469,11 @@ def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, 
                 res.error = f"{type(err).__name__}: {err}"
                 log(f"[{s.label}] failed on {prob.id}: {res.error}")
                 continue
-            pred, ok = grade(gen.text, prob.answer)
+            try:
+                pred, ok = grade(gen.text, prob.answer)
+            except Exception as err:  # noqa: BLE001 - a grader's failure must not lose the timings measured so far
+                pred, ok = None, False
+                log(f"[{s.label}] could not grade {prob.id} ({type(err).__name__}: {err}); counted as not correct")
             res.stats = res.stats.merge(gen.stats) if res.stats.problems else gen.stats
             res.correct += int(ok)
             res.answered += 1

@@ -118,3 +118,21 @@ def test_token_speculation_is_chosen_per_method_not_left_in_the_engines(engines,
     assert proposed["target+ngram"] > 0 and proposed["lr_sync+ngram"] > 0 and proposed["draft+ngram"] > 0
     assert proposed["target"] == 0 and proposed["lr_sync"] == 0 and proposed["draft"] == 0
     assert env.target.token_spec is None and env.draft.token_spec is None
+
+
+def test_a_grader_failure_is_logged_and_the_run_goes_on(engines, tmp_path, monkeypatch):
+    """A GPU box once lacked math-verify: the grader's ImportError on the fifth problem lost every timing of a 7-minute
+    run. The problem now counts as not correct, the log says why, and the report keeps every problem."""
+    def broken_grade(text, gold):
+        raise ImportError("No module named 'math_verify'")
+
+    monkeypatch.setattr(bench, "grade", broken_grade)
+    cfg = load_config(None, ["runtime.max_new_tokens=8", "runtime.max_steps=1", "sampling.max_step_tokens=4",
+                             "bench.warmup=false"])
+    env = bench.prepare(cfg.bench_setup(), engines=engines, system_speed=True,
+                        problems=[bench.Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(2)])
+    lines: list[str] = []
+    report = bench.run_benchmark(env, ["target"], out_dir=tmp_path, log=lines.append)
+    row = report["rows"][0]
+    assert row["error"] is None and row["problems"] == 2 and row["correct"] == 0
+    assert sum("could not grade p" in line and "math_verify" in line for line in lines) == 2
