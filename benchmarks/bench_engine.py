@@ -21,8 +21,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import warnings
 
 import torch
+from bench_runtime import batch_cost  # noqa: E402 - the runtime benchmark's b(k), measured the same way
 
 from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.hf import HFStepEngine
@@ -72,6 +74,65 @@ def time_sampling(engine, prefix, batch, tokens, repeats, seed=0, greedy=False):
     return statistics.median(rates), statistics.median(seconds)
 
 
+def count_syncs(engine, prefix: Prefix, rows: int, tokens: int) -> list[int]:
+    """Host syncs in each plain decode iteration (CUDA only): a greedy stream of `rows` rows (nested prefixes, as
+    in a Lookahead Reasoning batch) stepped to the cap, counting the synchronizing CUDA calls that
+    `torch.cuda.set_sync_debug_mode` reports inside `step()` alone (the rows' join is not an iteration)."""
+    params = SamplingParams(temperature=0.0, max_step_tokens=tokens, delimiter="\x00\x00")
+    stream = engine.open_stream(params)
+    stream.add([(j, StepRequest(prefix.extend(*["step"] * j))) for j in range(rows)])
+    counts = []
+    while len(stream):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                stream.step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts.append(sum("synchroniz" in str(w.message) for w in caught))
+    return counts
+
+
+def describe_decode(engine) -> str:
+    step = getattr(engine, "decode_step", None)
+    if step is None:
+        return f"decode {engine.decode}"
+    state = f"failed: {step.failed}" if step.failed else f"{step.captures} captures, {step.replays} replays"
+    return f"decode {engine.decode} ({step.mode}: {state}; {engine.kv_pool.created} KV buffers allocated)"
+
+
+def bench_path(base: HFStepEngine, decode: str, args, prefix: Prefix) -> None:
+    """The tables of one decode path, on `base`'s weights."""
+    shared = HFStepEngine(args.model, model=base.model, tokenizer=base.tokenizer, decode=decode,
+                          decode_graph=args.graph)
+    unshared = (UnsharedPrefixEngine(args.model, model=base.model, tokenizer=base.tokenizer, decode=decode,
+                                     decode_graph=args.graph) if args.unshared else None)
+    batches = [int(b) for b in args.batches.split(",")]
+    t0 = time.perf_counter()
+    for batch in batches:  # warm-up at every batch shape (kernel choice, graph capture on the fast path)
+        for engine in filter(None, (shared, unshared)):
+            time_sampling(engine, prefix, batch, 8, 1, greedy=args.greedy)
+    print(f"\n## {describe_decode(shared)}: warm-up {time.perf_counter() - t0:.1f} s")
+    print(f"{'batch':>5} {'shared tok/s':>13} {'unshared tok/s':>15} {'shared s':>9} {'unshared s':>11}")
+    for batch in batches:
+        rate_s, sec_s = time_sampling(shared, prefix, batch, args.tokens, args.repeats, greedy=args.greedy)
+        rate_u, sec_u = (time_sampling(unshared, prefix, batch, args.tokens, args.repeats, greedy=args.greedy)
+                         if unshared else (float("nan"), float("nan")))
+        print(f"{batch:>5} {rate_s:>13.1f} {rate_u:>15.1f} {sec_s:>9.2f} {sec_u:>11.2f}")
+    if args.batch_cost:
+        ks = [int(k) for k in args.batch_cost.split(",")]
+        b = batch_cost(shared, QUESTION, ks, tokens=args.tokens, repeats=5)
+        print(f"batch cost (median of 5, {args.tokens}-token greedy steps after nested prefixes): "
+              + ", ".join(f"b({k})={b[k]:.3f}" for k in ks) + f"  (1 row: {b['seconds_per_row_step']:.3f} s/step)")
+    if args.syncs and torch.cuda.is_available():
+        for rows in (1, 4, 8):
+            counts = count_syncs(shared, prefix, rows, args.tokens)
+            print(f"host syncs per plain iteration, {rows} row(s): median {statistics.median(counts)}, "
+                  f"max {max(counts)} over {len(counts)} iterations (total {sum(counts)})")
+    print(f"after timing: {describe_decode(shared)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="offline:smollm2-135m-instruct")
@@ -82,34 +143,37 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,20", help="batch sizes (samples of one prefix)")
     parser.add_argument("--greedy", action="store_true", help="greedy rows that all run to the cap (tokens/s of "
                                                               "decoding alone, no early stops)")
-    parser.add_argument("--decode", default="auto", help="decode path: auto (fast on CUDA), fast or eager")
+    parser.add_argument("--decode", default="auto", help="decode path(s), comma-separated, measured one after the "
+                                                         "other on the same weights: auto (fast on CUDA), fast, eager")
+    parser.add_argument("--graph", default="auto", help="the fast path's decode step: auto (cuda_graph on CUDA), "
+                                                        "cuda_graph, compile, none")
+    parser.add_argument("--no-unshared", dest="unshared", action="store_false",
+                        help="skip the baseline that encodes the prefix once per row")
+    parser.add_argument("--batch-cost", default="", help="ks of the batch cost b(k) = time of one step for k rows "
+                                                         "(nested prefixes) / time for one row, e.g. 1,2,4,8")
+    parser.add_argument("--syncs", action="store_true", help="count host syncs per plain decode iteration "
+                                                             "(CUDA: torch.cuda.set_sync_debug_mode)")
     args = parser.parse_args()
-    shared = HFStepEngine(args.model, device=args.device, dtype=args.dtype, decode=args.decode)
-    unshared = UnsharedPrefixEngine(args.model, model=shared.model, tokenizer=shared.tokenizer, decode=args.decode)
+    t0 = time.perf_counter()
+    base = HFStepEngine(args.model, device=args.device, dtype=args.dtype, decode="eager")
     prefix = Prefix(QUESTION, tuple(STEPS))
-    batches = [int(b) for b in args.batches.split(",")]
-    n_prefix = len(shared.prefix_ids(prefix))
+    n_prefix = len(base.prefix_ids(prefix))
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"threads {torch.get_num_threads()}"
-    print(f"model {shared.info.model_id}  {args.device} {where}  {shared.model.dtype}  prefix {n_prefix} tokens  "
-          f"cap {args.tokens} tokens/step  decode {shared.decode}{' greedy' if args.greedy else ''}")
-    for batch in batches:  # warm-up at every batch shape (kernel choice, graph capture on the fast path)
-        time_sampling(shared, prefix, batch, 8, 1, greedy=args.greedy)
-        time_sampling(unshared, prefix, batch, 8, 1, greedy=args.greedy)
-    print(f"{'batch':>5} {'shared tok/s':>13} {'unshared tok/s':>15} {'shared s':>9} {'unshared s':>11}")
-    for batch in batches:
-        rate_s, sec_s = time_sampling(shared, prefix, batch, args.tokens, args.repeats, greedy=args.greedy)
-        rate_u, sec_u = time_sampling(unshared, prefix, batch, args.tokens, args.repeats, greedy=args.greedy)
-        print(f"{batch:>5} {rate_s:>13.1f} {rate_u:>15.1f} {sec_s:>9.2f} {sec_u:>11.2f}")
+    print(f"model {base.info.model_id}  {args.device} {where}  {base.model.dtype}  prefix {n_prefix} tokens  "
+          f"cap {args.tokens} tokens/step{' greedy' if args.greedy else ''}  loaded in "
+          f"{time.perf_counter() - t0:.1f} s")
+    for decode in args.decode.split(","):
+        bench_path(base, decode, args, prefix)
     params = SamplingParams(seed=1, max_step_tokens=args.tokens)
-    steps = [s.text for s in shared.generate([StepRequest(prefix, 20)], params).steps[0]]
+    steps = [s.text for s in base.generate([StepRequest(prefix, 20)], params).steps[0]]
     times = []
     for _ in range(args.repeats + 1):
-        shared.clear_prefix_cache()
+        base.clear_prefix_cache()
         start = time.perf_counter()
-        shared.score(prefix, steps)
+        base.score(prefix, steps)
         times.append(time.perf_counter() - start)
-    n_tok = sum(shared.count_tokens(s) for s in steps)
-    print(f"teacher-forced scoring of 20 steps ({n_tok} tokens, all {shared.info.num_layers + 1} hidden-state "
+    n_tok = sum(base.count_tokens(s) for s in steps)
+    print(f"teacher-forced scoring of 20 steps ({n_tok} tokens, all {base.info.num_layers + 1} hidden-state "
           f"rows pooled) after a {n_prefix}-token prefix: {statistics.median(times):.3f} s (one batched pass + prefix)")
 
 

@@ -48,8 +48,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48, help="step token cap")
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--decode", default="auto", choices=["auto", "fast", "eager"], help="the decode path of both")
+    ap.add_argument("--graph", default="auto", help="the fast path's decode step: auto, cuda_graph, compile, none")
     args = ap.parse_args()
-    engine = HFStepEngine(args.model, device=args.device, dtype=args.dtype, decode=args.decode)
+    engine = HFStepEngine(args.model, device=args.device, dtype=args.dtype, decode=args.decode,
+                          decode_graph=args.graph)
     spec = TokenSpecConfig("lookahead", lookahead=LookaheadConfig(window=args.window, ngram=args.ngram))
     methods = {"plain": engine, "lookahead": engine.with_token_spec(spec)}
     params = SamplingParams(temperature=args.temperature, top_p=0.95, max_step_tokens=args.tokens, seed=1)

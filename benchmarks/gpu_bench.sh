@@ -4,8 +4,10 @@
 #
 #   SPECPROBE_RANDOM_TOKENIZER=<folder with tokenizer.json> bash benchmarks/gpu_bench.sh engine|runtime|runtime32 OUTDIR
 #
-# engine:    bench_engine.py on random:qwen2-1.5b, random:qwen2-7b and random:qwen2-32b (bf16): step-sampling tokens/s at batch
-#            1/8/20, with and without the shared prefix encoded once, and one teacher-forced scoring pass.
+# engine:    bench_engine.py on random:qwen2-1.5b, random:qwen2-7b and random:qwen2-32b (bf16), the fast and the eager
+#            decode path on the same weights (DECODE overrides: fast,eager): greedy tokens/s at batch 1/8/20, with and
+#            without the shared prefix encoded once, b(k) for k = 1,2,4,8 (median of 5), host syncs per decode
+#            iteration (1, 4, 8 rows), and one teacher-forced scoring pass.
 # runtime:   bench_runtime.py, target random:qwen2-7b, draft random:qwen2-1.5b, Bernoulli(0.6) verifier, γ=3.
 # runtime32: the same with target random:qwen2-32b (the Lookahead Reasoning paper's 1.5B -> 32B pair).
 # adaptive:  bench_adaptive_gamma.py (issue 24): gamma=adaptive against fixed γ 1..6 for lr_sync and semanticspec,
@@ -13,10 +15,11 @@
 # lookahead: bench_lookahead.py (issue 23): Lookahead Decoding in the engine's batches (n = 8 rows) against plain
 #            decoding, random:qwen2-1.5b and random:qwen2-7b, W=5 N=4 and W=15 N=5 (random weights repeat tokens:
 #            read the iteration cost, not the acceptance; DECODE=eager for the eager path's batches).
-# PROBLEMS / STEPS override the runtime phases' problem count and steps per problem; GAMMA (default 3) the
+# MODELS overrides the engine and lookahead phases' models (space-separated); PROBLEMS / STEPS override the runtime phases' problem count and steps per problem; GAMMA (default 3) the
 # drafted steps per cycle; METHODS (default target,lr_sync,lr_async,semanticspec,draft) the methods;
 # DECODE (default auto = the fast path on CUDA) the transformers decode path (fast | eager), so the same
-# command measures the eager path for the 'today' column.
+# command measures the eager path for the 'today' column; GRAPH (default auto = cuda_graph on CUDA) how the fast
+# path runs its decode step (cuda_graph | compile | none).
 # Problems: a jsonl file of questions (QUESTIONS, default .gpu/questions.jsonl); their text only sets the prompt.
 # SMOKE=1 runs every phase's commands on the CPU with tiny random models and tiny sizes (tests/test_gpu_bench.py),
 # so a GPU session never finds a broken command.
@@ -25,13 +28,14 @@ phase=$1
 out=${2:-benchmarks/results/gpu}
 questions=${QUESTIONS:-.gpu/questions.jsonl}
 device=cuda dtype=bfloat16 draft=random:qwen2-1.5b target=random:qwen2-7b target32=random:qwen2-32b
-engine_models="random:qwen2-1.5b random:qwen2-7b random:qwen2-32b" lookahead_models="random:qwen2-1.5b random:qwen2-7b"
-tokens=48 repeats=3 batches=1,8,20 step_tokens=32 windows="5,4 15,5" rows=8 problems=${PROBLEMS:-} steps=${STEPS:-}
+engine_models=${MODELS:-random:qwen2-1.5b random:qwen2-7b random:qwen2-32b}
+lookahead_models=${MODELS:-random:qwen2-1.5b random:qwen2-7b}
+tokens=48 repeats=3 batches=1,8,20 ks=1,2,4,8 step_tokens=32 windows="5,4 15,5" rows=8 problems=${PROBLEMS:-} steps=${STEPS:-}
 gammas=1,2,3,4,5,6 scenarios=a,b,c
 if [ "${SMOKE:-0}" = 1 ]; then
   device=cpu dtype=float32 draft=random:llama-tiny target=random:llama-tiny target32=random:llama-tiny
   engine_models=random:llama-tiny lookahead_models=random:llama-tiny
-  tokens=6 repeats=1 batches=1,2 step_tokens=6 windows="3,3" rows=2 problems=${PROBLEMS:-2} steps=${STEPS:-2}
+  tokens=6 repeats=1 batches=1,2 ks=1,2 step_tokens=6 windows="3,3" rows=2 problems=${PROBLEMS:-2} steps=${STEPS:-2}
   gammas=1,2 scenarios=b
 fi
 mkdir -p "$out"
@@ -47,13 +51,15 @@ runtime() {  # target, problems, max steps, label
   python3 benchmarks/bench_runtime.py --device "$device" --dtype "$dtype" --target "$1" --draft "$draft" \
     --alpha 0.6 --gamma "${GAMMA:-3}" --problems "$2" --max-steps "$3" --step-tokens "$step_tokens" \
     --decode "${DECODE:-auto}" --methods "${METHODS:-target,lr_sync,lr_async,semanticspec,draft}" --out "$out/$4" \
-    --set bench.source.kind=jsonl "bench.source.path=$questions" 2>&1 | tee "$out/$4.txt"
+    --set bench.source.kind=jsonl "bench.source.path=$questions" "models.decode_graph=${GRAPH:-auto}" 2>&1 \
+    | tee "$out/$4.txt"
 }
 case $phase in
   engine)
     for m in $engine_models; do
       python3 benchmarks/bench_engine.py --device "$device" --dtype "$dtype" --model "$m" --tokens "$tokens" \
-        --repeats "$repeats" --batches "$batches" --greedy --decode "${DECODE:-auto}" 2>&1 \
+        --repeats "$repeats" --batches "$batches" --greedy --decode "${DECODE:-fast,eager}" --graph "${GRAPH:-auto}" \
+        --batch-cost "$ks" --syncs 2>&1 \
         | tee "$out/engine_${m#random:}.txt"
     done ;;
   runtime) runtime "$target" "${problems:-8}" "${steps:-16}" runtime_7b ;;
@@ -61,14 +67,15 @@ case $phase in
   adaptive)
     python3 benchmarks/bench_adaptive_gamma.py --device "$device" --dtype "$dtype" --target "$target" \
       --draft "$draft" --problems "${problems:-8}" --steps "${steps:-16}" --step-tokens "$step_tokens" \
-      --gammas "$gammas" --scenarios "$scenarios" --out "$out/adaptive_gamma" bench.source.kind=jsonl \
+      --gammas "$gammas" --scenarios "$scenarios" --out "$out/adaptive_gamma" "models.decode_graph=${GRAPH:-auto}" \
+      bench.source.kind=jsonl \
       "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" ;;
   lookahead)
     for m in $lookahead_models; do
       for wn in $windows; do
         w=${wn%,*} n=${wn#*,}
         python3 benchmarks/bench_lookahead.py --device "$device" --dtype "$dtype" --model "$m" --window "$w" \
-          --ngram "$n" --n "$rows" --tokens "$tokens" --decode "${DECODE:-auto}" 2>&1 \
+          --ngram "$n" --n "$rows" --tokens "$tokens" --decode "${DECODE:-auto}" --graph "${GRAPH:-auto}" 2>&1 \
           | tee "$out/lookahead_${m#random:}_w${w}_n${n}_${DECODE:-auto}.txt"
       done
     done ;;

@@ -29,7 +29,7 @@ def _smoke(phase: str, tmp_path: Path) -> tuple[Path, str]:
 def test_engine_phase(tmp_path):
     out, _ = _smoke("engine", tmp_path)
     text = (out / "engine_llama-tiny.txt").read_text()
-    assert "decode fast greedy" in text and "teacher-forced scoring" in text
+    assert "## decode fast" in text and "teacher-forced scoring" in text and "b(2)=" in text
     rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["1", "2"] and all(float(r[1]) > 0 for r in rows)
 
@@ -63,3 +63,28 @@ def test_an_unknown_phase_is_refused(tmp_path):
     res = subprocess.run(["bash", "benchmarks/gpu_bench.sh", "nonsense", str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "unknown phase nonsense" in res.stderr
+
+
+def test_runtime_log_summary_reads_an_unfinished_run(monkeypatch):
+    """The GPU runs' speedups were read from logs whose report was never written: per-problem ratios over the
+    problems every method finished, their median, the pooled ratio and c from the target-only and draft-only lines."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from runtime_log_summary import summarize
+
+    log = "\n".join([
+        "# runtime benchmark: target t, draft d, bfloat16, Bernoulli(0.6), γ=3, 3 problems x 4 steps",
+        "# target batch cost b(k) = ...: b(1)=1.00, b(2)=1.05, b(3)=1.08, b(4)=1.10  (1 row: 0.4 s/step)",
+        "  [1/3] target                   10.00s   100 tok  stop=max_steps      answer=None gold='1'",
+        "  [1/3] lr_sync                   5.00s   100 tok  stop=max_steps      answer='x' gold='1'  accept=0.50",
+        "  [1/3] draft                     2.00s   100 tok  stop=max_steps      answer=None gold='1'",
+        "  [2/3] target                   12.00s   100 tok  stop=max_steps      answer=None gold='2'",
+        "  [2/3] lr_sync                   8.00s   100 tok  stop=max_steps      answer=None gold='2'  accept=0.70",
+        "  [2/3] draft                     3.00s   100 tok  stop=max_steps      answer=None gold='2'",
+        "  [3/3] target                   11.00s   100 tok  stop=max_steps      answer=None gold='3'",
+    ])
+    text = summarize(log)
+    assert "2 problems finished by every method (of 3 started); γ = 3, b(4) = 1.1, c = 0.227" in text
+    row = next(line for line in text.splitlines() if line.startswith("| lr_sync"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "2.00 1.50" and cells[2] == "1.75 [1.50, 2.00]" and cells[3] == f"{22 / 13:.2f}"
+    assert cells[4] == "0.60" and float(cells[5]) > 1 and abs(float(cells[6]) - 22 / 13 / float(cells[5])) < 0.02
