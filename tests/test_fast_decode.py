@@ -158,6 +158,59 @@ def test_kv_pool_hands_out_empty_buffers_of_the_asked_shape_and_keeps_few(engine
     assert not again.mask.any() and again.col == 0 and bool((again.ids == 7).all())
     assert int(again.layers[0].cumulative_length) == 0
     assert pool.take(1, 256) is not a and pool.created == 4
+    small = static_kv.StaticKVPool(model, pad_id=7, keep_bytes=a.nbytes + 1)  # room for one such buffer
+    small.give(a)
+    small.give(c)  # twice a's size: over the byte bound alone, it goes too
+    small.give(b)
+    assert small.free == [] and b.nbytes > a.nbytes
+    small.give(a)
+    assert small.free == [a]
+
+
+def test_copy_to_a_used_larger_buffer_keeps_the_kept_columns_and_nothing_else(engines):
+    """Growing a batch's slots or columns moves it to a pooled buffer that may hold another batch's K/V."""
+    model = engines[1].model
+    pool = static_kv.StaticKVPool(model, pad_id=7)
+    old, new = pool.take(2, 256), pool.take(4, 512)
+    gen = torch.Generator().manual_seed(0)
+    for kv in (old, new):
+        for layer in kv.layers:
+            layer.keys.copy_(torch.randn(layer.keys.shape, generator=gen))
+            layer.values.copy_(torch.randn(layer.values.shape, generator=gen))
+    new.mask.fill_(1)  # a previous batch's mask, until the copy
+    old.mask[0, :3] = 1
+    old.mask[1, 2] = 1
+    old.ids[:, 0] = torch.tensor([11, 12])
+    old.pos[:, 0] = torch.tensor([3, 4])
+    old.set_column(3)
+    old.copy_to(new, torch.tensor([0, 2]))
+    assert new.col == 2 and int(new.layers[0].cumulative_length) == 2
+    assert new.mask[:2, :2].tolist() == [[1, 1], [0, 1]] and not new.mask[2:].any() and not new.mask[:, 2:].any()
+    assert new.ids[:2, 0].tolist() == [11, 12] and new.pos[:2, 0].tolist() == [3, 4]
+    assert new.ids[2:, 0].tolist() == [7, 7]  # the new slots are free: pad tokens
+    for lo, ln in zip(old.layers, new.layers):
+        assert torch.equal(ln.keys[:2, :, :2], lo.keys[:, :, [0, 2]])
+        assert torch.equal(ln.values[:2, :, :2], lo.values[:, :, [0, 2]])
+
+
+@pytest.mark.slow
+def test_a_stream_that_empties_gives_its_buffer_back_once_and_decodes_again(engines):
+    eager, fast = engines
+    prefixes = [Prefix(QUESTIONS[1]), Prefix(QUESTIONS[0])]
+    want = [s[0] for s in eager.generate([StepRequest(p) for p in prefixes], GREEDY).steps]
+    stream = fast.open_stream(GREEDY)
+    got = dict(stream.add([(0, StepRequest(prefixes[0]))]))
+    first = stream.batch.kv
+    while len(stream):
+        got.update(stream.step())
+    assert stream.batch.kv is None and sum(kv is first for kv in fast.kv_pool.free) == 1
+    got.update(stream.add([(1, StepRequest(prefixes[1]))]))
+    assert stream.batch.kv not in fast.kv_pool.free
+    while len(stream):
+        got.update(stream.step())
+    assert sum(kv is first for kv in fast.kv_pool.free) == 1
+    for i, p in enumerate(prefixes):
+        _same_greedy(eager.model, eager, p, got[i], want[i])
 
 
 def test_decode_step_modes(engines):

@@ -14,8 +14,8 @@ cache) or with a running row into its own slot at the same column indices (one i
 and only its own tail is forwarded, into fresh columns. Rows of a step batch (n samples, the gamma+1
 nested prefixes of Lookahead Reasoning) thus share the prefix without re-encoding it. Finished and
 empty slots keep decoding a pad token into masked columns: the batch shape never changes between
-joins, which is what lets the decode step run as one captured CUDA graph (`torch.compile` with
-mode="reduce-overhead" on CUDA; `compile=False` runs the same code eagerly).
+joins, which is what lets the decode step run as one captured CUDA graph (`DecodeStep`: captured once per
+buffer; the engine's `StaticKVPool` hands the same buffers, and so the same capture, to its later batches).
 
 Per plain iteration the host sees one device-to-host copy (the new token and its log-probability per slot).
 Stop detection runs on the host from those ids: a cheap per-token test (EOS, cap, the delimiter in the
@@ -47,6 +47,7 @@ layers are not plain full-attention layers.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,6 +138,11 @@ class StaticKV:
         self.pos = torch.zeros((slots, 1), dtype=torch.long, device=device)
         self.graph: Any = None  # the decode step captured on these buffers (owned by `DecodeStep`)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its key/value buffers."""
+        return sum(t.numel() * t.element_size() for layer in self.cache.layers for t in (layer.keys, layer.values))
+
     def reset(self, pad_id: int) -> None:
         """Empty again (a pooled buffer handed to a new batch); the K/V contents stay, unseen."""
         self.mask.zero_()
@@ -207,29 +213,36 @@ class StaticKV:
 class StaticKVPool:
     """StaticKV buffers of one model that outlive a batch. A decode step is captured once per buffer
     (`DecodeStep`), so a batch that reuses a buffer of its shape replays that capture instead of capturing
-    (or recompiling) again; without the pool every `generate` call would pay a capture. At most `keep` free
-    buffers are held (the least recently returned go first, with their captures)."""
+    (or recompiling) again; without the pool every `generate` call would pay a capture. The free buffers are
+    held up to `keep` of them and `keep_bytes` of K/V together (the least recently returned go first, with their
+    captures): a Lookahead Reasoning run cycles through a few slot counts (1 to γ + 1 rows) at each buffer length
+    its context grows through, and a capture evicted between two cycles is paid again inside the timing."""
 
-    def __init__(self, model, pad_id: int, keep: int = 4):
-        self.model, self.pad_id, self.keep = model, pad_id, keep
+    def __init__(self, model, pad_id: int, keep: int = 16, keep_bytes: int = 4 << 30):
+        self.model, self.pad_id, self.keep, self.keep_bytes = model, pad_id, keep, keep_bytes
         self.free: list[StaticKV] = []
         self.created = 0  # buffers allocated (a benchmark reads how often a batch found none to reuse)
+        self._lock = threading.Lock()  # one engine's batches may be driven from several threads
 
     def take(self, slots: int, columns: int) -> StaticKV:
         """An empty buffer of exactly this shape: a free one when there is one, else a new one."""
-        for i, kv in enumerate(self.free):
-            if kv.slots == slots and kv.columns == columns:
-                del self.free[i]
-                kv.reset(self.pad_id)
-                return kv
-        param = next(self.model.parameters())
-        self.created += 1
-        return StaticKV(self.model, slots, columns, param.device, param.dtype, self.pad_id)
+        with self._lock:
+            kv = next((k for k in self.free if k.slots == slots and k.columns == columns), None)
+            if kv is not None:
+                self.free.remove(kv)
+            else:
+                self.created += 1
+        if kv is None:
+            param = next(self.model.parameters())
+            return StaticKV(self.model, slots, columns, param.device, param.dtype, self.pad_id)
+        kv.reset(self.pad_id)
+        return kv
 
     def give(self, kv: StaticKV) -> None:
-        self.free.append(kv)
-        if len(self.free) > self.keep:
-            del self.free[:len(self.free) - self.keep]
+        with self._lock:
+            self.free.append(kv)
+            while self.free and (len(self.free) > self.keep or sum(k.nbytes for k in self.free) > self.keep_bytes):
+                del self.free[0]
 
 
 @dataclass(eq=False)
@@ -289,6 +302,8 @@ class FastDecodeBatch(RowBatch):
                             else torch.Generator(device="cpu").manual_seed(s.seed))
                    for s in specs]
             if not self.rows:
+                if self.kv is not None:  # kept by an add that failed: start it afresh
+                    self.kv.reset(self.runner.pad_id)
                 self._new_base([r.ids for r in new])
             self._ensure_slots(len(self.rows) + len(new))
             logits = self._join(new)
@@ -438,7 +453,7 @@ class FastDecodeBatch(RowBatch):
             step = self._append(r, toks[j], lps[j])
             if step is not None:
                 finished.append((r, step))
-        for r, _ in finished:  # a copy: the compiled step's logits live in a buffer its next replay overwrites
+        for r, _ in finished:  # a copy: a captured step's logits live in a buffer its next replay overwrites
             self._export(r, logits[r.slot if slots is None else slots.index(r.slot)].float().clone())
         self._drop([r for r, _ in finished])
         return [(r.key, s) for r, s in finished]
@@ -561,7 +576,7 @@ class FastDecodeBatch(RowBatch):
 
     def _move_to(self, new: StaticKV, keep: torch.Tensor | None = None) -> None:
         """Continue on `new` (more slots, other columns) holding the current contents; the old buffer goes back
-        to the pool."""
+        to the pool (after the copy: `new` was taken while the old one was still held, so they differ)."""
         self.kv.copy_to(new, keep)
         self.pool.give(self.kv)
         self.kv = new
@@ -666,12 +681,13 @@ class DecodeStep:
             graph.replay()
             self.replays += 1
             return out
-        stream = torch.cuda.Stream(device=kv.mask.device)
-        stream.wait_stream(torch.cuda.current_stream())
+        device = kv.mask.device
+        stream = torch.cuda.Stream(device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):  # the real step, and the capture stream's warm-up (kernel choice, handles)
             logits = self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
-        torch.cuda.current_stream().wait_stream(stream)
-        logits.record_stream(torch.cuda.current_stream())  # made on the capture stream, read on this one
+        torch.cuda.current_stream(device).wait_stream(stream)
+        logits.record_stream(torch.cuda.current_stream(device))  # made on the capture stream, read on this one
         graph = torch.cuda.CUDAGraph()
         try:
             # thread_local: a draft engine's thread may keep decoding while this one captures (async LR)
