@@ -95,7 +95,7 @@ def count_syncs(engine, prefix: Prefix, rows: int, tokens: int) -> list[int]:
 
 
 def describe_decode(engine) -> str:
-    step = getattr(engine, "decode_step", None)
+    step = engine.decode_step
     if step is None:
         return f"decode {engine.decode}"
     state = f"failed: {step.failed}" if step.failed else f"{step.captures} captures, {step.replays} replays"

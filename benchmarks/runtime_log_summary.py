@@ -43,9 +43,9 @@ def summarize(text: str) -> str:
         return "no problem finished by every method, target included"
     per_token = {m: statistics.median(runs[p][m][0] / runs[p][m][1] for p in done) for m in methods}
     c = per_token["draft"] / per_token["target"] if "draft" in per_token else None
-    lines = [f"{len(done)} problems finished by every method (of {max(runs)} started); γ = {gamma}, "
-             f"b({(gamma or 0) + 1}) = {b.get((gamma or 0) + 1)}, c = {c:.3f}" if c else f"{len(done)} problems",
-             "", "| method | speedup per problem | median [min, max] | pooled | α (mean per problem) | "
+    head = f"{len(done)} problems finished by every method (of {max(runs)} started); γ = {gamma}, "
+    head += f"b({(gamma or 0) + 1}) = {b.get((gamma or 0) + 1)}, c = " + ("–" if c is None else f"{c:.3f}")
+    lines = [head, "", "| method | speedup per problem | median [min, max] | pooled | α (mean per problem) | "
                  "predicted | measured / predicted |", "|---|---|---|---|---|---|---|"]
     for m in methods:
         if m == "target":

@@ -137,11 +137,7 @@ class StaticKV:
         self.ids = torch.full((slots, 1), pad_id, dtype=torch.long, device=device)
         self.pos = torch.zeros((slots, 1), dtype=torch.long, device=device)
         self.graph: Any = None  # the decode step captured on these buffers (owned by `DecodeStep`)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of its key/value buffers."""
-        return sum(t.numel() * t.element_size() for layer in self.cache.layers for t in (layer.keys, layer.values))
+        self.nbytes = sum(t.numel() * t.element_size() for layer in self.cache.layers for t in (layer.keys, layer.values))
 
     def reset(self, pad_id: int) -> None:
         """Empty again (a pooled buffer handed to a new batch); the K/V contents stay, unseen."""
