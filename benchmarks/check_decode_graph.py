@@ -5,14 +5,19 @@ capture a graph).
 
 On one model in float32: greedy steps of a nested-prefix batch (4 rows, as in a Lookahead Reasoning target
 batch) and of n = 4 seeded samples of one prefix, three times in a row (the second and third batches reuse the
-pooled buffers and replay their captures), decoded by the fast path with the decode step captured, the fast
-path eager on the same static buffers, and the reference eager path. Prints, per case, whether the tokens are
+pooled buffers and replay their captures), and a chain of 8 greedy one-row steps each continuing the last (as a
+Lookahead Reasoning draft writes them: each call starts from the cached prefix, its few new tokens fed by replays of
+the decode step, its buffer growing past one column block), decoded by the fast path with the decode step captured,
+the fast path eager on the same static buffers, and the reference eager path. Last, the chain decoded by two
+captured engines at once from two threads (as async Lookahead Reasoning drives its draft and target engines, each
+on its own CUDA stream) must write what the chain wrote alone. Prints, per case, whether the tokens are
 identical, the largest step log-probability difference, and the capture counts. Exits 1 on a mismatch.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
 
 import torch
 
@@ -28,6 +33,17 @@ def run(engine: HFStepEngine, requests, params) -> list:
         engine.clear_prefix_cache()
         out.append([s for steps in engine.generate(requests, params).steps for s in steps])
     return out
+
+
+def chain(engine: HFStepEngine, steps: int, params) -> list:
+    """`steps` greedy steps, each after the prefix the last one ended (the prefix cache kept between calls)."""
+    engine.clear_prefix_cache()
+    prefix, out = Prefix(QUESTION), []
+    for _ in range(steps):
+        step = engine.generate([StepRequest(prefix)], params).steps[0][0]
+        out.append(step)
+        prefix = prefix.extend(step)
+    return [out]
 
 
 def main() -> int:
@@ -49,9 +65,10 @@ def main() -> int:
         "sampled, n=4, seed 3": ([StepRequest(Prefix(QUESTION), 4, seed=3)],
                                  SamplingParams(temperature=0.8, top_p=0.95, max_step_tokens=args.tokens)),
     }
+    chained = SamplingParams(temperature=0.0, max_step_tokens=args.tokens)
     ok = True
-    for case, (requests, params) in cases.items():
-        got = {name: run(e, requests, params) for name, e in engines.items()}
+    for case, (requests, params) in [*cases.items(), ("greedy, a chain of 8 steps", (None, chained))]:
+        got = {name: run(e, requests, params) if requests else chain(e, 8, params) for name, e in engines.items()}
         want = got["captured"][0]
         for name, rounds in got.items():
             if name == "reference" and params.temperature > 0:
@@ -59,8 +76,22 @@ def main() -> int:
             same = all([s.token_ids for s in r] == [s.token_ids for s in want] for r in rounds)
             diff = max(abs(a.logprob - b.logprob) for r in rounds for a, b in zip(r, want))
             ok &= same and diff < 1e-3
-            print(f"{case:28s} {name:13s} tokens {'identical' if same else 'DIFFER'} in 3 rounds, "
+            print(f"{case:28s} {name:13s} tokens {'identical' if same else 'DIFFER'} in {len(rounds)} round(s), "
                   f"max |Δ step logprob| {diff:.2e}")
+        if requests is None:
+            alone = [s.token_ids for s in got["captured"][0]]
+    pair = [engines["captured"],
+            HFStepEngine(args.model, model=base.model, tokenizer=base.tokenizer, decode="fast", decode_graph=args.graph)]
+    both: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda i=i: both.update({i: chain(pair[i], 8, chained)[0]})) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    same = [[s.token_ids for s in both.get(i, [])] == alone for i in (0, 1)]
+    ok &= all(same)
+    print(f"{'greedy chain, two threads':28s} engines 1, 2   tokens {' / '.join('identical' if x else 'DIFFER' for x in same)} "
+          "to the chain decoded alone")
     step = engines["captured"].decode_step
     print(f"captured engine: mode {step.mode}, {step.captures} captures, {step.replays} replays, failed: "
           f"{step.failed}; {engines['captured'].kv_pool.created} KV buffers allocated")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest, static_kv
+from specprobe.infer.engines.base import EngineStats
 from specprobe.infer.engines.device_sampling import nucleus_logprobs, sample_tokens, seed_key, uniforms
 from specprobe.infer.engines.hf_kv import RowSpec
 from specprobe.infer.engines.static_kv import FastDecodeBatch
@@ -211,6 +212,46 @@ def test_a_stream_that_empties_gives_its_buffer_back_once_and_decodes_again(engi
     assert sum(kv is first for kv in fast.kv_pool.free) == 1
     for i, p in enumerate(prefixes):
         _same_greedy(eager.model, eager, p, got[i], want[i])
+
+
+@pytest.mark.slow
+def test_a_continuing_row_starts_in_one_forward(engines):
+    """A row whose prefix the prefix cache mostly holds (a step continuing the last one) is not prefilled first: its
+    join forward encodes the uncached tokens, so the call runs one forward per iteration (a GPU pays an eager
+    forward as much as tens of captured steps), and writes the eager path's step."""
+    eager, fast = engines
+    fast.clear_prefix_cache()
+    step1 = fast.generate([StepRequest(Prefix(QUESTIONS[0]))], GREEDY).steps[0][0]
+    prefix = Prefix(QUESTIONS[0], (step1,))
+    got = fast.generate([StepRequest(prefix)], GREEDY)
+    assert got.stats.reused_prefix_tokens > 0
+    assert got.stats.forward_passes == got.stats.iterations
+    eager.clear_prefix_cache()
+    _same_greedy(eager.model, eager, prefix, got.steps[0][0], eager.generate([StepRequest(prefix)], GREEDY).steps[0][0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows", [1, 3])
+def test_rows_joined_by_decode_steps_write_the_eager_steps(engines, rows):
+    """join_steps: rows starting a batch with a few uncached tokens each are fed one token per decode step (on a GPU
+    replays of the captured step instead of an eager forward); their steps are the eager path's."""
+    eager, fast = engines
+    ids = fast.prefix_ids(Prefix(QUESTIONS[1]))
+    fast.clear_prefix_cache()
+    fast.runner.prefill(ids[:-5], EngineStats())
+    specs = [RowSpec(k, ids, GREEDY.max_step_tokens) for k in range(rows)]
+    batch = FastDecodeBatch(fast.runner, fast.text, GREEDY, pool=fast.kv_pool, decode_step=fast.decode_step,
+                            join_steps=8)
+    got = dict(batch.add(specs))
+    got.update(batch.run())
+    assert batch.stats.forward_passes == batch.stats.iterations + 4  # five tokens in five steps, not in a prefill
+    assert batch.stats.reused_prefix_tokens == rows * (len(ids) - 5)
+    eager.clear_prefix_cache()
+    want = eager.generate([StepRequest(Prefix(QUESTIONS[1]))], GREEDY).steps[0][0]
+    for k in range(rows):
+        assert_same_greedy(eager.model, ids, got[k].token_ids, want.token_ids, at_least=4)
+        if got[k].token_ids == want.token_ids:
+            assert got[k].logprob == pytest.approx(want.logprob, abs=1e-3)
 
 
 def test_decode_step_modes(engines):

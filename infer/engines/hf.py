@@ -7,10 +7,14 @@ the same tokenizer, or Lookahead Decoding) is exact under greedy decoding and lo
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import logging
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
+
+import torch
 
 from specprobe.infer.engines.base import (
     DEFAULT_STEP_DELIMITER,
@@ -36,6 +40,16 @@ from specprobe.infer.engines.tokens import StepTokenizer, eos_token_ids
 from specprobe.infer.models import describe_source, load_model
 
 log = logging.getLogger(__name__)
+
+
+def _on_engine_stream(method):
+    """Run an engine call's GPU work on the engine's own stream (`HFStepEngine.on_stream`)."""
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        engine = self if isinstance(self, HFStepEngine) else self.engine
+        with engine.on_stream():
+            return method(self, *args, **kwargs)
+    return wrapped
 
 
 class HFStepEngine:
@@ -98,6 +112,28 @@ class HFStepEngine:
         # the fast path's buffers and decode-step captures, shared by all its batches (a capture per buffer)
         self.decode_step = DecodeStep(model, decode_graph) if self.decode == "fast" else None
         self.kv_pool = StaticKVPool(model, self.runner.pad_id) if self.decode == "fast" else None
+        # its own CUDA stream: the draft and target engines of async Lookahead Reasoning, driven from two threads,
+        # then overlap on the GPU instead of queueing behind each other on the default stream
+        self.stream = torch.cuda.Stream(self.runner.device) if on_cuda else None
+
+    @contextlib.contextmanager
+    def on_stream(self) -> Iterator[None]:
+        """This engine's GPU work inside the block runs on its own stream, after the work the caller's stream
+        already holds and before the work the caller queues next (so tensors and caches handed across stay
+        ordered); on the CPU nothing changes."""
+        if self.stream is None:
+            yield
+            return
+        caller = torch.cuda.current_stream(self.runner.device)
+        if caller == self.stream:  # nested (an assistant proposing inside this engine's own call)
+            yield
+            return
+        self.stream.wait_stream(caller)
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            caller.wait_stream(self.stream)
 
     @property
     def eos_ids(self) -> set[int]:
@@ -160,6 +196,7 @@ class HFStepEngine:
         takes the engine's model lock for every forward and starts new sequences from its prefix cache."""
         return SequenceKV(self.runner.model, self.runner.lock, prefill=self.runner.prefill)
 
+    @_on_engine_stream
     def greedy_continue(self, ids: Sequence[int], k: int, stats: EngineStats) -> list[int]:
         """k greedy tokens after `ids` (assistant proposals for another engine); stops early at EOS."""
         return self.runner.greedy_continue(list(ids), k, self.eos_ids, stats)
@@ -183,6 +220,7 @@ class HFStepEngine:
                 specs.append(RowSpec((key, k), ids, req.cap(params), sample_seed(seed, k), keep=req.n == 1))
         return specs
 
+    @_on_engine_stream
     def generate(self, requests: Sequence[StepRequest], params: SamplingParams) -> Generation:
         """All requests decoded together (at most max_batch_rows rows per batch). The KV of every one-sample
         step is kept, so a later prefix that continues it only encodes its new tokens."""
@@ -225,6 +263,7 @@ class HFStepEngine:
             raise ValueError(f"steps {empty} encode to no tokens; cannot score an empty step")
         return ids, step_ids
 
+    @_on_engine_stream
     def score(self, prefix: Prefix, steps: Sequence[str], *, hidden: bool = True,
               layers: Sequence[int] | None = None) -> Scoring:
         """Each step teacher-forced after `prefix` independently; the prefix is encoded once and its
@@ -242,6 +281,7 @@ class HFStepEngine:
         stats.seconds = time.perf_counter() - t0
         return Scoring(results, stats)
 
+    @_on_engine_stream
     def score_chain(self, prefix: Prefix, steps: Sequence[str], *, hidden: bool = True,
                     layers: Sequence[int] | None = None) -> Scoring:
         """steps[0] ⊕ steps[1] ⊕ ... teacher-forced after `prefix` in one pass; one result per step,
@@ -264,6 +304,7 @@ class HFStepStream:
         self.batch = engine._batch(params)
         self._taken = EngineStats()
 
+    @_on_engine_stream
     def add(self, requests: Sequence[tuple[Hashable, StepRequest]]) -> list[tuple[Hashable, Step]]:
         bad = [key for key, req in requests if req.n != 1]
         if bad:
@@ -275,12 +316,14 @@ class HFStepStream:
         self.batch.stats.seconds += time.perf_counter() - t0
         return done
 
+    @_on_engine_stream
     def step(self) -> list[tuple[Hashable, Step]]:
         t0 = time.perf_counter()
         done = self.batch.step()
         self.batch.stats.seconds += time.perf_counter() - t0
         return done
 
+    @_on_engine_stream
     def cancel(self, keys: Sequence[Hashable]) -> None:
         self.batch.remove(keys)
 

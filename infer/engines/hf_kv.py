@@ -141,6 +141,24 @@ class ModelRunner:
         yield from self._recent.items()
         yield from self._prefix_cache.items()
 
+    def cached_prefix(self, ids: Sequence[int]):
+        """(a private copy of the cache of the longest cached prefix of `ids` that leaves at least one token of
+        `ids` to forward, cut to the tokens they share; how many tokens it holds), or (None, 0). No forward."""
+        with self.lock:
+            return self._cached_prefix(tuple(ids))
+
+    def _cached_prefix(self, key: tuple[int, ...]):
+        best, shared = None, 0
+        for cached, (cache, _) in self._entries():
+            n = min(common_prefix_len([cached, key]), len(key) - 1)  # >= 1 new token gives the logits
+            if n > shared and (n == len(cached) or _croppable(cache)):
+                best, shared = cache, n
+        if best is None:
+            return None, 0
+        cache = clone_cache(best)
+        crop_cache(cache, shared)
+        return cache, shared
+
     def _prefill_locked(self, ids: list[int], stats: EngineStats):
         key = tuple(ids)
         hit = self._prefix_cache.get(key) or self._recent.get(key)
@@ -150,18 +168,9 @@ class ModelRunner:
             stats.reused_prefix_tokens += len(ids)
             return clone_cache(hit[0]), hit[1]
         # reuse the cached prefix sharing the most leading tokens, cut back to what they share
-        best, shared = None, 0
-        for cached, (cache, _) in self._entries():
-            n = min(common_prefix_len([cached, key]), len(key) - 1)  # >= 1 new token gives the logits
-            if n > shared and (n == len(cached) or _croppable(cache)):
-                best, shared = cache, n
-        if best is not None:
-            cache = clone_cache(best)
-            crop_cache(cache, shared)
-            new = ids[shared:]
-            stats.reused_prefix_tokens += shared
-        else:
-            cache, new = None, ids
+        cache, shared = self._cached_prefix(key)
+        new = ids[shared:]
+        stats.reused_prefix_tokens += shared
         stats.prefill_tokens += len(new)
         inp = torch.tensor([new], device=self.device)
         pos = torch.arange(len(ids) - len(new), len(ids), device=self.device)[None]

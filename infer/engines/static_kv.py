@@ -9,9 +9,12 @@ device and the write column. `FastDecodeBatch` decodes rows on it with the inter
 Layout (the same idea as the eager batch, without any concatenation): every row owns a slot; all slots
 write the same column at each forward (the cache's write offset), and each row's mask says which
 columns are its tokens. A row joining copies the K/V columns of the prompt prefix it shares with the
-base (the prefix common to the rows the batch began with, encoded once through the engine's prefix
-cache) or with a running row into its own slot at the same column indices (one indexed copy per layer),
-and only its own tail is forwarded, into fresh columns. Rows of a step batch (n samples, the gamma+1
+base (the prefix common to the rows the batch began with: what the engine's prefix cache holds of it, or, when
+several rows share many uncached tokens, all of it encoded once in a prefill forward) or with a running row into
+its own slot at the same column indices (one indexed copy per layer), and only its own tail is forwarded, into
+fresh columns: in one forward, or, for rows starting a batch with a few tokens each (a step continuing the last),
+through the decode step one token at a time (on a GPU a few replays of the captured step cost less than one eager
+forward's launches). Rows of a step batch (n samples, the gamma+1
 nested prefixes of Lookahead Reasoning) thus share the prefix without re-encoding it. Finished and
 empty slots keep decoding a pad token into masked columns: the batch shape never changes between
 joins, which is what lets the decode step run as one captured CUDA graph (`DecodeStep`: captured once per
@@ -80,6 +83,9 @@ log = logging.getLogger(__name__)
 _SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _COLUMN_BLOCK = 256
 _COLUMN_MARGIN = 64  # free columns a new or grown buffer gets beyond what it holds
+# uncached tokens shared by several new rows that each row forwards with its own tail rather than in a separate prefill
+# forward of the shared prefix (one forward fewer; see FastDecodeBatch._new_base)
+_JOIN_SHARED_MAX = 16
 
 
 def slot_bucket(rows: int) -> int:
@@ -264,9 +270,13 @@ class FastDecodeBatch(RowBatch):
 
     def __init__(self, runner: ModelRunner, text: StepTokenizer, params: SamplingParams, *,
                  max_length: int | None = None, pool: StaticKVPool | None = None,
-                 decode_step: DecodeStep | None = None, proposer=None, spec_tokens: int = 0):
+                 decode_step: DecodeStep | None = None, proposer=None, spec_tokens: int = 0,
+                 join_steps: int | None = None):
         """pool, decode_step: the engine's (buffers and captures shared by its batches); by default this
-        batch's own, eager on static buffers."""
+        batch's own, eager on static buffers. join_steps: rows that start a batch with tails of at most this many
+        tokens (all of one length) are fed through the decode step, one token per step, instead of one eager
+        forward; by default 8 when the decode step replays a graph (a replay costs a fraction of an eager
+        forward's launches), else 1."""
         self.runner, self.text, self.params = runner, text, params
         self.max_length = max_length
         self.proposer, self.spec_tokens = proposer, spec_tokens if proposer is not None else 0
@@ -282,6 +292,7 @@ class FastDecodeBatch(RowBatch):
         self._cheap_stop = self._delim.isascii()  # see _append
         self.pool = pool or StaticKVPool(runner.model, runner.pad_id, keep=0)
         self._forward = decode_step or DecodeStep(runner.model, "none")
+        self.join_steps = join_steps if join_steps is not None else (8 if self._forward.graphed else 1)
         # sampling state of every slot, on the device (the decode inputs live in the StaticKV)
         self._keys = self._counters = None
 
@@ -301,7 +312,7 @@ class FastDecodeBatch(RowBatch):
                 if self.kv is not None:  # kept by an add that failed: start it afresh
                     self.kv.reset(self.runner.pad_id)
                 self._new_base([r.ids for r in new])
-            self._ensure_slots(len(self.rows) + len(new))
+            self._ensure_slots(len(self.rows) + len(new), max(len(r.ids) for r in new))
             logits = self._join(new)
             self.stats.iterations += 1
             self.stats.row_iterations += len(new)
@@ -485,12 +496,20 @@ class FastDecodeBatch(RowBatch):
 
     # ------------------------------------------------------------------ joining
     def _new_base(self, ids_list: list[list[int]]) -> None:
+        """The base: the rows' common prefix, as far as the prefix cache holds it when the rows' own join forward can
+        take the rest (one row, or few uncached shared tokens), else encoded in a prefill forward (and cached). A
+        prefill forward costs a whole eager forward: on a GPU as much as tens of captured decode steps."""
         lcp = common_prefix_len(ids_list)
-        self.base_ids = list(ids_list[0][:lcp])
-        if lcp:
-            self.base_cache, _ = self.runner.prefill(self.base_ids, self.stats)  # rows forward >= 1 own token
+        base = list(ids_list[0][:lcp])
+        self.base_ids, self.base_cache = [], None
+        if not lcp:
+            return
+        cache, n = self.runner.cached_prefix(base)
+        if len(ids_list) == 1 or lcp - n <= _JOIN_SHARED_MAX:
+            self.base_ids, self.base_cache = base[:n], cache  # each row counts the reused tokens when it joins
         else:
-            self.base_cache = None
+            self.base_ids = base
+            self.base_cache, _ = self.runner.prefill(base, self.stats)  # rows forward >= 1 own token
 
     def _donor(self, row: _FastRow) -> tuple[_FastRow | None, int]:
         """The running row (or None: the base) sharing the longest token prefix with `row`, and how
@@ -527,6 +546,9 @@ class FastDecodeBatch(RowBatch):
             self.stats.reused_prefix_tokens += share
         if base_slots:
             kv.load_prefix(base_slots, self.base_cache, base_cols)
+        self.stats.prefill_tokens += sum(map(len, tails))
+        if not self.rows and m <= self.join_steps and all(len(t) == m for t in tails):
+            return self._join_by_steps(new, plans, tails)
         c0 = kv.col
         inp = torch.full((kv.slots, m), self.runner.pad_id, dtype=torch.long)
         pos = torch.zeros((kv.slots, m), dtype=torch.long)
@@ -545,10 +567,34 @@ class FastDecodeBatch(RowBatch):
                                   attention_mask=kv.mask, past_key_values=kv.cache, use_cache=True,
                                   logits_to_keep=torch.tensor(keep, device=self.device))
         kv.col = c0 + m
-        self.stats.prefill_tokens += sum(map(len, tails))
         self.rows.extend(new)
         self._init_state(new)
         return {id(r): out.logits[r.slot, keep.index(j)].float() for r, j in zip(new, last)}
+
+    def _join_by_steps(self, new: list[_FastRow], plans, tails: list[list[int]]) -> dict[int, torch.Tensor]:
+        """`_join`'s forward for rows starting an empty batch whose tails have one length m: m decode steps (a
+        captured step replays), each feeding every row's next tail token; the other slots feed pads as in a plain
+        step."""
+        kv, m = self.kv, len(tails[0])
+        slots = torch.tensor([r.slot for r in new], device=self.device)
+        toks = torch.tensor(tails, device=self.device)
+        pos = torch.tensor([share for _, _, share in plans], device=self.device)
+        for r in new:
+            kv.mask[r.slot, r.cols] = 1
+        c0 = kv.col
+        for j in range(m):
+            kv.ids[slots, 0] = toks[:, j]
+            kv.pos[slots, 0] = pos + j
+            kv.mask[:, c0 + j] = 1  # the rows' token, and every free slot's pad (see StaticKV)
+            self.stats.forward_passes += 1
+            with self.runner.lock:
+                logits = self._forward(kv)
+            kv.col += 1
+        for r in new:
+            r.cols = r.cols + list(range(c0, c0 + m))
+        self.rows.extend(new)
+        self._init_state(new)
+        return {id(r): logits[r.slot].float() for r in new}
 
     def _init_state(self, new: list[_FastRow]) -> None:
         slots = torch.tensor([r.slot for r in new], device=self.device)
@@ -557,12 +603,13 @@ class FastDecodeBatch(RowBatch):
         self._counters[slots] = 0
 
     # ------------------------------------------------------------------ capacity
-    def _ensure_slots(self, rows: int) -> None:
+    def _ensure_slots(self, rows: int, longest: int) -> None:
+        """Slots for `rows` rows; a new buffer gets columns for the longest new row's tokens."""
         want = slot_bucket(rows)
         if self.kv is not None and self.kv.slots >= want:
             return
         if self.kv is None:
-            self.kv = self.pool.take(want, column_capacity(len(self.base_ids) + _COLUMN_MARGIN))
+            self.kv = self.pool.take(want, column_capacity(longest + _COLUMN_MARGIN))
         else:
             self._move_to(self.pool.take(want, self.kv.columns))
         old = 0 if self._keys is None else self._keys.shape[0]
@@ -654,6 +701,12 @@ class DecodeStep:
         self.captures = self.replays = 0
         self._compiled = (torch.compile(self._eager, mode="reduce-overhead", fullgraph=False, dynamic=False)
                           if mode == "compile" else None)
+
+    @property
+    def graphed(self) -> bool:
+        """Whether a step replays a graph (a captured or compiled one), so that it costs far less than an eager
+        forward of the same tokens."""
+        return self.failed is None and self.mode in ("cuda_graph", "compile")
 
     def __call__(self, kv: StaticKV) -> torch.Tensor:
         """The logits (slots, vocab) of every slot's next token; on a captured step they live in the capture's
