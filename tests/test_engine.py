@@ -117,6 +117,28 @@ def test_score_chain_conditions_each_step_on_the_ones_before(smol_engine, gsm_qu
 
 
 @pytest.mark.slow
+def test_score_chain_encodes_the_prefix_in_its_own_forward_and_caches_it(smol_engine, gsm_question):
+    """One forward for an uncached prefix and the steps together; the prefix's KV is then cached as a prefill caches
+    it, and the scores equal those of a call that finds it cached."""
+    prefix, steps = Prefix(gsm_question), ["12 * 4 = 48.\n\n", "48 - 30 = 18.\n\n"]
+    smol_engine.clear_prefix_cache()
+    cold = smol_engine.score_chain(prefix, steps)
+    n_prefix = len(smol_engine.prefix_ids(prefix))
+    assert cold.stats.forward_passes == 1 and cold.stats.prefill_tokens == n_prefix + sum(len(s.token_ids) for s in
+                                                                                         cold.steps)
+    warm = smol_engine.score_chain(prefix, steps)
+    assert warm.stats.forward_passes == 1 and warm.stats.reused_prefix_tokens == n_prefix
+    smol_engine.clear_prefix_cache()
+    alone = smol_engine.score(prefix, steps[:1]).steps[0]  # its prefix encoded by a prefill forward
+    torch.testing.assert_close(cold.steps[0].token_logprobs, alone.token_logprobs, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(cold.steps[0].mean_hidden, alone.mean_hidden, atol=1e-4, rtol=1e-4)
+    for a, b in zip(cold.steps, warm.steps):
+        torch.testing.assert_close(a.token_logprobs, b.token_logprobs, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a.mean_hidden, b.mean_hidden, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a.last_hidden, b.last_hidden, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
 def test_bad_prompts_are_clear_errors(smol_engine):
     with pytest.raises(ValueError, match="empty prompt"):
         smol_engine.format_prefix("   ")

@@ -159,14 +159,26 @@ class ModelRunner:
         crop_cache(cache, shared)
         return cache, shared
 
+    def _exact(self, key: tuple[int, ...], stats: EngineStats):
+        """(a private copy of the cache, final logits) of `key` when it is cached whole, else None."""
+        hit = self._prefix_cache.get(key) or self._recent.get(key)
+        if hit is None:
+            return None
+        if key in self._prefix_cache:
+            self._prefix_cache.move_to_end(key)
+        stats.reused_prefix_tokens += len(key)
+        return clone_cache(hit[0]), hit[1]
+
+    def _remember(self, key: tuple[int, ...], cache, logits: torch.Tensor) -> None:
+        self._prefix_cache[key] = (cache, logits)
+        while len(self._prefix_cache) > self._prefix_cache_size:
+            self._prefix_cache.popitem(last=False)
+
     def _prefill_locked(self, ids: list[int], stats: EngineStats):
         key = tuple(ids)
-        hit = self._prefix_cache.get(key) or self._recent.get(key)
+        hit = self._exact(key, stats)
         if hit is not None:
-            if key in self._prefix_cache:
-                self._prefix_cache.move_to_end(key)
-            stats.reused_prefix_tokens += len(ids)
-            return clone_cache(hit[0]), hit[1]
+            return hit
         # reuse the cached prefix sharing the most leading tokens, cut back to what they share
         cache, shared = self._cached_prefix(key)
         new = ids[shared:]
@@ -177,9 +189,7 @@ class ModelRunner:
         out = self.forward(stats, input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=True,
                            logits_to_keep=1)
         cache, logits = out.past_key_values, out.logits[0, -1].float()
-        self._prefix_cache[key] = (cache, logits)
-        while len(self._prefix_cache) > self._prefix_cache_size:
-            self._prefix_cache.popitem(last=False)
+        self._remember(key, cache, logits)
         return clone_cache(cache), logits
 
     def keep_recent(self, rows: dict[tuple[int, ...], tuple[object, torch.Tensor]]) -> None:
@@ -240,17 +250,35 @@ class ModelRunner:
 
     def score_chain(self, ids: list[int], step_ids: list[list[int]], hidden: bool, chosen: list[int],
                     stats: EngineStats) -> list[ScoredStep]:
-        """steps[0] ⊕ steps[1] ⊕ ... teacher-forced after `ids` in one pass."""
+        """steps[0] ⊕ steps[1] ⊕ ... teacher-forced after `ids` in one pass. The prefix's uncached tokens go in
+        the same forward as the steps (no separate prefill forward: on a GPU each eager forward costs its launches),
+        and the prefix's KV is cached as a prefill would cache it."""
         flat = [t for s in step_ids for t in s]
-        cache, last_logits = self.prefill(ids, stats)
-        inp = torch.tensor([flat], device=self.device)
-        pos = torch.arange(len(ids), len(ids) + len(flat), device=self.device)[None]
-        out = self.forward(stats, input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=False,
-                           output_hidden_states=hidden)
+        with self.lock:
+            key = tuple(ids)
+            hit = self._exact(key, stats)
+            if hit is not None:
+                cache, new, last_logits = hit[0], [], hit[1]
+            else:
+                cache, shared = self._cached_prefix(key)
+                new = ids[shared:]
+                stats.reused_prefix_tokens += shared
+                stats.prefill_tokens += len(new)
+            inp = torch.tensor([new + flat], device=self.device)
+            pos = torch.arange(len(ids) - len(new), len(ids) + len(flat), device=self.device)[None]
+            out = self.forward(stats, input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=bool(new),
+                               output_hidden_states=hidden)
+            k = len(new)  # the steps' columns start here
+            if new:
+                last_logits = out.logits[0, k - 1].float()
+                prefix_cache = out.past_key_values
+                if _croppable(prefix_cache):
+                    crop_cache(prefix_cache, len(ids))
+                    self._remember(key, prefix_cache, last_logits)
         stats.prefill_tokens += len(flat)
-        pred = torch.cat([last_logits[None], out.logits[0, :-1].float()], 0)
-        lp = torch.log_softmax(pred, -1).gather(-1, inp[0, :, None]).squeeze(-1)
-        hs = torch.stack([out.hidden_states[i][0] for i in chosen], 0).float() if hidden else None  # (L, T, H)
+        pred = torch.cat([last_logits[None], out.logits[0, k:-1].float()], 0)
+        lp = torch.log_softmax(pred, -1).gather(-1, inp[0, k:, None]).squeeze(-1)
+        hs = torch.stack([out.hidden_states[i][0, k:] for i in chosen], 0).float() if hidden else None  # (L, T, H)
         results, offset = [], 0
         for s in step_ids:
             sl = slice(offset, offset + len(s))
