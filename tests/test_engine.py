@@ -117,25 +117,28 @@ def test_score_chain_conditions_each_step_on_the_ones_before(smol_engine, gsm_qu
 
 
 @pytest.mark.slow
-def test_score_chain_encodes_the_prefix_in_its_own_forward_and_caches_it(smol_engine, gsm_question):
-    """One forward for an uncached prefix and the steps together; the prefix's KV is then cached as a prefill caches
-    it, and the scores equal those of a call that finds it cached."""
+def test_score_chain_encodes_a_few_uncached_prefix_tokens_in_its_own_forward_and_caches_them(smol_engine,
+                                                                                           gsm_question):
+    """A prefix whose cache lacks a few tokens (the last step) is completed in the steps' forward (one forward, not a
+    prefill and a scoring pass) and then cached as a prefill caches it; the scores equal those of a call that finds it
+    cached and of one whose prefix a prefill encoded. A long uncached prefix still gets its own prefill forward."""
     prefix, steps = Prefix(gsm_question), ["12 * 4 = 48.\n\n", "48 - 30 = 18.\n\n"]
+    longer = prefix.extend(steps[0])
     smol_engine.clear_prefix_cache()
-    cold = smol_engine.score_chain(prefix, steps)
-    n_prefix = len(smol_engine.prefix_ids(prefix))
-    assert cold.stats.forward_passes == 1 and cold.stats.prefill_tokens == n_prefix + sum(len(s.token_ids) for s in
-                                                                                         cold.steps)
-    warm = smol_engine.score_chain(prefix, steps)
-    assert warm.stats.forward_passes == 1 and warm.stats.reused_prefix_tokens == n_prefix
+    first = smol_engine.score_chain(prefix, steps[:1])
+    n_prefix, n_longer = len(smol_engine.prefix_ids(prefix)), len(smol_engine.prefix_ids(longer))
+    assert n_prefix > 64 and first.stats.forward_passes == 2  # too many uncached tokens to merge
+    cold = smol_engine.score_chain(longer, steps[1:])
+    step_tokens = len(cold.steps[0].token_ids)
+    assert cold.stats.forward_passes == 1 and cold.stats.prefill_tokens == n_longer - n_prefix + step_tokens
+    warm = smol_engine.score_chain(longer, steps[1:])
+    assert warm.stats.forward_passes == 1 and warm.stats.reused_prefix_tokens == n_longer
     smol_engine.clear_prefix_cache()
-    alone = smol_engine.score(prefix, steps[:1]).steps[0]  # its prefix encoded by a prefill forward
-    torch.testing.assert_close(cold.steps[0].token_logprobs, alone.token_logprobs, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(cold.steps[0].mean_hidden, alone.mean_hidden, atol=1e-4, rtol=1e-4)
-    for a, b in zip(cold.steps, warm.steps):
-        torch.testing.assert_close(a.token_logprobs, b.token_logprobs, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(a.mean_hidden, b.mean_hidden, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(a.last_hidden, b.last_hidden, atol=1e-4, rtol=1e-4)
+    alone = smol_engine.score(longer, steps[1:]).steps[0]  # its prefix encoded by a prefill forward
+    for other in (warm.steps[0], alone):
+        torch.testing.assert_close(cold.steps[0].token_logprobs, other.token_logprobs, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(cold.steps[0].mean_hidden, other.mean_hidden, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(cold.steps[0].last_hidden, other.last_hidden, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow

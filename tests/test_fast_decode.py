@@ -15,7 +15,7 @@ import torch
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest, static_kv
 from specprobe.infer.engines.base import EngineStats
 from specprobe.infer.engines.device_sampling import nucleus_logprobs, sample_tokens, seed_key, uniforms
-from specprobe.infer.engines.hf_kv import RowSpec
+from specprobe.infer.engines.hf_kv import DecodeBatch, RowSpec
 from specprobe.infer.engines.static_kv import FastDecodeBatch
 from specprobe.infer.engines.token_spec import (
     DraftTree,
@@ -234,12 +234,14 @@ def test_a_continuing_row_starts_in_one_forward(engines):
 @pytest.mark.parametrize("rows", [1, 3])
 def test_rows_joined_by_decode_steps_write_the_eager_steps(engines, rows):
     """join_steps: rows starting a batch with a few uncached tokens each are fed one token per decode step (on a GPU
-    replays of the captured step instead of an eager forward); their steps are the eager path's."""
+    replays of the captured step instead of an eager forward); each row (their last prompt tokens differ) writes the
+    eager path's step for its own prompt."""
     eager, fast = engines
     ids = fast.prefix_ids(Prefix(QUESTIONS[1]))
+    prompts = [ids] + [ids[:-1] + [t] for t in (ids[-2], ids[-3])][:rows - 1]
     fast.clear_prefix_cache()
     fast.runner.prefill(ids[:-5], EngineStats())
-    specs = [RowSpec(k, ids, GREEDY.max_step_tokens) for k in range(rows)]
+    specs = [RowSpec(k, p, GREEDY.max_step_tokens) for k, p in enumerate(prompts)]
     batch = FastDecodeBatch(fast.runner, fast.text, GREEDY, pool=fast.kv_pool, decode_step=fast.decode_step,
                             join_steps=8)
     got = dict(batch.add(specs))
@@ -247,11 +249,15 @@ def test_rows_joined_by_decode_steps_write_the_eager_steps(engines, rows):
     assert batch.stats.forward_passes == batch.stats.iterations + 4  # five tokens in five steps, not in a prefill
     assert batch.stats.reused_prefix_tokens == rows * (len(ids) - 5)
     eager.clear_prefix_cache()
-    want = eager.generate([StepRequest(Prefix(QUESTIONS[1]))], GREEDY).steps[0][0]
-    for k in range(rows):
-        assert_same_greedy(eager.model, ids, got[k].token_ids, want.token_ids, at_least=4)
-        if got[k].token_ids == want.token_ids:
-            assert got[k].logprob == pytest.approx(want.logprob, abs=1e-3)
+    reference = DecodeBatch(eager.runner, eager.text, GREEDY)
+    want = dict(reference.add(specs))
+    want.update(reference.run())
+    for k, p in enumerate(prompts):
+        assert_same_greedy(eager.model, p, got[k].token_ids, want[k].token_ids, at_least=4)
+        if got[k].token_ids == want[k].token_ids:
+            assert got[k].logprob == pytest.approx(want[k].logprob, abs=1e-3)
+    if rows > 1:
+        assert len({tuple(got[k].token_ids) for k in range(rows)}) > 1  # the rows' prompts matter
 
 
 def test_decode_step_modes(engines):

@@ -105,6 +105,9 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
     return n
 
 
+_MERGED_PREFIX_MAX = 64  # uncached prefix tokens score_chain encodes in the steps' forward
+
+
 def _croppable(cache) -> bool:
     return all(getattr(layer, "is_croppable", False) for layer in getattr(cache, "layers", [None]))
 
@@ -180,7 +183,11 @@ class ModelRunner:
         if hit is not None:
             return hit
         # reuse the cached prefix sharing the most leading tokens, cut back to what they share
-        cache, shared = self._cached_prefix(key)
+        return self._encode(key, *self._cached_prefix(key), stats)
+
+    def _encode(self, key: tuple[int, ...], cache, shared: int, stats: EngineStats):
+        """The prefill forward of key's tokens after the first `shared` (held by `cache`); caches the result."""
+        ids = list(key)
         new = ids[shared:]
         stats.reused_prefix_tokens += shared
         stats.prefill_tokens += len(new)
@@ -252,15 +259,20 @@ class ModelRunner:
                     stats: EngineStats) -> list[ScoredStep]:
         """steps[0] ⊕ steps[1] ⊕ ... teacher-forced after `ids` in one pass. The prefix's uncached tokens go in
         the same forward as the steps (no separate prefill forward: on a GPU each eager forward costs its launches),
-        and the prefix's KV is cached as a prefill would cache it."""
+        and the prefix's KV is cached as a prefill would cache it. A prefix with more than `_MERGED_PREFIX_MAX`
+        uncached tokens gets its own prefill forward (the merged one would hold logits and hidden states for all of
+        them)."""
         flat = [t for s in step_ids for t in s]
         with self.lock:
             key = tuple(ids)
             hit = self._exact(key, stats)
+            if hit is None:
+                cache, shared = self._cached_prefix(key)
+                if len(ids) - shared > _MERGED_PREFIX_MAX:
+                    hit = self._encode(key, cache, shared, stats)
             if hit is not None:
                 cache, new, last_logits = hit[0], [], hit[1]
             else:
-                cache, shared = self._cached_prefix(key)
                 new = ids[shared:]
                 stats.reused_prefix_tokens += shared
                 stats.prefill_tokens += len(new)
@@ -270,7 +282,7 @@ class ModelRunner:
                                output_hidden_states=hidden)
             k = len(new)  # the steps' columns start here
             if new:
-                last_logits = out.logits[0, k - 1].float()
+                last_logits = out.logits[0, k - 1].float().clone()  # not a view keeping all the logits alive
                 prefix_cache = out.past_key_values
                 if _croppable(prefix_cache):
                     crop_cache(prefix_cache, len(ids))
