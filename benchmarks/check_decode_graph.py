@@ -43,7 +43,7 @@ def chain(engine: HFStepEngine, steps: int, params) -> list:
         step = engine.generate([StepRequest(prefix)], params).steps[0][0]
         out.append(step)
         prefix = prefix.extend(step)
-    return [out]
+    return out
 
 
 def main() -> int:
@@ -68,7 +68,7 @@ def main() -> int:
     chained = SamplingParams(temperature=0.0, max_step_tokens=args.tokens)
     ok = True
     for case, (requests, params) in [*cases.items(), ("greedy, a chain of 8 steps", (None, chained))]:
-        got = {name: run(e, requests, params) if requests else chain(e, 8, params) for name, e in engines.items()}
+        got = {name: run(e, requests, params) if requests else [chain(e, 8, params)] for name, e in engines.items()}
         want = got["captured"][0]
         for name, rounds in got.items():
             if name == "reference" and params.temperature > 0:
@@ -78,12 +78,11 @@ def main() -> int:
             ok &= same and diff < 1e-3
             print(f"{case:28s} {name:13s} tokens {'identical' if same else 'DIFFER'} in {len(rounds)} round(s), "
                   f"max |Δ step logprob| {diff:.2e}")
-        if requests is None:
-            alone = [s.token_ids for s in got["captured"][0]]
+    alone = [s.token_ids for s in got["captured"][0]]  # the chain, the last case
     pair = [engines["captured"],
             HFStepEngine(args.model, model=base.model, tokenizer=base.tokenizer, decode="fast", decode_graph=args.graph)]
     both: dict[int, list] = {}
-    threads = [threading.Thread(target=lambda i=i: both.update({i: chain(pair[i], 8, chained)[0]})) for i in (0, 1)]
+    threads = [threading.Thread(target=lambda i=i: both.update({i: chain(pair[i], 8, chained)})) for i in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:

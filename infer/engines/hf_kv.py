@@ -137,18 +137,12 @@ class ModelRunner:
 
     def prefill(self, ids: list[int], stats: EngineStats):
         """KV cache (a private copy) and final logits of one prefix, reusing the longest cached prefix."""
-        with self.lock:
-            return self._prefill_locked(list(ids), stats)
+        cache, _, logits = self.start(ids, stats, 0)
+        return cache, logits
 
     def _entries(self):
         yield from self._recent.items()
         yield from self._prefix_cache.items()
-
-    def cached_prefix(self, ids: Sequence[int]):
-        """(a private copy of the cache of the longest cached prefix of `ids` that leaves at least one token of
-        `ids` to forward, cut to the tokens they share; how many tokens it holds), or (None, 0). No forward."""
-        with self.lock:
-            return self._cached_prefix(tuple(ids))
 
     def _cached_prefix(self, key: tuple[int, ...]):
         best, shared = None, 0
@@ -177,27 +171,31 @@ class ModelRunner:
         while len(self._prefix_cache) > self._prefix_cache_size:
             self._prefix_cache.popitem(last=False)
 
-    def _prefill_locked(self, ids: list[int], stats: EngineStats):
-        key = tuple(ids)
+    def start(self, ids: Sequence[int], stats: EngineStats, leave: int):
+        """(a private copy of a cache, the tokens of `ids` it lacks, final logits or None) for a forward that
+        continues `ids`: the cache holds all of `ids` (encoded now in a prefill forward, and cached) unless at most
+        `leave` tokens are missing; those the caller's own forward encodes (and counts), and the logits are None.
+        A prefill forward costs a whole eager forward: on a GPU as much as tens of captured decode steps."""
+        with self.lock:
+            return self._start(tuple(ids), stats, leave)
+
+    def _start(self, key: tuple[int, ...], stats: EngineStats, leave: int):
         hit = self._exact(key, stats)
         if hit is not None:
-            return hit
-        # reuse the cached prefix sharing the most leading tokens, cut back to what they share
-        return self._encode(key, *self._cached_prefix(key), stats)
-
-    def _encode(self, key: tuple[int, ...], cache, shared: int, stats: EngineStats):
-        """The prefill forward of key's tokens after the first `shared` (held by `cache`); caches the result."""
-        ids = list(key)
-        new = ids[shared:]
+            return hit[0], [], hit[1]
+        # the cached prefix sharing the most leading tokens, cut back to what they share
+        cache, shared = self._cached_prefix(key)
+        new = list(key[shared:])
+        if len(new) <= leave:
+            return cache, new, None
         stats.reused_prefix_tokens += shared
         stats.prefill_tokens += len(new)
-        inp = torch.tensor([new], device=self.device)
-        pos = torch.arange(len(ids) - len(new), len(ids), device=self.device)[None]
-        out = self.forward(stats, input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=True,
-                           logits_to_keep=1)
+        pos = torch.arange(shared, len(key), device=self.device)[None]
+        out = self.forward(stats, input_ids=torch.tensor([new], device=self.device), past_key_values=cache,
+                           position_ids=pos, use_cache=True, logits_to_keep=1)
         cache, logits = out.past_key_values, out.logits[0, -1].float()
         self._remember(key, cache, logits)
-        return clone_cache(cache), logits
+        return clone_cache(cache), [], logits
 
     def keep_recent(self, rows: dict[tuple[int, ...], tuple[object, torch.Tensor]]) -> None:
         """Replace the finished rows kept from the last decoding call."""
@@ -265,16 +263,9 @@ class ModelRunner:
         flat = [t for s in step_ids for t in s]
         with self.lock:
             key = tuple(ids)
-            hit = self._exact(key, stats)
-            if hit is None:
-                cache, shared = self._cached_prefix(key)
-                if len(ids) - shared > _MERGED_PREFIX_MAX:
-                    hit = self._encode(key, cache, shared, stats)
-            if hit is not None:
-                cache, new, last_logits = hit[0], [], hit[1]
-            else:
-                new = ids[shared:]
-                stats.reused_prefix_tokens += shared
+            cache, new, last_logits = self._start(key, stats, _MERGED_PREFIX_MAX)
+            if new:  # encoded in this forward
+                stats.reused_prefix_tokens += len(ids) - len(new)
                 stats.prefill_tokens += len(new)
             inp = torch.tensor([new + flat], device=self.device)
             pos = torch.arange(len(ids) - len(new), len(ids) + len(flat), device=self.device)[None]

@@ -335,11 +335,7 @@ class FastDecodeBatch(RowBatch):
                 return self._speculative_step(trees)
             self._ensure_columns(1)
             kv, c = self.kv, self.kv.col
-            kv.mask[:, c] = 1  # every slot's new token (a free slot's too: see StaticKV)
-            self.stats.forward_passes += 1
-            with self.runner.lock:
-                logits = self._forward(kv)
-            kv.col += 1
+            logits = self._decode_forward()
             kv.pos += 1
             for r in self.rows:
                 r.gen_cols.append(c)
@@ -497,19 +493,14 @@ class FastDecodeBatch(RowBatch):
     # ------------------------------------------------------------------ joining
     def _new_base(self, ids_list: list[list[int]]) -> None:
         """The base: the rows' common prefix, as far as the prefix cache holds it when the rows' own join forward can
-        take the rest (one row, or few uncached shared tokens), else encoded in a prefill forward (and cached). A
-        prefill forward costs a whole eager forward: on a GPU as much as tens of captured decode steps."""
+        take the rest (one row, or few uncached shared tokens: `ModelRunner.start`), else encoded in a prefill
+        forward (and cached). Each row counts the tokens it reuses and forwards when it joins."""
         lcp = common_prefix_len(ids_list)
-        base = list(ids_list[0][:lcp])
         self.base_ids, self.base_cache = [], None
-        if not lcp:
-            return
-        cache, n = self.runner.cached_prefix(base)
-        if len(ids_list) == 1 or lcp - n <= _JOIN_SHARED_MAX:
-            self.base_ids, self.base_cache = base[:n], cache  # each row counts the reused tokens when it joins
-        else:
-            self.base_ids = base
-            self.base_cache, _ = self.runner.prefill(base, self.stats)  # rows forward >= 1 own token
+        if lcp:
+            leave = lcp if len(ids_list) == 1 else _JOIN_SHARED_MAX
+            self.base_cache, missing, _ = self.runner.start(ids_list[0][:lcp], self.stats, leave)
+            self.base_ids = list(ids_list[0][:lcp - len(missing)])  # rows forward >= 1 own token
 
     def _donor(self, row: _FastRow) -> tuple[_FastRow | None, int]:
         """The running row (or None: the base) sharing the longest token prefix with `row`, and how
@@ -585,16 +576,23 @@ class FastDecodeBatch(RowBatch):
         for j in range(m):
             kv.ids[slots, 0] = toks[:, j]
             kv.pos[slots, 0] = pos + j
-            kv.mask[:, c0 + j] = 1  # the rows' token, and every free slot's pad (see StaticKV)
-            self.stats.forward_passes += 1
-            with self.runner.lock:
-                logits = self._forward(kv)
-            kv.col += 1
+            logits = self._decode_forward()
         for r in new:
             r.cols = r.cols + list(range(c0, c0 + m))
         self.rows.extend(new)
         self._init_state(new)
         return {id(r): logits[r.slot].float() for r in new}
+
+    def _decode_forward(self) -> torch.Tensor:
+        """The decode step on every slot's `kv.ids` at `kv.pos`, into the write column, which every slot's mask
+        takes (a free slot sees its own pad token: see StaticKV); the logits per slot."""
+        kv = self.kv
+        kv.mask[:, kv.col] = 1
+        self.stats.forward_passes += 1
+        with self.runner.lock:
+            logits = self._forward(kv)
+        kv.col += 1
+        return logits
 
     def _init_state(self, new: list[_FastRow]) -> None:
         slots = torch.tensor([r.slot for r in new], device=self.device)
