@@ -66,8 +66,8 @@ class ModelsConfig:
                 "token speculation runs on both")
     decode_graph: Literal["auto", "cuda_graph", "compile", "none"] = opt(
         "auto", "how the fast path runs its plain decode step: cuda_graph (captured once per KV buffer and replayed), "
-                "compile (torch.compile 'reduce-overhead': fused kernels, tens of seconds of compiling per buffer "
-                "shape), none (eager), auto (cuda_graph on CUDA, none elsewhere)")
+                "compile (inductor's fused kernels, captured like cuda_graph on CUDA; two compilations of tens of "
+                "seconds each serve every buffer), none (eager), auto (cuda_graph on CUDA, none elsewhere)")
     engine: Literal["hf", "vllm"] = opt("hf", "step engine of the target (and of the draft unless draft_engine is "
                                               "set): hf (transformers) or vllm (pip install -e \".[vllm]\")")
     draft_engine: Literal["hf", "vllm"] | None = opt(None, "step engine of the draft (default: models.engine)")

@@ -269,6 +269,56 @@ def test_decode_step_modes(engines):
         static_kv.DecodeStep(model, "graphs")
 
 
+def _filled_kv(model, slots: int, columns: int, n: int, seed: int) -> static_kv.StaticKV:
+    """A StaticKV whose first n columns hold random K/V (seen by every slot), about to write column n."""
+    gen = torch.Generator().manual_seed(seed)
+    kv = static_kv.StaticKV(model, slots, columns, "cpu", torch.float32)
+    for layer in kv.layers:
+        layer.keys.copy_(torch.randn(layer.keys.shape, generator=gen))
+        layer.values.copy_(torch.randn(layer.values.shape, generator=gen))
+    kv.mask[:, :n + 1] = 1
+    kv.ids.copy_(torch.randint(0, model.config.vocab_size, (slots, 1), generator=gen))
+    kv.pos.fill_(n)
+    kv.set_column(n)
+    return kv
+
+
+@pytest.mark.slow
+def test_compiled_decode_step_equals_the_eager_step_and_compiles_twice_for_every_buffer(one_thread):
+    """decode_graph="compile": inductor's kernels on symbolic buffer sizes. Its step equals the eager step on the
+    same buffers (logits and the K/V it writes) for buffers of other slot and column counts, and all of them
+    cost two compilations (one slot, several), not one per buffer; an engine decoding with it writes the eager
+    fast path's greedy steps."""
+    from torch._dynamo.utils import counters
+
+    eager = HFStepEngine("random:llama-tiny", device="cpu", decode="fast", decode_graph="none")
+    compiled = HFStepEngine("random:llama-tiny", model=eager.model, tokenizer=eager.tokenizer, decode="fast",
+                            decode_graph="compile")
+    step, model = compiled.decode_step, eager.model
+    assert step.mode == "compile" and not step.graphed  # no capture on the CPU
+    before = counters["stats"]["unique_graphs"]
+    with torch.inference_mode():
+        for i, (slots, columns, n) in enumerate([(1, 256, 5), (1, 512, 300), (2, 256, 9), (4, 768, 40), (8, 256, 3)]):
+            got_kv, want_kv = _filled_kv(model, slots, columns, n, i), _filled_kv(model, slots, columns, n, i)
+            got, want = step(got_kv), static_kv.DecodeStep(model, "none")(want_kv)
+            assert got.shape == want.shape == (slots, model.config.vocab_size)
+            assert torch.allclose(got, want, atol=1e-4), (slots, columns, (got - want).abs().max())
+            for g, w in zip(got_kv.layers, want_kv.layers):  # the new token's K/V, written at column n
+                assert torch.allclose(g.keys[:, :, n], w.keys[:, :, n], atol=1e-5)
+                assert torch.allclose(g.values[:, :, n], w.values[:, :, n], atol=1e-5)
+    assert step.failed is None
+    assert 1 <= counters["stats"]["unique_graphs"] - before <= 2
+    params = SamplingParams(temperature=0.0, max_step_tokens=12)
+    prefixes = [Prefix(QUESTIONS[0]), Prefix(QUESTIONS[0], ("First.",)), Prefix(QUESTIONS[1])]
+    want = eager.generate([StepRequest(p) for p in prefixes], params).steps
+    got = compiled.generate([StepRequest(p) for p in prefixes], params).steps
+    assert step.failed is None
+    for p, (w,), (g,) in zip(prefixes, want, got):
+        n = assert_same_greedy(model, eager.prefix_ids(p), g.token_ids, w.token_ids)
+        if n == w.num_tokens:
+            assert g.logprob == pytest.approx(w.logprob, abs=1e-3)
+
+
 @pytest.mark.slow
 def test_rows_join_and_leave_a_running_fast_stream(engines):
     """Async LR's pattern: rows join while others decode, one is cancelled; columns outgrow the first

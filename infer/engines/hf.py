@@ -76,7 +76,7 @@ class HFStepEngine:
         `infer.engines.static_kv`), "eager" (the reference `hf_kv.DecodeBatch`) or "auto" (fast on CUDA,
         eager on CPU, where the eager path is faster: benchmarks/results/fast_spec_cpu). decode_graph: how the
         fast path runs its plain decode step (`static_kv.DecodeStep`): "cuda_graph" (captured once per buffer,
-        replayed), "compile" (torch.compile "reduce-overhead"), "none" (eager), "auto" (cuda_graph on CUDA)."""
+        replayed), "compile" (inductor's fused kernels, captured the same way on CUDA), "none" (eager), "auto" (cuda_graph on CUDA)."""
         if decode not in ("auto", "fast", "eager"):
             raise ValueError(f"decode must be 'auto', 'fast' or 'eager', got {decode!r}")
         if model is None:

@@ -680,8 +680,11 @@ class DecodeStep:
       capture across batches) and replayed: the launches of a whole forward in one call, no Python between
       kernels, no compilation. The first step on a buffer runs eagerly on the capture stream (the real step, and
       the warm-up the capture needs), then the forward is captured; nothing runs during a capture.
-    - "compile": `torch.compile(mode="reduce-overhead")` (inductor's fused kernels, replayed as CUDA graphs; it
-      compiles once per buffer shape, which takes tens of seconds per shape on a large model).
+    - "compile": inductor's fused kernels (`torch.compile`, symbolic buffer sizes), captured per StaticKV like
+      "cuda_graph" on CUDA (on the CPU the compiled forward is called). The sizes are symbolic so that one
+      compilation serves every pooled buffer: two in all (dynamo specializes a buffer of one slot), each tens of
+      seconds on a large model, paid on the first steps (a benchmark's warm-up). The capture is this class's own,
+      not inductor's "reduce-overhead" graphs: those are tied to their inputs' addresses and re-record per buffer.
     - "none": eager on the static buffers (the CPU's choice; "auto" is "cuda_graph" on CUDA, else "none").
     A capture or a compilation that fails (a host sync inside the model's forward, an unsupported op) is logged
     once and the step runs eagerly from then on: slower, still correct."""
@@ -695,27 +698,29 @@ class DecodeStep:
         if mode == "cuda_graph" and not on_cuda:
             raise ValueError("decode graph mode 'cuda_graph' needs the model on a CUDA device")
         self.model, self.mode = model, mode
+        self.capture = on_cuda and mode in ("cuda_graph", "compile")  # replay a CUDA graph per buffer
         self.failed: str | None = None  # why the step fell back to eager, if it did
         self.captures = self.replays = 0
-        self._compiled = (torch.compile(self._eager, mode="reduce-overhead", fullgraph=False, dynamic=False)
-                          if mode == "compile" else None)
+        # fullgraph: a graph break would leave Python (and its launches) between the compiled pieces
+        self._forward = (torch.compile(self._eager, dynamic=True, fullgraph=True) if mode == "compile"
+                         else self._eager)
 
     @property
     def graphed(self) -> bool:
-        """Whether a step replays a graph (a captured or compiled one), so that it costs far less than an eager
-        forward of the same tokens."""
-        return self.failed is None and self.mode in ("cuda_graph", "compile")
+        """Whether a step replays a captured graph, so that it costs far less than an eager forward of the same
+        tokens."""
+        return self.failed is None and self.capture
 
     def __call__(self, kv: StaticKV) -> torch.Tensor:
         """The logits (slots, vocab) of every slot's next token; on a captured step they live in the capture's
         output buffer, which the next replay on the same buffers overwrites."""
-        if self.failed is None and self.mode == "cuda_graph":
+        if self.failed is None and self.capture:
             return self._graphed(kv)
         if self.failed is None and self.mode == "compile":
             try:
-                return self._compiled(kv.ids, kv.pos, kv.mask, kv.cache)
+                return self._forward(kv.ids, kv.pos, kv.mask, kv.cache)
             except Exception as err:  # noqa: BLE001 - compilation problems must not stop decoding
-                self._fail(err)
+                self._fail(err, "compiled")
         return self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
 
     def _eager(self, ids, pos, mask, cache):
@@ -731,23 +736,30 @@ class DecodeStep:
         device = kv.mask.device
         stream = torch.cuda.Stream(device=device)
         stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):  # the real step, and the capture stream's warm-up (kernel choice, handles)
-            logits = self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
+        try:
+            # the real step, and the capture stream's warm-up (kernel choice, handles; the compilation in "compile")
+            with torch.cuda.stream(stream):
+                logits = self._forward(kv.ids, kv.pos, kv.mask, kv.cache)
+        except Exception as err:  # noqa: BLE001 - a compilation that fails must not stop decoding
+            torch.cuda.current_stream(device).wait_stream(stream)
+            if self.mode != "compile":
+                raise  # the eager forward itself failed: nothing to fall back to
+            self._fail(err, "compiled")
+            return self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
         torch.cuda.current_stream(device).wait_stream(stream)
         logits.record_stream(torch.cuda.current_stream(device))  # made on the capture stream, read on this one
         graph = torch.cuda.CUDAGraph()
         try:
             # thread_local: a draft engine's thread may keep decoding while this one captures (async LR)
             with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-                out = self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
+                out = self._forward(kv.ids, kv.pos, kv.mask, kv.cache)
         except Exception as err:  # noqa: BLE001 - an uncapturable forward must not stop decoding
-            self._fail(err)
+            self._fail(err, "captured")
             return logits
         kv.graph = (graph, out)
         self.captures += 1
         return logits
 
-    def _fail(self, err: Exception) -> None:
+    def _fail(self, err: Exception, what: str) -> None:
         self.failed = f"{type(err).__name__}: {err}"
-        log.warning("the decode step could not be %s (%s); decoding eagerly on static buffers",
-                    "captured" if self.mode == "cuda_graph" else "compiled", self.failed)
+        log.warning("the decode step could not be %s (%s); decoding eagerly on static buffers", what, self.failed)
