@@ -153,6 +153,18 @@ def simulate(kind: str, name: str, policy, c: float, b: list[float], v: list[flo
     return pos / cost
 
 
+# (c, b(1..7), v(1..6)) in target steps. cpu: the first CPU run's calibration. gpu-7b: the H100 run's calibration
+# (1.5B draft, 7B target; ../results/gpu_h100/joinstream_2026-11-25/adaptive_gamma/summary.json). gpu-32b: c from
+# the 1.5B -> 32B runtime run (runtime_summary.md there), b(1, 2, 4, 8) from fast_2026-11-25/engine_qwen2-32b.txt
+# with b(3), b(5..7) interpolated. v was not measured on the GPU: 0.1 is an assumption (a teacher-forced pass over
+# a few steps, against a 32-token target step), so the GPU semanticspec rows are a guess.
+SIMULATED_COSTS = {
+    "cpu": (0.14, [1.0, 1.6, 2.4, 1.75, 1.9, 2.1, 2.4], [0.21, 0.21, 0.21, 0.22, 0.23, 0.24]),
+    "gpu-7b": (0.515, [1.0, 1.089, 1.145, 1.150, 1.250, 1.255, 1.267], [0.1] * 6),
+    "gpu-32b": (0.15, [1.0, 1.025, 1.043, 1.061, 1.085, 1.108, 1.132], [0.1] * 6),
+}
+
+
 def simulation_table(c: float, b: list[float], v: list[float]) -> str:
     lines = [f"pure-policy simulation, c = {c}, b = {b}, v = {v}: adaptive / best fixed γ (1..6)",
              "| run | best fixed γ: speedup | adaptive / best fixed | adaptive + forecast skip / best fixed |", "|---|---|---|---|"]
@@ -180,12 +192,14 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", default="benchmarks/results/adaptive_gamma")
     ap.add_argument("--simulate", action="store_true", help="only the pure-policy simulation (no models)")
+    ap.add_argument("--costs", choices=sorted(SIMULATED_COSTS), default="cpu",
+                    help="--simulate's costs: this CPU's, or those measured on an H100 (SIMULATED_COSTS)")
     ap.add_argument("--forecast-skip", action="store_true",
                     help="also run gamma=adaptive:forecast_skip=true (lr_sync, semanticspec) in the same runs")
     ap.add_argument("overrides", nargs="*", help="more config overrides")
     args = ap.parse_args(argv)
     if args.simulate:
-        print(simulation_table(0.14, [1.0, 1.6, 2.4, 1.75, 1.9, 2.1, 2.4], [0.21, 0.21, 0.21, 0.22, 0.23, 0.24]))
+        print(simulation_table(*SIMULATED_COSTS[args.costs]))
         return 0
     if any(o.startswith("runtime.adaptive.forecast_skip") for o in args.overrides):
         ap.error("the plain gamma=adaptive rows run without the forecast skip; use --forecast-skip to add it")

@@ -21,8 +21,9 @@ first is Lookahead Reasoning's sync formula at k + 1 parallel steps (`probes.spe
 The policy: after each drafted step the runtime knows that step's predicted a_i (an acceptance probe on the
 draft's own hidden states, or a system-speed estimate); later steps are forecast at the last known value;
 drafting goes on while the best depth over the known and forecast estimates lies beyond the steps drafted so
-far, and never past gamma_max. The cycle then keeps the best depth over what it drafted; when even the first
-step does not pay (best depth 0), the draft is dropped and the target writes the step. With the forecast skip
+far, and never past gamma_max. The cycle then keeps the best depth over what it drafted, with the drafted steps'
+cost sunk (paid whichever depth is kept: charging it again would drop drafts whose verification alone pays);
+when even the first step does not pay (best depth 0), the draft is dropped and the target writes the step. With the forecast skip
 (`forecast_pays`), a cycle whose every step is forecast at the last estimate known does not draft at all.
 
 Pure functions of (a, costs): no model code; tested against brute-force enumeration of the accept/reject
@@ -112,30 +113,34 @@ def expected_committed(a: Sequence[float], k: int, kind: str = "lookahead") -> f
     return 1.0 + total if kind == "lookahead" else total + (1.0 - last)
 
 
-def expected_cost(a: Sequence[float], k: int, costs: CycleCosts) -> float:
-    """Expected cost of one cycle drafting k steps, in target steps."""
+def expected_cost(a: Sequence[float], k: int, costs: CycleCosts, drafted: int = 0) -> float:
+    """Expected cost still to pay for one cycle keeping k steps, in target steps, when `drafted` steps are
+    drafted already (their draft cost is sunk: 0 before drafting)."""
     if k == 0:
         return 1.0
+    draft = max(k - drafted, 0) * costs.c
     if costs.kind == "lookahead":
-        return k * costs.c + batch_cost(costs.b, costs.rows(k))
-    return k * costs.c + costs.score_cost(k) + (1.0 - _chain(a, k)[1])
+        return draft + batch_cost(costs.b, costs.rows(k))
+    return draft + costs.score_cost(k) + (1.0 - _chain(a, k)[1])
 
 
-def expected_speedup(a: Sequence[float], k: int, costs: CycleCosts) -> float:
-    """speedup(k) of a cycle drafting k steps with acceptance estimates `a` (see the module doc)."""
+def expected_speedup(a: Sequence[float], k: int, costs: CycleCosts, drafted: int = 0) -> float:
+    """speedup(k) of a cycle keeping k steps with acceptance estimates `a` (see the module doc), counting only
+    the cost still to pay when `drafted` steps are drafted already."""
     a = _check(a)
     if not 0 <= k <= len(a):
         raise ValueError(f"k must be in [0, {len(a)}] (one estimate per drafted step), got {k}")
-    return expected_committed(a, k, costs.kind) / expected_cost(a, k, costs)
+    return expected_committed(a, k, costs.kind) / expected_cost(a, k, costs, drafted)
 
 
-def best_depth(a: Sequence[float], costs: CycleCosts, gamma_max: int | None = None) -> int:
-    """The depth k in [0, min(len(a), gamma_max)] with the largest expected speedup (the smaller on ties)."""
+def best_depth(a: Sequence[float], costs: CycleCosts, gamma_max: int | None = None, drafted: int = 0) -> int:
+    """The depth k in [0, min(len(a), gamma_max)] with the largest expected speedup (the smaller on ties), the
+    first `drafted` steps' draft cost sunk (`kept_depth`)."""
     a = _check(a)
     top = len(a) if gamma_max is None else min(len(a), gamma_max)
-    best, value = 0, expected_speedup(a, 0, costs)
+    best, value = 0, expected_speedup(a, 0, costs, drafted)
     for k in range(1, top + 1):
-        v = expected_speedup(a, k, costs)
+        v = expected_speedup(a, k, costs, drafted)
         if v > value + 1e-12:
             best, value = k, v
     return best
@@ -163,6 +168,12 @@ def forecast_pays(estimate: float, costs: CycleCosts, gamma_max: int) -> bool:
     return best_depth([estimate] * gamma_max, costs, gamma_max) > 0
 
 
+def kept_depth(drafted: Sequence[float], costs: CycleCosts, gamma_max: int) -> int:
+    """How many of the drafted steps (their estimates) to keep: the best depth with their draft cost sunk. 0:
+    drop them, the target writes the step."""
+    return best_depth(drafted, costs, gamma_max, drafted=len(drafted))
+
+
 def drafting_plan(estimates: Sequence[float], costs: CycleCosts, gamma_max: int) -> tuple[int, int]:
     """(steps drafted, steps kept) of the sequential policy when the i-th drafted step's estimate is
     estimates[i]: it drafts while `keep_drafting` says so, then keeps the best depth over what it drafted
@@ -170,7 +181,7 @@ def drafting_plan(estimates: Sequence[float], costs: CycleCosts, gamma_max: int)
     drafted: list[float] = []
     while len(drafted) < min(gamma_max, len(estimates)) and keep_drafting(drafted, costs, gamma_max):
         drafted.append(float(estimates[len(drafted)]))
-    return len(drafted), best_depth(drafted, costs, gamma_max)
+    return len(drafted), kept_depth(drafted, costs, gamma_max)
 
 
 def level_acceptance(estimates: Sequence[float], width: int) -> float:

@@ -16,6 +16,7 @@ from specprobe.probes.adaptive_gamma import (
     expected_speedup,
     forecast_pays,
     keep_drafting,
+    kept_depth,
     level_acceptance,
 )
 from specprobe.probes.speedup import sync_speedup
@@ -33,9 +34,10 @@ def brute_committed(a, k):
     return total
 
 
-def brute_semanticspec(a, k, c, v):
-    """(E[committed], E[cost]) of a SemanticSpec cycle drafting k steps, by enumeration: accepted drafts
-    are committed up to the first rejection, where the target writes that step (cost 1)."""
+def brute_semanticspec(a, k, c, v, drafted=0):
+    """(E[committed], E[cost still to pay]) of a SemanticSpec cycle keeping k steps with `drafted` drafted
+    already, by enumeration: accepted drafts are committed up to the first rejection, where the target writes
+    that step (cost 1)."""
     if k == 0:
         return 1.0, 1.0
     committed = cost = 0.0
@@ -46,12 +48,14 @@ def brute_semanticspec(a, k, c, v):
         lead = next((i for i, ok in enumerate(outcome) if not ok), k)
         rejected = lead < k
         committed += prob * (lead + rejected)
-        cost += prob * (k * c + v[k - 1] + rejected)
+        cost += prob * (max(k - drafted, 0) * c + v[k - 1] + rejected)
     return committed, cost
 
 
-def brute_best(a, c, b):
-    speed = [brute_committed(a, k) / (k * c + batch_cost(b, k + 1)) for k in range(len(a) + 1)]
+def brute_best(a, c, b, drafted=0):
+    """The best depth by enumeration; the first `drafted` steps' draft cost is sunk (not charged)."""
+    speed = [1.0] + [brute_committed(a, k) / (max(k - drafted, 0) * c + batch_cost(b, k + 1))
+                     for k in range(1, len(a) + 1)]
     best = max(speed)
     return min(k for k, s in enumerate(speed) if s >= best - 1e-12)
 
@@ -70,6 +74,9 @@ def test_expected_length_and_best_depth_match_brute_force():
         for k in range(n + 1):
             assert expected_committed(a, k) == pytest.approx(brute_committed(a, k))
         assert best_depth(a, lr(c, b)) == brute_best(a, c, b)
+        for drafted in range(1, n + 1):
+            assert best_depth(a, lr(c, b), drafted=drafted) == brute_best(a, c, b, drafted)
+        assert kept_depth(a, lr(c, b), n) == brute_best(a, c, b, n)
 
 
 def test_constant_acceptance_and_free_batching_is_the_sync_formula():
@@ -87,8 +94,11 @@ def test_always_draft_to_gamma_max_when_every_step_is_accepted_and_the_batch_is_
 
 
 def test_never_draft_when_the_first_step_is_hopeless_or_the_batch_is_dear():
-    assert drafting_plan([0.01, 0.9, 0.9], lr(0.1), 3) == (1, 0)  # drafts step 1, learns a_1, drops it
-    assert not keep_drafting([0.01], lr(0.1), 3)
+    dear = [1.0, 1.05, 1.1, 1.15]
+    assert drafting_plan([0.01, 0.9, 0.9], lr(0.1, dear), 3) == (1, 0)  # drafts step 1, learns a_1, drops it
+    assert not keep_drafting([0.01], lr(0.1, dear), 3)
+    # with a free batch the drafted step's verification costs nothing: kept, however unlikely
+    assert drafting_plan([0.01, 0.9, 0.9], lr(0.1), 3) == (1, 1)
     assert drafting_plan([0.01, 0.9, 0.9], CycleCosts(0.1, v=[0.1, 0.1, 0.1], kind="semanticspec"), 3) == (1, 0)
     # CPU-like batch cost b(k) = k with c = 1: every drafted step costs more than it can return
     assert best_depth([0.99] * 4, lr(1.0, lambda rows: float(rows))) == 0
@@ -101,9 +111,25 @@ def test_the_sequential_policy_stops_where_the_gain_changes_sign():
     for alpha in (0.2, 0.5, 0.7, 0.9, 0.97):
         for c in (0.05, 0.2, 0.5):
             best = brute_best([alpha] * 6, c, b)
-            # no step is drafted past the best depth (wasted draft work), none short of it
-            assert drafting_plan([alpha] * 6, lr(c, b), 6) == (max(best, 1), best), (alpha, c)
+            drafted = max(best, 1)
+            # no step is drafted past the best depth (wasted draft work), none short of it; what was drafted is
+            # kept when its verification alone pays (its draft cost is sunk)
+            assert drafting_plan([alpha] * 6, lr(c, b), 6) == (drafted, brute_best([alpha] * drafted, c, b, drafted))
+            if best > 0:
+                assert brute_best([alpha] * drafted, c, b, drafted) == best, (alpha, c)
     assert drafting_plan([0.95, 0.95, 0.95, 0.05, 0.95, 0.95], lr(0.1, b), 6) == (4, 3)
+
+
+def test_the_kept_depth_does_not_charge_the_drafted_steps_again():
+    """On the H100's 1.5B -> 7B costs (c ~ 0.5, b(2) ~ 1.09), a drafted step at a = 0.55 does not pay before it
+    is drafted, but once drafted its verification alone does: it is kept, not thrown away (the target would
+    then write the step and the draft work was spent for nothing)."""
+    costs = lr(0.515, [1.0, 1.089, 1.145])
+    assert best_depth([0.55], costs) == 0 and not forecast_pays(0.55, costs, 1)
+    assert kept_depth([0.55], costs, 1) == 1 and drafting_plan([0.55], costs, 1) == (1, 1)
+    assert kept_depth([0.05], costs, 1) == 0  # (1 + 0.05) / 1.089 < 1: still dropped when hopeless
+    ss = CycleCosts(0.515, v=[0.1, 0.1], kind="semanticspec")  # kept: 1 / (0.1 + 0.45) > 1; drafted: 1 / 1.065 < 1
+    assert best_depth([0.55], ss) == 0 and kept_depth([0.55], ss, 1) == 1
 
 
 def test_the_forecast_skip_drafts_when_a_cycle_at_that_estimate_pays():
@@ -152,6 +178,9 @@ def test_semanticspec_cycle_matches_brute_force():
             assert expected_committed(a, k, "semanticspec") == pytest.approx(committed)
             assert expected_speedup(a, k, costs) == pytest.approx(committed / cost)
             speeds.append(committed / cost)
+            if k:
+                sunk = brute_semanticspec(a, k, c, v, drafted=n)
+                assert expected_speedup(a, k, costs, drafted=n) == pytest.approx(sunk[0] / sunk[1])
         best = max(speeds)
         assert best_depth(a, costs) == min(k for k, s in enumerate(speeds) if s >= best - 1e-12)
 

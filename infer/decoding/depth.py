@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from specprobe.infer.acceptance_estimate import AcceptanceEstimator
 from specprobe.infer.engines.base import Prefix, SamplingParams, Step, StepRequest
-from specprobe.probes.adaptive_gamma import CycleCosts, best_depth, forecast_pays, keep_drafting, level_acceptance
+from specprobe.probes.adaptive_gamma import CycleCosts, forecast_pays, keep_drafting, kept_depth, level_acceptance
 
 CALIBRATION_QUESTION = "Calibration (not timed): a train travels 60 km in 45 minutes. What is its speed in km/h?"
 
@@ -66,7 +66,7 @@ class AdaptiveDepth:
 
     @staticmethod
     def kept(estimates: Sequence[float], costs: CycleCosts, gamma_max: int) -> int:
-        return best_depth(estimates, costs, gamma_max)
+        return kept_depth(estimates, costs, gamma_max)
 
     @staticmethod
     def level(estimates: Sequence[float], width: int) -> float:
