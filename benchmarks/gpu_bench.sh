@@ -11,7 +11,9 @@
 # runtime:   bench_runtime.py, target random:qwen2-7b, draft random:qwen2-1.5b, Bernoulli(0.6) verifier, γ=3.
 # runtime32: the same with target random:qwen2-32b (the Lookahead Reasoning paper's 1.5B -> 32B pair).
 # adaptive:  bench_adaptive_gamma.py (issue 24): gamma=adaptive against fixed γ 1..6 for lr_sync and semanticspec,
-#            scenarios a/b/c, target random:qwen2-7b, draft random:qwen2-1.5b (PROBLEMS, STEPS as above).
+#            scenarios a/b/c, target random:qwen2-7b (TARGET=random:qwen2-32b for the 32B pair), draft
+#            random:qwen2-1.5b (PROBLEMS, STEPS as above; SCENARIOS, ADAPTIVE_METHODS and GAMMAS narrow it;
+#            SKIP=1 adds gamma=adaptive:forecast_skip=true to the same runs).
 # lookahead: bench_lookahead.py (issue 23): Lookahead Decoding in the engine's batches (n = 8 rows) against plain
 #            decoding, random:qwen2-1.5b and random:qwen2-7b, W=5 N=4 and W=15 N=5 (random weights repeat tokens:
 #            read the iteration cost, not the acceptance; DECODE=eager for the eager path's batches).
@@ -65,9 +67,12 @@ case $phase in
   runtime) runtime "$target" "${problems:-8}" "${steps:-16}" runtime_7b ;;
   runtime32) runtime "$target32" "${problems:-6}" "${steps:-12}" runtime_32b ;;
   adaptive)
-    python3 benchmarks/bench_adaptive_gamma.py --device "$device" --dtype "$dtype" --target "$target" \
+    skip=() && [ "${SKIP:-0}" = 1 ] && skip=(--forecast-skip)
+    python3 benchmarks/bench_adaptive_gamma.py --device "$device" --dtype "$dtype" --target "${TARGET:-$target}" \
       --draft "$draft" --problems "${problems:-8}" --steps "${steps:-16}" --step-tokens "$step_tokens" \
-      --gammas "$gammas" --scenarios "$scenarios" --out "$out/adaptive_gamma" "models.decode_graph=${GRAPH:-auto}" \
+      --gammas "${GAMMAS:-$gammas}" --scenarios "${SCENARIOS:-$scenarios}" \
+      --methods "${ADAPTIVE_METHODS:-lr_sync,semanticspec}" ${skip[@]+"${skip[@]}"} --out "$out/adaptive_gamma" \
+      "models.decode_graph=${GRAPH:-auto}" \
       bench.source.kind=jsonl \
       "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" ;;
   lookahead)

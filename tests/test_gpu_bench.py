@@ -13,12 +13,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _smoke(phase: str, tmp_path: Path) -> tuple[Path, str]:
+def _smoke(phase: str, tmp_path: Path, **extra: str) -> tuple[Path, str]:
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i + 3} times {i + 7}?",
                                              "answer": str((i + 3) * (i + 7))}) + "\n" for i in range(4)))
     out = tmp_path / "out"
-    env = dict(os.environ, SMOKE="1", DECODE="fast", QUESTIONS=str(questions))
+    env = dict(os.environ, SMOKE="1", DECODE="fast", QUESTIONS=str(questions), **extra)
     res = subprocess.run(["bash", "benchmarks/gpu_bench.sh", phase, str(out)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -46,10 +46,18 @@ def test_runtime_phases(tmp_path, phase, folder):
 
 
 @pytest.mark.slow
-def test_adaptive_phase(tmp_path):
-    out, _ = _smoke("adaptive", tmp_path)
+@pytest.mark.parametrize("extra", [{}, {"SKIP": "1", "ADAPTIVE_METHODS": "semanticspec", "GAMMAS": "1"}])
+def test_adaptive_phase(tmp_path, extra):
+    out, _ = _smoke("adaptive", tmp_path, **extra)
     summary = json.loads((out / "adaptive_gamma" / "summary.json").read_text())
-    assert summary and "adaptive / best fixed" in (out / "adaptive.txt").read_text()
+    assert "adaptive / best fixed" in (out / "adaptive.txt").read_text()
+    methods = {m for run in summary.values() for m in run["speedup_over_target"]}
+    if extra:
+        assert set(summary) == {"b_semanticspec"}
+        assert methods == {"target", "semanticspec:gamma=1", "semanticspec:gamma=adaptive",
+                           "semanticspec:gamma=adaptive:forecast_skip=true"}
+    else:
+        assert set(summary) == {"b_lr_sync", "b_semanticspec"} and "lr_sync:gamma=2" in methods
 
 
 @pytest.mark.slow
