@@ -3,6 +3,8 @@ import pytest
 import torch
 
 from specprobe.infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams, StepRequest
+from specprobe.infer.engines.base import EngineStats
+from specprobe.infer.engines.hf_kv import packing_pays
 from specprobe.infer.engines.token_spec import draw_tokens
 from specprobe.infer.engines.tokens import find_step_end
 
@@ -104,6 +106,41 @@ def test_scoring_a_batch_equals_scoring_one_by_one(smol_engine, gsm_question):
         assert together.mean_hidden.shape == (3, 576)
         torch.testing.assert_close(together.mean_hidden, alone.mean_hidden, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(together.token_logprobs, alone.token_logprobs, atol=1e-4, rtol=1e-4)
+
+
+def test_packing_pays_when_it_attends_no_more_than_padded_rows():
+    assert packing_pays(309, [14, 27, 40, 14, 27, 40, 14, 27])  # 203 * 512 <= 8 * 40 * 349: a long prefix, uneven steps
+    assert not packing_pays(38, [40] * 16)  # 640 * 678 > 16 * 40 * 78: many equal steps after a short prefix
+    assert packing_pays(5, [7])  # one step: the same forward
+    assert packing_pays(2000, [10, 40, 25, 5])  # a long prefix: uneven steps pad less than they see of each other
+    assert not packing_pays(2000, [40] * 16)  # equal steps never attend less packed (T^2 > R w^2)
+
+
+@pytest.mark.slow
+def test_packed_scoring_equals_padded_rows(smol_engine, gsm_question):
+    """score_packed (the steps end to end in one row under a 4-D mask, the prefix's KV read once) gives what
+    score_rows (the prefix's cache repeated over right-padded rows) gives, for steps of different lengths, in one
+    forward each once the prefix is cached."""
+    runner = smol_engine.runner
+    ids = smol_engine.prefix_ids(Prefix(gsm_question))
+    steps = [smol_engine.text.text_ids(s) for s in ("12 * 4 = 48 muffins.\n\n", "48\n\n",
+                                                    "She bakes 48 muffins in total, then sells 30 of them.\n\n")]
+    assert len({len(s) for s in steps}) == 3
+    runner.prefill(ids, EngineStats())
+    packed_stats, rows_stats = EngineStats(), EngineStats()
+    packed = runner.score_packed(ids, steps, True, [0, 15, 30], packed_stats)
+    rows = runner.score_rows(ids, steps, True, [0, 15, 30], rows_stats)
+    assert packed_stats.forward_passes == rows_stats.forward_passes == 1
+    assert packed_stats.prefill_tokens == rows_stats.prefill_tokens == sum(map(len, steps))
+    for p, r, s in zip(packed, rows, steps):
+        assert p.token_ids == r.token_ids == s and p.token_logprobs.shape == (len(s),)
+        torch.testing.assert_close(p.token_logprobs, r.token_logprobs, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(p.mean_hidden, r.mean_hidden, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(p.last_hidden, r.last_hidden, atol=1e-4, rtol=1e-4)
+    plain = runner.score_packed(ids, steps, False, [], EngineStats())
+    assert all(p.mean_hidden is None and p.last_hidden is None for p in plain)
+    for p, r in zip(plain, rows):
+        torch.testing.assert_close(p.token_logprobs, r.token_logprobs, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ from specprobe.infer.engines.base import (
     StepRequest,
     sample_seed,
 )
-from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec
+from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec, packing_pays
 from specprobe.infer.engines.lookahead_decoding import JacobiProposer
 from specprobe.infer.engines.sequence_kv import SequenceKV
 from specprobe.infer.engines.static_kv import DecodeStep, FastDecodeBatch, StaticKVPool, static_cache_supported
@@ -266,8 +266,10 @@ class HFStepEngine:
     @_on_engine_stream
     def score(self, prefix: Prefix, steps: Sequence[str], *, hidden: bool = True,
               layers: Sequence[int] | None = None) -> Scoring:
-        """Each step teacher-forced after `prefix` independently; the prefix is encoded once and its
-        cache repeated across the batch of steps (right-padded)."""
+        """Each step teacher-forced after `prefix` independently; the prefix is encoded once and every step
+        reads its KV: the steps are packed in one row under a 4-D mask (`ModelRunner.score_packed`) when that
+        costs no more attention (`packing_pays`), else (and on a model whose cache layers cannot take a 4-D mask:
+        sliding windows) the prefix's cache is repeated across a batch of right-padded rows (`score_rows`)."""
         t0, stats = time.perf_counter(), EngineStats()
         if not steps:
             return Scoring([], stats)
@@ -277,7 +279,9 @@ class HFStepEngine:
         results = []
         for start in range(0, len(step_ids), self.max_batch_rows):
             chunk = step_ids[start:start + self.max_batch_rows]
-            results.extend(self.runner.score_rows(ids, chunk, hidden, chosen, stats))
+            packed = self.capabilities.tree_attention and packing_pays(len(ids), list(map(len, chunk)))
+            score = self.runner.score_packed if packed else self.runner.score_rows
+            results.extend(score(ids, chunk, hidden, chosen, stats))
         stats.seconds = time.perf_counter() - t0
         return Scoring(results, stats)
 
