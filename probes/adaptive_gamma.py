@@ -160,12 +160,13 @@ def keep_drafting(known: Sequence[float], costs: CycleCosts, gamma_max: int) -> 
     return best_depth(forecast, costs, gamma_max) > len(known)
 
 
-def forecast_pays(estimate: float, costs: CycleCosts, gamma_max: int) -> bool:
+def forecast_pays(estimate: float, costs: CycleCosts, gamma_max: int, drafted: int = 0) -> bool:
     """Before drafting anything: does a cycle pay when each of its gamma_max steps is forecast at `estimate` (the
-    last estimate known, e.g. of the step before)? False: skip drafting, the target writes the step."""
+    last estimate known, e.g. of the step before)? False: skip drafting, the target writes the step. drafted: how
+    many of those steps exist already (their draft cost is sunk; async LR judges a draft the draft thread wrote)."""
     if gamma_max < 1:
         raise ValueError(f"gamma_max must be >= 1, got {gamma_max}")
-    return best_depth([estimate] * gamma_max, costs, gamma_max) > 0
+    return best_depth([estimate] * gamma_max, costs, gamma_max, drafted) > 0
 
 
 def kept_depth(drafted: Sequence[float], costs: CycleCosts, gamma_max: int) -> int:

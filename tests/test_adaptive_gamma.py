@@ -128,6 +128,7 @@ def test_the_kept_depth_does_not_charge_the_drafted_steps_again():
     assert best_depth([0.55], costs) == 0 and not forecast_pays(0.55, costs, 1)
     assert kept_depth([0.55], costs, 1) == 1 and drafting_plan([0.55], costs, 1) == (1, 1)
     assert kept_depth([0.05], costs, 1) == 0  # (1 + 0.05) / 1.089 < 1: still dropped when hopeless
+    assert forecast_pays(0.55, costs, 1, drafted=1) and not forecast_pays(0.05, costs, 1, drafted=1)
     ss = CycleCosts(0.515, v=[0.1, 0.1], kind="semanticspec")  # kept: 1 / (0.1 + 0.45) > 1; drafted: 1 / 1.065 < 1
     assert best_depth([0.55], ss) == 0 and kept_depth([0.55], ss, 1) == 1
 

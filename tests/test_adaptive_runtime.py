@@ -173,6 +173,12 @@ def test_async_forecasts_the_drafts_after_the_first_like_the_drafting_rule():
                      if rec.get("depth", {}).get("estimate") == value]  # (a draft the runtime refuses gets 0)
         assert len(decisions) >= 3 and set(decisions) == {skip}, value
         assert any(c["source"] == "draft" for rec in res.trace for c in rec["committed"]) is not skip
+    # the first draft exists when it is judged: a dear draft (c ~ 0.5, the H100's 1.5B -> 7B) whose target row alone
+    # pays (1.55 / 1.089 > 1) is judged, though drafting it would not have paid ((1.55) / (0.515 + 1.089) < 1)
+    res = decode("lr_async", Q, target, draft, build_verifier("bernoulli", alpha=0.8),
+                 options(policy([0.55], c=0.515, b=(1.0, 1.089, 1.145, 1.15, 1.25))))
+    decisions = [rec["depth"]["skipped"] for rec in res.trace if rec.get("depth", {}).get("estimate") == 0.55]
+    assert len(decisions) >= 3 and not any(decisions)
 
 
 @pytest.mark.parametrize("method,width", [("lr_sync", 1), ("semanticspec", 1), ("lr_sync", 2)])

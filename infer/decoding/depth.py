@@ -61,8 +61,8 @@ class AdaptiveDepth:
         return keep_drafting(estimates, costs, gamma_max)
 
     @staticmethod
-    def pays(forecast: float, costs: CycleCosts, gamma_max: int) -> bool:
-        return forecast_pays(forecast, costs, gamma_max)
+    def pays(forecast: float, costs: CycleCosts, gamma_max: int, drafted: int = 0) -> bool:
+        return forecast_pays(forecast, costs, gamma_max, drafted)
 
     @staticmethod
     def kept(estimates: Sequence[float], costs: CycleCosts, gamma_max: int) -> int:

@@ -486,12 +486,13 @@ class _AsyncRun:
         not pay (the target writes the step). Only that draft's estimate decides, so the output does not depend
         on how far the draft thread has run ahead; like `keep_drafting`, the drafts after it are forecast at its
         estimate (judged alone, one draft never pays where a batch row costs nearly a step, and every draft of
-        an easy stretch was drafted and then thrown away)."""
+        an easy stretch was drafted and then thrown away). That draft exists: its cost is sunk, as in the kept
+        depth (`_verified_depth`), so the two agree on whether it is worth a target row."""
         if self.costs is None:
             return None
         depth, gamma = self.state.opts.depth, self.state.opts.gamma
         first = self.estimates[0]
-        skipped = not depth.pays(first, self.costs, gamma)
+        skipped = not depth.pays(first, self.costs, gamma, drafted=1)
         self.state.stats.record_depth(len(self.drafts), 0 if skipped else self._verified_depth())
         return {"skipped": skipped, "estimate": first, "pending": len(self.drafts)}
 

@@ -273,33 +273,34 @@ class ModelRunner:
         vain, which `packing_pays` weighs. Needs plain full-attention cache layers (`check_plain_cache`)."""
         cache, last_logits = self.prefill(ids, stats)
         check_plain_cache(cache, "packed scoring")
-        lengths = torch.tensor([len(s) for s in chunk])
-        total = int(lengths.sum())
+        dev = self.device
+        lengths = torch.tensor([len(s) for s in chunk], device=dev)
+        total = int(sum(len(s) for s in chunk))
         starts = torch.cumsum(lengths, 0) - lengths
-        owner = torch.repeat_interleave(torch.arange(len(chunk)), lengths)  # the step of each packed token
-        offset = torch.arange(total) - starts[owner]  # its index inside its step
-        inp = torch.tensor([[t for s in chunk for t in s]], device=self.device)
-        seen = torch.ones((total, len(ids) + total), dtype=torch.bool)
+        owner = torch.repeat_interleave(torch.arange(len(chunk), device=dev), lengths, output_size=total)  # its step
+        offset = torch.arange(total, device=dev) - starts[owner]  # its index inside its step
+        inp = torch.tensor([[t for s in chunk for t in s]], device=dev)
+        seen = torch.ones((total, len(ids) + total), dtype=torch.bool, device=dev)
         seen[:, len(ids):] = (owner[:, None] == owner[None, :]) & (offset[None, :] <= offset[:, None])
         dtype = next(self.model.parameters()).dtype
         out = self.forward(stats, input_ids=inp, past_key_values=cache, use_cache=False,
-                           attention_mask=additive_mask(seen.to(self.device), dtype),
-                           position_ids=(len(ids) + offset)[None].to(self.device), output_hidden_states=hidden)
+                           attention_mask=additive_mask(seen, dtype), position_ids=(len(ids) + offset)[None],
+                           output_hidden_states=hidden)
         stats.prefill_tokens += total
         # token t of a step is predicted by the position before it: the prefix's last logits for t = 0
-        first = (offset == 0).to(self.device)
         logits = out.logits[0].float()
         pred = torch.cat([last_logits[None].float(), logits[:-1]], 0)  # row i: the logits before packed token i
-        pred = torch.where(first[:, None], last_logits[None].float(), pred)
+        pred = torch.where((offset == 0)[:, None], last_logits[None].float(), pred)
         lp = torch.log_softmax(pred, -1).gather(-1, inp[0, :, None]).squeeze(-1).cpu()
         means = lasts = None
         if hidden:
             hs = torch.stack([out.hidden_states[i][0] for i in chosen], 0).float()  # (L, T, H)
-            seg = owner.to(self.device)
-            sums = torch.zeros((hs.shape[0], len(chunk), hs.shape[2]), device=hs.device).index_add_(1, seg, hs)
-            means = (sums / lengths.to(self.device, torch.float)[None, :, None]).transpose(0, 1).contiguous().cpu()
-            lasts = hs[:, (starts + lengths - 1).to(self.device)].transpose(0, 1).contiguous().cpu()
-        return [ScoredStep(list(s), lp[int(starts[r]):int(starts[r]) + len(s)],
+            # a step's mean as a product with its (steps, T) membership: deterministic on a GPU (index_add is not)
+            member = (owner[None, :] == torch.arange(len(chunk), device=dev)[:, None]).float()
+            means = (torch.matmul(member, hs) / lengths.float()[None, :, None]).transpose(0, 1).contiguous().cpu()
+            lasts = hs[:, starts + lengths - 1].transpose(0, 1).contiguous().cpu()
+        starts = starts.tolist()
+        return [ScoredStep(list(s), lp[starts[r]:starts[r] + len(s)],
                            means[r] if hidden else None, lasts[r] if hidden else None)
                 for r, s in enumerate(chunk)]
 

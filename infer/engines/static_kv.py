@@ -671,6 +671,12 @@ class FastDecodeBatch(RowBatch):
 
 # ---------------------------------------------------------------------- the decode forward
 DECODE_GRAPHS = ("auto", "cuda_graph", "compile", "none")
+# torch.compile is not thread-safe: the compiled step's first call on a buffer (which may compile) and its capture
+# run under this lock, so async LR's two engine threads do not compile at once
+_COMPILE_LOCK = threading.Lock()
+# every DecodeStep compiles the same code object, so all models share dynamo's entries for it (two per model): the
+# default limit of 8 would leave a process's fifth model eager
+_RECOMPILE_LIMIT = 64
 
 
 class DecodeStep:
@@ -701,9 +707,14 @@ class DecodeStep:
         self.capture = on_cuda and mode in ("cuda_graph", "compile")  # replay a CUDA graph per buffer
         self.failed: str | None = None  # why the step fell back to eager, if it did
         self.captures = self.replays = 0
-        # fullgraph: a graph break would leave Python (and its launches) between the compiled pieces
-        self._forward = (torch.compile(self._eager, dynamic=True, fullgraph=True) if mode == "compile"
-                         else self._eager)
+        self._forward = self._eager
+        if mode == "compile":
+            import torch._dynamo.config as dynamo_config
+
+            name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), _RECOMPILE_LIMIT))
+            # fullgraph: a graph break would leave Python (and its launches) between the compiled pieces
+            self._forward = torch.compile(self._eager, dynamic=True, fullgraph=True)
 
     @property
     def graphed(self) -> bool:
@@ -718,9 +729,11 @@ class DecodeStep:
             return self._graphed(kv)
         if self.failed is None and self.mode == "compile":
             try:
-                return self._forward(kv.ids, kv.pos, kv.mask, kv.cache)
+                with _COMPILE_LOCK:
+                    return self._forward(kv.ids, kv.pos, kv.mask, kv.cache)
             except Exception as err:  # noqa: BLE001 - compilation problems must not stop decoding
                 self._fail(err, "compiled")
+                kv.set_column(kv.col)  # a run that failed midway may have moved the cache's write offset
         return self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
 
     def _eager(self, ids, pos, mask, cache):
@@ -733,6 +746,12 @@ class DecodeStep:
             graph.replay()
             self.replays += 1
             return out
+        if self.mode == "compile":
+            with _COMPILE_LOCK:
+                return self._capture(kv)
+        return self._capture(kv)
+
+    def _capture(self, kv: StaticKV) -> torch.Tensor:
         device = kv.mask.device
         stream = torch.cuda.Stream(device=device)
         stream.wait_stream(torch.cuda.current_stream(device))
@@ -745,6 +764,7 @@ class DecodeStep:
             if self.mode != "compile":
                 raise  # the eager forward itself failed: nothing to fall back to
             self._fail(err, "compiled")
+            kv.set_column(kv.col)  # a run that failed midway may have moved the cache's write offset
             return self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
         torch.cuda.current_stream(device).wait_stream(stream)
         logits.record_stream(torch.cuda.current_stream(device))  # made on the capture stream, read on this one
