@@ -31,7 +31,7 @@ import torch
 
 from specprobe.infer import bench
 from specprobe.infer.acceptance_estimate import LatentDifficulty
-from specprobe.probes.adaptive_gamma import CycleCosts, batch_cost, best_depth, drafting_plan
+from specprobe.probes.adaptive_gamma import CycleCosts, batch_cost, drafting_plan, forecast_pays
 from specprobe.train.config import load_config
 
 SCENARIOS = {
@@ -133,7 +133,7 @@ def simulate(kind: str, name: str, policy, c: float, b: list[float], v: list[flo
     rng, pos, cost, prior = random.Random(seed), 0, 0.0, None
     while pos < positions:
         if policy == "adaptive":
-            if skip and prior is not None and best_depth([prior] * gamma_max, costs, gamma_max) == 0:
+            if skip and prior is not None and not forecast_pays(prior, costs, gamma_max):
                 cost, prior, pos = cost + 1.0, d.estimate("q", pos), pos + 1
                 continue
             est = [d.estimate("q", pos + i) for i in range(gamma_max)]

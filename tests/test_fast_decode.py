@@ -319,6 +319,24 @@ def test_compiled_decode_step_equals_the_eager_step_and_compiles_twice_for_every
             assert g.logprob == pytest.approx(w.logprob, abs=1e-3)
 
 
+def test_a_compiled_step_that_fails_midway_falls_back_to_the_eager_step_at_the_same_column(engines):
+    model = engines[1].model
+    step = static_kv.DecodeStep(model, "compile")
+
+    def fails_midway(ids, pos, mask, cache):
+        for layer in cache.layers:
+            layer.cumulative_length.add_(1)  # some kernels ran before the failure
+        raise RuntimeError("out of memory")
+
+    step._forward = fails_midway
+    got_kv, want_kv = _filled_kv(model, 2, 256, 7, 0), _filled_kv(model, 2, 256, 7, 0)
+    with torch.inference_mode():
+        got, want = step(got_kv), static_kv.DecodeStep(model, "none")(want_kv)
+    assert step.failed == "RuntimeError: out of memory" and not step.graphed
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(got_kv.layers[0].keys[:, :, 7], want_kv.layers[0].keys[:, :, 7], atol=1e-6)
+
+
 @pytest.mark.slow
 def test_rows_join_and_leave_a_running_fast_stream(engines):
     """Async LR's pattern: rows join while others decode, one is cancelled; columns outgrow the first

@@ -732,8 +732,7 @@ class DecodeStep:
                 with _COMPILE_LOCK:
                     return self._forward(kv.ids, kv.pos, kv.mask, kv.cache)
             except Exception as err:  # noqa: BLE001 - compilation problems must not stop decoding
-                self._fail(err, "compiled")
-                kv.set_column(kv.col)  # a run that failed midway may have moved the cache's write offset
+                return self._fall_back(kv, err)
         return self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
 
     def _eager(self, ids, pos, mask, cache):
@@ -763,9 +762,7 @@ class DecodeStep:
             torch.cuda.current_stream(device).wait_stream(stream)
             if self.mode != "compile":
                 raise  # the eager forward itself failed: nothing to fall back to
-            self._fail(err, "compiled")
-            kv.set_column(kv.col)  # a run that failed midway may have moved the cache's write offset
-            return self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
+            return self._fall_back(kv, err)
         torch.cuda.current_stream(device).wait_stream(stream)
         logits.record_stream(torch.cuda.current_stream(device))  # made on the capture stream, read on this one
         graph = torch.cuda.CUDAGraph()
@@ -779,6 +776,12 @@ class DecodeStep:
         kv.graph = (graph, out)
         self.captures += 1
         return logits
+
+    def _fall_back(self, kv: StaticKV, err: Exception) -> torch.Tensor:
+        """The step eagerly after the compiled forward failed (from then on, every step is eager)."""
+        self._fail(err, "compiled")
+        kv.set_column(kv.col)  # a run that failed midway may have moved the cache's write offset
+        return self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
 
     def _fail(self, err: Exception, what: str) -> None:
         self.failed = f"{type(err).__name__}: {err}"
