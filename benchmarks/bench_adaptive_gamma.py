@@ -119,21 +119,23 @@ def _skip_line(cmp: dict, method: str) -> str:
 
 
 def simulate(kind: str, name: str, policy, c: float, b: list[float], v: list[float], gamma_max: int = 6,
-             skip: bool = False, positions: int = 3000, seed: int = 1) -> float:
+             skip: bool = False, reuse: bool = True, positions: int = 3000, seed: int = 1) -> float:
     """Steps per unit of target time of one policy on one scenario, from the pure functions alone (no models): a
     renewal simulation of the cycles with the costs given. policy: a fixed γ or "adaptive"; skip: the adaptive
     policy also skips drafting when the previous cycle's last estimate forecasts that a_1 will not pay (the runtime's
-    forecast_skip; its target step is then scored by the draft for the next forecast, cost neglected)."""
+    forecast_skip; its target step is then scored by the draft for the next forecast, cost neglected); reuse:
+    SemanticSpec reuses the drafts past its kept depth when every kept draft passed (the runtime does; False: the
+    policy before it did), and a cycle that starts with one is not skipped."""
     sc = SCENARIOS[name]
     easy = sc["runtime.bernoulli_alpha"]
     share = sc["runtime.difficulty.hard_share"]
     d = LatentDifficulty(easy, sc.get("runtime.difficulty.hard_alpha", easy) if share > 0 else easy, share,
                          sc.get("runtime.difficulty.persistence", 0.0), sc.get("runtime.difficulty.noise", 0.0), 0)
     costs = CycleCosts(c, b=b, v=v, kind="lookahead" if kind == "lr_sync" else "semanticspec")
-    rng, pos, cost, prior = random.Random(seed), 0, 0.0, None
+    rng, pos, cost, prior, spare = random.Random(seed), 0, 0.0, None, 0
     while pos < positions:
         if policy == "adaptive":
-            if skip and prior is not None and not forecast_pays(prior, costs, gamma_max):
+            if skip and not spare and prior is not None and not forecast_pays(prior, costs, gamma_max):
                 cost, prior, pos = cost + 1.0, d.estimate("q", pos), pos + 1
                 continue
             est = [d.estimate("q", pos + i) for i in range(gamma_max)]
@@ -141,15 +143,17 @@ def simulate(kind: str, name: str, policy, c: float, b: list[float], v: list[flo
             prior = est[drafted - 1]
         else:
             drafted = k = policy
+        paid, spare = max(0, drafted - spare) * c, 0
         if k == 0:
-            cost, pos = cost + drafted * c + 1.0, pos + 1
+            cost, pos = cost + paid + 1.0, pos + 1
             continue
         accepted = next((i for i in range(k) if rng.random() >= d.alpha("q", pos + i)), k)
         if costs.kind == "lookahead":
-            cost, pos = cost + drafted * c + batch_cost(b, k + 1), pos + accepted + 1
+            cost, pos = cost + paid + batch_cost(b, k + 1), pos + accepted + 1
         else:
             rejected = accepted < k
-            cost, pos = cost + drafted * c + v[k - 1] + rejected, pos + accepted + rejected
+            cost, pos = cost + paid + v[k - 1] + rejected, pos + accepted + rejected
+            spare = drafted - k if reuse and not rejected else 0
     return pos / cost
 
 

@@ -149,6 +149,41 @@ def test_each_cycle_drafts_and_keeps_what_the_pure_policy_says(method):
     assert sum(res.stats.depth_kept) == len(cycles)
 
 
+def test_semanticspec_reuses_drafts_past_the_kept_depth_with_the_same_output_and_decisions(monkeypatch):
+    """When every kept draft is accepted, the drafts past the kept depth were written after the next cycle's own
+    prefix: reusing them (with their estimates) gives redrafting's output and decisions with fewer draft steps
+    generated."""
+    from specprobe.infer.decoding.semanticspec import _Spare
+
+    values = [0.95, 0.95, 0.1, 0.9, 0.05, 0.97, 0.95, 0.2]
+    opts = options(policy(values, c=0.3, v=[0.1, 0.12, 0.14, 0.16, 0.18]), gamma=4, max_steps=24,
+                   accept_length_cut=True)
+
+    def run():
+        return decode("semanticspec", Q, ToyEngine("target"), ToyEngine("draft"),
+                      build_verifier("bernoulli", alpha=0.9), opts)
+
+    reused = run()
+    monkeypatch.setattr(_Spare, "take", lambda self, key, cap: None)
+    redrafted = run()
+    assert [s.token_ids for s in reused.steps] == [s.token_ids for s in redrafted.steps]
+    decisions = [[(r["depth"]["drafted"], r["depth"]["kept"], r["depth"]["estimates"]), r["committed"]]
+                 for r in reused.trace]
+    assert decisions == [[(r["depth"]["drafted"], r["depth"]["kept"], r["depth"]["estimates"]), r["committed"]]
+                         for r in redrafted.trace]
+    n = reused.stats.draft_steps_reused
+    assert n >= 3 and redrafted.stats.draft_steps_reused == 0
+    assert reused.stats.draft_steps == redrafted.stats.draft_steps - n
+    assert sum(r["depth"]["reused"] for r in reused.trace) == n
+    # a reused draft sits where the previous cycle drafted it past its kept depth, after all its kept drafts passed
+    for before, after in zip(reused.trace, reused.trace[1:]):
+        if after["depth"]["reused"]:
+            kept = before["depth"]["kept"]
+            assert 0 < kept < before["depth"]["drafted"] and len(before["positions"]) == kept
+            assert all(p["accepted"] for p in before["positions"])
+            assert after["depth"]["estimates"][:after["depth"]["reused"]] == before["depth"]["estimates"][kept:]
+
+
 def test_async_skips_a_first_draft_that_does_not_pay_whatever_the_timing():
     target, draft = ToyEngine("target"), ToyEngine("draft")
     values = [0.95, 0.02, 0.95, 0.9, 0.02]

@@ -40,6 +40,7 @@ class RunStats:
     verify_time_s: float = 0.0
     draft_calls: int = 0
     draft_steps: int = 0  # draft steps generated (accepted or not)
+    draft_steps_reused: int = 0  # SemanticSpec, gamma=adaptive: drafts past a kept depth reused next cycle
     draft_generated_tokens: int = 0
     draft_iterations: int = 0
     draft_row_iterations: int = 0  # sum over draft forwards of the rows in them

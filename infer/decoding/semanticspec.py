@@ -22,10 +22,17 @@ pass; kept 0 drops the drafts and the target writes the step. With `forecast_ski
 forecast at the last estimate known, would not pay drafts nothing: the target writes the step, and the draft's
 estimate of that step is the next forecast. The drop and the skip read only draft-side estimates; every draft
 that is judged is judged by the same min(1, p/q) rule as with a fixed γ.
+
+Drafts past the kept depth are not thrown away when every kept draft is accepted: the next cycle starts from
+exactly the prefix they were drafted after, where the draft would write them again (same token ids, same
+prefix-keyed seed, same token cap), so they are reused with their estimates instead of redrafted (`_Spare`). The
+output and every decision are those of redrafting; only the draft's work is saved. A cycle that starts with a
+spare draft is never skipped: its first draft is already paid for.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from specprobe.infer.decoding.common import (
     DecodeOptions,
@@ -36,7 +43,19 @@ from specprobe.infer.decoding.common import (
     seed_for,
     step_record,
 )
+from specprobe.infer.engines.base import Step
 from specprobe.infer.verifiers import StepContext, Verifier, VerifyItem
+
+
+@dataclass
+class _Spare:
+    """Drafts written past the kept depth of a cycle whose kept drafts were all accepted, by where they were
+    drafted: (prefix key, token cap) -> (step, estimate). Only the next cycle may use them."""
+
+    drafts: dict[tuple[str, int], tuple[Step, float]] = field(default_factory=dict)
+
+    def take(self, key: str, cap: int) -> tuple[Step, float] | None:
+        return self.drafts.pop((key, cap), None)
 
 
 def semanticspec(question: str, target, draft, verifier: Verifier, opts: DecodeOptions) -> GenerationResult:
@@ -46,50 +65,62 @@ def semanticspec(question: str, target, draft, verifier: Verifier, opts: DecodeO
                          "verifier needs one. Use probe (or bernoulli / accept_all / reject_all), or run "
                          "Lookahead Reasoning (lr_sync / lr_async) with this verifier")
     state = GenState(question, target, draft, opts, "semanticspec")
+    spare = _Spare()
     while not state.done:
-        _cycle(state, target, draft, verifier)
+        spare = _cycle(state, target, draft, verifier, spare)
     return state.finish("semanticspec")
 
 
-def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
+def _cycle(state: GenState, target, draft, verifier: Verifier, spare: _Spare) -> _Spare:
+    """One cycle; returns the drafts the next cycle may reuse."""
     opts, stats = state.opts, state.stats
     cycle = stats.cycles
     g = min(opts.gamma, state.steps_left)  # >= 1 and cap() >= 1 while the generation runs
     costs = None if opts.depth is None else opts.depth.costs("semanticspec", 1, opts.gamma, target, draft,
                                                               opts.target_params)
     forecast = state.forecast  # what the skip decision reads (recorded with the cycle)
-    if state.skip_drafting(costs, g):
+    if not spare.drafts and state.skip_drafting(costs, g):
         stats.record_depth(0, 0)
         _target_writes(state, target, cycle, {"drafted": 0, "kept": 0, "estimates": [], "skipped": True,
                                               "forecast": forecast})
-        return
-    drafts, tokens, estimates = [], [], []
+        return _Spare()
+    drafts, tokens, estimates, where, reused = [], [], [], [], 0
     for _ in range(g):
         cap = state.cap(sum(tokens))
         if cap < 1:
             break
         prefix = state.prefix(drafts)
-        step = state.generate(draft, "draft", [prefix], [seed_for(opts.seed, "draft", state.key(prefix), 0)], [cap],
-                              opts.draft_params)[0]
+        where.append((state.key(prefix), cap))
+        ready = spare.take(*where[-1])
+        if ready is not None:
+            step, estimate = ready
+            reused += 1
+        else:
+            step = state.generate(draft, "draft", [prefix], [seed_for(opts.seed, "draft", where[-1][0], 0)], [cap],
+                                  opts.draft_params)[0]
+            estimate = None if costs is None else state.estimate(prefix, step)
         drafts.append(step)
         tokens.append(state.count_tokens(step, draft))
         if costs is not None:
-            estimates.append(state.estimate(prefix, step))
+            estimates.append(estimate)
         if not state.acceptable(step):
             break
         if costs is not None and not opts.depth.keep(estimates, costs, g):
             break
-    depth_record = None
+    stats.draft_steps_reused += reused
+    depth_record, past_kept = None, _Spare()
     if costs is not None:  # keep the depth that pays; 0: the target writes the step (below, as on a rejection)
         usable = [e for d, e in zip(drafts, estimates) if state.acceptable(d)]
         state.forecast = usable[-1] if usable else state.forecast
         kept = opts.depth.kept(estimates, costs, g)
         stats.record_depth(len(drafts), kept)
-        depth_record = {"drafted": len(drafts), "kept": kept, "estimates": estimates, "forecast": forecast}
+        depth_record = {"drafted": len(drafts), "kept": kept, "estimates": estimates, "forecast": forecast,
+                        "reused": reused}
+        past_kept = _Spare({w: (d, e) for w, d, e in zip(where[kept:], drafts[kept:], estimates[kept:])})
         drafts, tokens = drafts[:kept], tokens[:kept]
         if not drafts:
             _target_writes(state, target, cycle, depth_record)
-            return
+            return _Spare()
     texts = [d.text for d in drafts]
     # one teacher-forced target pass over all drafts (and the draft's own pass when probes need it)
     scorable = [i for i, t in enumerate(texts) if t]
@@ -129,6 +160,7 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
             continue
         committed.append(_target_step(state, target))
         break
+    all_accepted = len(committed) == len(drafts) and all(c["source"] == "draft" for c in committed)
     stats.cycles += 1
     state.add_trace({
         "cycle": cycle, "start_step": len(state.steps) - len(committed),
@@ -137,6 +169,7 @@ def _cycle(state: GenState, target, draft, verifier: Verifier) -> None:
         "targets": [], "positions": positions, "committed": committed,
         **({} if depth_record is None else {"depth": depth_record}),
     })
+    return past_kept if all_accepted and not state.done else _Spare()
 
 
 def _target_step(state: GenState, target) -> dict:
