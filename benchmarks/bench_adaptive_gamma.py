@@ -85,6 +85,7 @@ def compare(report: dict, method: str, gammas: list[int], skip: bool = False) ->
         "per_problem_range": [min(per_problem), max(per_problem)],
         "adaptive_over_target_per_problem_median": statistics.median(b / a for b, a in zip(base, mine)),
         "adaptive_depth_kept": adaptive["depth_kept"], "adaptive_mean_depth_kept": adaptive["mean_depth_kept"],
+        "adaptive_drafts_reused": adaptive.get("draft_steps_reused", 0),
         "adaptive_costs": adaptive["depth_policy"], **extra,
     }
 
@@ -102,7 +103,8 @@ def table(name: str, method: str, cmp: dict, gammas: list[int], target: float) -
             f"**{cmp['adaptive_over_best_fixed']:.3f}** [{lo:.3f}, {hi:.3f}] (95% bootstrap over problems), per-problem "
             f"median {cmp['per_problem_median']:.3f} (range {cmp['per_problem_range'][0]:.3f}–"
             f"{cmp['per_problem_range'][1]:.3f}); target ≥ {target:.2f}: {verdict} it. Kept depths (count by depth "
-            f"0..): {cmp['adaptive_depth_kept']}, mean {cmp['adaptive_mean_depth_kept']:.2f}.\n" + _skip_line(cmp, method))
+            f"0..): {cmp['adaptive_depth_kept']}, mean {cmp['adaptive_mean_depth_kept']:.2f}; drafts past a kept depth "
+            f"reused: {cmp['adaptive_drafts_reused']}.\n" + _skip_line(cmp, method))
 
 
 def _skip_line(cmp: dict, method: str) -> str:

@@ -582,7 +582,8 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
                "stop_reasons": st.stop_reasons, "width": opts.width, "latencies_s": list(res.latencies),
                "gamma": f"adaptive<={opts.gamma}" if adaptive else opts.gamma,
                "mean_depth_kept": st.mean_depth_kept, "depth_kept": st.depth_kept,
-               "depth_drafted": st.depth_drafted, "forecast_skip": forecast_skips(env, spec),
+               "depth_drafted": st.depth_drafted, "draft_steps_reused": st.draft_steps_reused,
+               "forecast_skip": forecast_skips(env, spec),
                "depth_policy": _policy_record(env, spec) if adaptive else None,
                "verifier": spec.overrides.get("verifier", env.verifier_kind) if method.needs_verifier else None}
         c = ratio(ratio(st.draft_time_s, st.draft_calls), t_step)
@@ -701,6 +702,7 @@ def format_markdown(report: dict) -> str:
     ]
     for r in report["rows"]:
         if r.get("depth_kept"):  # gamma=adaptive: no fixed-γ formula; how deep its cycles went instead
+            reused = f"; {r['draft_steps_reused']} drafts past a kept depth reused" if r.get("draft_steps_reused") else ""
             notes.append(f"{r['method']}: cycles by kept depth 0.. {r['depth_kept']} (mean {fmt(r['mean_depth_kept'])}; "
-                         "0 = the draft was dropped and the target wrote the step).")
+                         f"0 = the draft was dropped and the target wrote the step{reused}).")
     return "\n".join(lines + notes)
