@@ -130,7 +130,7 @@ def simulate(kind: str, name: str, policy, c: float, b: list[float], v: list[flo
     policy also skips drafting when the previous cycle's last estimate forecasts that a_1 will not pay (the runtime's
     forecast_skip; its target step is then scored by the draft for the next forecast, cost neglected); reuse:
     SemanticSpec reuses the drafts past its kept depth when every kept draft passed (the runtime does; False: the
-    policy before it did), and a cycle that starts with one is not skipped."""
+    policy before it did); a skipped cycle drops them."""
     sc = SCENARIOS[name]
     easy = sc["runtime.bernoulli_alpha"]
     share = sc["runtime.difficulty.hard_share"]
@@ -140,8 +140,8 @@ def simulate(kind: str, name: str, policy, c: float, b: list[float], v: list[flo
     rng, pos, cost, prior, spare = random.Random(seed), 0, 0.0, None, 0
     while pos < positions:
         if policy == "adaptive":
-            if skip and not spare and prior is not None and not forecast_pays(prior, costs, gamma_max):
-                cost, prior, pos = cost + 1.0, d.estimate("q", pos), pos + 1
+            if skip and prior is not None and not forecast_pays(prior, costs, gamma_max):
+                cost, prior, pos, spare = cost + 1.0, d.estimate("q", pos), pos + 1, 0
                 continue
             est = [d.estimate("q", pos + i) for i in range(gamma_max)]
             drafted, k = drafting_plan(est, costs, gamma_max)

@@ -62,8 +62,9 @@ class RunStats:
     decided_accepted: int = 0
     refused: int = 0  # draft steps rejected without asking the verifier
     # gamma=adaptive: cycles by the depth they drafted and by the depth they kept (index = depth; kept 0 = the
-    # drafts were dropped and the target wrote the step; drafted 0 = the forecast skip drafted nothing), and the
-    # time spent estimating acceptance
+    # drafts were dropped and the target wrote the step; drafted 0 = the forecast skip drafted nothing; a draft
+    # reused by the next cycle counts in both cycles' drafted depth, once in draft_steps), and the time spent
+    # estimating acceptance
     depth_drafted: list[int] = field(default_factory=list)
     depth_kept: list[int] = field(default_factory=list)
     estimate_time_s: float = 0.0

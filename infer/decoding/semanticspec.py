@@ -24,10 +24,10 @@ estimate of that step is the next forecast. The drop and the skip read only draf
 that is judged is judged by the same min(1, p/q) rule as with a fixed γ.
 
 Drafts past the kept depth are not thrown away when every kept draft is accepted: the next cycle starts from
-exactly the prefix they were drafted after, where the draft would write them again (same token ids, same
-prefix-keyed seed, same token cap), so they are reused with their estimates instead of redrafted (`_Spare`). The
-output and every decision are those of redrafting; only the draft's work is saved. A cycle that starts with a
-spare draft is never skipped: its first draft is already paid for.
+exactly the prefix they were drafted after (the same step objects, hence the same token ids), where the draft
+would write them again (same prefix-keyed seed, same token cap), so they are reused with their estimates instead
+of redrafted (`_Spare`). The output and every decision are those of redrafting; only the draft's work is saved.
+The forecast skip decides first, as without reuse: a skipped cycle drops the spare drafts.
 """
 from __future__ import annotations
 
@@ -50,12 +50,17 @@ from specprobe.infer.verifiers import StepContext, Verifier, VerifyItem
 @dataclass
 class _Spare:
     """Drafts written past the kept depth of a cycle whose kept drafts were all accepted, by where they were
-    drafted: (prefix key, token cap) -> (step, estimate). Only the next cycle may use them."""
+    drafted: (the prefix's step objects, token cap) -> (step, estimate). Only the next cycle may use them. Keyed
+    by identity, not text: a step that reads the same may hold other token ids."""
 
-    drafts: dict[tuple[str, int], tuple[Step, float]] = field(default_factory=dict)
+    drafts: dict[tuple[tuple[int, ...], int], tuple[Step, float]] = field(default_factory=dict)
 
-    def take(self, key: str, cap: int) -> tuple[Step, float] | None:
-        return self.drafts.pop((key, cap), None)
+    @staticmethod
+    def where(prefix, cap: int) -> tuple[tuple[int, ...], int]:
+        return tuple(map(id, prefix.steps)), cap
+
+    def take(self, prefix, cap: int) -> tuple[Step, float] | None:
+        return self.drafts.pop(self.where(prefix, cap), None)
 
 
 def semanticspec(question: str, target, draft, verifier: Verifier, opts: DecodeOptions) -> GenerationResult:
@@ -79,24 +84,24 @@ def _cycle(state: GenState, target, draft, verifier: Verifier, spare: _Spare) ->
     costs = None if opts.depth is None else opts.depth.costs("semanticspec", 1, opts.gamma, target, draft,
                                                               opts.target_params)
     forecast = state.forecast  # what the skip decision reads (recorded with the cycle)
-    if not spare.drafts and state.skip_drafting(costs, g):
+    if state.skip_drafting(costs, g):
         stats.record_depth(0, 0)
         _target_writes(state, target, cycle, {"drafted": 0, "kept": 0, "estimates": [], "skipped": True,
                                               "forecast": forecast})
         return _Spare()
-    drafts, tokens, estimates, where, reused = [], [], [], [], 0
+    drafts, tokens, estimates, where, reused = [], [], [], [], 0  # where: each draft's _Spare key
     for _ in range(g):
         cap = state.cap(sum(tokens))
         if cap < 1:
             break
         prefix = state.prefix(drafts)
-        where.append((state.key(prefix), cap))
-        ready = spare.take(*where[-1])
+        where.append(_Spare.where(prefix, cap))
+        ready = spare.take(prefix, cap)
         if ready is not None:
             step, estimate = ready
             reused += 1
         else:
-            step = state.generate(draft, "draft", [prefix], [seed_for(opts.seed, "draft", where[-1][0], 0)], [cap],
+            step = state.generate(draft, "draft", [prefix], [seed_for(opts.seed, "draft", state.key(prefix), 0)], [cap],
                                   opts.draft_params)[0]
             estimate = None if costs is None else state.estimate(prefix, step)
         drafts.append(step)
@@ -160,7 +165,6 @@ def _cycle(state: GenState, target, draft, verifier: Verifier, spare: _Spare) ->
             continue
         committed.append(_target_step(state, target))
         break
-    all_accepted = len(committed) == len(drafts) and all(c["source"] == "draft" for c in committed)
     stats.cycles += 1
     state.add_trace({
         "cycle": cycle, "start_step": len(state.steps) - len(committed),
@@ -169,6 +173,9 @@ def _cycle(state: GenState, target, draft, verifier: Verifier, spare: _Spare) ->
         "targets": [], "positions": positions, "committed": committed,
         **({} if depth_record is None else {"depth": depth_record}),
     })
+    # spares only after every kept draft passed: then the next prefix holds these very step objects (a rejected
+    # draft's object is freed and its id may be taken by a new step)
+    all_accepted = len(committed) == len(drafts) and all(c["source"] == "draft" for c in committed)
     return past_kept if all_accepted and not state.done else _Spare()
 
 
