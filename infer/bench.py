@@ -247,7 +247,7 @@ class BenchEnv:
                     raise ConfigError("gamma=adaptive reads the checkpoint's acceptance probe: pass --checkpoint "
                                       "(or runtime.checkpoint), or use the bernoulli verifier")
                 estimator = load_acceptance_probe(self.checkpoint, self.draft,
-                                                  device=self.setup.models.resolved_device(),
+                                                  device=self.setup.models.resolved_device("draft"),
                                                   allow_model_mismatch=self.setup.runtime.allow_model_mismatch)
             ad = self.setup.runtime.adaptive
             self._depth[key] = AdaptiveDepth(estimator, ad.c, ad.b, ad.v)

@@ -55,6 +55,10 @@ class ModelsConfig:
     draft: str = opt("offline:smollm2-135m-instruct",
                      "draft model (small, q); may use a different tokenizer than the target")
     device: str = opt("auto", "auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ...")
+    draft_device: str | None = opt(
+        None, "device of the draft model on the transformers engine (e.g. cuda:1), default models.device. On its own "
+              "GPU the draft no longer shares the target's SMs and memory bandwidth: the setting in which async "
+              "Lookahead Reasoning overlaps the two (on one GPU it does not)")
     dtype: str = opt("auto", "auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     cache_dir: str | None = opt(None, "where converted GGUF models are cached (default $SPECPROBE_CACHE or ~/.cache/specprobe)")
     use_chat_template: bool = opt(True, "wrap questions in each model's own chat template")
@@ -79,8 +83,14 @@ class ModelsConfig:
         check_positive(self, "max_batch_rows")
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
             raise ConfigError(f"models.dtype: unknown dtype {self.dtype!r}; use auto or one of {sorted(DTYPE_NAMES)}")
-        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", str(self.device)):
-            raise ConfigError(f"models.device: {self.device!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
+        for key in ("device", "draft_device"):
+            value = getattr(self, key)
+            if (value is not None or key == "device") and not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", str(value)):
+                raise ConfigError(f"models.{key}: {value!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
+        if self.draft_device is not None and self.engine_of("draft") == "vllm":
+            raise ConfigError("models.draft_device places a transformers draft; vLLM places its models itself "
+                              "(CUDA_VISIBLE_DEVICES, models.vllm.tensor_parallel_size): unset models.draft_device "
+                              "or use models.draft_engine=hf")
         for role in ("target", "draft"):
             problem = check_model_name(getattr(self, role))
             if problem:
@@ -91,9 +101,15 @@ class ModelsConfig:
         installed, local paths present). Hub ids are checked when they load."""
         import torch
 
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"models.device is {self.device!r}, but torch sees no CUDA device here (torch "
-                              f"{torch.__version__}); use models.device=cpu or auto")
+        for key in ("device", "draft_device"):
+            value = getattr(self, key) or ""
+            if value.startswith("cuda") and not torch.cuda.is_available():
+                raise ConfigError(f"models.{key} is {value!r}, but torch sees no CUDA device here (torch "
+                                  f"{torch.__version__}); use models.{key}=cpu or auto")
+            index = int(value.split(":")[1]) if value.startswith("cuda:") else 0
+            if value.startswith("cuda") and index >= torch.cuda.device_count():
+                raise ConfigError(f"models.{key} is {value!r}, but torch sees {torch.cuda.device_count()} CUDA "
+                                  f"device(s) here (cuda:0 to cuda:{torch.cuda.device_count() - 1})")
         for role in ("target", "draft"):
             name = getattr(self, role)
             if name.startswith(OFFLINE_PREFIX):
@@ -105,8 +121,10 @@ class ModelsConfig:
             return self.draft_engine
         return self.engine
 
-    def resolved_device(self) -> str | None:
-        return None if self.device == "auto" else self.device
+    def resolved_device(self, role: str = "target") -> str | None:
+        """The device a role's model loads on; None: the engine picks (CUDA when present)."""
+        device = self.draft_device if role == "draft" and self.draft_device is not None else self.device
+        return None if device == "auto" else device
 
 
 @dataclass

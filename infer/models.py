@@ -90,6 +90,15 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def placed_device(device: str | None) -> str:
+    """Where a model asked for `device` loads: None picks default_device(), a bare "cuda" is the current CUDA
+    device (so "cuda" and "cuda:0" compare equal there)."""
+    device = device or default_device()
+    if device == "cuda" and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()}"
+    return device
+
+
 def default_dtype(device: str) -> torch.dtype:
     """bf16 on CUDA (what the real models are served in), fp32 on CPU (bf16 matmuls are slow there)."""
     return torch.bfloat16 if str(device).startswith("cuda") else torch.float32

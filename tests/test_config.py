@@ -135,6 +135,7 @@ def test_inputs_are_checked_before_any_model_loads(tmp_path, monkeypatch, capsys
 
     for override, match in [("models.dtype=float33", "models.dtype: unknown dtype 'float33'"),
                             ("models.device=tpu", "models.device: 'tpu' is not a device"),
+                            ("models.draft_device=gpu1", "models.draft_device: 'gpu1' is not a device"),
                             ("models.target=offline:nope", "models.target: unknown offline model 'offline:nope'"),
                             ("models.draft=./no-such-folder", "models.draft: local model path ./no-such-folder does not"),
                             ("source.kind=jsonl", "source.kind is jsonl but source.path is not set")]:
@@ -151,6 +152,48 @@ def test_inputs_are_checked_before_any_model_loads(tmp_path, monkeypatch, capsys
         assert re.search(match, capsys.readouterr().err), match
     out = tmp_path / "o"
     assert not out.exists()
+
+
+def test_the_draft_can_have_its_own_device(monkeypatch):
+    """models.draft_device places the draft (its own GPU for async LR); it is checked like models.device, refused
+    for a vLLM draft, and a same-model pair shares its weights only when both land on one device."""
+    import torch
+
+    from specprobe.infer import engines
+    from specprobe.infer.config import ModelsConfig
+
+    cfg = ModelsConfig(device="cuda:0", draft_device="cuda:1")
+    assert (cfg.resolved_device("target"), cfg.resolved_device("draft")) == ("cuda:0", "cuda:1")
+    assert ModelsConfig(device="cuda:0").resolved_device("draft") == "cuda:0"
+    assert ModelsConfig(device="cpu", draft_device="auto").resolved_device("draft") is None
+    with pytest.raises(ConfigError, match="models.draft_device places a transformers draft"):
+        load_config("configs/tiny.yaml", ["models.draft_engine=vllm", "models.draft_device=cuda:1"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="models.draft_device is 'cuda:1', but torch sees no CUDA device"):
+        ModelsConfig(device="cpu", draft_device="cuda:1").check_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"models.draft_device is 'cuda:1', but torch sees 1 CUDA device"):
+        ModelsConfig(device="cpu", draft_device="cuda:1").check_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # "auto" is the CPU here, as on CI
+    monkeypatch.setattr(engines, "HFStepEngine", lambda name, **kw: kw)  # what a transformers engine is given
+    assert [engines.build_engine("random:llama-tiny", cfg, role=role)["device"] for role in ("target", "draft")] == [
+        "cuda:0", "cuda:1"]
+
+    built = []
+
+    def build(name, models_cfg, *, role, share=None, **kw):
+        built.append((role, models_cfg.resolved_device(role), share))
+        return f"{role} engine"
+
+    monkeypatch.setattr(engines, "build_engine", build)
+    for draft_device, shared in (("cpu", True), (None, True), ("auto", True), ("cuda:1", False)):
+        built.clear()
+        engines.build_engine_pair(ModelsConfig(target="random:llama-tiny", draft="random:llama-tiny", device="cpu",
+                                               draft_device=draft_device))
+        assert built[1][0] == "draft" and (built[1][2] == "target engine") is shared, draft_device
+        assert built[1][1] == (draft_device if draft_device not in (None, "auto") else
+                               ("cpu" if draft_device is None else None))
 
 
 def test_bench_method_options_below_one_are_config_errors():

@@ -19,6 +19,7 @@ from specprobe.infer.engines.base import (
 )
 from specprobe.infer.engines.hf import HFStepEngine
 from specprobe.infer.engines.vllm_engine import VLLMSettings
+from specprobe.infer.models import placed_device
 
 __all__ = ["EngineInfo", "EngineStats", "Generation", "Prefix", "PromptTooLongError", "SamplingParams",
            "ScoredStep", "Scoring", "SerialStream", "Step", "StepEngine", "StepRequest", "StepStream",
@@ -42,7 +43,7 @@ def build_engine(name: str, models_cfg, *, role: str = "target", token_spec=None
     of a ModelsConfig. share: an engine of the same kind on the same model whose weights (transformers) or
     vLLM engine this one reuses. token_spec: token speculation fixed at start (vLLM engines only; the
     transformers engine takes it per call with `with_token_spec`)."""
-    common = dict(device=models_cfg.resolved_device(), dtype=models_cfg.dtype, cache_dir=models_cfg.cache_dir,
+    common = dict(device=models_cfg.resolved_device(role), dtype=models_cfg.dtype, cache_dir=models_cfg.cache_dir,
                   use_chat_template=models_cfg.use_chat_template, system_prompt=models_cfg.system_prompt,
                   stop_at_eos=stop_at_eos)
     if models_cfg.engine_of(role) == "vllm":
@@ -58,10 +59,12 @@ def build_engine(name: str, models_cfg, *, role: str = "target", token_spec=None
 def build_engine_pair(models_cfg, names: tuple[str, str] | None = None, *, token_spec=None,
                       stop_at_eos: bool = True) -> tuple[StepEngine, StepEngine]:
     """(target, draft) for `names` (default: the config's target and draft); when both are the same model on
-    the same engine kind, the weights (transformers) or the vLLM engine are loaded once and shared."""
+    the same engine kind and device, the weights (transformers) or the vLLM engine are loaded once and shared."""
     target_name, draft_name = names or (models_cfg.target, models_cfg.draft)
     target = build_engine(target_name, models_cfg, role="target", token_spec=token_spec, stop_at_eos=stop_at_eos)
-    same = draft_name == target_name and models_cfg.engine_of("draft") == models_cfg.engine_of("target")
+    devices = {placed_device(models_cfg.resolved_device(role)) for role in ("target", "draft")}
+    same = (draft_name == target_name and models_cfg.engine_of("draft") == models_cfg.engine_of("target")
+            and len(devices) == 1)
     draft = build_engine(draft_name, models_cfg, role="draft", token_spec=token_spec, stop_at_eos=stop_at_eos,
                          share=target if same else None)
     return target, draft
