@@ -10,7 +10,8 @@ Lookahead Reasoning draft writes them: each call starts from the cached prefix, 
 the decode step, its buffer growing past one column block), decoded by the fast path with the decode step captured,
 the fast path eager on the same static buffers, and the reference eager path. Last, the chain decoded by two
 captured engines at once from two threads (as async Lookahead Reasoning drives its draft and target engines, each
-on its own CUDA stream) must write what the chain wrote alone. Prints, per case, whether the tokens are
+on its own CUDA stream; the second engine loads its own copy of the model, on --second-device when given, e.g. cuda:1
+as with models.draft_device) must write what the chain wrote alone. Prints, per case, whether the tokens are
 identical, the largest step log-probability difference, and the capture counts. Exits 1 on a mismatch.
 """
 from __future__ import annotations
@@ -52,6 +53,8 @@ def main() -> int:
     p.add_argument("--graph", default="cuda_graph")
     p.add_argument("--tokens", type=int, default=40)
     p.add_argument("--device", default="cuda", help="cuda; cpu (with --graph none or compile) only checks this script")
+    p.add_argument("--second-device", default=None, help="where the two-thread check's second engine loads its "
+                                                          "model (default --device)")
     args = p.parse_args()
     base = HFStepEngine(args.model, device=args.device, dtype="float32", decode="eager")
     engines = {name: HFStepEngine(args.model, model=base.model, tokenizer=base.tokenizer, decode=decode,
@@ -79,8 +82,8 @@ def main() -> int:
             print(f"{case:28s} {name:13s} tokens {'identical' if same else 'DIFFER'} in {len(rounds)} round(s), "
                   f"max |Δ step logprob| {diff:.2e}")
     alone = [s.token_ids for s in got["captured"][0]]  # the chain, the last case
-    pair = [engines["captured"],
-            HFStepEngine(args.model, model=base.model, tokenizer=base.tokenizer, decode="fast", decode_graph=args.graph)]
+    pair = [engines["captured"], HFStepEngine(args.model, device=args.second_device or args.device, dtype="float32",
+                                              decode="fast", decode_graph=args.graph)]
     both: dict[int, list] = {}
     threads = [threading.Thread(target=lambda i=i: both.update({i: chain(pair[i], 8, chained)})) for i in (0, 1)]
     for t in threads:
@@ -89,7 +92,7 @@ def main() -> int:
         t.join()
     same = [[s.token_ids for s in both.get(i, [])] == alone for i in (0, 1)]
     ok &= all(same)
-    print(f"{'greedy chain, two threads':28s} engines 1, 2   tokens {' / '.join('identical' if x else 'DIFFER' for x in same)} "
+    print(f"{'greedy chain, two threads':28s} engines 1, 2 ({pair[1].runner.device})   tokens {' / '.join('identical' if x else 'DIFFER' for x in same)} "
           "to the chain decoded alone")
     step = engines["captured"].decode_step
     print(f"captured engine: mode {step.mode}, {step.captures} captures, {step.replays} replays, failed: "
