@@ -8,15 +8,17 @@ batch) and of n = 4 seeded samples of one prefix, three times in a row (the seco
 pooled buffers and replay their captures), and a chain of 8 greedy one-row steps each continuing the last (as a
 Lookahead Reasoning draft writes them: each call starts from the cached prefix, its few new tokens fed by replays of
 the decode step, its buffer growing past one column block), decoded by the fast path with the decode step captured,
-the fast path eager on the same static buffers, and the reference eager path. Last, the chain decoded by two
-captured engines at once from two threads (as async Lookahead Reasoning drives its draft and target engines, each
-on its own CUDA stream; the second engine loads its own copy of the model, on --second-device when given, e.g. cuda:1
-as with models.draft_device) must write what the chain wrote alone. Prints, per case, whether the tokens are
+the fast path eager on the same static buffers, and the reference eager path. Last, the chain decoded by three
+captured engines at once from three threads (as async Lookahead Reasoning drives its draft and target engines, each
+on its own CUDA stream) must write what the chain wrote alone: two engines sharing the model's weights (a same-model
+pair), and one on its own copy of the model, on --second-device when given (e.g. cuda:1, as with
+models.draft_device). Every captured engine must replay its captures without a failure. Prints, per case, whether the tokens are
 identical, the largest step log-probability difference, and the capture counts. Exits 1 on a mismatch.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import threading
 
@@ -82,22 +84,29 @@ def main() -> int:
             print(f"{case:28s} {name:13s} tokens {'identical' if same else 'DIFFER'} in {len(rounds)} round(s), "
                   f"max |Δ step logprob| {diff:.2e}")
     alone = [s.token_ids for s in got["captured"][0]]  # the chain, the last case
-    pair = [engines["captured"], HFStepEngine(args.model, device=args.second_device or args.device, dtype="float32",
-                                              decode="fast", decode_graph=args.graph)]
-    both: dict[int, list] = {}
-    threads = [threading.Thread(target=lambda i=i: both.update({i: chain(pair[i], 8, chained)})) for i in (0, 1)]
+    own = copy.deepcopy(base.model).to(args.second_device or args.device)  # the same weights (random: ones depend
+    # on the device's generator, so a second load could differ)
+    group = [engines["captured"],
+             HFStepEngine(args.model, model=base.model, tokenizer=base.tokenizer, decode="fast", decode_graph=args.graph),
+             HFStepEngine(args.model, model=own, tokenizer=base.tokenizer, decode="fast", decode_graph=args.graph)]
+    each: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda i=i: each.update({i: chain(group[i], 8, chained)}))
+               for i in range(len(group))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    same = [[s.token_ids for s in both.get(i, [])] == alone for i in (0, 1)]
+    same = [[s.token_ids for s in each.get(i, [])] == alone for i in range(len(group))]
     ok &= all(same)
-    print(f"{'greedy chain, two threads':28s} engines 1, 2 ({pair[1].runner.device})   tokens {' / '.join('identical' if x else 'DIFFER' for x in same)} "
-          "to the chain decoded alone")
-    step = engines["captured"].decode_step
-    print(f"captured engine: mode {step.mode}, {step.captures} captures, {step.replays} replays, failed: "
-          f"{step.failed}; {engines['captured'].kv_pool.created} KV buffers allocated")
-    ok &= step.failed is None and (step.replays > 0 or not step.capture)
+    print(f"{'greedy chain, three threads':28s} shared weights, shared weights, own copy on "
+          f"{group[2].runner.device}: tokens {' / '.join('identical' if x else 'DIFFER' for x in same)} to the chain "
+          "decoded alone")
+    for name, engine in (("captured engine", engines["captured"]), ("shared-weights engine", group[1]),
+                         ("own-copy engine", group[2])):
+        step = engine.decode_step
+        print(f"{name}: mode {step.mode}, {step.captures} captures, {step.replays} replays, failed: {step.failed}; "
+              f"{engine.kv_pool.created} KV buffers allocated")
+        ok &= step.failed is None and (step.replays > 0 or not step.capture)
     print("OK" if ok else "MISMATCH")
     return 0 if ok else 1
 

@@ -122,7 +122,7 @@ def summarize_shards(shards: Iterable[dict]) -> dict:
 
 # ----------------------------------------------------------------------------- fingerprint
 # Settings that do not change what is generated (where it runs, how work is batched).
-_NOT_IN_FINGERPRINT = {"models": {"device", "cache_dir", "max_batch_rows"},
+_NOT_IN_FINGERPRINT = {"models": {"device", "draft_device", "cache_dir", "max_batch_rows"},
                        "data": {"nli_batch_size", "judge_pairs_per_call", "pilot_contexts", "max_capped_share"}}
 _FINGERPRINT_SECTIONS = ("models", "source", "sampling", "data")
 
@@ -150,7 +150,7 @@ def check_same_data(folder: Path, manifest: dict, cfg_dict: dict) -> None:
     diffs = fingerprint_diff(old, new)
     if not diffs:
         return
-    models = [d for d in diffs if d.startswith(("models.target", "models.draft"))]
+    models = [d for d in diffs if d.split(":")[0] in ("models.target", "models.draft")]
     what = "different models" if models else "different settings"
     raise DataMismatchError(
         f"the data folder {folder} was made with {what}:\n  " + "\n  ".join(models or diffs)

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = load_inference_config(args.config, overrides)
-        cfg.check_before_loading(sources=False)
+        cfg.check_before_loading(sources=False, ray=args.ray is not None)
         if args.out:
             check_folder(args.out, "--out")
         methods = [m for m in args.methods.split(",") if m.strip()] if args.methods else None

@@ -6,6 +6,7 @@ the sections a benchmark reads.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,7 +86,7 @@ class ModelsConfig:
             raise ConfigError(f"models.dtype: unknown dtype {self.dtype!r}; use auto or one of {sorted(DTYPE_NAMES)}")
         for key in ("device", "draft_device"):
             value = getattr(self, key)
-            if (value is not None or key == "device") and not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", str(value)):
+            if (value is not None or key == "device") and not re.fullmatch(r"auto|cpu|mps|cuda(:(0|[1-9]\d*))?", str(value)):
                 raise ConfigError(f"models.{key}: {value!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
         if self.draft_device is not None and self.engine_of("draft") == "vllm":
             raise ConfigError("models.draft_device places a transformers draft; vLLM places its models itself "
@@ -96,20 +97,27 @@ class ModelsConfig:
             if problem:
                 raise ConfigError(f"models.{role}: {problem}")
 
-    def check_available(self) -> None:
-        """Before any model loads: the device exists here and the models can be found (offline packages
-        installed, local paths present). Hub ids are checked when they load."""
+    def check_available(self, replica_gpus: float | None = None) -> None:
+        """Before any model loads: the devices exist and the models can be found (offline packages installed,
+        local paths present). Hub ids are checked when they load. replica_gpus: the models load in Ray replicas
+        that see this many GPUs each (ray.gpus_per_replica), not on this machine."""
         import torch
 
         for key in ("device", "draft_device"):
             value = getattr(self, key) or ""
-            if value.startswith("cuda") and not torch.cuda.is_available():
-                raise ConfigError(f"models.{key} is {value!r}, but torch sees no CUDA device here (torch "
-                                  f"{torch.__version__}); use models.{key}=cpu or auto")
-            index = int(value.split(":")[1]) if value.startswith("cuda:") else 0
-            if value.startswith("cuda") and index >= torch.cuda.device_count():
-                raise ConfigError(f"models.{key} is {value!r}, but torch sees {torch.cuda.device_count()} CUDA "
-                                  f"device(s) here (cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+            if not value.startswith("cuda"):
+                continue
+            index = int(value.split(":")[1]) if ":" in value else 0
+            if replica_gpus is None:
+                count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+                where = f"torch sees {count or 'no'} CUDA device(s) here (torch {torch.__version__})"
+                fix = f"use models.{key}=cpu or auto" if not count else f"use cuda:0 to cuda:{count - 1}"
+            else:
+                count = math.ceil(replica_gpus)  # a share of one GPU still shows that GPU
+                where = f"each Ray replica sees {count} GPU(s) (ray.gpus_per_replica = {replica_gpus:g})"
+                fix = f"set ray.gpus_per_replica to at least {index + 1}, or models.{key}=cpu"
+            if index >= count:
+                raise ConfigError(f"models.{key} is {value!r}, but {where}; {fix}")
         for role in ("target", "draft"):
             name = getattr(self, role)
             if name.startswith(OFFLINE_PREFIX):
@@ -398,12 +406,12 @@ class InferenceConfig:
         return BenchSetup(self.models, self.sampling, self.runtime, self.bench, self.ray, self.source.delimiter,
                           self.checkpoint_dir, record=to_dict(self))
 
-    def check_before_loading(self, *, sources: bool = True) -> None:
+    def check_before_loading(self, *, sources: bool = True, ray: bool = False) -> None:
         """What can be checked before any model loads (a wrong device or path found after minutes of loading
-        is time lost): the output folder, the device, offline model packages and local paths, a local source
-        file."""
+        is time lost): the output folder, the devices (ray: as a Ray replica sees them), offline model packages
+        and local paths, a local source file."""
         check_folder(self.output_dir, "output_dir")
-        self.models.check_available()
+        self.models.check_available(self.ray.gpus_per_replica if ray else None)
         if sources:
             self.source.check_available()
 

@@ -94,8 +94,8 @@ def placed_device(device: str | None) -> str:
     """Where a model asked for `device` loads: None picks default_device(), a bare "cuda" is the current CUDA
     device (so "cuda" and "cuda:0" compare equal there)."""
     device = device or default_device()
-    if device == "cuda" and torch.cuda.is_available():
-        return f"cuda:{torch.cuda.current_device()}"
+    if device == "cuda" and torch.cuda.is_available():  # (asking before CUDA starts would start it)
+        return f"cuda:{torch.cuda.current_device() if torch.cuda.is_initialized() else 0}"
     return device
 
 

@@ -175,6 +175,27 @@ def test_the_draft_can_have_its_own_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match=r"models.draft_device is 'cuda:1', but torch sees 1 CUDA device"):
         ModelsConfig(device="cpu", draft_device="cuda:1").check_available()
+    tiny = dict(target="random:llama-tiny", draft="random:llama-tiny")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    ModelsConfig(device="cuda:0", draft_device="cuda:1", **tiny).check_available()
+    # on Ray the models load in replicas, which see ray.gpus_per_replica GPUs each, whatever this machine has
+    with pytest.raises(ConfigError, match=r"each Ray replica sees 1 GPU\(s\) \(ray.gpus_per_replica = 1\); set ray."
+                                          r"gpus_per_replica to at least 2"):
+        ModelsConfig(device="cuda:0", draft_device="cuda:1", **tiny).check_available(replica_gpus=1)
+    with pytest.raises(ConfigError, match=r"models.device is 'cuda', but each Ray replica sees 0 GPU"):
+        ModelsConfig(device="cuda", **tiny).check_available(replica_gpus=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    ModelsConfig(device="cuda:0", draft_device="cuda:1", **tiny).check_available(replica_gpus=2)
+    ModelsConfig(device="cuda", **tiny).check_available(replica_gpus=0.5)  # a share of one GPU
+    with pytest.raises(ConfigError, match="each Ray replica sees 1 GPU"):
+        load_config("configs/tiny.yaml", ["models.device=cuda:1", "ray.gpus_per_replica=1"]).check_before_loading(
+            sources=False, ray=True)
+    with pytest.raises(ConfigError, match="models.draft_device: 'cuda:01' is not a device"):
+        ModelsConfig(draft_device="cuda:01")
+    # a bare "cuda" is the current device: the same card as cuda:0 before CUDA starts
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert engines.placed_device("cuda") == "cuda:0"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # "auto" is the CPU here, as on CI
     monkeypatch.setattr(engines, "HFStepEngine", lambda name, **kw: kw)  # what a transformers engine is given
     assert [engines.build_engine("random:llama-tiny", cfg, role=role)["device"] for role in ("target", "draft")] == [
@@ -189,11 +210,25 @@ def test_the_draft_can_have_its_own_device(monkeypatch):
     monkeypatch.setattr(engines, "build_engine", build)
     for draft_device, shared in (("cpu", True), (None, True), ("auto", True), ("cuda:1", False)):
         built.clear()
-        engines.build_engine_pair(ModelsConfig(target="random:llama-tiny", draft="random:llama-tiny", device="cpu",
-                                               draft_device=draft_device))
+        engines.build_engine_pair(ModelsConfig(device="cpu", draft_device=draft_device, **tiny))
         assert built[1][0] == "draft" and (built[1][2] == "target engine") is shared, draft_device
         assert built[1][1] == (draft_device if draft_device not in (None, "auto") else
                                ("cpu" if draft_device is None else None))
+    built.clear()
+    engines.build_engine_pair(ModelsConfig(device="cpu", draft_device="cpu", target="random:llama-20m",
+                                           draft="random:llama-tiny"))
+    assert built[1][2] is None  # two models: nothing to share
+
+    # gamma=adaptive's acceptance probe reads the draft's hidden states: it sits on the draft's device
+    from specprobe.infer import bench
+    from specprobe.infer.decoding import DecodeOptions
+
+    placed = []
+    monkeypatch.setattr(bench, "load_acceptance_probe", lambda path, draft, *, device, **kw: placed.append(device))
+    setup = load_config("configs/tiny.yaml", ["models.device=cpu", "models.draft_device=cuda:1"]).bench_setup()
+    env = bench.BenchEnv(setup, None, None, [], DecodeOptions(), False, "probe", "some/checkpoint")
+    env.depth_policy()
+    assert placed == ["cuda:1"]
 
 
 def test_bench_method_options_below_one_are_config_errors():

@@ -221,6 +221,7 @@ def test_fingerprint_ignores_where_it_runs_but_not_what_it_makes(tmp_path):
     base = to_dict(ExperimentConfig())
     moved = to_dict(ExperimentConfig())
     moved["models"]["device"], moved["models"]["max_batch_rows"], moved["output_dir"] = "cuda", 4, "elsewhere"
+    moved["models"]["draft_device"] = "cuda:1"
     moved["data"]["judge_pairs_per_call"] = 7
     assert fingerprint_diff(fingerprint(base), fingerprint(moved)) == []
     other = to_dict(ExperimentConfig())
@@ -233,6 +234,9 @@ def test_fingerprint_ignores_where_it_runs_but_not_what_it_makes(tmp_path):
         check_same_data(tmp_path, manifest, other)
     other["models"]["target"] = base["models"]["target"]
     with pytest.raises(DataMismatchError, match="different settings:\n  data.num_samples: 20 -> 8"):
+        check_same_data(tmp_path, manifest, other)
+    other["data"]["num_samples"], other["models"]["draft_engine"] = 20, "vllm"  # an engine, not another model
+    with pytest.raises(DataMismatchError, match="different settings:\n  models.draft_engine: None -> 'vllm'"):
         check_same_data(tmp_path, manifest, other)
 
 

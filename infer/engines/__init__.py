@@ -62,9 +62,9 @@ def build_engine_pair(models_cfg, names: tuple[str, str] | None = None, *, token
     the same engine kind and device, the weights (transformers) or the vLLM engine are loaded once and shared."""
     target_name, draft_name = names or (models_cfg.target, models_cfg.draft)
     target = build_engine(target_name, models_cfg, role="target", token_spec=token_spec, stop_at_eos=stop_at_eos)
-    devices = {placed_device(models_cfg.resolved_device(role)) for role in ("target", "draft")}
-    same = (draft_name == target_name and models_cfg.engine_of("draft") == models_cfg.engine_of("target")
-            and len(devices) == 1)
+    same = draft_name == target_name and models_cfg.engine_of("draft") == models_cfg.engine_of("target")
+    if same and models_cfg.engine_of("draft") == "hf":  # (a vLLM draft has no draft_device)
+        same = placed_device(models_cfg.resolved_device("target")) == placed_device(models_cfg.resolved_device("draft"))
     draft = build_engine(draft_name, models_cfg, role="draft", token_spec=token_spec, stop_at_eos=stop_at_eos,
                          share=target if same else None)
     return target, draft

@@ -120,8 +120,7 @@ class HFStepEngine:
     def on_stream(self) -> Iterator[None]:
         """This engine's GPU work inside the block runs on its own stream, after the work the caller's stream
         already holds and before the work the caller queues next (so tensors and caches handed across stay
-        ordered), with its device current (a draft on models.draft_device captures its graphs there); on the CPU
-        nothing changes."""
+        ordered); on the CPU nothing changes."""
         if self.stream is None:
             yield
             return
@@ -131,7 +130,7 @@ class HFStepEngine:
             return
         self.stream.wait_stream(caller)
         try:
-            with torch.cuda.device(self.runner.device), torch.cuda.stream(self.stream):
+            with torch.cuda.stream(self.stream):
                 yield
         finally:
             caller.wait_stream(self.stream)
