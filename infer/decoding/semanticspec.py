@@ -56,11 +56,8 @@ class _Spare:
     drafts: dict[tuple[tuple[int, ...], int], tuple[Step, float]] = field(default_factory=dict)
 
     @staticmethod
-    def where(prefix, cap: int) -> tuple[tuple[int, ...], int]:
+    def key(prefix, cap: int) -> tuple[tuple[int, ...], int]:
         return tuple(map(id, prefix.steps)), cap
-
-    def take(self, prefix, cap: int) -> tuple[Step, float] | None:
-        return self.drafts.pop(self.where(prefix, cap), None)
 
 
 def semanticspec(question: str, target, draft, verifier: Verifier, opts: DecodeOptions) -> GenerationResult:
@@ -95,8 +92,8 @@ def _cycle(state: GenState, target, draft, verifier: Verifier, spare: _Spare) ->
         if cap < 1:
             break
         prefix = state.prefix(drafts)
-        where.append(_Spare.where(prefix, cap))
-        ready = spare.take(prefix, cap)
+        where.append(_Spare.key(prefix, cap))
+        ready = spare.drafts.pop(where[-1], None)
         if ready is not None:
             step, estimate = ready
             reused += 1
