@@ -61,6 +61,19 @@ def test_adaptive_phase(tmp_path, extra):
 
 
 @pytest.mark.slow
+def test_open_phase_goes_on_past_a_part_that_hits_its_limit(tmp_path):
+    """The open issues' one-call phase: a part stopped at its limit is noted in its file and the next parts run;
+    the runtime's log is summarised at the end."""
+    out, _ = _smoke("open", tmp_path, LIMITS="0.2 300 300 300")
+    assert (out / "check_compile.txt").read_text().rstrip().endswith("## stopped: exit 124 (124 = its 0.2 s limit)")
+    for name in ("engine_llama-tiny_compile.txt", "engine_llama-tiny.txt"):
+        text = (out / name).read_text()
+        assert "## decode fast" in text and "stopped" not in text
+    assert "b(2)=" in (out / "engine_llama-tiny.txt").read_text()
+    assert "2 problems finished by every method" in (out / "runtime_summary.md").read_text()
+
+
+@pytest.mark.slow
 def test_lookahead_phase(tmp_path):
     out, _ = _smoke("lookahead", tmp_path)
     text = (out / "lookahead_llama-tiny_w3_n3_fast.txt").read_text()
