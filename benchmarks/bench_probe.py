@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from specprobe.infer.checkpoint_format import Checkpoint, probe_name
+from specprobe.infer.decoding.depth import median_seconds
 from specprobe.probes.features import FeatureSpec, layers_from_option
 from specprobe.probes.mlp import SemanticProbe
 from specprobe.train.config import load_config
@@ -33,17 +34,6 @@ from specprobe.train.probes_train import mlp_config, torch_threads
 QUESTION = ("A carpenter works for 2 weeks every month and for 6 days every week. He gets paid 195 every day. "
             "How much does he earn if he works for a year? Explain each step.")
 STEPS = ["He works 6 days a week for 2 weeks, so 6 * 2 = 12 days a month."]
-
-
-def median_seconds(fn, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def probe_pair(cfg, info) -> tuple[SemanticProbe, SemanticProbe, str]:
@@ -73,7 +63,7 @@ def bench_probes(cfg, info, repeats: int) -> dict:
            "input_dim": p_probe.spec.input_dim}
     for threads in sorted({1, torch.get_num_threads()}):
         with torch_threads(threads):
-            seconds = median_seconds(score, repeats)
+            seconds = median_seconds(score, repeats, warmup=2)
         out[f"threads_{threads}"] = {"batch8_seconds": seconds, "per_step_seconds": seconds / 8}
     return out
 

@@ -43,6 +43,7 @@ from specprobe.infer import bench
 from specprobe.infer.decoding.analytic import predict
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
 from specprobe.probes.metrics import Z95, wilson_interval
+from specprobe.probes.speedup import geometric_sum
 from specprobe.train.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +59,7 @@ def positions_needed(alpha: float, half_width: float, z: float = Z95) -> int:
 def judged_per_step(alpha: float, gamma: int) -> float:
     """Positions a sync LR cycle judges per committed step: E[judged] / E[committed] =
     Σ_{i<γ} α^i / Σ_{i≤γ} α^i (async judges about one per step, so this is the smaller)."""
-    return sum(alpha ** i for i in range(gamma)) / sum(alpha ** i for i in range(gamma + 1))
+    return geometric_sum(alpha, gamma) / geometric_sum(alpha, gamma + 1)
 
 
 def problems_needed(alpha: float, gamma: int, steps_per_problem: int, half_width: float) -> int:

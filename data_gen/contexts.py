@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from specprobe.data_gen.sources import InvalidRecord, Trace
+from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER
+from specprobe.infer.engines.base import context_text as verifier_context_text
 
 __all__ = ["Context", "DataWarning", "context_positions", "coerce_traces", "build_contexts", "context_seed",
            "context_text", "plan_shards", "part_shards", "parse_part"]
@@ -48,9 +50,10 @@ class Context:
         return context_text(self.question, self.steps)
 
 
-def context_text(question: str, steps: Sequence[str], delimiter: str = "\n\n") -> str:
-    parts = [question.strip(), *(s.strip() for s in steps)]
-    return delimiter.join(parts) + delimiter
+def context_text(question: str, steps: Sequence[str], delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
+    """The runtime judges' context text (`infer.engines.base.context_text`), ending with the delimiter the next step
+    follows."""
+    return verifier_context_text(question, steps, delimiter) + delimiter
 
 
 def context_positions(num_steps: int, count: int, mode: str = "spread", max_steps: int | None = None) -> list[int]:

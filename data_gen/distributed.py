@@ -42,8 +42,10 @@ from specprobe.infer.ray_cluster import (
     actor_options,
     check_resources,
     connect,
+    describe_started,
     import_ray,
     replica_demands,
+    set_actor_threads,
 )
 
 __all__ = ["generate_dataset_on_ray", "RayShardWorkers"]
@@ -57,7 +59,7 @@ class _JudgeActor:
     """One equivalence judge model on its own actor (ray.judge: actors)."""
 
     def __init__(self, job: DataJob):
-        _set_threads(job.ray.judge_cpus, job.ray.judge_gpus)
+        set_actor_threads(job.ray.judge_cpus, job.ray.judge_gpus)
         self.judge = build_judge(job.data, None, job.models.resolved_device()).inner
 
     def describe(self) -> tuple[str, bool]:
@@ -93,7 +95,7 @@ class _DataReplica:
 
     def __init__(self, job: DataJob, judge_handles: list, index: int, known: dict[str, bool]):
 
-        _set_threads(job.ray.cpus_per_replica, job.ray.gpus_per_replica)
+        set_actor_threads(job.ray.cpus_per_replica, job.ray.gpus_per_replica)
         self.job = job
         inner = (_RemoteJudge(judge_handles, index) if judge_handles
                  else build_judge(job.data, None, job.models.resolved_device()).inner)
@@ -109,24 +111,6 @@ class _DataReplica:
         known = len(self.judge)
         shard, entry = process_shard(self.job, self.engines, self.judge, index, contexts)
         return shard, entry, self.judge.decisions(known)
-
-
-def _set_threads(cpus: float, gpus: float) -> None:
-    if gpus == 0 and cpus >= 1:
-        import torch
-
-        torch.set_num_threads(int(cpus))  # Ray reserved this many cores for the actor
-
-
-def _started(ray, actors: list) -> list:
-    """Each actor's describe(), once its constructor (model loading) finished; a constructor that
-    failed (a model missing on that node, out of memory) is a ClusterError that says which."""
-    from ray.exceptions import RayActorError
-
-    try:
-        return ray.get([a.describe.remote() for a in actors])
-    except RayActorError as err:
-        raise ClusterError(f"a Ray actor could not start (models missing or not loadable on its node?): {err}") from None
 
 
 class _DecisionStore(EquivalenceJudge):
@@ -166,7 +150,7 @@ class RayShardWorkers(ShardWorkers):
         replica_cls = ray.remote(_DataReplica).options(
             **actor_options(rc.cpus_per_replica, rc.gpus_per_replica, rc.max_restarts))
         self.replicas = [replica_cls.remote(self.job, self.judges, i, known) for i in range(rc.replicas)]
-        described = _started(ray, self.replicas + self.judges)[: len(self.replicas)]  # waits for the models
+        described = describe_started(ray, self.replicas + self.judges)[: len(self.replicas)]  # waits for the models
         self.described = described
         first = described[0]
         for i, d in enumerate(described[1:], 1):

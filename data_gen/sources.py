@@ -20,14 +20,13 @@ import dataclasses
 import functools
 import os
 import re
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from specprobe.data_gen.steps import MODES, normalise_text, split_steps
 from specprobe.infer.answers import extract_boxed, split_gsm8k, strip_thousands_separators
-from specprobe.inputs.records import Record, SourceWarning, check_path, iter_records, source_stem
+from specprobe.inputs.records import Record, SourceWarning, check_path, iter_records, source_stem, warn_source
 
 __all__ = [
     "KINDS",
@@ -99,11 +98,6 @@ class Trace:
 # ---------------------------------------------------------------- small helpers
 
 
-def _warn(message: str) -> None:
-    """Emit a SourceWarning attributed to the caller of the reader."""
-    warnings.warn(message, SourceWarning, stacklevel=3)
-
-
 def _get(record: dict, key: str) -> Any:
     """Value of ``key`` in ``record``; a dotted key walks nested dicts. Missing gives None."""
     if key in record:
@@ -173,7 +167,7 @@ def _read(raws: Iterable[Record], make_id: Callable[[Record], str], build: Calla
             _check_step_lengths(trace, max_step_chars)
             trace.answer = strip_thousands_separators(trace.answer)
         except InvalidRecord as e:
-            _warn(f"{raw.where}: record {rid!r}: {e}; record skipped")
+            warn_source(f"{raw.where}: record {rid!r}: {e}; record skipped")
             continue
         trace.meta.setdefault("source", raw.where)
         yield trace
@@ -405,7 +399,7 @@ def _dedupe_ids(traces: Iterable[Trace]) -> Iterator[Trace]:
             while f"{trace.id}-dup{k}" in seen:
                 k += 1
             new_id = f"{trace.id}-dup{k}"
-            _warn(f"{trace.meta.get('source', '?')}: duplicate record id {trace.id!r}; renamed to {new_id!r}")
+            warn_source(f"{trace.meta.get('source', '?')}: duplicate record id {trace.id!r}; renamed to {new_id!r}")
             trace = dataclasses.replace(trace, id=new_id, meta={**trace.meta, "original_id": trace.id})
         seen.add(trace.id)
         yield trace

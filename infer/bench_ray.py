@@ -16,12 +16,13 @@ from pathlib import Path
 from specprobe.infer import bench
 from specprobe.infer.config import BenchSetup
 from specprobe.infer.ray_cluster import (
-    ClusterError,
     actor_options,
     check_resources,
     connect,
+    describe_started,
     import_ray,
     replica_demands,
+    set_actor_threads,
 )
 from specprobe.inputs.config import ConfigError
 
@@ -38,10 +39,7 @@ class _BenchReplica:
     """Target, draft and verifier on one actor, decoding a share of the problems with every method."""
 
     def __init__(self, setup: BenchSetup, checkpoint: str | None, verifier: str | None, problems: list):
-        if setup.ray.gpus_per_replica == 0 and setup.ray.cpus_per_replica >= 1:
-            import torch
-
-            torch.set_num_threads(int(setup.ray.cpus_per_replica))
+        set_actor_threads(setup.ray.cpus_per_replica, setup.ray.gpus_per_replica)
         self.env = bench.prepare(setup, checkpoint=checkpoint, verifier=verifier, problems=problems)
 
     def describe(self) -> dict:
@@ -72,8 +70,6 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
     """`infer.bench.run_benchmark` with the problems spread over Ray replicas; same report, plus
     ``replicas``."""
     ray = import_ray()
-    from ray.exceptions import RayActorError
-
     where = connect(setup.ray, address)
     check_resources(replica_demands(setup.ray))
     specs = bench.method_specs(methods or setup.bench.methods)
@@ -87,10 +83,8 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
                                                                     rc.max_restarts))
     replicas = [replica_cls.remote(setup, checkpoint, verifier, share) for share in shares]
     try:
-        try:  # a missing model or bad checkpoint fails here, before any decoding
-            info = ray.get([r.describe.remote() for r in replicas])[0]
-        except RayActorError as err:
-            raise ClusterError(f"a bench replica could not start: {err}") from None
+        # a missing model or bad checkpoint fails here, before any decoding
+        info = describe_started(ray, replicas, "a bench replica")[0]
         parts = ray.get([r.run.remote(specs) for r in replicas])
     finally:
         for r in replicas:

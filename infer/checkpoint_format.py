@@ -12,7 +12,6 @@ Everything is safetensors + JSON (+ PEFT's safetensors adapter); `find_pickles` 
 """
 from __future__ import annotations
 
-import math
 import os
 import shutil
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from typing import Any
 
 from specprobe.probes.base import HiddenStateProbe, load_probe
 from specprobe.probes.baselines import ConstantBaseline, LogprobBaseline
-from specprobe.probes.io import model_paths, read_json, write_json
+from specprobe.probes.io import clean_json, model_paths, read_json, write_json
 
 FORMAT = "specprobe-checkpoint"
 FORMAT_VERSION = 1
@@ -61,19 +60,6 @@ def is_probe_component(name: str) -> bool:
     """Components stored as a probe's pair of files (runtime probes, the other kind, variants, last-layer
     baselines)."""
     return name.startswith(("probe_", "baseline_last_layer_"))
-
-
-def clean_json(obj: Any) -> Any:
-    """NaN/inf -> None, numpy scalars -> Python, tuples -> lists (JSON-ready, recursively)."""
-    if isinstance(obj, dict):
-        return {str(k): clean_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean_json(v) for v in obj]
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 # ----------------------------------------------------------------------------- folder

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER
 from specprobe.infer.models import DTYPE_NAMES, OFFLINE_PREFIX, check_model_name, offline_model_folder
 from specprobe.inputs.config import ConfigError, check_folder, check_positive, load_yaml, opt, section, to_dict
 from specprobe.inputs.records import SourceConfig
+from specprobe.probes.acceptance import DEFAULT_EPS
 
 
 # ----------------------------------------------------------------------------- sections
@@ -254,7 +256,7 @@ class RuntimeConfig:
     verifier: str = opt("probe", "probe | embedding | judge | llm_judge | exact | accept_all | reject_all | bernoulli")
     checkpoint: str | None = opt(None, "checkpoint folder with trained verifiers (default: <output_dir>/checkpoint)")
     bernoulli_alpha: float = opt(0.6, "acceptance probability of the bernoulli verifier")
-    probe_eps: float = opt(1e-6, "guard of the probe rule min(1, p / max(q, eps)) when q -> 0")
+    probe_eps: float = opt(DEFAULT_EPS, "guard of the probe rule min(1, p / max(q, eps)) when q -> 0")
     judge_threshold: float | None = opt(None, "accept when P(aligned) >= this (default: judge.json's, else 0.5); "
                                               "for embedding: overrides the fitted cosine threshold")
     llm_judge_model: str | None = opt(None, "instruct model for the prompted llm_judge verifier "
@@ -373,7 +375,7 @@ class BenchSetup:
     runtime: RuntimeConfig
     bench: BenchConfig
     ray: RayConfig = field(default_factory=RayConfig)
-    delimiter: str = "\n\n"
+    delimiter: str = DEFAULT_STEP_DELIMITER
     checkpoint_dir: Path | None = None
     record: dict | None = None  # the whole experiment config as a dict; None: these sections
 

@@ -27,6 +27,8 @@ from typing import Literal
 
 import torch
 
+from specprobe.inputs.records import hub_offline_flags
+
 log = logging.getLogger(__name__)
 
 ModelKind = Literal["causal_lm", "encoder", "seq_cls"]
@@ -243,7 +245,7 @@ def hub_error(name: str, revision: str | None, err: Exception) -> ModelUnavailab
 @functools.lru_cache(maxsize=1)
 def hub_reachable(timeout: float = 3.0) -> bool:
     """One quick TCP check, so that an unreachable hub costs seconds rather than minutes of retries."""
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
+    if "HF_HUB_OFFLINE" in hub_offline_flags():  # as the hub library reads it: 1, true, yes or on
         return False
     host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
     try:

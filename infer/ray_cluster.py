@@ -14,7 +14,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ClusterError", "INSTALL_HINT", "import_ray", "connect", "ActorDemand", "check_resources",
+__all__ = ["ClusterError", "INSTALL_HINT", "import_ray", "split_ray_option", "connect", "set_actor_threads", "describe_started", "ActorDemand", "check_resources",
            "replica_demands", "actor_options"]
 
 INSTALL_HINT = "Ray is not installed: pip install 'specprobe[ray]' (ray==2.60.0)"
@@ -32,6 +32,15 @@ def import_ray():
     except ImportError:
         raise ClusterError(INSTALL_HINT) from None
     return ray
+
+
+def split_ray_option(ray: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    """The CLIs' `--ray [ADDRESS]` and their key=value overrides, as meant: argparse gives `--ray ray.replicas=2`
+    the override as the address; a value with "=" is no Ray address, so it goes back to the overrides and Ray
+    starts locally."""
+    if ray and "=" in ray:
+        return "", [ray, *overrides]
+    return ray, list(overrides)
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -138,3 +147,22 @@ def actor_options(cpus: float, gpus: float, max_restarts: int) -> dict:
     """Ray options of a restartable actor: a crashed actor is restarted and its running call retried."""
     return {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": max_restarts,
             "max_task_retries": max_restarts}
+
+
+def set_actor_threads(cpus: float, gpus: float) -> None:
+    """In an actor on CPUs only: as many torch threads as the cores Ray reserved for it."""
+    if gpus == 0 and cpus >= 1:
+        import torch
+
+        torch.set_num_threads(int(cpus))
+
+
+def describe_started(ray, actors: list, what: str = "a Ray actor") -> list:
+    """Each actor's describe(), once its constructor (model loading) finished; a constructor that failed (a model
+    missing on its node, out of memory) is a ClusterError that says so."""
+    from ray.exceptions import RayActorError
+
+    try:
+        return ray.get([a.describe.remote() for a in actors])
+    except RayActorError as err:
+        raise ClusterError(f"{what} could not start (models missing or not loadable on its node?): {err}") from None

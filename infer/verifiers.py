@@ -28,7 +28,7 @@ import torch
 from specprobe.infer import checkpoint_format as ckpt
 from specprobe.infer.acceptance_estimate import LatentDifficulty
 from specprobe.infer.checkpoint_format import CheckpointError
-from specprobe.infer.engines.base import Prefix
+from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER, Prefix, context_text
 from specprobe.infer.judge_prompt import PROMPT_VERSION, answer_token_ids, judge_probability
 from specprobe.infer.models import describe_source, load_model
 from specprobe.probes.acceptance import DEFAULT_EPS, bernoulli, make_rng, semantic_accept_prob
@@ -44,9 +44,8 @@ class StepContext:
     question: str
     steps: tuple[str, ...] = ()
 
-    def text(self, delimiter: str = "\n\n") -> str:
-        parts = [self.question.strip()] + [s.strip() for s in self.steps]
-        return delimiter.join(p for p in parts if p)
+    def text(self, delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
+        return context_text(self.question, self.steps, delimiter)
 
 
 def as_context(context: StepContext | str) -> StepContext:
@@ -213,7 +212,6 @@ class JudgeVerifier(Verifier):
 
     def __init__(self, model, tokenizer, threshold: float = 0.5, name: str = "llm_judge", batch_size: int = 8,
                  model_id: str | None = None):
-
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"judge threshold must be in [0, 1], got {threshold}")
         answer_token_ids(tokenizer)  # fail early on a tokenizer that cannot tell the answers apart
@@ -373,7 +371,6 @@ def load_judge_lora(path: str | Path, *, device: str | None = None, threshold: f
     """The judge-LoRA verifier of a checkpoint: PEFT on transformers, or, with `vllm_engine` (a vLLM engine on
     the adapter's base model, started with enable_lora), the adapter served by vLLM."""
     from peft import PeftModel
-
 
     entry = ckpt.read_judge(path)
     if entry.prompt_version is not None and entry.prompt_version != PROMPT_VERSION:

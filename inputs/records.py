@@ -37,8 +37,8 @@ class Record:
     record: dict
 
 
-def _warn(message: str) -> None:
-    """Emit a SourceWarning attributed to the code that iterates the reader."""
+def warn_source(message: str) -> None:
+    """Emit a SourceWarning attributed to the code that called the reader (two frames up from here)."""
     warnings.warn(message, SourceWarning, stacklevel=3)
 
 
@@ -69,17 +69,17 @@ def _iter_jsonl(path: Path) -> Iterator[Record]:
             try:
                 line = raw_line.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                _warn(f"{path}:{lineno}: line is not valid UTF-8 ({e.reason} at byte {e.start}); line skipped")
+                warn_source(f"{path}:{lineno}: line is not valid UTF-8 ({e.reason} at byte {e.start}); line skipped")
                 continue
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                _warn(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}); line skipped")
+                warn_source(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}); line skipped")
                 continue
             if not isinstance(record, dict):
-                _warn(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}; line skipped")
+                warn_source(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}; line skipped")
                 continue
             yield Record(lineno - 1, f"{path}:{lineno}", record)
 
@@ -98,7 +98,7 @@ def _iter_json_array(path: Path) -> Iterator[Record]:
         raise ValueError(f"{path}: invalid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
     for i, record in enumerate(items):
         if not isinstance(record, dict):
-            _warn(f"{path}[{i}]: expected a JSON object, got {type(record).__name__}; item skipped")
+            warn_source(f"{path}[{i}]: expected a JSON object, got {type(record).__name__}; item skipped")
             continue
         yield Record(i, f"{path}[{i}]", record)
 
@@ -131,10 +131,10 @@ def _warn_if_empty(path: Path, records: Iterator[Record]) -> Iterator[Record]:
         empty = False
         yield record
     if empty:
-        _warn(f"{path}: no records read (the file is empty or every line was skipped); check the path")
+        warn_source(f"{path}: no records read (the file is empty or every line was skipped); check the path")
 
 
-def _offline_flags() -> list[str]:
+def hub_offline_flags() -> list[str]:
     """Names of the hub-offline environment variables that are switched on."""
     on = ("1", "true", "yes", "on")
     return [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if os.environ.get(v, "").lower() in on]
@@ -142,7 +142,7 @@ def _offline_flags() -> list[str]:
 
 def _hub_error(name: str, config: str | None, split: str, error: Exception) -> RuntimeError:
     """A short RuntimeError explaining that a hub data set could not be loaded, and what to do."""
-    flags = _offline_flags()
+    flags = hub_offline_flags()
     why = f"{', '.join(flags)} is set" if flags else "set HF_HUB_OFFLINE=1 to fail fast without retries"
     config_text = f"config {config!r}, " if config else ""
     config_arg = f", {config!r}" if config else ""

@@ -83,10 +83,16 @@ class CycleCosts:
             raise ValueError(f"width must be an int >= 1, got {self.width!r}")
 
     def rows(self, k: int) -> int:
-        return sum(self.width ** d for d in range(k + 1))
+        return tree_rows(self.width, k)
 
     def score_cost(self, k: int) -> float:
         return 0.0 if self.v is None or k == 0 else _lookup(self.v, k, "the scoring cost v(k)")
+
+
+def tree_rows(width: int, k: int) -> int:
+    """Target rows verifying a draft tree of `width` branches per position, `k` deep: one per node, the root's
+    prefix included (k + 1 nested prefixes for one branch)."""
+    return sum(width ** d for d in range(k + 1))
 
 
 def _check(a: Sequence[float]) -> list[float]:

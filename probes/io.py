@@ -65,6 +65,20 @@ def write_text(path: PathLike, text: str) -> Path:
     return write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
+def clean_json(obj: Any) -> Any:
+    """JSON-ready, recursively: NaN / inf -> None; numpy and torch arrays and scalars -> Python values; tuples ->
+    lists; keys -> strings."""
+    if isinstance(obj, dict):
+        return {str(k): clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean_json(v) for v in obj]
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):  # numpy / torch: arrays and scalars
+        return clean_json(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
 def write_json(path: PathLike, obj: Any) -> Path:
     """Write `obj` as indented JSON, atomically. Non-finite floats are refused (they are not JSON)."""
     path = Path(path)

@@ -24,6 +24,7 @@ from specprobe.data_gen.contexts import (
     coerce_traces,
     context_positions,
     context_seed,
+    context_text,
     parse_part,
     part_shards,
     plan_shards,
@@ -53,6 +54,18 @@ def test_context_positions():
     assert context_positions(1, 3, "spread") == [0]  # j = S-1 at most: one reference step always follows
     with pytest.raises(ValueError, match="unknown context_positions"):
         context_positions(4, 2, "middle")
+
+
+def test_the_data_stage_judges_read_the_runtime_judges_context():
+    """The judge-LoRA is trained on the data stage's context text and reads the runtime's: one rule, the data
+    stage's ending with the delimiter its next step follows."""
+    from specprobe.infer.verifiers import StepContext
+
+    question, steps = "  What is 6 x 7?\n", ["6 x 7 = 42.  ", "\nSo the answer is 42."]
+    runtime = StepContext(question, tuple(steps)).text()
+    assert runtime == "What is 6 x 7?\n\n6 x 7 = 42.\n\nSo the answer is 42."
+    assert context_text(question, steps) == runtime + "\n\n"
+    assert context_text(question, [], delimiter="\n") == "What is 6 x 7?\n"
 
 
 def test_contexts_ids_seeds_and_shard_plan():

@@ -7,9 +7,11 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from sklearn.metrics import cohen_kappa_score, precision_recall_curve, roc_auc_score, roc_curve
 
 from specprobe.probes.acceptance import semantic_accept_prob
+from specprobe.probes.io import clean_json
 from specprobe.probes.metrics import brier, ece, mae
 from specprobe.train.report import evaluate as ev
 
@@ -300,6 +302,7 @@ def test_compare_metrics_direction():
 
 
 def test_clean_makes_json_safe():
-    out = ev.clean({"a": np.float32(1.5), "b": [np.nan, np.inf, np.int64(3)], "c": np.array([True, False]),
-                    4: {"d": np.bool_(True)}})
-    assert out == {"a": 1.5, "b": [None, None, 3], "c": [True, False], "4": {"d": True}}
+    out = clean_json({"a": np.float32(1.5), "b": [np.nan, np.inf, np.int64(3)], "c": np.array([True, False]),
+                      4: {"d": np.bool_(True)}, "e": (torch.tensor([0.5, float("nan")]), torch.tensor(2))})
+    assert out == {"a": 1.5, "b": [None, None, 3], "c": [True, False], "4": {"d": True}, "e": [[0.5, None], 2]}
+    assert type(out["b"][2]) is int and type(out["4"]["d"]) is bool

@@ -31,6 +31,17 @@ def test_uncached_hub_model_gives_an_actionable_error(monkeypatch):
     assert "microsoft/deberta-large-mnli" in text and "hf download" in text
 
 
+@pytest.mark.parametrize("value", ["1", "true", "ON"])
+def test_the_hub_is_not_tried_when_offline_is_set_as_the_hub_library_reads_it(monkeypatch, value):
+    monkeypatch.setenv("HF_HUB_OFFLINE", value)
+    monkeypatch.setattr(models.socket, "create_connection", lambda *a, **k: pytest.fail("the hub was tried"))
+    models.hub_reachable.cache_clear()
+    try:
+        assert models.hub_reachable() is False
+    finally:
+        models.hub_reachable.cache_clear()
+
+
 def test_unknown_offline_name_lists_the_known_ones():
     with pytest.raises(ModelUnavailableError, match="offline:minilm"):
         resolve_model_folder("offline:nope")

@@ -6,8 +6,8 @@ import pytest
 from specprobe.infer.answers import answers_match, extract_answer, extract_boxed, grade, to_number
 from specprobe.infer.bench import parse_method
 from specprobe.infer.decoding.analytic import predict, semanticspec_speedup, token_level_factor
-from specprobe.infer.decoding.common import seed_for
 from specprobe.infer.decoding.metrics import RunStats, join_steps, replay_text, stats_from_trace
+from specprobe.infer.engines.base import seed_for
 from specprobe.inputs.config import ConfigError
 from specprobe.probes.speedup import async_speedup, sync_speedup
 
@@ -71,6 +71,19 @@ def test_semanticspec_formula():
         semanticspec_speedup(0.5, 0.1, 0)
     assert token_level_factor(0, 0, 0) is None
     assert token_level_factor(8, 8, 2) == pytest.approx(5.0)  # α = 1, 4 tokens per round, c = 0
+
+
+@pytest.mark.parametrize("alpha,c,gamma,tau", [(0.7, 0.15, 3, 0.2), (0.3, 0.5, 5, 0.0), (0.95, 0.05, 1, 0.4)])
+def test_the_adaptive_policy_prices_a_fixed_depth_as_the_papers_formulas_do(alpha, c, gamma, tau):
+    """The depth policy's cycle model (probes.adaptive_gamma) and the reported predictions (analytic) are two
+    statements of one formula: at a constant α and a fixed depth they agree."""
+    from specprobe.probes.adaptive_gamma import CycleCosts, expected_speedup
+
+    ss = expected_speedup([alpha] * gamma, gamma, CycleCosts(c, v=[tau] * gamma, kind="semanticspec"))
+    assert ss == pytest.approx(semanticspec_speedup(alpha, c, gamma, tau), rel=1e-12)
+    b = [1.0 + 0.05 * k for k in range(gamma + 1)]
+    lr = expected_speedup([alpha] * gamma, gamma, CycleCosts(c, b=b))
+    assert lr == pytest.approx(predict("lr_sync", alpha, c, gamma, b[gamma])["adjusted"], rel=1e-12)
 
 
 def test_answer_extraction_and_matching():

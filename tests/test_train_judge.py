@@ -10,7 +10,7 @@ import torch
 
 from specprobe.infer.models import load_model
 from specprobe.train.config import VerifiersConfig
-from specprobe.train.pair_verifiers import PairSet, balanced_pairs, load_judge, train_judge
+from specprobe.train.pair_verifiers import PairSet, balanced_pairs, train_judge
 
 SMOL = "offline:smollm2-135m-instruct"
 pytestmark = pytest.mark.slow
@@ -125,10 +125,8 @@ def test_adapter_reloads_with_identical_probabilities(trained):
     assert not card.exists() or ".cache" not in card.read_text()
     items = [(CONTEXT, a, b) for a, b, _ in PAIRS]
     want = judge_probability(result.model, result.tokenizer, items)
-    model, tok, meta = load_judge(folder / "judge_lora", device="cpu")
-    assert meta["base_model"] == SMOL and meta["threshold"] == result.threshold
-    torch.testing.assert_close(judge_probability(model, tok, items), want, rtol=0, atol=1e-5)
     runtime = load_verifier(folder, kind="judge", device="cpu")
-    assert runtime.threshold == pytest.approx(result.threshold)
+    assert runtime.threshold == pytest.approx(result.threshold) and runtime.model_id.startswith(SMOL)
+    torch.testing.assert_close(judge_probability(runtime.model, runtime.tokenizer, items), want, rtol=0, atol=1e-5)
     verdicts = runtime.verify([VerifyItem(StepContext(CONTEXT), draft=b, target=a) for a, b, _ in PAIRS])
     np.testing.assert_allclose([v.score for v in verdicts], want.numpy(), atol=1e-5)

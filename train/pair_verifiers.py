@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from specprobe.infer.checkpoint_format import ADAPTER_CONFIG, read_judge, write_judge_meta
+from specprobe.infer.checkpoint_format import ADAPTER_CONFIG, write_judge_meta
 from specprobe.infer.judge_prompt import (
     NO_WORD,
     PREFILL,
@@ -381,15 +381,6 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
     seconds = time.perf_counter() - start
     metrics["seconds"] = seconds
     return JudgeResult(vcfg.judge_base, peft_model, tokenizer, fitted, metrics, losses, seconds, vcfg)
-
-
-def load_judge(folder, device: str | None = None):
-    """(PeftModel, tokenizer, judge.json) of a saved judge adapter folder (checkpoint/judge_lora)."""
-    from peft import PeftModel
-
-    entry = read_judge(folder)
-    base, tokenizer = load_model(entry.base_model, kind="causal_lm", device=device)
-    return PeftModel.from_pretrained(base, str(entry.adapter_dir)).eval(), tokenizer, entry.raw
 
 
 def _portable_base(folder: Path, base_id: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from specprobe.infer.decoding.common import DecodeOptions, GenerationResult, OutputStep, seed_for
+from specprobe.infer.decoding.common import DecodeOptions, GenerationResult, OutputStep
 from specprobe.infer.decoding.lookahead import (
     draft_only,
     fast_thread_switching,
@@ -23,6 +23,7 @@ from specprobe.infer.decoding.seed import SeedConfig, tot_search
 from specprobe.infer.decoding.semanticspec import semanticspec
 from specprobe.infer.decoding.specs import SpecSConfig, reward_from_verifier
 from specprobe.infer.decoding.specs import specs as run_specs  # the name `specs` stays the submodule's
+from specprobe.infer.engines.base import seed_for
 
 
 @dataclass(frozen=True)

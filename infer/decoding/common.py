@@ -15,7 +15,6 @@ Limits. A step is cut at min(max_step_tokens, tokens left), so no output exceeds
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,16 +22,10 @@ from typing import Any
 
 from specprobe.infer.answers import extract_boxed
 from specprobe.infer.decoding.metrics import RunStats, join_steps
-from specprobe.infer.engines.base import EngineStats, Prefix, SamplingParams, Step, StepRequest
+from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER, EngineStats, Prefix, SamplingParams, Step, StepRequest
 from specprobe.infer.verifiers import Verdict
 
 STOP_REASONS = ("eos", "max_new_tokens", "max_steps")
-
-
-def seed_for(seed: int, *parts) -> int:
-    """A 63-bit seed derived from a base seed and any parts (strings, ints): stable across runs."""
-    digest = hashlib.blake2b(repr((int(seed),) + tuple(parts)).encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
 @dataclass
@@ -107,7 +100,7 @@ class GenerationResult:
     stop_reason: str
     stats: RunStats
     trace: list[dict]
-    delimiter: str = "\n\n"
+    delimiter: str = DEFAULT_STEP_DELIMITER
 
     @property
     def text(self) -> str:

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 
 from specprobe.infer.acceptance_estimate import AcceptanceEstimator
 from specprobe.infer.engines.base import Prefix, SamplingParams, Step, StepRequest
-from specprobe.probes.adaptive_gamma import CycleCosts, forecast_pays, keep_drafting, kept_depth, level_acceptance
+from specprobe.probes.adaptive_gamma import (
+    CycleCosts,
+    forecast_pays,
+    keep_drafting,
+    kept_depth,
+    level_acceptance,
+    tree_rows,
+)
 
 CALIBRATION_QUESTION = "Calibration (not timed): a train travels 60 km in 45 minutes. What is its speed in km/h?"
 
@@ -42,7 +49,7 @@ class AdaptiveDepth:
         need_v = kind == "semanticspec" and self.v is None
         if self.c is not None and not need_b and not need_v:
             return CycleCosts(self.c, self.b, self.v, kind, width)
-        rows = sum(width ** d for d in range(gamma_max + 1)) if need_b else 1
+        rows = tree_rows(width, gamma_max) if need_b else 1
         # keyed by the models, not the engine objects: a wrapper made per generation (+lookahead) reuses it
         key = (target.info.model_id, draft.info.model_id, kind, rows, gamma_max if need_v else 0)
         with self._lock:
@@ -78,8 +85,11 @@ class AdaptiveDepth:
                 "measured": [{"rows": k[3], "c": c, "b": b, "v": v} for k, (c, b, v) in self._measured.items()]}
 
 
-def _median_seconds(call, repeats: int) -> float:
-    call()  # untimed: lazy initialisation, kernel choice, graph capture
+def median_seconds(call, repeats: int, warmup: int = 1) -> float:
+    """The median wall time of `repeats` calls, after `warmup` untimed ones (lazy initialisation, kernel choice,
+    graph capture)."""
+    for _ in range(warmup):
+        call()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -102,12 +112,12 @@ def measure_costs(target, draft, params: SamplingParams, rows: int, chain: int, 
         return lambda: engine.generate([StepRequest(prefix.extend(*["Next."] * j), 1, 0, cap) for j in range(n)],
                                        greedy)
 
-    one = _median_seconds(gen(target, 1), repeats)
-    c = _median_seconds(gen(draft, 1), repeats) / one
-    b = [1.0] + [_median_seconds(gen(target, n), repeats) / one for n in range(2, rows + 1)]
+    one = median_seconds(gen(target, 1), repeats)
+    c = median_seconds(gen(draft, 1), repeats) / one
+    b = [1.0] + [median_seconds(gen(target, n), repeats) / one for n in range(2, rows + 1)]
     v = []
     if chain:
         text = draft.generate([StepRequest(prefix, 1, 0, cap)], greedy).steps[0][0].text or "Next."
-        v = [_median_seconds(lambda k=k: target.score_chain(prefix, [text] * k, hidden=True), repeats) / one
+        v = [median_seconds(lambda k=k: target.score_chain(prefix, [text] * k, hidden=True), repeats) / one
              for k in range(1, chain + 1)]
     return c, b, v

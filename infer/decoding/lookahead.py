@@ -17,7 +17,7 @@ Async (W = 1): a draft thread keeps up to γ drafts beyond the committed output;
 the target step for a position the moment its prefix exists and adds it to its running batch
 (continuous batching, `DecodeBatch.add`); the main thread verifies positions in order. A rejection
 commits the target's step, drops every draft and cancels every target row (an epoch counter makes late
-results harmless). Because every generation and draw is keyed by its prefix (see common.seed_for), the
+results harmless). Because every generation and draw is keyed by its prefix (see engines.base.seed_for), the
 output does not depend on thread timing — only the wall time does — up to the floating-point
 differences between batch compositions (in float32 these rarely change a token; in bfloat16 they can
 flip a near-tie, and with it the rest of the text). The two threads use one engine each. Python's
@@ -50,10 +50,9 @@ from specprobe.infer.decoding.common import (
     GenState,
     check_verifier,
     refused,
-    seed_for,
     step_record,
 )
-from specprobe.infer.engines.base import Prefix, Step, StepRequest
+from specprobe.infer.engines.base import Prefix, Step, StepRequest, seed_for
 from specprobe.infer.verifiers import StepContext, Verdict, Verifier, VerifyItem
 
 

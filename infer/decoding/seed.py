@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specprobe.infer.decoding.common import GenState, seed_for
-from specprobe.infer.engines.base import StepRequest
+from specprobe.infer.decoding.common import GenState
+from specprobe.infer.engines.base import StepRequest, seed_for
 from specprobe.infer.engines.seed_decoding import SeedGenerator, SeedStats
 from specprobe.probes.speedup import token_sd_speedup
 

@@ -7,7 +7,7 @@ One cycle:
    states of every draft step; the draft's own hidden states of the same steps come from one
    teacher-forced draft pass (the draft wrote them, so this is what it saw).
 3. Step by step: accept s̃_i with probability min(1, p_i / max(q_i, eps)) (p from the target probe, q
-   from the draft probe; the draw is seeded by the prefix, see common.seed_for). At the first rejection
+   from the draft probe; the draw is seeded by the prefix, see engines.base.seed_for). At the first rejection
    the target writes that step itself and the remaining drafts are dropped. When every draft passes the
    next cycle starts from the new prefix (no bonus step: the target pass wrote nothing).
 A draft cut by the step-token cap, empty, ending the answer (EOS), or following a committed step that was cut
@@ -40,10 +40,9 @@ from specprobe.infer.decoding.common import (
     GenState,
     check_verifier,
     refused,
-    seed_for,
     step_record,
 )
-from specprobe.infer.engines.base import Step
+from specprobe.infer.engines.base import Step, seed_for
 from specprobe.infer.verifiers import StepContext, Verifier, VerifyItem
 
 

@@ -29,8 +29,8 @@ from typing import Protocol
 
 import torch
 
-from specprobe.infer.decoding.common import GenState, seed_for
-from specprobe.infer.engines.base import StepRequest
+from specprobe.infer.decoding.common import GenState
+from specprobe.infer.engines.base import StepRequest, seed_for
 from specprobe.infer.verifiers import StepContext
 
 TARGET, DRAFT = "target", "draft"

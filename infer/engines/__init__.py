@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from specprobe.infer.engines.base import (
+    DEFAULT_STEP_DELIMITER,
     EngineInfo,
     EngineStats,
     Generation,
@@ -70,7 +71,7 @@ def build_engine_pair(models_cfg, names: tuple[str, str] | None = None, *, token
     return target, draft
 
 
-def sampling_params(sampling_cfg, role: str = "target", delimiter: str = "\n\n", seed: int | None = None) -> SamplingParams:
+def sampling_params(sampling_cfg, role: str = "target", delimiter: str = DEFAULT_STEP_DELIMITER, seed: int | None = None) -> SamplingParams:
     """SamplingParams for a role from a SamplingConfig (the draft may run at its own temperature)."""
     temperature = sampling_cfg.temperature
     if role == "draft" and sampling_cfg.draft_temperature is not None:

@@ -131,13 +131,25 @@ def with_delimiter(text: str, delimiter: str) -> str:
     return text if text.endswith(delimiter) else text + delimiter
 
 
+def context_text(question: str, steps: Sequence[str], delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
+    """The plain (template-free) context equivalence judges read: the question, then the steps, each stripped and
+    joined by the delimiter (blank parts dropped). The data stage's judges read the same text."""
+    parts = [question.strip(), *(s.strip() for s in steps)]
+    return delimiter.join(p for p in parts if p)
+
+
+def seed_for(seed: int, *parts) -> int:
+    """A 63-bit seed derived from a base seed and any parts (strings, ints): stable across runs."""
+    digest = hashlib.blake2b(repr((int(seed),) + tuple(parts)).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
 def sample_seed(seed: int | None, k: int) -> int | None:
     """Seed of sample k of a request with `seed`, for every engine: the seed itself for k = 0, a hash of
     (seed, k) else (so requests seeded 1 and 2 never share samples, as seed + k would make them)."""
     if seed is None or k == 0:
         return seed
-    digest = hashlib.blake2b(repr((int(seed), int(k))).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
+    return seed_for(seed, int(k))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from specprobe.probes.features import FeatureSpec
+from specprobe.probes.io import clean_json
 from specprobe.probes.logistic import Candidate, select_logistic
 from specprobe.probes.metrics import brier, log_loss
 from specprobe.train.probes_train import ROW_SETS, RowSet
@@ -71,7 +72,7 @@ def sweep_set(ctx: EvalContext, set_name: str) -> dict[str, Any]:
             probe = select_logistic(only, y[tr], y[va], ctx.cfg.sweep_l2).probe  # its penalty, on validation
             val_pred = probe.predict_proba(x[va]).double().numpy()
             test_pred = probe.predict_proba(x[torch.from_numpy(te)]).double().numpy()
-            entries.append(ev.clean({
+            entries.append(clean_json({
                 "layer": row, "pooling": pooling, "depth": row / int(ctx.ds.manifest["engines"][role]["num_layers"]),
                 "l2": probe.l2, "val_brier": brier(val_pred, y_val), "val_log_loss": log_loss(val_pred, y_val),
                 "test_brier": brier(test_pred, y_test), "versus_constant": _compare(ctx, test_pred, constant, y_test, g_test)}))
@@ -140,7 +141,7 @@ def control_set(ctx: EvalContext, set_name: str) -> dict[str, Any]:
         out["targets"][target] = {"layer": row, "pooling": pooling, "l2": chosen.probe.l2,
                                   "test_brier": brier(pred, y_test), "versus_constant": versus,
                                   "check": control_check(versus["brier_skill"])}
-    return ev.clean(out)
+    return clean_json(out)
 
 
 def positive_control_part(ctx: EvalContext) -> PartResult:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from specprobe.probes.acceptance import semantic_accept_prob
+from specprobe.probes.io import clean_json
 from specprobe.probes.metrics import (
     auprc,
     auroc,
@@ -50,23 +51,6 @@ MIN_QUESTIONS = 20
 MIN_POSITIVES = 10
 MIN_RANKING_POSITIVES = 50  # below this many equivalent pairs a verifier's AUROC / AUPRC is not reported as a number
 HIGHER_IS_BETTER = {"spearman", "auroc", "auprc", "precision", "cohen_kappa", "agreement"}
-
-
-def clean(value: Any) -> Any:
-    """NaN/inf -> None, numpy scalars -> Python numbers, recursively (so json.dump never fails)."""
-    if isinstance(value, dict):
-        return {str(k): clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return clean(value.tolist())
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(float(value)) else None
-    return value
 
 
 # ----------------------------------------------------------------------------- calibration
@@ -138,7 +122,7 @@ def calibration_block(pred: Any, label: Any, groups: Any, *, n_bins: int = 10, n
     n_questions, n_positive = np.unique(g).size, int((y >= threshold).sum())
     guard = size_guard(n_questions, n_positive)
     metrics = metrics_with_ci(calibration_metric_fns(n_bins, threshold), p, y, g, n_boot=n_boot, alpha=alpha, seed=seed)
-    return clean({
+    return clean_json({
         "n": p.size,
         "n_questions": n_questions,
         "n_positive": n_positive,
@@ -179,7 +163,7 @@ def paired_comparison(pred: Any, reference: Any, label: Any, groups: Any, *, n_b
     else:
         verdict = "no clear difference"
     out = withhold_intervals({"brier_delta": delta, "brier_skill": skill}, guard)
-    return clean({**out, "verdict": verdict})
+    return clean_json({**out, "verdict": verdict})
 
 
 def estimate(block: dict[str, Any], name: str) -> float | None:
@@ -204,7 +188,7 @@ def empirical_ratio(prob_under_target: Any, semantic_prob: Any) -> np.ndarray:
     if (sp <= 0).any():
         raise ValueError(f"{int((sp <= 0).sum())} draft rows have semantic_prob <= 0; a stored sample's "
                          "cluster holds at least itself, so the labels are broken")
-    return np.minimum(1.0, put / sp)
+    return semantic_accept_prob(put, sp)  # sp >= 1/N here, so its eps guard never binds
 
 
 def acceptance_metric_fns(n_bins: int) -> dict[str, MetricFn]:
@@ -232,7 +216,7 @@ def acceptance_block(p_pred: Any, q_pred: Any, prob_under_target: Any, semantic_
     empirical = empirical_ratio(prob_under_target, semantic_prob)
     _, _, g = _aligned(predicted, empirical, groups)
     guard = size_guard(np.unique(g).size)
-    return clean({
+    return clean_json({
         "n": predicted.size,
         "n_questions": np.unique(g).size,
         "too_small": guard,
@@ -283,7 +267,7 @@ def at_threshold(scores: Any, labels: Any, threshold: float) -> dict[str, Any]:
     y = _binary_labels(labels)
     accept = s >= threshold
     tp, fp = int((accept & y).sum()), int((accept & ~y).sum())
-    return clean({
+    return clean_json({
         "threshold": float(threshold),
         "acceptance_rate": accept.mean(),
         "precision": tp / accept.sum() if accept.any() else math.nan,
@@ -312,7 +296,7 @@ def verifier_block(scores: Any, labels: Any, groups: Any, threshold: float, *, n
     if y.any() and (~y).any():
         out["roc"] = roc_points(s, y)  # threshold[0] = inf (nothing accepted) becomes null in JSON
         out["pr"] = pr_points(s, y)
-    return clean(out)
+    return clean_json(out)
 
 
 def _precision_at(scores: np.ndarray, labels: np.ndarray, threshold: float) -> float:
@@ -336,7 +320,7 @@ def decision_agreement(a: Any, b: Any) -> dict[str, Any]:
     """How two verifiers' accept/reject decisions on the same pairs relate."""
     x, y = _binary_labels(a), _binary_labels(b)
     kappa = cohen_kappa(x, y)
-    return clean({"n": x.size, "agreement": (x == y).mean(), "cohen_kappa": kappa,
+    return clean_json({"n": x.size, "agreement": (x == y).mean(), "cohen_kappa": kappa,
                   "both_accept": int((x & y).sum()), "both_reject": int((~x & ~y).sum()),
                   "only_first": int((x & ~y).sum()), "only_second": int((~x & y).sum())})
 
@@ -378,7 +362,7 @@ def sweep_entry(row: int, num_layers: int, pred: Any, label: Any, epochs_run: in
     """One point of the sweep: the row, its relative depth (0 = embeddings, 1 = last layer), val errors."""
     if not 0 <= row <= num_layers:
         raise ValueError(f"row {row} is outside 0..{num_layers}")
-    return clean({"layer": int(row), "depth": row / num_layers, "val_brier": brier(pred, label),
+    return clean_json({"layer": int(row), "depth": row / num_layers, "val_brier": brier(pred, label),
                   "val_mae": mae(pred, label), "val_spearman": spearman(pred, label), "epochs_run": epochs_run})
 
 

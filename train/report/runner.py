@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from specprobe.inputs.config import build, parse_override, to_dict
+from specprobe.probes.io import clean_json
 from specprobe.train.config import EvalConfig, WandbConfig
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report import plots, render
@@ -182,7 +183,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
 
 
 def write_report(out: Path, metrics: dict[str, Any]) -> Report:
-    metrics = ev.clean(metrics)
+    metrics = clean_json(metrics)
     (out / REPORT_METRICS).write_text(json.dumps(metrics, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     (out / "report.md").write_text(render.render_report(metrics), encoding="utf-8")
     return Report(out, metrics, [out / f["file"] for f in metrics["figures"]])
@@ -265,7 +266,7 @@ def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, data: str | 
     name_a, ma = load_or_evaluate(a, data, out / "A", **kw)
     name_b, mb = load_or_evaluate(b, data, out / "B", **kw)
     rows = ev.compare_metrics(headline(ma), headline(mb))
-    result = ev.clean({"format": "specprobe-eval-comparison", "a": {"name": name_a, "path": str(a)},
+    result = clean_json({"format": "specprobe-eval-comparison", "a": {"name": name_a, "path": str(a)},
                        "b": {"name": name_b, "path": str(b)}, "rows": rows})
     (out / "comparison.json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     (out / "comparison.md").write_text(render.render_comparison(f"{name_a} ({a})", f"{name_b} ({b})", rows),
