@@ -40,6 +40,7 @@ from pathlib import Path
 from specprobe.infer import bench
 from specprobe.infer.config import InferenceConfig, load_inference_config
 from specprobe.infer.models import ModelUnavailableError
+from specprobe.infer.ray_cluster import split_ray_option
 from specprobe.inputs.config import ConfigError, check_folder, format_help
 
 
@@ -65,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    args.ray, args.overrides = split_ray_option(args.ray, args.overrides)
     if args.help_config:
         print(format_help(InferenceConfig))
         return 0

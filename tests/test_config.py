@@ -237,3 +237,30 @@ def test_bench_method_options_below_one_are_config_errors():
     with pytest.raises(ConfigError, match="method option gamma in 'lr_sync:gamma=0' must be >= 1"):
         parse_method("lr_sync:gamma=0")
     assert parse_method("lr_sync:gamma=2").overrides == {"gamma": 2}
+
+
+class _Loaded(Exception):
+    pass
+
+
+@pytest.mark.parametrize("cli", ["train", "bench"])
+def test_overrides_right_after_ray_stay_overrides(monkeypatch, cli):
+    """`--ray` takes an optional address, so argparse hands it the first key=value after it; the CLIs give it back
+    to the overrides (a local Ray instance), and keep a real address."""
+    from specprobe.infer import bench_cli
+    from specprobe.train import cli as train_cli
+
+    seen = []
+
+    def load(path, overrides):
+        seen.append(list(overrides))
+        raise _Loaded
+
+    module, loader = (train_cli, "load_config") if cli == "train" else (bench_cli, "load_inference_config")
+    monkeypatch.setattr(module, loader, load)
+    head = ["--config", "configs/tiny.yaml"] + (["--stage", "data"] if cli == "train" else [])
+    for ray_args, want in ((["--ray", "ray.replicas=2", "ray.local_cpus=2"], ["ray.replicas=2", "ray.local_cpus=2"]),
+                           (["--ray", "10.0.0.5:6379", "ray.replicas=2"], ["ray.replicas=2"])):
+        with pytest.raises(_Loaded):
+            module.main(head + ray_args)
+        assert seen.pop() == want

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from specprobe.data_gen.contexts import parse_part
 from specprobe.data_gen.pipeline import DataGenStats, DataResult, generate_dataset
 from specprobe.data_gen.store import merge_parts
+from specprobe.infer.ray_cluster import split_ray_option
 from specprobe.inputs.config import ConfigError
 from specprobe.train.config import format_help, load_config
 from specprobe.train.pipeline import train_all
@@ -84,6 +85,7 @@ def run_train_stage(cfg, progress: bool = True) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.ray, args.overrides = split_ray_option(args.ray, args.overrides)
 
     if args.help_config:
         print(format_help())
