@@ -244,6 +244,7 @@ def test_bench_on_two_replicas_gives_the_single_process_table(local_ray, tmp_pat
     single = json.loads((tmp_path / "single" / "results.json").read_text())
     spread = json.loads((tmp_path / "ray" / "results.json").read_text())
     assert spread["replicas"] == 2 and spread["problems"] == single["problems"]
+    assert spread["models"] == single["models"] and single["models"]["target"] == "random:llama-20m"
     assert [r["method"] for r in spread["rows"]] == ["target", "lr_sync", "semanticspec"]
     for a, b in zip(spread["rows"], single["rows"]):
         # every problem decoded by every method, with the same seeded draws as in one process
