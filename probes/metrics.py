@@ -245,15 +245,19 @@ def auprc(pred: Any, label: Any, threshold: float = 0.5) -> float:
     n_pos = int(pos.sum())
     if n_pos == 0:
         return math.nan
-    order = np.argsort(-p, kind="mergesort")
-    p_sorted, pos_sorted = p[order], pos[order]
-    # one operating point per distinct score: the last row of each run of ties
-    ends = np.r_[np.nonzero(np.diff(p_sorted))[0], p_sorted.size - 1]
+    _, precision, recall, _ = precision_recall_points(p, pos)
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+def precision_recall_points(scores: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(threshold, precision, recall, accepted count) with every distinct score as the threshold, descending: one
+    point per run of tied scores (its last row), as a threshold cannot split ties. Needs a positive."""
+    order = np.argsort(-scores, kind="mergesort")
+    s_sorted, pos_sorted = scores[order], positives[order]
+    ends = np.r_[np.nonzero(np.diff(s_sorted))[0], s_sorted.size - 1]
     tp = np.cumsum(pos_sorted)[ends]
     accepted = ends + 1
-    precision = tp / accepted
-    recall = tp / n_pos
-    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+    return s_sorted[ends], tp / accepted, tp / positives.sum(), accepted
 
 
 # ---- uncertainty --------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from specprobe.probes.metrics import precision_recall_points
+
 
 @dataclass
 class OperatingPoint:
@@ -79,16 +81,10 @@ def operating_points(scores: Any, labels: Any) -> dict[str, np.ndarray]:
 
 
 def _points(s: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-    order = np.argsort(-s, kind="mergesort")
-    s_sorted, y_sorted = s[order], y[order]
-    ends = np.r_[np.nonzero(np.diff(s_sorted))[0], s.size - 1]  # last row of each tie run
-    accepted = ends + 1
-    tp = np.cumsum(y_sorted)[ends]
-    precision = tp / accepted
-    recall = tp / y.sum()
+    threshold, precision, recall, accepted = precision_recall_points(s, y)
     with np.errstate(invalid="ignore", divide="ignore"):
-        f1 = np.where(tp > 0, 2 * precision * recall / (precision + recall), 0.0)
-    return {"threshold": s_sorted[ends], "precision": precision, "recall": recall,
+        f1 = np.where(precision > 0, 2 * precision * recall / (precision + recall), 0.0)
+    return {"threshold": threshold, "precision": precision, "recall": recall,
             "acceptance_rate": accepted / s.size, "f1": f1}
 
 
