@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             check_folder(args.out, "--out")
         methods = [m for m in args.methods.split(",") if m.strip()] if args.methods else None
-        out = Path(args.out) if args.out else Path(cfg.bench.out_dir or Path(cfg.output_dir) / "bench")
+        out = Path(args.out) if args.out else cfg.bench_out_dir
         if args.ray is not None:
             from specprobe.infer.bench_ray import run_benchmark_on_ray
 

@@ -402,6 +402,11 @@ class InferenceConfig:
     def checkpoint_dir(self) -> Path:
         return Path(self.output_dir) / "checkpoint"
 
+    @property
+    def bench_out_dir(self) -> Path:
+        """Where probe-bench writes: bench.out_dir, else <output_dir>/bench."""
+        return Path(self.bench.out_dir or Path(self.output_dir) / "bench")
+
     def bench_setup(self) -> BenchSetup:
         """probe-bench's sections (`infer.bench.prepare` takes this); the checkpoint this run trained, if any,
         is the default verifier checkpoint."""

@@ -21,6 +21,7 @@ from specprobe.probes.metrics import brier
 from specprobe.probes.mlp import ProbeMLPConfig as MLPConfig
 from specprobe.probes.mlp import fit_probe
 from specprobe.probes.splits import group_split
+from specprobe.train.config import ProbeConfig
 from specprobe.train.probes_train import ROW_SETS, RowSet, load_row_set, torch_threads
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report.inputs import CheckpointFolder, HeldOut, PartError, check_probe_fits_data, predict
@@ -305,11 +306,11 @@ def sweep_split(ctx: EvalContext, questions: np.ndarray) -> SweepSplit:
 def sweep_config(ctx: EvalContext, n_train: int) -> MLPConfig:
     """Quick per-layer probes: the checkpoint's loss and lr, eval.sweep_* width and epochs, no dropout, and
     batches small enough for at least ~8 optimiser steps per epoch on tiny data."""
-    probe = ctx.ckpt.section("probe")
+    probe, default = ctx.ckpt.section("probe"), ProbeConfig()  # keys an older checkpoint lacks: today's defaults
     c = ctx.cfg
-    batch = min(int(probe.get("batch_size", 256)), max(16, n_train // 8))
-    return MLPConfig(hidden_dim=c.sweep_hidden_dim, dropout=0.0, loss=probe.get("loss", "bce"),
-                     lr=float(probe.get("lr", 1e-3)), epochs=c.sweep_epochs,
+    batch = min(int(probe.get("batch_size", default.batch_size)), max(16, n_train // 8))
+    return MLPConfig(hidden_dim=c.sweep_hidden_dim, dropout=0.0, loss=probe.get("loss", default.loss),
+                     lr=float(probe.get("lr", default.lr)), epochs=c.sweep_epochs,
                      patience=max(2, c.sweep_epochs // 3), batch_size=batch, seed=c.seed)
 
 
