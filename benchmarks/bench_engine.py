@@ -66,8 +66,8 @@ def time_sampling(engine, prefix, batch, tokens, repeats, seed=0, greedy=False):
         params = (SamplingParams(temperature=0.0, max_step_tokens=tokens, delimiter="\x00\x00") if greedy
                   else SamplingParams(seed=seed + r, max_step_tokens=tokens))
         steps = engine.generate([StepRequest(prefix, batch)], params).steps[0]
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        if engine.runner.device.type == "cuda":
+            torch.cuda.synchronize(engine.runner.device)
         elapsed = time.perf_counter() - start
         rates.append(sum(s.num_tokens for s in steps) / elapsed)
         seconds.append(elapsed)

@@ -134,8 +134,8 @@ def batch_cost(engine: HFStepEngine, question: str, ks: list[int], tokens: int =
         for _ in range(repeats):
             t0 = time.perf_counter()
             engine.generate(requests, params)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            if engine.runner.device.type == "cuda":
+                torch.cuda.synchronize(engine.runner.device)  # the engine's own card, not the current one
             runs.append(time.perf_counter() - t0)
         times[k] = statistics.median(runs)
     return {k: times[k] / times[ks[0]] for k in ks} | {"seconds_per_row_step": times[ks[0]]}
