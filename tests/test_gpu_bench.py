@@ -66,6 +66,9 @@ def test_open_phase_goes_on_past_a_part_that_hits_its_limit(tmp_path):
     the runtime's log is summarised at the end."""
     out, _ = _smoke("open", tmp_path, LIMITS="0.2 300 300 300")
     assert (out / "check_compile.txt").read_text().rstrip().endswith("## stopped: exit 124 (124 = its 0.2 s limit)")
+    (tmp_path / "second").mkdir()
+    skipped, _ = _smoke("open", tmp_path / "second", LIMITS="0 0 300 0")  # 0 skips a part
+    assert sorted(p.name for p in skipped.iterdir()) == ["engine_llama-tiny.txt", "gpu.txt"]
     for name in ("engine_llama-tiny_compile.txt", "engine_llama-tiny.txt"):
         text = (out / name).read_text()
         assert "## decode fast" in text and "stopped" not in text
