@@ -199,6 +199,17 @@ def test_speculation_is_fixed_at_start(vllm_pair):
         target.with_token_spec(TokenSpecConfig("ngram"))
 
 
+def test_a_prompt_longer_than_max_model_len_says_what_to_raise(vllm_pair):
+    from specprobe.infer.engines import PromptTooLongError
+
+    target, _ = vllm_pair
+    target.check_fits(Prefix("word " * 40))
+    with pytest.raises(PromptTooLongError, match=r"has \d+ tokens.*\(2048\); raise models.vllm.max_model_len"):
+        target.check_fits(Prefix("word " * 3000))
+    with pytest.raises(PromptTooLongError, match="prompt plus the tokens asked for"):
+        target.check_fits(Prefix("word " * 40), extra_tokens=2048)
+
+
 def test_tiny_data_stage_on_vllm_feeds_the_train_stage(vllm_pair, tmp_path):
     """The data-pipeline tests' tiny config (3 contexts, N = 4) with both models on vLLM; its probes train."""
     from specprobe.data_gen.judges import EmbeddingNumberJudge

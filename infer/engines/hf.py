@@ -17,14 +17,11 @@ from collections.abc import Hashable, Iterator, Sequence
 import torch
 
 from specprobe.infer.engines.base import (
-    DEFAULT_STEP_DELIMITER,
     EngineCapabilities,
     EngineInfo,
     EngineStats,
     Generation,
     Prefix,
-    PrefixStep,
-    PromptTooLongError,
     SamplingParams,
     Scoring,
     Step,
@@ -36,7 +33,7 @@ from specprobe.infer.engines.lookahead_decoding import JacobiProposer
 from specprobe.infer.engines.sequence_kv import SequenceKV
 from specprobe.infer.engines.static_kv import DecodeStep, FastDecodeBatch, StaticKVPool, static_cache_supported
 from specprobe.infer.engines.token_spec import AssistantProposer, LookaheadConfig, NgramProposer, TokenSpecConfig
-from specprobe.infer.engines.tokens import StepTokenizer, eos_token_ids
+from specprobe.infer.engines.tokens import StepTokenizer, TokenizedText, eos_token_ids
 from specprobe.infer.models import describe_source, load_model
 
 log = logging.getLogger(__name__)
@@ -52,7 +49,7 @@ def _on_engine_stream(method):
     return wrapped
 
 
-class HFStepEngine:
+class HFStepEngine(TokenizedText):
     """A causal LM from transformers behind the StepEngine interface (see `infer.engines.base`)."""
 
     def __init__(
@@ -138,29 +135,6 @@ class HFStepEngine:
     @property
     def eos_ids(self) -> set[int]:
         return self.text.eos_ids
-
-    # ---------------------------------------------------------------- text <-> ids
-    def format_prefix(self, question: str, steps: Sequence[PrefixStep] = (),
-                      delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
-        return self.text.format_prefix(question, steps, delimiter)
-
-    def prefix_ids(self, prefix: Prefix) -> list[int]:
-        """The token ids this engine conditions on for `prefix` (see `infer.engines.base`)."""
-        return self.text.prefix_ids(prefix)
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.text.text_ids(text))
-
-    def check_fits(self, prefix: Prefix, extra_tokens: int = 0) -> None:
-        self._check_length(len(self.prefix_ids(prefix)) + extra_tokens, "the prompt" if not extra_tokens
-                           else "prompt plus the tokens asked for")
-
-    def _check_length(self, n_tokens: int, what: str) -> None:
-        limit = self.info.max_length
-        if limit and n_tokens > limit:
-            raise PromptTooLongError(
-                f"{what} has {n_tokens} tokens, more than the context window of {self.info.model_id} "
-                f"({limit}); shorten the prompt or lower the number of steps kept in it")
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached prefix (results never depend on it; only the work done does)."""

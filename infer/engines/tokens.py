@@ -10,7 +10,15 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER, Prefix, PrefixStep, Step, StopReason, with_delimiter
+from specprobe.infer.engines.base import (
+    DEFAULT_STEP_DELIMITER,
+    Prefix,
+    PrefixStep,
+    PromptTooLongError,
+    Step,
+    StopReason,
+    with_delimiter,
+)
 
 
 def find_step_end(text: str, delimiter: str) -> int | None:
@@ -130,3 +138,33 @@ class StepTokenizer:
         if done is None:
             return None
         return Step(done[0], list(tokens), done[1], logprob, self.tokenizer_id)
+
+
+class TokenizedText:
+    """The text side of the StepEngine protocol for an engine that holds a StepTokenizer as `text` and an
+    EngineInfo as `info`: prefixes as text and ids, token counts, and the context-window check (`window_hint`:
+    what a user can do about a prompt too long for this engine)."""
+
+    text: StepTokenizer
+    window_hint = "shorten the prompt or lower the number of steps kept in it"
+
+    def format_prefix(self, question: str, steps: Sequence[PrefixStep] = (),
+                      delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
+        return self.text.format_prefix(question, steps, delimiter)
+
+    def prefix_ids(self, prefix: Prefix) -> list[int]:
+        """The token ids this engine conditions on for `prefix` (see `infer.engines.base`)."""
+        return self.text.prefix_ids(prefix)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.text.text_ids(text))
+
+    def check_fits(self, prefix: Prefix, extra_tokens: int = 0) -> None:
+        self._check_length(len(self.prefix_ids(prefix)) + extra_tokens, "the prompt" if not extra_tokens
+                           else "prompt plus the tokens asked for")
+
+    def _check_length(self, n_tokens: int, what: str) -> None:
+        limit = self.info.max_length
+        if limit and n_tokens > limit:
+            raise PromptTooLongError(f"{what} has {n_tokens} tokens, more than the context window of "
+                                     f"{self.info.model_id} ({limit}); {self.window_hint}")

@@ -49,14 +49,11 @@ from dataclasses import dataclass
 import torch
 
 from specprobe.infer.engines.base import (
-    DEFAULT_STEP_DELIMITER,
     EngineCapabilities,
     EngineInfo,
     EngineStats,
     Generation,
     Prefix,
-    PrefixStep,
-    PromptTooLongError,
     SamplingParams,
     ScoredStep,
     Scoring,
@@ -65,7 +62,7 @@ from specprobe.infer.engines.base import (
     sample_seed,
 )
 from specprobe.infer.engines.token_spec import TokenSpecConfig
-from specprobe.infer.engines.tokens import StepTokenizer
+from specprobe.infer.engines.tokens import StepTokenizer, TokenizedText
 from specprobe.infer.judge_prompt import answer_token_ids, build_judge_prompt, uses_chat_template
 from specprobe.infer.models import RANDOM_PREFIX, describe_source, load_tokenizer, parse_dtype, resolve_model_folder
 
@@ -191,10 +188,11 @@ class _Core:
         return out
 
 
-class VLLMStepEngine:
+class VLLMStepEngine(TokenizedText):
     """A causal LM served by vLLM behind the StepEngine interface."""
 
     model = None  # no transformers model to run directly (capabilities.raw_model is False)
+    window_hint = "raise models.vllm.max_model_len or shorten the prompt"
 
     def __init__(self, model_name: str, *, device: str | None = None, dtype: str | None = None,
                  cache_dir: str | None = None, use_chat_template: bool = True, system_prompt: str | None = None,
@@ -257,27 +255,7 @@ class VLLMStepEngine:
         closed (pytest's captured output)."""
         self._core.close()
 
-    # ------------------------------------------------------------------ text and capacity
-    def format_prefix(self, question: str, steps: Sequence[PrefixStep] = (),
-                      delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
-        return self.text.format_prefix(question, steps, delimiter)
-
-    def prefix_ids(self, prefix: Prefix) -> list[int]:
-        return self.text.prefix_ids(prefix)
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.text.text_ids(text))
-
-    def check_fits(self, prefix: Prefix, extra_tokens: int = 0) -> None:
-        self._check_length(len(self.prefix_ids(prefix)) + extra_tokens, "the prompt")
-
-    def _check_length(self, n_tokens: int, what: str) -> None:
-        limit = self.info.max_length
-        if limit and n_tokens > limit:
-            raise PromptTooLongError(
-                f"{what} needs {n_tokens} tokens, more than the vLLM engine's max_model_len of {limit} for "
-                f"{self.info.model_id}; raise models.vllm.max_model_len or shorten the prompt")
-
+    # ------------------------------------------------------------------ capacity
     def clear_prefix_cache(self) -> None:
         with self._core.lock:
             self.llm.reset_prefix_cache()
