@@ -15,14 +15,14 @@
 #            random:qwen2-1.5b (PROBLEMS, STEPS as above; SCENARIOS, ADAPTIVE_METHODS and GAMMAS narrow it;
 #            SKIP=1 adds gamma=adaptive:forecast_skip=true to the same runs).
 # open:      what issues 20 and 24 still need from a GPU, most needed first, each part under its own time limit so the
-#            whole phase fits one 10-minute device call (a session has 15 device minutes, its start included):
-#            check_decode_graph.py --graph compile (does a compiled step capture on CUDA?), the 1.5B's batch-1 rate
-#            in the compile mode (issue 20's 300 tok/s), the 32B's batch-1 rate and b(k) (35 tok/s; b(4), b(8)), then
-#            the 1.5B -> 32B runtime at 8 problems x 16 steps (GRAPH, default cuda_graph) until its limit, summarised
-#            from its log (runtime_summary.md) whether or not it finished. LIMITS="check engine15 engine32 runtime"
-#            (seconds, default "90 120 70 270") sets the parts' limits; a part that hits its limit is noted and the
-#            next one runs; a limit of 0 skips the part (a second call right after the first, while the machine is
-#            warm: LIMITS="0 0 0 560" gives the runtime the whole call).
+#            whole phase fits one device call of under 10 minutes (a session has 15 device minutes, its start
+#            included): check_decode_graph.py --graph compile (does a compiled step capture on CUDA?), the 1.5B's
+#            batch-1 rate in the compile mode (issue 20's 300 tok/s), the 32B's batch-1 rate and b(k) (35 tok/s;
+#            b(4), b(8)), then the 1.5B -> 32B runtime at 8 problems x 16 steps (GRAPH, default cuda_graph) until its
+#            limit, summarised from its log (runtime_summary.md) whether or not it finished.
+#            LIMITS="check engine15 engine32 runtime" (whole seconds, default "90 120 70 270") sets the parts'
+#            limits; a part that hits its limit is noted in its file and the next one runs; 0 skips a part
+#            (LIMITS="0 0 0 540": a session of its own for the 32B pair's 8 x 16, about 6.5 minutes).
 # lookahead: bench_lookahead.py (issue 23): Lookahead Decoding in the engine's batches (n = 8 rows) against plain
 #            decoding, random:qwen2-1.5b and random:qwen2-7b, W=5 N=4 and W=15 N=5 (random weights repeat tokens:
 #            read the iteration cost, not the acceptance; DECODE=eager for the eager path's batches).
@@ -58,8 +58,8 @@ else
 fi
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$out/gpu.txt"
-runtime() {  # target, problems, max steps, label (LIMIT: seconds before it is stopped)
-  ${LIMIT:+timeout "$LIMIT"} python3 benchmarks/bench_runtime.py --device "$device" --dtype "$dtype" --target "$1" --draft "$draft" \
+runtime() {  # target, problems, max steps, label (_open_runtime_s: seconds before it is stopped, in the open phase)
+  ${_open_runtime_s:+timeout -k 15 "$_open_runtime_s"} python3 benchmarks/bench_runtime.py --device "$device" --dtype "$dtype" --target "$1" --draft "$draft" \
     --alpha 0.6 --gamma "${GAMMA:-3}" --problems "$2" --max-steps "$3" --step-tokens "$step_tokens" \
     --decode "${DECODE:-auto}" --methods "${METHODS:-target,lr_sync,lr_async,semanticspec,draft}" --out "$out/$4" \
     --set bench.source.kind=jsonl "bench.source.path=$questions" "models.decode_graph=${GRAPH:-auto}" 2>&1 \
@@ -85,26 +85,35 @@ case $phase in
       bench.source.kind=jsonl \
       "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" ;;
   open)
-    read -r l_check l_engine15 l_engine32 l_runtime <<< "${LIMITS:-90 120 70 270}"
+    limits=(${LIMITS:-90 120 70 270})
+    [ ${#limits[@]} = 4 ] || { echo "LIMITS takes four whole numbers of seconds (check engine15 engine32 runtime), got '${LIMITS:-}'" >&2; exit 2; }
+    for s in "${limits[@]}"; do
+      [[ $s =~ ^[0-9]+$ ]] || { echo "LIMITS: '$s' is not a whole number of seconds" >&2; exit 2; }
+    done
     small=random:qwen2-1.5b big=$target32 check_model=random:qwen2-0.5b check_device=cuda compile=compile
     [ "${SMOKE:-0}" = 1 ] && small=$draft check_model=$draft check_device=cpu compile=none  # no compiling in the smoke
-    limited() {  # seconds, output file, command...: a part that hits its limit is noted, and the phase goes on
+    stopped() {  # exit status, seconds, file: a part that did not finish says so in its file
+      echo "## stopped: exit $1 (124 = its $2 s limit)" | tee -a "$3"
+    }
+    limited() {  # seconds (0: skip), output file, command...: a part that hits its limit is noted, the phase goes on
       local s=$1 file=$2 rc=0
       shift 2
-      [ "$s" = 0 ] && return 0
-      timeout "$s" "$@" 2>&1 | tee "$file" || rc=$?  # pipefail: the command's status
-      [ "$rc" = 0 ] || echo "## stopped: exit $rc (124 = its ${s} s limit)" | tee -a "$file"
+      [ "$s" -eq 0 ] && return 0
+      timeout -k 15 "$s" "$@" 2>&1 | tee "$file" || rc=$?  # pipefail: the command's status
+      [ "$rc" = 0 ] || stopped "$rc" "$s" "$file"
     }
-    limited "$l_check" "$out/check_compile.txt" python3 benchmarks/check_decode_graph.py --device "$check_device" \
+    limited "${limits[0]}" "$out/check_compile.txt" python3 benchmarks/check_decode_graph.py --device "$check_device" \
       --model "$check_model" --graph "$compile"
-    limited "$l_engine15" "$out/engine_${small#random:}_compile.txt" python3 benchmarks/bench_engine.py \
+    limited "${limits[1]}" "$out/engine_${small#random:}_compile.txt" python3 benchmarks/bench_engine.py \
       --device "$device" --dtype "$dtype" --model "$small" --tokens "$tokens" --repeats "$repeats" --batches 1 \
       --greedy --decode fast --graph "$compile" --no-unshared
-    limited "$l_engine32" "$out/engine_${big#random:}.txt" python3 benchmarks/bench_engine.py --device "$device" \
+    limited "${limits[2]}" "$out/engine_${big#random:}.txt" python3 benchmarks/bench_engine.py --device "$device" \
       --dtype "$dtype" --model "$big" --tokens "$tokens" --repeats "$repeats" --batches 1 --greedy --decode fast \
       --graph "${GRAPH:-auto}" --batch-cost "$ks" --syncs --no-unshared
-    if [ "$l_runtime" != 0 ]; then
-      LIMIT=$l_runtime runtime "$target32" "${problems:-8}" "${steps:-16}" runtime_32b || true
+    if [ "${limits[3]}" -ne 0 ]; then
+      rc=0
+      _open_runtime_s=${limits[3]} runtime "$target32" "${problems:-8}" "${steps:-16}" runtime_32b || rc=$?
+      [ "$rc" = 0 ] || stopped "$rc" "${limits[3]}" "$out/runtime_32b.txt"
       python3 benchmarks/runtime_log_summary.py "$out/runtime_32b.txt" | tee "$out/runtime_summary.md"
     fi ;;
   lookahead)

@@ -36,8 +36,8 @@ def import_ray():
 
 def split_ray_option(ray: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
     """The CLIs' `--ray [ADDRESS]` and their key=value overrides, as meant: argparse gives `--ray ray.replicas=2`
-    the override as the address; a value with "=" is no Ray address, so it goes back to the overrides and Ray
-    starts locally."""
+    the override as the address; a value with "=" is no Ray address, so it goes back to the overrides (first:
+    before overrides given ahead of --ray, which then lose to it on the same key) and Ray starts locally."""
     if ray and "=" in ray:
         return "", [ray, *overrides]
     return ray, list(overrides)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from safetensors.torch import load_file, save_file
@@ -72,7 +73,7 @@ def clean_json(obj: Any) -> Any:
         return {str(k): clean_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [clean_json(v) for v in obj]
-    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):  # numpy / torch: arrays and scalars
+    if isinstance(obj, (np.ndarray, np.generic, torch.Tensor)):
         return clean_json(obj.tolist())
     if isinstance(obj, float) and not math.isfinite(obj):
         return None

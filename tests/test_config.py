@@ -264,3 +264,13 @@ def test_overrides_right_after_ray_stay_overrides(monkeypatch, cli):
         with pytest.raises(_Loaded):
             module.main(head + ray_args)
         assert seen.pop() == want
+
+
+def test_split_ray_option_keeps_addresses_and_returns_overrides():
+    from specprobe.infer.ray_cluster import split_ray_option
+
+    assert split_ray_option("ray.replicas=2", ["a=1"]) == ("", ["ray.replicas=2", "a=1"])  # local Ray
+    for address in ("", "auto", "10.0.0.5:6379", "ray://head:10001"):
+        assert split_ray_option(address, ["a=1"]) == (address, ["a=1"])
+    assert split_ray_option(None, []) == (None, [])  # no --ray
+

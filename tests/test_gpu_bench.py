@@ -63,17 +63,28 @@ def test_adaptive_phase(tmp_path, extra):
 @pytest.mark.slow
 def test_open_phase_goes_on_past_a_part_that_hits_its_limit(tmp_path):
     """The open issues' one-call phase: a part stopped at its limit is noted in its file and the next parts run;
-    the runtime's log is summarised at the end."""
-    out, _ = _smoke("open", tmp_path, LIMITS="0.2 300 300 300")
-    assert (out / "check_compile.txt").read_text().rstrip().endswith("## stopped: exit 124 (124 = its 0.2 s limit)")
-    (tmp_path / "second").mkdir()
-    skipped, _ = _smoke("open", tmp_path / "second", LIMITS="0 0 300 0")  # 0 skips a part
-    assert sorted(p.name for p in skipped.iterdir()) == ["engine_llama-tiny.txt", "gpu.txt"]
+    the runtime's log is summarised at the end, finished or not; a limit of 0 skips a part."""
+    out, _ = _smoke("open", tmp_path, LIMITS="1 300 300 300")
+    assert (out / "check_compile.txt").read_text().rstrip().endswith("## stopped: exit 124 (124 = its 1 s limit)")
     for name in ("engine_llama-tiny_compile.txt", "engine_llama-tiny.txt"):
         text = (out / name).read_text()
         assert "## decode fast" in text and "stopped" not in text
     assert "b(2)=" in (out / "engine_llama-tiny.txt").read_text()
     assert "2 problems finished by every method" in (out / "runtime_summary.md").read_text()
+    (tmp_path / "second").mkdir()
+    cut, _ = _smoke("open", tmp_path / "second", LIMITS="0 0 300 2")
+    names = {p.name for p in cut.iterdir()}
+    assert {"engine_llama-tiny.txt", "runtime_32b.txt", "runtime_summary.md"} <= names
+    assert not names & {"check_compile.txt", "engine_llama-tiny_compile.txt"}
+    assert (cut / "runtime_32b.txt").read_text().rstrip().endswith("(124 = its 2 s limit)")
+    assert "no problem finished" in (cut / "runtime_summary.md").read_text()
+
+
+@pytest.mark.parametrize("limits", ["0 0 0", "0 0 0 5 5", "0 0.5 0 0", "0 0 0 ten"])
+def test_open_phase_refuses_limits_it_cannot_read(tmp_path, limits):
+    res = subprocess.run(["bash", "benchmarks/gpu_bench.sh", "open", str(tmp_path)], cwd=REPO,
+                         env=dict(os.environ, SMOKE="1", LIMITS=limits), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "LIMITS" in res.stderr
 
 
 @pytest.mark.slow
