@@ -22,7 +22,7 @@
 #            limit, summarised from its log (runtime_summary.md) whether or not it finished.
 #            LIMITS="check engine15 engine32 runtime" (whole seconds, default "90 120 70 270") sets the parts'
 #            limits; a part that hits its limit is noted in its file and the next one runs; 0 skips a part
-#            (LIMITS="0 0 0 540": a session of its own for the 32B pair's 8 x 16, about 6.5 minutes).
+#            (LIMITS="0 0 0 540": a session of its own for the 32B pair's 8 x 16, estimated at about 6.5 minutes).
 # lookahead: bench_lookahead.py (issue 23): Lookahead Decoding in the engine's batches (n = 8 rows) against plain
 #            decoding, random:qwen2-1.5b and random:qwen2-7b, W=5 N=4 and W=15 N=5 (random weights repeat tokens:
 #            read the iteration cost, not the acceptance; DECODE=eager for the eager path's batches).
@@ -58,6 +58,9 @@ else
 fi
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$out/gpu.txt"
+# bench_engine.py's flags every engine measurement shares: greedy rows of `tokens` tokens, `repeats` timings
+engine_bench=(python3 benchmarks/bench_engine.py --device "$device" --dtype "$dtype" --tokens "$tokens"
+              --repeats "$repeats" --greedy)
 runtime() {  # target, problems, max steps, label (_open_runtime_s: seconds before it is stopped, in the open phase)
   ${_open_runtime_s:+timeout -k 15 "$_open_runtime_s"} python3 benchmarks/bench_runtime.py --device "$device" --dtype "$dtype" --target "$1" --draft "$draft" \
     --alpha 0.6 --gamma "${GAMMA:-3}" --problems "$2" --max-steps "$3" --step-tokens "$step_tokens" \
@@ -68,10 +71,8 @@ runtime() {  # target, problems, max steps, label (_open_runtime_s: seconds befo
 case $phase in
   engine)
     for m in $engine_models; do
-      python3 benchmarks/bench_engine.py --device "$device" --dtype "$dtype" --model "$m" --tokens "$tokens" \
-        --repeats "$repeats" --batches "$batches" --greedy --decode "${DECODE:-fast,eager}" --graph "${GRAPH:-auto}" \
-        --batch-cost "$ks" --syncs 2>&1 \
-        | tee "$out/engine_${m#random:}.txt"
+      "${engine_bench[@]}" --model "$m" --batches "$batches" --decode "${DECODE:-fast,eager}" \
+        --graph "${GRAPH:-auto}" --batch-cost "$ks" --syncs 2>&1 | tee "$out/engine_${m#random:}.txt"
     done ;;
   runtime) runtime "$target" "${problems:-8}" "${steps:-16}" runtime_7b ;;
   runtime32) runtime "$target32" "${problems:-6}" "${steps:-12}" runtime_32b ;;
@@ -104,12 +105,10 @@ case $phase in
     }
     limited "${limits[0]}" "$out/check_compile.txt" python3 benchmarks/check_decode_graph.py --device "$check_device" \
       --model "$check_model" --graph "$compile"
-    limited "${limits[1]}" "$out/engine_${small#random:}_compile.txt" python3 benchmarks/bench_engine.py \
-      --device "$device" --dtype "$dtype" --model "$small" --tokens "$tokens" --repeats "$repeats" --batches 1 \
-      --greedy --decode fast --graph "$compile" --no-unshared
-    limited "${limits[2]}" "$out/engine_${big#random:}.txt" python3 benchmarks/bench_engine.py --device "$device" \
-      --dtype "$dtype" --model "$big" --tokens "$tokens" --repeats "$repeats" --batches 1 --greedy --decode fast \
-      --graph "${GRAPH:-auto}" --batch-cost "$ks" --syncs --no-unshared
+    limited "${limits[1]}" "$out/engine_${small#random:}_compile.txt" "${engine_bench[@]}" --model "$small" \
+      --batches 1 --decode fast --graph "$compile" --no-unshared
+    limited "${limits[2]}" "$out/engine_${big#random:}.txt" "${engine_bench[@]}" --model "$big" --batches 1 \
+      --decode fast --graph "${GRAPH:-auto}" --batch-cost "$ks" --syncs --no-unshared
     if [ "${limits[3]}" -ne 0 ]; then
       rc=0
       _open_runtime_s=${limits[3]} runtime "$target32" "${problems:-8}" "${steps:-16}" runtime_32b || rc=$?

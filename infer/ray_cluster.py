@@ -14,8 +14,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ClusterError", "INSTALL_HINT", "import_ray", "split_ray_option", "connect", "set_actor_threads", "describe_started", "ActorDemand", "check_resources",
-           "replica_demands", "actor_options"]
+__all__ = ["ClusterError", "INSTALL_HINT", "import_ray", "split_ray_option", "connect", "ActorDemand", "check_resources",
+           "replica_demands", "actor_options", "set_actor_threads", "describe_started"]
 
 INSTALL_HINT = "Ray is not installed: pip install 'specprobe[ray]' (ray==2.60.0)"
 DEFAULT_PORT = 6379
