@@ -24,7 +24,7 @@ import time
 import warnings
 
 import torch
-from bench_runtime import batch_cost  # noqa: E402 - the runtime benchmark's b(k), measured the same way
+from bench_runtime import batch_cost, describe_decode  # noqa: E402 - b(k) measured as the runtime benchmark does
 
 from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.hf import HFStepEngine
@@ -93,13 +93,6 @@ def count_syncs(engine, prefix: Prefix, rows: int, tokens: int) -> list[int]:
         counts.append(sum("synchroniz" in str(w.message) for w in caught))
     return counts
 
-
-def describe_decode(engine) -> str:
-    step = engine.decode_step
-    if step is None:
-        return f"decode {engine.decode}"
-    state = f"failed: {step.failed}" if step.failed else f"{step.captures} captures, {step.replays} replays"
-    return f"decode {engine.decode} ({step.mode}: {state}; {engine.kv_pool.created} KV buffers allocated)"
 
 
 def bench_path(base: HFStepEngine, decode: str, args, prefix: Prefix) -> None:

@@ -119,6 +119,16 @@ def format_explained(rows: list[dict], gamma: int, b_of_k: dict) -> str:
     return "\n".join(lines)
 
 
+def describe_decode(engine) -> str:
+    """The engine's decode path and, on the fast path, its decode step's mode, captures and replays (or why it fell
+    back to eager)."""
+    step = getattr(engine, "decode_step", None)
+    if step is None:
+        return f"decode {getattr(engine, 'decode', 'eager')}"
+    state = f"failed: {step.failed}" if step.failed else f"{step.captures} captures, {step.replays} replays"
+    return f"decode {engine.decode} ({step.mode}: {state}; {engine.kv_pool.created} KV buffers allocated)"
+
+
 def batch_cost(engine: HFStepEngine, question: str, ks: list[int], tokens: int = 12, repeats: int = 5) -> dict:
     """b(k): time of one step decoded for k rows (each after a different prefix, as in an LR batch) over
     the time for one row. Every k is warmed once first (kernel choice, graph capture), then timed `repeats`
@@ -181,6 +191,8 @@ def main(argv=None) -> int:
     print(f"# host: {platform.processor() or platform.machine()}{gpu}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} torch thread(s), {os.cpu_count()} logical CPUs, load avg {load0[0]:.2f}")
 
+    print(f"# target {describe_decode(env.target)}; draft {describe_decode(env.draft)}")
+
     ks = list(range(1, args.gamma + 2))
     b = batch_cost(env.target, env.problems[0].question, ks)
     print("# target batch cost b(k) = time(k rows) / time(1 row), measured on its own: "
@@ -197,7 +209,8 @@ def main(argv=None) -> int:
     explained = format_explained(rows, args.gamma, b)
     print(explained)
     load1 = os.getloadavg()
-    print(f"\n# load avg at start {load0[0]:.2f}, at end {load1[0]:.2f}; wall {report['wall_s']:.0f} s")
+    print(f"\n# after the run: target {describe_decode(env.target)}; draft {describe_decode(env.draft)}")
+    print(f"# load avg at start {load0[0]:.2f}, at end {load1[0]:.2f}; wall {report['wall_s']:.0f} s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "batch_cost.json").write_text(json.dumps({str(k): v for k, v in b.items()}, indent=2))

@@ -22,7 +22,8 @@
 #            limit, summarised from its log (runtime_summary.md) whether or not it finished.
 #            LIMITS="check engine15 engine32 runtime" (whole seconds, default "90 120 70 270") sets the parts'
 #            limits; a part that hits its limit is noted in its file and the next one runs; 0 skips a part
-#            (LIMITS="0 0 0 540": a session of its own for the 32B pair's 8 x 16, estimated at about 6.5 minutes).
+#            (LIMITS="0 0 0 540": a call of its own for the 32B pair's 8 x 16, which took ~95 s of loads and warm-up
+#            and ~53 s a problem on an H100).
 # lookahead: bench_lookahead.py (issue 23): Lookahead Decoding in the engine's batches (n = 8 rows) against plain
 #            decoding, random:qwen2-1.5b and random:qwen2-7b, W=5 N=4 and W=15 N=5 (random weights repeat tokens:
 #            read the iteration cost, not the acceptance; DECODE=eager for the eager path's batches).
@@ -30,7 +31,8 @@
 # drafted steps per cycle; METHODS (default target,lr_sync,lr_async,semanticspec,draft) the methods;
 # DECODE (default auto = the fast path on CUDA) the transformers decode path (fast | eager), so the same
 # command measures the eager path for the 'today' column; GRAPH (default auto = cuda_graph on CUDA) how the fast
-# path runs its decode step (cuda_graph | compile | none).
+# path runs its decode step (cuda_graph | compile | none); DRAFT_GRAPH the draft's alone in the runtime and
+# adaptive phases (compile: fused kernels, a cheaper draft step).
 # Problems: a jsonl file of questions (QUESTIONS, default .gpu/questions.jsonl); their text only sets the prompt.
 # SMOKE=1 runs every phase's commands on the CPU with tiny random models and tiny sizes (tests/test_gpu_bench.py),
 # so a GPU session never finds a broken command.
@@ -65,7 +67,8 @@ runtime() {  # target, problems, max steps, label (_open_runtime_s: seconds befo
   ${_open_runtime_s:+timeout -k 15 "$_open_runtime_s"} python3 benchmarks/bench_runtime.py --device "$device" --dtype "$dtype" --target "$1" --draft "$draft" \
     --alpha 0.6 --gamma "${GAMMA:-3}" --problems "$2" --max-steps "$3" --step-tokens "$step_tokens" \
     --decode "${DECODE:-auto}" --methods "${METHODS:-target,lr_sync,lr_async,semanticspec,draft}" --out "$out/$4" \
-    --set bench.source.kind=jsonl "bench.source.path=$questions" "models.decode_graph=${GRAPH:-auto}" 2>&1 \
+    --set bench.source.kind=jsonl "bench.source.path=$questions" "models.decode_graph=${GRAPH:-auto}" \
+    ${DRAFT_GRAPH:+"models.draft_decode_graph=$DRAFT_GRAPH"} 2>&1 \
     | tee "$out/$4.txt"
 }
 case $phase in
@@ -82,7 +85,7 @@ case $phase in
       --draft "$draft" --problems "${problems:-8}" --steps "${steps:-16}" --step-tokens "$step_tokens" \
       --gammas "${GAMMAS:-$gammas}" --scenarios "${SCENARIOS:-$scenarios}" \
       --methods "${ADAPTIVE_METHODS:-lr_sync,semanticspec}" ${skip[@]+"${skip[@]}"} --out "$out/adaptive_gamma" \
-      "models.decode_graph=${GRAPH:-auto}" \
+      "models.decode_graph=${GRAPH:-auto}" ${DRAFT_GRAPH:+"models.draft_decode_graph=$DRAFT_GRAPH"} \
       bench.source.kind=jsonl \
       "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" ;;
   open)

@@ -231,6 +231,26 @@ def test_the_draft_can_have_its_own_device(monkeypatch):
     assert placed == ["cuda:1"]
 
 
+def test_the_draft_can_have_its_own_decode_graph(monkeypatch):
+    """models.draft_decode_graph sets the draft's decode step alone (compile on the draft, whose step is mostly
+    small kernels); unset, the draft follows models.decode_graph; with a vLLM draft it is refused."""
+    from specprobe.infer import engines
+    from specprobe.infer.config import ModelsConfig
+
+    cfg = ModelsConfig(device="cpu", decode="fast", decode_graph="none", draft_decode_graph="compile",
+                       target="random:llama-tiny", draft="random:llama-tiny")
+    assert (cfg.decode_graph_of("target"), cfg.decode_graph_of("draft")) == ("none", "compile")
+    assert ModelsConfig(decode_graph="compile").decode_graph_of("draft") == "compile"
+    with pytest.raises(ConfigError, match="models.draft_decode_graph sets how a transformers draft"):
+        load_config("configs/tiny.yaml", ["models.draft_engine=vllm", "models.draft_decode_graph=compile"])
+    with pytest.raises(ConfigError, match="models.draft_decode_graph"):
+        load_config("configs/tiny.yaml", ["models.draft_decode_graph=fused"])
+    # real engines: one model's weights, loaded once, each role with its own decode step
+    target, draft = engines.build_engine_pair(cfg)
+    assert draft.model is target.model
+    assert (target.decode_step.mode, draft.decode_step.mode) == ("none", "compile")
+
+
 def test_bench_method_options_below_one_are_config_errors():
     from specprobe.infer.bench import parse_method
 

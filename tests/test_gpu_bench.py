@@ -35,13 +35,15 @@ def test_engine_phase(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase,folder", [("runtime", "runtime_7b"), ("runtime32", "runtime_32b")])
-def test_runtime_phases(tmp_path, phase, folder):
-    out, _ = _smoke(phase, tmp_path)
+@pytest.mark.parametrize("phase,folder,draft_graph", [("runtime", "runtime_7b", None),
+                                                      ("runtime32", "runtime_32b", "none")])
+def test_runtime_phases(tmp_path, phase, folder, draft_graph):
+    out, _ = _smoke(phase, tmp_path, **({"DRAFT_GRAPH": draft_graph} if draft_graph else {}))
     res = json.loads((out / folder / "results.json").read_text())
     assert [r["method"] for r in res["rows"]] == ["target", "lr_sync", "lr_async", "semanticspec", "draft"]
     assert all(r["error"] is None and r["problems"] == 2 for r in res["rows"])
     assert res["config"]["models"]["decode"] == "fast" and res["models"]["target"] == "random:llama-tiny"
+    assert res["config"]["models"]["draft_decode_graph"] == draft_graph  # DRAFT_GRAPH: the draft's alone
     assert json.loads((out / folder / "batch_cost.json").read_text())["1"] == 1.0
 
 
