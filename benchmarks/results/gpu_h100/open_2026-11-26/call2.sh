@@ -1,0 +1,2 @@
+# device call 2 (timeout_s 320, carry [".gpu"], the same warm machine), 2026-11-26 11:06-11:11 UTC; 267 s
+mkdir -p /tmp/pkg/specprobe && for d in inputs probes data_gen train infer; do ln -sfn $PWD/$d /tmp/pkg/specprobe/$d; done; export PYTHONPATH=/tmp/pkg SPECPROBE_RANDOM_TOKENIZER=.gpu/tok PYTHONUNBUFFERED=1; date -u; SKIP=1 SCENARIOS=b ADAPTIVE_METHODS=semanticspec,lr_sync PROBLEMS=4 STEPS=8 timeout -k 10 290 bash benchmarks/gpu_bench.sh adaptive $OUT 2>&1 | grep -v "Warning\|warn(" | tee $OUT/adaptive_log.txt | tail -60; date -u
