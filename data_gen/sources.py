@@ -26,11 +26,18 @@ from typing import Any
 
 from specprobe.data_gen.steps import MODES, normalise_text, split_steps
 from specprobe.infer.answers import extract_boxed, split_gsm8k, strip_thousands_separators
-from specprobe.inputs.records import Record, SourceWarning, check_path, iter_records, source_stem, warn_source
+from specprobe.inputs.records import (
+    HUB_NAMES,
+    Record,
+    SourceWarning,
+    check_path,
+    iter_records,
+    source_stem,
+    warn_source,
+)
 
 __all__ = [
     "KINDS",
-    "DEFAULT_HUB_NAMES",
     "Trace",
     "InvalidRecord",
     "SourceWarning",
@@ -44,7 +51,6 @@ __all__ = [
 ]
 
 KINDS = ("s1k", "gsm8k", "reasoning_gym", "champ", "jsonl")
-DEFAULT_HUB_NAMES = {"s1k": "simplescaling/s1K-1.1", "gsm8k": "openai/gsm8k"}
 TRAJECTORIES = ("deepseek", "gemini")
 JSONL_FIELDS = {"id": "id", "question": "question", "steps": "steps", "text": "text",
                 "answer": "answer", "domain": "domain"}
@@ -317,7 +323,7 @@ def iter_s1k(path: str | os.PathLike | None = None, name: str | None = None, spl
     if trajectory not in TRAJECTORIES:
         raise ValueError(f"unknown trajectory {trajectory!r}; expected one of {TRAJECTORIES}")
     if path is None and name is None:
-        name = DEFAULT_HUB_NAMES["s1k"]
+        name = HUB_NAMES["s1k"]
     raws = iter_records(path, name, config, split)
     return _read(raws, _id_maker(source_stem(path, name)), _s1k_builder(step_mode, delimiter, trajectory),
                  max_step_chars)
@@ -328,7 +334,7 @@ def iter_gsm8k(path: str | os.PathLike | None = None, name: str | None = None, s
                max_step_chars: int | None = None) -> Iterator[Trace]:
     """Traces from GSM8K-format records: one step per rationale line, answer after ``####``."""
     if path is None and name is None:
-        name = DEFAULT_HUB_NAMES["gsm8k"]
+        name = HUB_NAMES["gsm8k"]
     raws = iter_records(path, name, config, split)
     return _read(raws, _id_maker(source_stem(path, name)), _gsm8k_builder(strip_calculator), max_step_chars)
 

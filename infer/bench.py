@@ -54,13 +54,9 @@ from specprobe.inputs.config import ConfigError
 from specprobe.inputs.records import SourceConfig, iter_records
 from specprobe.probes.metrics import wilson_interval
 
-# hub datasets reachable by short name (kind: jsonl, name: <alias>) when a hub or a datasets cache exists
-HUB_ALIASES: dict[str, tuple[str, str | None, str]] = {
-    "gsm8k": ("openai/gsm8k", "main", "test"),
-    "math500": ("HuggingFaceH4/MATH-500", None, "test"),
-    "aime24": ("HuggingFaceH4/aime_2024", None, "train"),
-    "amc23": ("math-ai/amc23", None, "test"),
-}
+# benchmark sets by short name (kind: jsonl, name: <short name>; the hub ids are inputs.records.HUB_NAMES),
+# reachable when a hub or a datasets cache exists, and the split each is read from
+BENCH_SPLITS = {"gsm8k": "test", "math500": "test", "aime24": "train", "amc23": "test"}
 QUESTION_KEYS = ("question", "problem", "prompt", "input", "Question", "Problem")
 ANSWER_KEYS = ("answer", "final_answer", "target", "expected_answer", "Answer", "solution")
 
@@ -130,13 +126,11 @@ def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
         name = src.name or ("gsm8k" if src.kind == "gsm8k" else None)
         if name is None:
             raise ConfigError("bench.source kind jsonl needs a path (local file) or a name "
-                              f"(hub data set or one of {sorted(HUB_ALIASES)})")
-        hub, config, split = HUB_ALIASES.get(name, (name, None, src.split))
-        if name not in HUB_ALIASES:
-            split = src.split
-        return _from_records(_records(None, hub, config, split), name.replace("/", "_"), limit)
+                              f"(hub data set or one of {sorted(BENCH_SPLITS)})")
+        split = BENCH_SPLITS.get(name, src.split)
+        return _from_records(_records(None, name, None, split), name.replace("/", "_"), limit)
     raise ConfigError(f"probe-bench reads reasoning_gym, gsm8k or jsonl problems, not {src.kind!r} "
-                      f"(MATH-500 / AIME24 / AMC23: kind jsonl with a local path or name {sorted(HUB_ALIASES)})")
+                      f"(MATH-500 / AIME24 / AMC23: kind jsonl with a local path or name {sorted(BENCH_SPLITS)})")
 
 
 # ----------------------------------------------------------------------------- methods

@@ -20,7 +20,10 @@ from typing import Literal
 
 from specprobe.inputs.config import ConfigError, check_positive, opt
 
-DEFAULT_HUB_CONFIGS = {"openai/gsm8k": "main", "gsm8k": "main"}
+# hub data sets by short name (a source's or a benchmark's `name: gsm8k`), and the configs they load by default
+HUB_NAMES = {"s1k": "simplescaling/s1K-1.1", "gsm8k": "openai/gsm8k", "math500": "HuggingFaceH4/MATH-500",
+             "aime24": "HuggingFaceH4/aime_2024", "amc23": "math-ai/amc23"}
+DEFAULT_HUB_CONFIGS = {"openai/gsm8k": "main"}
 FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 
 
@@ -170,11 +173,13 @@ def iter_hub(name: str, config: str | None, split: str) -> Iterator[Record]:
 
 
 def iter_records(path: str | os.PathLike | None, name: str | None, config: str | None, split: str) -> Iterator[Record]:
-    """Raw records from a local file (preferred when given) or a hub data set."""
+    """Raw records from a local file (preferred when given) or a hub data set (a hub id or a short name of
+    HUB_NAMES)."""
     if path is not None:
         return iter_file(path)
     if name is None:
         raise ValueError("give path= (a local .jsonl/.json/.parquet file) or name= (a hub dataset)")
+    name = HUB_NAMES.get(name, name)
     return iter_hub(name, config if config is not None else DEFAULT_HUB_CONFIGS.get(name), split)
 
 
@@ -203,8 +208,10 @@ class SourceConfig:
         check_positive(self, "size")
         if not self.delimiter:
             raise ConfigError("source.delimiter must not be empty")
-        if self.kind == "jsonl" and not self.path:
-            raise ConfigError("source.kind is jsonl but source.path is not set; name the .jsonl file (source.path=...)")
+        if self.kind == "jsonl" and not self.path and not self.name:
+            raise ConfigError("source.kind is jsonl but neither source.path nor source.name is set; name a local "
+                              ".jsonl/.parquet file (source.path=...) or a hub data set (source.name=..., e.g. "
+                              f"one of {sorted(HUB_NAMES)} or org/name)")
 
     def check_available(self) -> None:
         """Before any model loads: a local source file exists."""

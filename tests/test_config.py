@@ -138,7 +138,7 @@ def test_inputs_are_checked_before_any_model_loads(tmp_path, monkeypatch, capsys
                             ("models.draft_device=gpu1", "models.draft_device: 'gpu1' is not a device"),
                             ("models.target=offline:nope", "models.target: unknown offline model 'offline:nope'"),
                             ("models.draft=./no-such-folder", "models.draft: local model path ./no-such-folder does not"),
-                            ("source.kind=jsonl", "source.kind is jsonl but source.path is not set")]:
+                            ("source.kind=jsonl", "source.kind is jsonl but neither source.path nor source.name is set")]:
         with pytest.raises(ConfigError, match=match):
             load_config("configs/tiny.yaml", [override])
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))

@@ -21,6 +21,29 @@ TINY_MODELS = ["models.target=random:llama-20m", "models.draft=random:llama-tiny
                "runtime.max_steps=3", "sampling.max_step_tokens=6", "runtime.accept_length_cut=true"]
 
 
+def test_short_names_load_the_hub_sets_they_name(monkeypatch):
+    """A short name (probe-bench's `name: gsm8k`, a data source's default) is resolved in one table
+    (inputs.records.HUB_NAMES) to its hub id and default config; probe-bench reads each set's own split."""
+    from specprobe.data_gen.sources import iter_gsm8k, iter_s1k
+    from specprobe.inputs import records
+
+    asked = []
+
+    def hub(name, config, split):
+        asked.append((name, config, split))
+        return iter([records.Record(0, f"{name}[{split}] row 0", {"question": "Q?", "answer": "7"})])
+
+    monkeypatch.setattr(records, "iter_hub", hub)
+    for name, split in (("gsm8k", "train"), ("aime24", "validation"), ("org/other", "validation")):
+        assert bench.load_problems(SourceConfig(kind="jsonl", name=name, split=split), 1)[0].answer == "7"
+    bench.load_problems(SourceConfig(kind="gsm8k"), 1)
+    list(iter_gsm8k())
+    list(iter_s1k())
+    assert asked == [("openai/gsm8k", "main", "test"), ("HuggingFaceH4/aime_2024", None, "train"),
+                     ("org/other", None, "validation"), ("openai/gsm8k", "main", "test"),
+                     ("openai/gsm8k", "main", "train"), ("simplescaling/s1K-1.1", None, "train")]
+
+
 def test_load_problems_local_files(tmp_path):
     math = tmp_path / "math500.jsonl"
     math.write_text("\n".join(json.dumps(r) for r in [
