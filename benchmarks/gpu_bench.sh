@@ -28,11 +28,12 @@
 #            decoding, random:qwen2-1.5b and random:qwen2-7b, W=5 N=4 and W=15 N=5 (random weights repeat tokens:
 #            read the iteration cost, not the acceptance; DECODE=eager for the eager path's batches).
 # MODELS overrides the engine and lookahead phases' models (space-separated); PROBLEMS / STEPS override the runtime phases' problem count and steps per problem; GAMMA (default 3) the
-# drafted steps per cycle; METHODS (default target,lr_sync,lr_async,semanticspec,draft) the methods;
+# drafted steps per cycle; RUNTIME_S stops the runtime phases' run after that many seconds (noted in its log, which is
+# then summarised into runtime_7b_summary.md / runtime_32b_summary.md, finished or not); METHODS (default target,lr_sync,lr_async,semanticspec,draft) the methods;
 # DECODE (default auto = the fast path on CUDA) the transformers decode path (fast | eager), so the same
 # command measures the eager path for the 'today' column; GRAPH (default auto = cuda_graph on CUDA) how the fast
-# path runs its decode step (cuda_graph | compile | none); DRAFT_GRAPH the draft's alone in the runtime and
-# adaptive phases (compile: fused kernels, a cheaper draft step).
+# path runs its decode step (cuda_graph | compile | none); DRAFT_GRAPH the draft's alone in the runtime,
+# adaptive and open phases' runtime runs (compile: fused kernels, a cheaper draft step).
 # Problems: a jsonl file of questions (QUESTIONS, default .gpu/questions.jsonl); their text only sets the prompt.
 # SMOKE=1 runs every phase's commands on the CPU with tiny random models and tiny sizes (tests/test_gpu_bench.py),
 # so a GPU session never finds a broken command.
@@ -63,13 +64,21 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 # bench_engine.py's flags every engine measurement shares: greedy rows of `tokens` tokens, `repeats` timings
 engine_bench=(python3 benchmarks/bench_engine.py --device "$device" --dtype "$dtype" --tokens "$tokens"
               --repeats "$repeats" --greedy)
-runtime() {  # target, problems, max steps, label (_open_runtime_s: seconds before it is stopped, in the open phase)
-  ${_open_runtime_s:+timeout -k 15 "$_open_runtime_s"} python3 benchmarks/bench_runtime.py --device "$device" --dtype "$dtype" --target "$1" --draft "$draft" \
+stopped() {  # exit status, seconds, file: a part that did not finish says so in its file
+  echo "## stopped: exit $1 (124 = its $2 s limit)" | tee -a "$3"
+}
+runtime() {  # target, problems, max steps, label, summary file: bench_runtime.py, stopped after RUNTIME_S seconds
+  # when set (its log noted, and summarised into the summary file whether or not it finished)
+  local rc=0
+  ${RUNTIME_S:+timeout -k 15 "$RUNTIME_S"} python3 benchmarks/bench_runtime.py --device "$device" --dtype "$dtype" --target "$1" --draft "$draft" \
     --alpha 0.6 --gamma "${GAMMA:-3}" --problems "$2" --max-steps "$3" --step-tokens "$step_tokens" \
     --decode "${DECODE:-auto}" --methods "${METHODS:-target,lr_sync,lr_async,semanticspec,draft}" --out "$out/$4" \
     --set bench.source.kind=jsonl "bench.source.path=$questions" "models.decode_graph=${GRAPH:-auto}" \
     ${DRAFT_GRAPH:+"models.draft_decode_graph=$DRAFT_GRAPH"} 2>&1 \
-    | tee "$out/$4.txt"
+    | tee "$out/$4.txt" || rc=$?  # pipefail: the benchmark's status
+  [ -z "${RUNTIME_S:-}" ] && return "$rc"
+  [ "$rc" = 0 ] || stopped "$rc" "$RUNTIME_S" "$out/$4.txt"
+  python3 benchmarks/runtime_log_summary.py "$out/$4.txt" | tee "$out/$5"
 }
 case $phase in
   engine)
@@ -77,8 +86,8 @@ case $phase in
       "${engine_bench[@]}" --model "$m" --batches "$batches" --decode "${DECODE:-fast,eager}" \
         --graph "${GRAPH:-auto}" --batch-cost "$ks" --syncs 2>&1 | tee "$out/engine_${m#random:}.txt"
     done ;;
-  runtime) runtime "$target" "${problems:-8}" "${steps:-16}" runtime_7b ;;
-  runtime32) runtime "$target32" "${problems:-6}" "${steps:-12}" runtime_32b ;;
+  runtime) runtime "$target" "${problems:-8}" "${steps:-16}" runtime_7b runtime_7b_summary.md ;;
+  runtime32) runtime "$target32" "${problems:-6}" "${steps:-12}" runtime_32b runtime_32b_summary.md ;;
   adaptive)
     skip=() && [ "${SKIP:-0}" = 1 ] && skip=(--forecast-skip)
     python3 benchmarks/bench_adaptive_gamma.py --device "$device" --dtype "$dtype" --target "${TARGET:-$target}" \
@@ -96,9 +105,6 @@ case $phase in
     done
     small=random:qwen2-1.5b big=$target32 check_model=random:qwen2-0.5b check_device=cuda compile=compile
     [ "${SMOKE:-0}" = 1 ] && small=$draft check_model=$draft check_device=cpu compile=none  # no compiling in the smoke
-    stopped() {  # exit status, seconds, file: a part that did not finish says so in its file
-      echo "## stopped: exit $1 (124 = its $2 s limit)" | tee -a "$3"
-    }
     limited() {  # seconds (0: skip), output file, command...: a part that hits its limit is noted, the phase goes on
       local s=$1 file=$2 rc=0
       shift 2
@@ -112,12 +118,8 @@ case $phase in
       --batches 1 --decode fast --graph "$compile" --no-unshared
     limited "${limits[2]}" "$out/engine_${big#random:}.txt" "${engine_bench[@]}" --model "$big" --batches 1 \
       --decode fast --graph "${GRAPH:-auto}" --batch-cost "$ks" --syncs --no-unshared
-    if [ "${limits[3]}" -ne 0 ]; then
-      rc=0
-      _open_runtime_s=${limits[3]} runtime "$target32" "${problems:-8}" "${steps:-16}" runtime_32b || rc=$?
-      [ "$rc" = 0 ] || stopped "$rc" "${limits[3]}" "$out/runtime_32b.txt"
-      python3 benchmarks/runtime_log_summary.py "$out/runtime_32b.txt" | tee "$out/runtime_summary.md"
-    fi ;;
+    [ "${limits[3]}" -eq 0 ] || RUNTIME_S=${limits[3]} runtime "$target32" "${problems:-8}" "${steps:-16}" \
+      runtime_32b runtime_summary.md ;;
   lookahead)
     for m in $lookahead_models; do
       for wn in $windows; do

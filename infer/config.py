@@ -76,9 +76,10 @@ class ModelsConfig:
                 "compile (inductor's fused kernels, captured like cuda_graph on CUDA; two compilations of tens of "
                 "seconds each serve every buffer), none (eager), auto (cuda_graph on CUDA, none elsewhere)")
     draft_decode_graph: Literal["auto", "cuda_graph", "compile", "none"] | None = opt(
-        None, "the draft's decode_graph (default models.decode_graph). compile pays most on the draft, whose step is "
-              "mostly small per-layer kernels that fusion removes: a 1.5B's batch-1 rate on an H100 went from 213 to "
-              "329 tok/s, lowering the draft's cost c per target step (benchmarks/results/gpu_h100)")
+        None, "the draft's decode_graph (default models.decode_graph). compile pays most on the draft, whose step "
+              "is mostly small per-layer kernels that fusion removes: a 1.5B's batch-1 rate on an H100 was 213 tok/s "
+              "captured and 329 compiled (two runs), lowering the draft's cost c per target step "
+              "(benchmarks/results/gpu_h100)")
     engine: Literal["hf", "vllm"] = opt("hf", "step engine of the target (and of the draft unless draft_engine is "
                                               "set): hf (transformers) or vllm (pip install -e \".[vllm]\")")
     draft_engine: Literal["hf", "vllm"] | None = opt(None, "step engine of the draft (default: models.engine)")

@@ -231,7 +231,7 @@ def test_the_draft_can_have_its_own_device(monkeypatch):
     assert placed == ["cuda:1"]
 
 
-def test_the_draft_can_have_its_own_decode_graph(monkeypatch):
+def test_the_draft_can_have_its_own_decode_graph():
     """models.draft_decode_graph sets the draft's decode step alone (compile on the draft, whose step is mostly
     small kernels); unset, the draft follows models.decode_graph; with a vLLM draft it is refused."""
     from specprobe.infer import engines

@@ -44,6 +44,8 @@ def test_runtime_phases(tmp_path, phase, folder, draft_graph):
     assert all(r["error"] is None and r["problems"] == 2 for r in res["rows"])
     assert res["config"]["models"]["decode"] == "fast" and res["models"]["target"] == "random:llama-tiny"
     assert res["config"]["models"]["draft_decode_graph"] == draft_graph  # DRAFT_GRAPH: the draft's alone
+    log = (out / f"{folder}.txt").read_text()  # each model's decode mode, before and after the run
+    assert log.count("; draft decode fast (none: 0 captures") == 2 and "# after the run: target decode fast" in log
     assert json.loads((out / folder / "batch_cost.json").read_text())["1"] == 1.0
 
 
@@ -80,6 +82,10 @@ def test_open_phase_goes_on_past_a_part_that_hits_its_limit(tmp_path):
     assert not names & {"check_compile.txt", "engine_llama-tiny_compile.txt"}
     assert (cut / "runtime_32b.txt").read_text().rstrip().endswith("(124 = its 2 s limit)")
     assert "no problem finished" in (cut / "runtime_summary.md").read_text()
+    (tmp_path / "third").mkdir()  # the runtime phases take the same limit (RUNTIME_S)
+    cut, _ = _smoke("runtime", tmp_path / "third", RUNTIME_S="2")
+    assert (cut / "runtime_7b.txt").read_text().rstrip().endswith("(124 = its 2 s limit)")
+    assert "no problem finished" in (cut / "runtime_7b_summary.md").read_text()
 
 
 @pytest.mark.parametrize("limits", ["0 0 0", "0 0 0 5 5", "0 0.5 0 0", "0 0 0 ten"])
