@@ -28,8 +28,9 @@
 #            decoding, random:qwen2-1.5b and random:qwen2-7b, W=5 N=4 and W=15 N=5 (random weights repeat tokens:
 #            read the iteration cost, not the acceptance; DECODE=eager for the eager path's batches).
 # MODELS overrides the engine and lookahead phases' models (space-separated); PROBLEMS / STEPS override the runtime phases' problem count and steps per problem; GAMMA (default 3) the
-# drafted steps per cycle; RUNTIME_S stops the runtime phases' run after that many seconds (noted in its log, which is
-# then summarised into runtime_7b_summary.md / runtime_32b_summary.md, finished or not); METHODS (default target,lr_sync,lr_async,semanticspec,draft) the methods;
+# drafted steps per cycle; RUNTIME_S (whole seconds above 0; unset: no limit) stops the runtime phases' run after
+# that many seconds (noted in its log, which is then summarised into runtime_7b_summary.md / runtime_32b_summary.md,
+# finished or not; a run that fails otherwise is summarised too, and fails the phase); METHODS (default target,lr_sync,lr_async,semanticspec,draft) the methods;
 # DECODE (default auto = the fast path on CUDA) the transformers decode path (fast | eager), so the same
 # command measures the eager path for the 'today' column; GRAPH (default auto = cuda_graph on CUDA) how the fast
 # path runs its decode step (cuda_graph | compile | none); DRAFT_GRAPH the draft's alone in the runtime,
@@ -51,6 +52,9 @@ if [ "${SMOKE:-0}" = 1 ]; then
   engine_models=random:llama-tiny lookahead_models=random:llama-tiny
   tokens=6 repeats=1 batches=1,2 ks=1,2 step_tokens=6 windows="3,3" rows=2 problems=${PROBLEMS:-2} steps=${STEPS:-2}
   gammas=1,2 scenarios=b
+fi
+if [ -n "${RUNTIME_S:-}" ] && ! [[ $RUNTIME_S =~ ^[1-9][0-9]*$ ]]; then
+  echo "RUNTIME_S takes a whole number of seconds above 0 (unset it for no limit), got '$RUNTIME_S'" >&2; exit 2
 fi
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -79,6 +83,7 @@ runtime() {  # target, problems, max steps, label, summary file: bench_runtime.p
   [ -z "${RUNTIME_S:-}" ] && return "$rc"
   [ "$rc" = 0 ] || stopped "$rc" "$RUNTIME_S" "$out/$4.txt"
   python3 benchmarks/runtime_log_summary.py "$out/$4.txt" | tee "$out/$5"
+  case $rc in 0|124|137) ;; *) return "$rc" ;; esac  # stopped at its limit: summarised; crashed: the phase fails
 }
 case $phase in
   engine)

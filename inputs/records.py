@@ -188,7 +188,9 @@ class SourceConfig:
     kind: Literal["reasoning_gym", "s1k", "gsm8k", "champ", "jsonl"] = opt(
         "reasoning_gym", "trace source: reasoning_gym (offline default), s1k, gsm8k, champ, jsonl")
     path: str | None = opt(None, "local file (jsonl/parquet) for s1k, gsm8k and jsonl sources")
-    name: str | None = opt(None, "datasets hub name, e.g. simplescaling/s1K-1.1 (needs hub access or a cache)")
+    name: str | None = opt(None, "datasets hub name, e.g. simplescaling/s1K-1.1, or a short name (s1k, gsm8k, "
+                                 "math500, aime24, amc23); needs hub access or a cache. MATH-500 and AMC23 have "
+                                 "only a test split (source.split=test)")
     split: str = opt("train", "dataset split")
     task: str = opt("gsm_symbolic", "reasoning-gym task name")
     size: int = opt(24, "number of generated reasoning-gym problems")

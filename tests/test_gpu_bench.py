@@ -11,17 +11,20 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+KNOBS = ("MODELS", "PROBLEMS", "STEPS", "GAMMA", "RUNTIME_S", "METHODS", "DECODE", "GRAPH", "DRAFT_GRAPH", "LIMITS",
+         "TARGET", "SCENARIOS", "ADAPTIVE_METHODS", "GAMMAS", "SKIP", "QUESTIONS", "SMOKE")  # what gpu_bench.sh reads
 
 
-def _smoke(phase: str, tmp_path: Path, **extra: str) -> tuple[Path, str]:
+def _smoke(phase: str, tmp_path: Path, rc: int = 0, **extra: str) -> tuple[Path, str]:
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i + 3} times {i + 7}?",
                                              "answer": str((i + 3) * (i + 7))}) + "\n" for i in range(4)))
     out = tmp_path / "out"
-    env = dict(os.environ, SMOKE="1", DECODE="fast", QUESTIONS=str(questions), **extra)
+    env = {k: v for k, v in os.environ.items() if k not in KNOBS}  # the shell's own settings do not leak in
+    env.update(SMOKE="1", DECODE="fast", QUESTIONS=str(questions), **extra)
     res = subprocess.run(["bash", "benchmarks/gpu_bench.sh", phase, str(out)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert (res.returncode == 0) == (rc == 0), res.stdout[-3000:] + res.stderr[-3000:]
     return out, res.stdout
 
 
@@ -86,6 +89,17 @@ def test_open_phase_goes_on_past_a_part_that_hits_its_limit(tmp_path):
     cut, _ = _smoke("runtime", tmp_path / "third", RUNTIME_S="2")
     assert (cut / "runtime_7b.txt").read_text().rstrip().endswith("(124 = its 2 s limit)")
     assert "no problem finished" in (cut / "runtime_7b_summary.md").read_text()
+    (tmp_path / "fourth").mkdir()  # a run that fails (not stopped at its limit) is summarised and fails the phase
+    cut, _ = _smoke("runtime", tmp_path / "fourth", rc=1, RUNTIME_S="300", METHODS="target,no_such_method")
+    assert "## stopped: exit" in (cut / "runtime_7b.txt").read_text()
+    assert "no problem finished" in (cut / "runtime_7b_summary.md").read_text()
+
+
+@pytest.mark.parametrize("seconds", ["0", "ten", "-5", "1.5"])
+def test_runtime_phases_refuse_a_limit_they_cannot_read(tmp_path, seconds):
+    res = subprocess.run(["bash", "benchmarks/gpu_bench.sh", "runtime", str(tmp_path)], cwd=REPO,
+                         env=dict(os.environ, SMOKE="1", RUNTIME_S=seconds), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "RUNTIME_S" in res.stderr
 
 
 @pytest.mark.parametrize("limits", ["0 0 0", "0 0 0 5 5", "0 0.5 0 0", "0 0 0 ten"])

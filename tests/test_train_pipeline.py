@@ -154,6 +154,26 @@ def test_model_card_carries_hub_metadata(run):
     assert body.lstrip().startswith(f"# specprobe checkpoint `{cfg.name}`")
 
 
+def test_model_card_names_the_data_set_a_source_reads():
+    """The card's `datasets:` is what the source reads: a local file's name, a hub id (also for a short name or a
+    kind's default), reasoning-gym's task; nothing for CHAMP's packaged data."""
+    from types import SimpleNamespace
+
+    from specprobe.inputs.records import SourceConfig
+    from specprobe.train.checkpoint import card_metadata
+
+    manifest = {"engines": {"target": {"model_id": "t"}, "draft": {"model_id": "d"}}}
+    for source, want in [(SourceConfig(kind="gsm8k"), ["openai/gsm8k"]),
+                         (SourceConfig(kind="jsonl", name="math500", split="test"), ["HuggingFaceH4/MATH-500"]),
+                         (SourceConfig(kind="s1k", name="simplescaling/s1K-1.1"), ["simplescaling/s1K-1.1"]),
+                         (SourceConfig(kind="s1k"), ["simplescaling/s1K-1.1"]),
+                         (SourceConfig(kind="jsonl", path="/data/steps.jsonl", name="org/x"), ["steps.jsonl"]),
+                         (SourceConfig(kind="reasoning_gym", task="gsm_symbolic"), ["reasoning_gym/gsm_symbolic"]),
+                         (SourceConfig(kind="champ"), None)]:
+        meta = card_metadata(SimpleNamespace(source=source), [], manifest)
+        assert meta.get("datasets") == want, source
+
+
 def test_find_pickles_flags_torch_save(tmp_path):
     torch.save({"w": torch.ones(2)}, tmp_path / "weights.safetensors")  # a pickle under a safe name
     (tmp_path / "ok.json").write_text("{}")

@@ -14,6 +14,7 @@ from typing import Any
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.models import describe_source
 from specprobe.inputs.config import to_dict
+from specprobe.inputs.records import HUB_NAMES
 from specprobe.inputs.versions import package_versions
 from specprobe.probes.io import front_matter
 from specprobe.train.tracking import format_metrics
@@ -91,7 +92,13 @@ def card_metadata(cfg, components: list[str], manifest: dict) -> dict[str, Any]:
         bases.append(describe_source(cfg.verifiers.judge_base))
         tags += ["lora", "peft"]
     src = cfg.source
-    dataset = src.name or (f"reasoning_gym/{src.task}" if src.kind == "reasoning_gym" else Path(src.path or "").name)
+    if src.kind == "reasoning_gym":
+        dataset = f"reasoning_gym/{src.task}"
+    elif src.path:
+        dataset = Path(src.path).name  # a local file is read before any hub name
+    else:  # a hub data set: its id, also for a short name or a kind's default (gsm8k, s1k)
+        name = src.name or src.kind
+        dataset = HUB_NAMES.get(name, name if src.name else "")
     meta = {"library_name": "specprobe", "base_model": list(dict.fromkeys(bases)), "tags": tags}
     if dataset:
         meta["datasets"] = [dataset]
