@@ -94,7 +94,6 @@ def count_syncs(engine, prefix: Prefix, rows: int, tokens: int) -> list[int]:
     return counts
 
 
-
 def bench_path(base: HFStepEngine, decode: str, args, prefix: Prefix) -> None:
     """The tables of one decode path, on `base`'s weights."""
     shared = HFStepEngine(args.model, model=base.model, tokenizer=base.tokenizer, decode=decode,

@@ -123,10 +123,7 @@ def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
     if src.kind in ("gsm8k", "jsonl"):
         if src.path:
             return _from_records(_records(src.path, None, None, src.split), Path(src.path).stem, limit)
-        name = src.name or ("gsm8k" if src.kind == "gsm8k" else None)
-        if name is None:
-            raise ConfigError("bench.source kind jsonl needs a path (local file) or a name "
-                              f"(hub data set or one of {sorted(BENCH_SPLITS)})")
+        name = src.name or "gsm8k"  # (SourceConfig refuses kind jsonl with neither a path nor a name)
         split = BENCH_SPLITS.get(name, src.split)
         return _from_records(_records(None, name, None, split), name.replace("/", "_"), limit)
     raise ConfigError(f"probe-bench reads reasoning_gym, gsm8k or jsonl problems, not {src.kind!r} "
