@@ -170,6 +170,7 @@ def main(argv=None) -> int:
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="further config overrides, e.g. bench.source.kind=jsonl bench.source.path=q.jsonl")
     args = p.parse_args(argv)
+    started = time.perf_counter()  # the loads and b(k) are timed too: a run cut by its limit says where it was
 
     needed = problems_needed(args.alpha, args.gamma, args.max_steps, args.alpha_half_width)
     problems = args.problems or needed
@@ -197,6 +198,7 @@ def main(argv=None) -> int:
     b = batch_cost(env.target, env.problems[0].question, ks)
     print("# target batch cost b(k) = time(k rows) / time(1 row), measured on its own: "
           + ", ".join(f"b({k})={b[k]:.2f}" for k in ks) + f"  (1 row: {b['seconds_per_row_step']:.2f} s/step)")
+    print(f"# loads and b(k) took {time.perf_counter() - started:.0f} s")
 
     report = bench.run_benchmark(env, [m for m in args.methods.split(",") if m], out_dir=args.out,
                                  log=lambda s: print("  " + s, file=sys.stderr))
@@ -216,7 +218,7 @@ def main(argv=None) -> int:
     (out / "batch_cost.json").write_text(json.dumps({str(k): v for k, v in b.items()}, indent=2))
     (out / "explained.json").write_text(json.dumps({"problems_needed": needed, "rows": rows}, indent=2))
     (out / "explained.md").write_text(explained + "\n")
-    print(f"# results in {out} (traces in {out / 'traces'})")
+    print(f"# results in {out} (traces in {out / 'traces'}); {time.perf_counter() - started:.0f} s since the start")
     return 0
 
 

@@ -12,7 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 KNOBS = ("MODELS", "PROBLEMS", "STEPS", "GAMMA", "RUNTIME_S", "METHODS", "DECODE", "GRAPH", "DRAFT_GRAPH", "LIMITS",
-         "TARGET", "SCENARIOS", "ADAPTIVE_METHODS", "GAMMAS", "SKIP", "QUESTIONS", "SMOKE")  # what gpu_bench.sh reads
+         "TARGET", "SCENARIOS", "ADAPTIVE_METHODS", "GAMMAS", "SKIP", "QUESTIONS", "SMOKE", "SEED")  # what gpu_bench.sh reads
 
 
 def _smoke(phase: str, tmp_path: Path, rc: int = 0, **extra: str) -> tuple[Path, str]:
@@ -38,17 +38,20 @@ def test_engine_phase(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase,folder,draft_graph", [("runtime", "runtime_7b", None),
-                                                      ("runtime32", "runtime_32b", "none")])
-def test_runtime_phases(tmp_path, phase, folder, draft_graph):
-    out, _ = _smoke(phase, tmp_path, **({"DRAFT_GRAPH": draft_graph} if draft_graph else {}))
+@pytest.mark.parametrize("phase,folder,draft_graph,seed", [("runtime", "runtime_7b", None, None),
+                                                           ("runtime32", "runtime_32b", "none", "3")])
+def test_runtime_phases(tmp_path, phase, folder, draft_graph, seed):
+    extra = ({"DRAFT_GRAPH": draft_graph} if draft_graph else {}) | ({"SEED": seed} if seed else {})
+    out, _ = _smoke(phase, tmp_path, **extra)
     res = json.loads((out / folder / "results.json").read_text())
     assert [r["method"] for r in res["rows"]] == ["target", "lr_sync", "lr_async", "semanticspec", "draft"]
     assert all(r["error"] is None and r["problems"] == 2 for r in res["rows"])
     assert res["config"]["models"]["decode"] == "fast" and res["models"]["target"] == "random:llama-tiny"
     assert res["config"]["models"]["draft_decode_graph"] == draft_graph  # DRAFT_GRAPH: the draft's alone
+    assert res["config"]["runtime"]["seed"] == int(seed or 0)  # SEED: another draw of the acceptances
     log = (out / f"{folder}.txt").read_text()  # each model's decode mode, before and after the run
     assert log.count("; draft decode fast (none: 0 captures") == 2 and "# after the run: target decode fast" in log
+    assert "# loads and b(k) took " in log and " s since the start" in log  # where a run cut by its limit was
     assert json.loads((out / folder / "batch_cost.json").read_text())["1"] == 1.0
 
 
