@@ -1,0 +1,2 @@
+# device call 1 (timeout_s 600, carry [".gpu"]), 2026-11-26 14:21-14:30 UTC, one H100 80GB HBM3 (cold start); 542 s of its 600
+mkdir -p /tmp/pkg/specprobe && for d in inputs probes data_gen train infer; do ln -sfn $PWD/$d /tmp/pkg/specprobe/$d; done; export PYTHONPATH=/tmp/pkg SPECPROBE_RANDOM_TOKENIZER=.gpu/tok PYTHONUNBUFFERED=1; date -u; DECODE=fast DRAFT_GRAPH=compile LIMITS="0 0 0 530" bash benchmarks/gpu_bench.sh open $OUT 2>&1 | grep -v "Warning\|warn(" | tee $OUT/open_log.txt | tail -70; date -u

@@ -1,0 +1,2 @@
+# device call 2 (timeout_s 285, carry [".gpu"], the same warm machine, right after call 1), 2026-11-26 14:30:26-14:34:35 UTC; 250 s
+mkdir -p /tmp/pkg/specprobe && for d in inputs probes data_gen train infer; do ln -sfn $PWD/$d /tmp/pkg/specprobe/$d; done; export PYTHONPATH=/tmp/pkg SPECPROBE_RANDOM_TOKENIZER=.gpu/tok PYTHONUNBUFFERED=1; date -u; DECODE=fast DRAFT_GRAPH=compile PROBLEMS=8 STEPS=16 RUNTIME_S=245 bash benchmarks/gpu_bench.sh runtime $OUT 2>&1 | grep -v "Warning\|warn(" | tee $OUT/runtime_log.txt | tail -40; date -u
