@@ -22,8 +22,9 @@
 #            limit, summarised from its log (runtime_summary.md) whether or not it finished.
 #            LIMITS="check engine15 engine32 runtime" (whole seconds, default "90 120 70 270") sets the parts'
 #            limits; a part that hits its limit is noted in its file and the next one runs; 0 skips a part
-#            (LIMITS="0 0 0 540": a call of its own for the 32B pair's 8 x 16, which took ~95 s of loads and warm-up
-#            and ~53 s a problem on an H100).
+#            (LIMITS="0 0 0 540": a call of its own for the 32B pair's 8 x 16; on an H100 with the compiled draft
+#            its imports, loads, b(k) and warm-up took ~140 s and the five methods ~49 s a problem, so 8 problems
+#            need METHODS=target,lr_sync,semanticspec,draft when the acceptance is near 0.6).
 # lookahead: bench_lookahead.py (issue 23): Lookahead Decoding in the engine's batches (n = 8 rows) against plain
 #            decoding, random:qwen2-1.5b and random:qwen2-7b, W=5 N=4 and W=15 N=5 (random weights repeat tokens:
 #            read the iteration cost, not the acceptance; DECODE=eager for the eager path's batches).
