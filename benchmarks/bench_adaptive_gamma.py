@@ -167,12 +167,13 @@ def simulate(kind: str, name: str, policy, c: float, b: list[float], v: list[flo
 # the 1.5B -> 32B runtime run (runtime_summary.md there), b(1, 2, 4, 8) from fast_2026-11-25/engine_qwen2-32b.txt
 # with b(3), b(5..7) interpolated. v was not measured on the GPU: 0.1 is an assumption (a teacher-forced pass over
 # a few steps, against a 32-token target step), so the GPU semanticspec rows are a guess.
+B_32B = [1.0, 1.025, 1.043, 1.061, 1.085, 1.108, 1.132]  # the 32B target's b(k), k = 1..7, on an H100
 SIMULATED_COSTS = {
     "cpu": (0.14, [1.0, 1.6, 2.4, 1.75, 1.9, 2.1, 2.4], [0.21, 0.21, 0.21, 0.22, 0.23, 0.24]),
     "gpu-7b": (0.515, [1.0, 1.089, 1.145, 1.150, 1.250, 1.255, 1.267], [0.1] * 6),
-    "gpu-32b": (0.15, [1.0, 1.025, 1.043, 1.061, 1.085, 1.108, 1.132], [0.1] * 6),
+    "gpu-32b": (0.15, B_32B, [0.1] * 6),
     # the same target with the draft compiled (models.draft_decode_graph=compile; ../gpu_h100/compiled_draft_*)
-    "gpu-32b-compiled-draft": (0.094, [1.0, 1.025, 1.043, 1.061, 1.085, 1.108, 1.132], [0.1] * 6),
+    "gpu-32b-compiled-draft": (0.094, B_32B, [0.1] * 6),
 }
 
 

@@ -15,14 +15,18 @@ KNOBS = ("MODELS", "PROBLEMS", "STEPS", "GAMMA", "RUNTIME_S", "METHODS", "DECODE
          "TARGET", "SCENARIOS", "ADAPTIVE_METHODS", "GAMMAS", "SKIP", "QUESTIONS", "SMOKE", "SEED")  # what gpu_bench.sh reads
 
 
+def _env(**settings: str) -> dict:
+    """The shell's environment without its own gpu_bench settings (they must not leak in), plus `settings`."""
+    return {k: v for k, v in os.environ.items() if k not in KNOBS} | settings
+
+
 def _smoke(phase: str, tmp_path: Path, rc: int = 0, **extra: str) -> tuple[Path, str]:
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i + 3} times {i + 7}?",
                                              "answer": str((i + 3) * (i + 7))}) + "\n" for i in range(4)))
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k not in KNOBS}  # the shell's own settings do not leak in
-    env.update(SMOKE="1", DECODE="fast", QUESTIONS=str(questions), **extra)
-    res = subprocess.run(["bash", "benchmarks/gpu_bench.sh", phase, str(out)], cwd=REPO, env=env,
+    res = subprocess.run(["bash", "benchmarks/gpu_bench.sh", phase, str(out)], cwd=REPO,
+                         env=_env(SMOKE="1", DECODE="fast", QUESTIONS=str(questions), **extra),
                          capture_output=True, text=True, timeout=600)
     assert (res.returncode == 0) == (rc == 0), res.stdout[-3000:] + res.stderr[-3000:]
     return out, res.stdout
@@ -101,14 +105,14 @@ def test_open_phase_goes_on_past_a_part_that_hits_its_limit(tmp_path):
 @pytest.mark.parametrize("seconds", ["0", "ten", "-5", "1.5"])
 def test_runtime_phases_refuse_a_limit_they_cannot_read(tmp_path, seconds):
     res = subprocess.run(["bash", "benchmarks/gpu_bench.sh", "runtime", str(tmp_path)], cwd=REPO,
-                         env=dict(os.environ, SMOKE="1", RUNTIME_S=seconds), capture_output=True, text=True, timeout=60)
+                         env=_env(SMOKE="1", RUNTIME_S=seconds), capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "RUNTIME_S" in res.stderr
 
 
 @pytest.mark.parametrize("limits", ["0 0 0", "0 0 0 5 5", "0 0.5 0 0", "0 0 0 ten"])
 def test_open_phase_refuses_limits_it_cannot_read(tmp_path, limits):
     res = subprocess.run(["bash", "benchmarks/gpu_bench.sh", "open", str(tmp_path)], cwd=REPO,
-                         env=dict(os.environ, SMOKE="1", LIMITS=limits), capture_output=True, text=True, timeout=60)
+                         env=_env(SMOKE="1", LIMITS=limits), capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "LIMITS" in res.stderr
 
 
