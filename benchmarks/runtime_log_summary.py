@@ -9,6 +9,9 @@ problem (target-only latency / method latency, same problem, same run), its medi
 (the report's speedup: total latency over total latency), the mean per-problem acceptance, c (the draft's time
 per token over the target's, medians of the target-only and draft-only runs) and the paper's prediction at that
 α, c and the run's b(γ+1) (`infer.decoding.analytic.predict`; LR: batch-adjusted, SemanticSpec: its formula).
+With a Bernoulli(α_v) verifier the run's acceptance is one draw around α_v (the draws are keyed by the seed and the
+prefix, so a rerun repeats them): two more columns give the formula at α_v and the projection of the run to it
+(the run's measured / predicted times the formula at α_v), so a lucky or unlucky draw shows in the table.
 """
 from __future__ import annotations
 
@@ -45,8 +48,14 @@ def summarize(text: str) -> str:
     c = per_token["draft"] / per_token["target"] if "draft" in per_token else None
     head = f"{len(done)} problems finished by every method (of {max(runs)} started); γ = {gamma}, "
     head += f"b({(gamma or 0) + 1}) = {b.get((gamma or 0) + 1)}, c = " + ("–" if c is None else f"{c:.3f}")
-    lines = [head, "", "| method | speedup per problem | median [min, max] | pooled | α (mean per problem) | "
-                 "predicted | measured / predicted |", "|---|---|---|---|---|---|---|"]
+    nominal = re.search(r"Bernoulli\(([\d.]+)\)", text)
+    alpha_v = float(nominal[1]) if nominal else None
+    cols = ["method", "speedup per problem", "median [min, max]", "pooled", "α (mean per problem)", "predicted",
+            "measured / predicted"]
+    if alpha_v is not None:
+        head += f"; verifier Bernoulli({alpha_v:g})"
+        cols += [f"predicted at α = {alpha_v:g}", f"projected to α = {alpha_v:g}"]
+    lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for m in methods:
         if m == "target":
             continue
@@ -55,13 +64,28 @@ def summarize(text: str) -> str:
         accepts = [runs[p][m][2] for p in done if runs[p][m][2] is not None]
         alpha = statistics.mean(accepts) if accepts else None
         kind = next((k for k in ("lr_sync", "lr_async", "semanticspec", "draft") if m.startswith(k)), None)
-        pred = predict(kind, alpha, c, gamma or 0, b.get((gamma or 0) + 1)) if kind and gamma else {}
-        value = pred.get("adjusted") or pred.get("ideal")
-        lines.append(f"| {m} | {' '.join(f'{r:.2f}' for r in ratios)} | {statistics.median(ratios):.2f} "
-                     f"[{min(ratios):.2f}, {max(ratios):.2f}] | {pooled:.2f} | "
-                     f"{'–' if alpha is None else f'{alpha:.2f}'} | {'–' if value is None else f'{value:.2f}'} | "
-                     f"{'–' if value is None else f'{pooled / value:.2f}'} |")
+        value = _formula(kind, alpha, c, gamma, b)
+        cells = [m, " ".join(f"{r:.2f}" for r in ratios),
+                 f"{statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]", f"{pooled:.2f}",
+                 _fmt(alpha), _fmt(value), _fmt(value and pooled / value)]
+        if alpha_v is not None:
+            # the draft alone does not depend on α; the other methods at the verifier's own α
+            at_v = _formula(kind, alpha_v, c, gamma, b) if alpha is not None else None
+            cells += [_fmt(at_v), _fmt(at_v and value and at_v * pooled / value)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _formula(kind: str | None, alpha: float | None, c: float | None, gamma: int | None, b: dict) -> float | None:
+    """The paper's speedup at (α, c, γ, b(γ+1)): batch-adjusted where the method has that form, else ideal."""
+    if not kind or not gamma:
+        return None
+    pred = predict(kind, alpha, c, gamma, b.get(gamma + 1))
+    return pred.get("adjusted") or pred.get("ideal")
+
+
+def _fmt(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"
 
 
 if __name__ == "__main__":

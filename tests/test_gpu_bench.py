@@ -152,3 +152,34 @@ def test_runtime_log_summary_reads_an_unfinished_run(monkeypatch):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "2.00 1.50" and cells[2] == "1.75 [1.50, 2.00]" and cells[3] == f"{22 / 13:.2f}"
     assert cells[4] == "0.60" and float(cells[5]) > 1 and abs(float(cells[6]) - 22 / 13 / float(cells[5])) < 0.02
+    # the verifier's own α is the run's here: the formula at it is the run's, and the projection is the run
+    assert cells[7] == cells[5] and cells[8] == cells[3]
+    draft = [c.strip() for c in next(line for line in text.splitlines() if line.startswith("| draft")).strip("|").split("|")]
+    assert draft[7] == draft[8] == "–"  # the draft alone does not depend on α
+
+
+def test_runtime_log_summary_projects_a_lucky_draw_to_the_verifiers_alpha(monkeypatch):
+    """A Bernoulli(0.5) verifier whose draws gave 0.6: the formula at 0.5 and the run's measured / predicted
+    carried to it, which is below the run's own speedup."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from runtime_log_summary import summarize
+
+    from specprobe.infer.decoding.analytic import predict
+
+    log = "\n".join([
+        "# runtime benchmark: target t, draft d, bfloat16, Bernoulli(0.5), γ=3, 1 problems x 4 steps",
+        "# target batch cost b(k) = ...: b(1)=1.00, b(2)=1.05, b(3)=1.08, b(4)=1.10  (1 row: 0.4 s/step)",
+        "  [1/1] target                   10.00s   100 tok  stop=max_steps      answer=None gold='1'",
+        "  [1/1] semanticspec              6.00s   100 tok  stop=max_steps      answer=None gold='1'  accept=0.60",
+        "  [1/1] draft                     1.00s   100 tok  stop=max_steps      answer=None gold='1'",
+    ])
+    text = summarize(log)
+    assert "verifier Bernoulli(0.5)" in text.splitlines()[0]
+    header = next(line for line in text.splitlines() if line.startswith("| method"))
+    assert "predicted at α = 0.5" in header and "projected to α = 0.5" in header
+    cells = [c.strip() for c in next(line for line in text.splitlines()
+                                     if line.startswith("| semanticspec")).strip("|").split("|")]
+    at_run = predict("semanticspec", 0.6, 0.1, 3)["ideal"]
+    at_v = predict("semanticspec", 0.5, 0.1, 3)["ideal"]
+    assert cells[5] == f"{at_run:.2f}" and cells[7] == f"{at_v:.2f}"
+    assert cells[8] == f"{at_v * (10 / 6) / at_run:.2f}" and float(cells[8]) < float(cells[3])
