@@ -129,15 +129,25 @@ def test_an_unknown_phase_is_refused(tmp_path):
     assert res.returncode == 2 and "unknown phase nonsense" in res.stderr
 
 
-def test_runtime_log_summary_reads_an_unfinished_run(monkeypatch):
-    """The GPU runs' speedups were read from logs whose report was never written: per-problem ratios over the
-    problems every method finished, their median, the pooled ratio and c from the target-only and draft-only lines."""
+def _summary(monkeypatch, header: str, lines: list[str]) -> str:
+    """runtime_log_summary's text for a log of `header` (the verifier and γ), the b(k) line and `lines`."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     from runtime_log_summary import summarize
 
-    log = "\n".join([
-        "# runtime benchmark: target t, draft d, bfloat16, Bernoulli(0.6), γ=3, 3 problems x 4 steps",
-        "# target batch cost b(k) = ...: b(1)=1.00, b(2)=1.05, b(3)=1.08, b(4)=1.10  (1 row: 0.4 s/step)",
+    return summarize("\n".join([
+        f"# runtime benchmark: target t, draft d, bfloat16, {header}, problems x 4 steps",
+        "# target batch cost b(k) = ...: b(1)=1.00, b(2)=1.05, b(3)=1.08, b(4)=1.10  (1 row: 0.4 s/step)", *lines]))
+
+
+def _cells(text: str, method: str) -> list[str]:
+    row = next(line for line in text.splitlines() if line.startswith(f"| {method} "))
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_runtime_log_summary_reads_an_unfinished_run(monkeypatch):
+    """The GPU runs' speedups were read from logs whose report was never written: per-problem ratios over the
+    problems every method finished, their median, the pooled ratio and c from the target-only and draft-only lines."""
+    text = _summary(monkeypatch, "Bernoulli(0.6), γ=3, 3", [
         "  [1/3] target                   10.00s   100 tok  stop=max_steps      answer=None gold='1'",
         "  [1/3] lr_sync                   5.00s   100 tok  stop=max_steps      answer='x' gold='1'  accept=0.50",
         "  [1/3] draft                     2.00s   100 tok  stop=max_steps      answer=None gold='1'",
@@ -146,39 +156,30 @@ def test_runtime_log_summary_reads_an_unfinished_run(monkeypatch):
         "  [2/3] draft                     3.00s   100 tok  stop=max_steps      answer=None gold='2'",
         "  [3/3] target                   11.00s   100 tok  stop=max_steps      answer=None gold='3'",
     ])
-    text = summarize(log)
     assert "2 problems finished by every method (of 3 started); γ = 3, b(4) = 1.1, c = 0.227" in text
-    row = next(line for line in text.splitlines() if line.startswith("| lr_sync"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
+    cells = _cells(text, "lr_sync")
     assert cells[1] == "2.00 1.50" and cells[2] == "1.75 [1.50, 2.00]" and cells[3] == f"{22 / 13:.2f}"
     assert cells[4] == "0.60" and float(cells[5]) > 1 and abs(float(cells[6]) - 22 / 13 / float(cells[5])) < 0.02
     # the verifier's own α is the run's here: the formula at it is the run's, and the projection is the run
     assert cells[7] == cells[5] and cells[8] == cells[3]
-    draft = [c.strip() for c in next(line for line in text.splitlines() if line.startswith("| draft")).strip("|").split("|")]
+    draft = _cells(text, "draft")
     assert draft[7] == draft[8] == "–"  # the draft alone does not depend on α
 
 
 def test_runtime_log_summary_projects_a_lucky_draw_to_the_verifiers_alpha(monkeypatch):
     """A Bernoulli(0.5) verifier whose draws gave 0.6: the formula at 0.5 and the run's measured / predicted
     carried to it, which is below the run's own speedup."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    from runtime_log_summary import summarize
-
     from specprobe.infer.decoding.analytic import predict
 
-    log = "\n".join([
-        "# runtime benchmark: target t, draft d, bfloat16, Bernoulli(0.5), γ=3, 1 problems x 4 steps",
-        "# target batch cost b(k) = ...: b(1)=1.00, b(2)=1.05, b(3)=1.08, b(4)=1.10  (1 row: 0.4 s/step)",
+    text = _summary(monkeypatch, "Bernoulli(0.5), γ=3, 1", [
         "  [1/1] target                   10.00s   100 tok  stop=max_steps      answer=None gold='1'",
         "  [1/1] semanticspec              6.00s   100 tok  stop=max_steps      answer=None gold='1'  accept=0.60",
         "  [1/1] draft                     1.00s   100 tok  stop=max_steps      answer=None gold='1'",
     ])
-    text = summarize(log)
     assert "verifier Bernoulli(0.5)" in text.splitlines()[0]
     header = next(line for line in text.splitlines() if line.startswith("| method"))
     assert "predicted at α = 0.5" in header and "projected to α = 0.5" in header
-    cells = [c.strip() for c in next(line for line in text.splitlines()
-                                     if line.startswith("| semanticspec")).strip("|").split("|")]
+    cells = _cells(text, "semanticspec")
     at_run = predict("semanticspec", 0.6, 0.1, 3)["ideal"]
     at_v = predict("semanticspec", 0.5, 0.1, 3)["ideal"]
     assert cells[5] == f"{at_run:.2f}" and cells[7] == f"{at_v:.2f}"
