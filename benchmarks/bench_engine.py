@@ -24,7 +24,11 @@ import time
 import warnings
 
 import torch
-from bench_runtime import batch_cost, describe_decode  # noqa: E402 - b(k) measured as the runtime benchmark does
+from bench_runtime import (  # noqa: E402 - b(k) measured as the runtime benchmark does
+    batch_cost,
+    describe_decode,
+    forward_batch_cost,
+)
 
 from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.hf import HFStepEngine
@@ -117,6 +121,10 @@ def bench_path(base: HFStepEngine, decode: str, args, prefix: Prefix) -> None:
         b = batch_cost(shared, QUESTION, ks, tokens=args.tokens, repeats=5)
         print(f"batch cost (median of 5, {args.tokens}-token greedy steps after nested prefixes): "
               + ", ".join(f"b({k})={b[k]:.3f}" for k in ks) + f"  (1 row: {b['seconds_per_row_step']:.3f} s/step)")
+        f = forward_batch_cost(shared, ks)
+        if f is not None:  # the decode forward alone: what the steps' b(k) pays beyond it is the join and the host
+            print("batch cost of the decode forward alone (median of 5 x 10 forwards, 512 columns): "
+                  + ", ".join(f"b({k})={f[k]:.3f}" for k in ks) + f"  (1 row: {1e3 * f['seconds_per_forward']:.2f} ms)")
     if args.syncs and torch.cuda.is_available():
         for rows in (1, 4, 8):
             counts = count_syncs(shared, prefix, rows, args.tokens)
@@ -142,7 +150,8 @@ def main() -> None:
     parser.add_argument("--no-unshared", dest="unshared", action="store_false",
                         help="skip the baseline that encodes the prefix once per row")
     parser.add_argument("--batch-cost", default="", help="ks of the batch cost b(k) = time of one step for k rows "
-                                                         "(nested prefixes) / time for one row, e.g. 1,2,4,8")
+                                                         "(nested prefixes) / time for one row, e.g. 1,2,4,8; on "
+                                                         "the fast path also b(k) of the decode forward alone")
     parser.add_argument("--syncs", action="store_true", help="count host syncs per plain decode iteration "
                                                              "(CUDA: torch.cuda.set_sync_debug_mode)")
     args = parser.parse_args()

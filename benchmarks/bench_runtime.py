@@ -42,6 +42,7 @@ import torch
 from specprobe.infer import bench
 from specprobe.infer.decoding.analytic import predict
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
+from specprobe.infer.engines.static_kv import slot_bucket
 from specprobe.probes.metrics import Z95, wilson_interval
 from specprobe.probes.speedup import geometric_sum
 from specprobe.train.config import load_config
@@ -144,11 +145,53 @@ def batch_cost(engine: HFStepEngine, question: str, ks: list[int], tokens: int =
         for _ in range(repeats):
             t0 = time.perf_counter()
             engine.generate(requests, params)
-            if engine.runner.device.type == "cuda":
-                torch.cuda.synchronize(engine.runner.device)  # the engine's own card, not the current one
+            _sync(engine.runner.device)
             runs.append(time.perf_counter() - t0)
         times[k] = statistics.median(runs)
     return {k: times[k] / times[ks[0]] for k in ks} | {"seconds_per_row_step": times[ks[0]]}
+
+
+def forward_batch_cost(engine: HFStepEngine, ks: list[int], columns: int = 512, forwards: int = 10,
+                       repeats: int = 5) -> dict | None:
+    """b(k) of the plain decode forward alone (issue 20's definition): the time of one decode step (the engine's
+    `DecodeStep`, captured where the engine captures) on a buffer of k rows and `columns` columns, over that of one
+    row. `batch_cost` times whole steps instead, which also pay the rows' join (an eager forward of their differing
+    tails) and the host's per-token work; the two together say where a step's batch cost goes. Each k runs its
+    buffer's first step (the capture or compilation) untimed, then `repeats` (at least 5) runs of `forwards` steps
+    between two syncs; the median counts. k rows take the slots of their bucket (`slot_bucket`, as a batch does),
+    so k = 3 times the 4-slot step. None on the eager path (no such step)."""
+    step, pool = getattr(engine, "decode_step", None), getattr(engine, "kv_pool", None)
+    if step is None or pool is None:
+        return None
+    repeats = max(5, repeats)
+    start = columns - 1 - repeats * forwards  # the steps write columns start.. (the buffer never grows)
+    if start < 1:
+        raise ValueError(f"{columns} columns cannot hold {1 + repeats * forwards} timed decode steps")
+    device = engine.runner.device
+    times = {}
+    for k in ks:
+        kv = pool.take(slot_bucket(k), columns)
+        # every slot sees every column: the attention reads all of a buffer's columns whatever the mask says, so
+        # only the shape counts; this also covers the write column a batch opens before each step
+        kv.mask.fill_(1)
+        kv.set_column(start)
+        step(kv)  # the buffer's first step: its capture (or compilation), untimed
+        runs = []
+        for _ in range(repeats):
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(forwards):
+                step(kv)
+            _sync(device)
+            runs.append((time.perf_counter() - t0) / forwards)
+        pool.give(kv)
+        times[k] = statistics.median(runs)
+    return {k: times[k] / times[ks[0]] for k in ks} | {"seconds_per_forward": times[ks[0]]}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the engine's own card, not the current one
 
 
 def main(argv=None) -> int:

@@ -6,8 +6,9 @@
 #
 # engine:    bench_engine.py on random:qwen2-1.5b, random:qwen2-7b and random:qwen2-32b (bf16), the fast and the eager
 #            decode path on the same weights (DECODE overrides: fast,eager): greedy tokens/s at batch 1/8/20, with and
-#            without the shared prefix encoded once, b(k) for k = 1,2,4,8 (median of 5), host syncs per decode
-#            iteration (1, 4, 8 rows), and one teacher-forced scoring pass.
+#            without the shared prefix encoded once, b(k) for k = 1,2,4,8 (median of 5) of whole steps (the rows'
+#            join included) and of the decode forward alone, host syncs per decode iteration (1, 4, 8 rows), and
+#            one teacher-forced scoring pass.
 # runtime:   bench_runtime.py, target random:qwen2-7b, draft random:qwen2-1.5b, Bernoulli(0.6) verifier, γ=3.
 # runtime32: the same with target random:qwen2-32b (the Lookahead Reasoning paper's 1.5B -> 32B pair).
 # adaptive:  bench_adaptive_gamma.py (issue 24): gamma=adaptive against fixed γ 1..6 for lr_sync and semanticspec,

@@ -141,3 +141,21 @@ def test_every_method_starts_with_the_same_prefix_cache_state():
     prefill_and_reuse(bench.parse_method("lr_sync"))
     again = prefill_and_reuse(target)
     assert again == cold and cold["prefill_tokens"] > 0
+
+
+def test_forward_batch_cost_times_the_decode_step_on_k_row_buffers():
+    """b(k) of the decode forward alone: the fast path's own step on a buffer of each k's slot bucket, every timed
+    forward run on it (the write offset moves one column a forward), b(1) = 1; the eager path has no such step."""
+    from specprobe.infer.engines import HFStepEngine
+
+    fast = HFStepEngine("random:llama-tiny", device="cpu", dtype="float32", decode="fast")
+    b = br.forward_batch_cost(fast, [1, 3, 4], columns=128, forwards=3, repeats=5)
+    assert set(b) == {1, 3, 4, "seconds_per_forward"} and b[1] == 1.0
+    assert all(v > 0 for v in b.values())
+    shapes = sorted((kv.slots, kv.columns, int(kv.layers[0].cumulative_length)) for kv in fast.kv_pool.free)
+    # k = 3 and k = 4 share the 4-slot bucket's buffer; 1 untimed + 5 x 3 timed forwards fill its last 16 columns
+    assert shapes == [(1, 128, 128), (4, 128, 128)] and fast.kv_pool.created == 2
+    with pytest.raises(ValueError, match="cannot hold 16 timed decode steps"):
+        br.forward_batch_cost(fast, [1], columns=16, forwards=3)
+    eager = HFStepEngine("random:llama-tiny", model=fast.model, tokenizer=fast.tokenizer, decode="eager")
+    assert br.forward_batch_cost(eager, [1, 2]) is None

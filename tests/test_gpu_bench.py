@@ -37,6 +37,8 @@ def test_engine_phase(tmp_path):
     out, _ = _smoke("engine", tmp_path)
     text = (out / "engine_llama-tiny.txt").read_text()
     assert "## decode fast" in text and "teacher-forced scoring" in text and "b(2)=" in text
+    forward = next(line for line in text.splitlines() if line.startswith("batch cost of the decode forward alone"))
+    assert "b(1)=1.000, b(2)=" in forward  # issue 20's b(k): the decode forward without the join
     rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["1", "2"] and all(float(r[1]) > 0 for r in rows)
 
