@@ -122,12 +122,14 @@ def format_explained(rows: list[dict], gamma: int, b_of_k: dict) -> str:
 
 def describe_decode(engine) -> str:
     """The engine's decode path and, on the fast path, its decode step's mode, captures and replays (or why it fell
-    back to eager)."""
+    back to eager); on CUDA its stream's priority as the device took it (`models.target_stream_priority`)."""
+    stream = getattr(engine, "stream", None)
+    where = "" if stream is None else f", stream priority {engine.stream_priority} ({stream.priority} on the device)"
     step = getattr(engine, "decode_step", None)
     if step is None:
-        return f"decode {getattr(engine, 'decode', 'eager')}"
+        return f"decode {getattr(engine, 'decode', 'eager')}{where}"
     state = f"failed: {step.failed}" if step.failed else f"{step.captures} captures, {step.replays} replays"
-    return f"decode {engine.decode} ({step.mode}: {state}; {engine.kv_pool.created} KV buffers allocated)"
+    return f"decode {engine.decode} ({step.mode}: {state}; {engine.kv_pool.created} KV buffers allocated){where}"
 
 
 def batch_cost(engine: HFStepEngine, question: str, ks: list[int], tokens: int = 12, repeats: int = 5) -> dict:

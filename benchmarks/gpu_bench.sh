@@ -37,6 +37,9 @@
 # command measures the eager path for the 'today' column; GRAPH (default auto = cuda_graph on CUDA) how the fast
 # path runs its decode step (cuda_graph | compile | none); DRAFT_GRAPH the draft's alone in the runtime,
 # adaptive and open phases' runtime runs (compile: fused kernels, a cheaper draft step).
+# TARGET_PRIORITY (normal | high; default normal) the target engine's CUDA stream priority in the runtime, adaptive
+# and open phases' runtime runs (models.target_stream_priority: with high, lr_async's draft fills the target's idle
+# SMs rather than slowing its steps; whether async then gains on one GPU is what a run with and without it shows).
 # SEED (default 0) the runtime and adaptive runs' seed (runtime.seed): sampling and the Bernoulli verifier's draws
 # are keyed by it and the prefix text, so on a few problems one seed is one draw of the acceptances (on the CPU, 16
 # problems gave lr_sync an acceptance of 0.68 at seed 0 and 0.58, 0.60 at seeds 1, 2, for a Bernoulli 0.6).
@@ -83,7 +86,8 @@ runtime() {  # target, problems, max steps, label, summary file: bench_runtime.p
     --alpha 0.6 --gamma "${GAMMA:-3}" --problems "$2" --max-steps "$3" --step-tokens "$step_tokens" \
     --decode "${DECODE:-auto}" --methods "${METHODS:-target,lr_sync,lr_async,semanticspec,draft}" --out "$out/$4" \
     --set bench.source.kind=jsonl "bench.source.path=$questions" "models.decode_graph=${GRAPH:-auto}" \
-    "runtime.seed=${SEED:-0}" ${DRAFT_GRAPH:+"models.draft_decode_graph=$DRAFT_GRAPH"} 2>&1 \
+    "runtime.seed=${SEED:-0}" ${DRAFT_GRAPH:+"models.draft_decode_graph=$DRAFT_GRAPH"} \
+    ${TARGET_PRIORITY:+"models.target_stream_priority=$TARGET_PRIORITY"} 2>&1 \
     | tee "$out/$4.txt" || rc=$?  # pipefail: the benchmark's status
   [ -z "${RUNTIME_S:-}" ] && return "$rc"
   [ "$rc" = 0 ] || stopped "$rc" "$RUNTIME_S" "$out/$4.txt"
@@ -105,7 +109,7 @@ case $phase in
       --gammas "${GAMMAS:-$gammas}" --scenarios "${SCENARIOS:-$scenarios}" \
       --methods "${ADAPTIVE_METHODS:-lr_sync,semanticspec}" ${skip[@]+"${skip[@]}"} --out "$out/adaptive_gamma" \
       "models.decode_graph=${GRAPH:-auto}" ${DRAFT_GRAPH:+"models.draft_decode_graph=$DRAFT_GRAPH"} \
-      "runtime.seed=${SEED:-0}" bench.source.kind=jsonl \
+      ${TARGET_PRIORITY:+"models.target_stream_priority=$TARGET_PRIORITY"} "runtime.seed=${SEED:-0}" bench.source.kind=jsonl \
       "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" ;;
   open)
     limits=(${LIMITS:-90 120 70 270})

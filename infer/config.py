@@ -80,6 +80,10 @@ class ModelsConfig:
               "is mostly small per-layer kernels that fusion removes: a 1.5B's batch-1 rate on an H100 was 213 tok/s "
               "captured and 329 compiled (two runs), lowering the draft's cost c per target step "
               "(benchmarks/results/gpu_h100)")
+    target_stream_priority: Literal["normal", "high"] = opt(
+        "normal", "priority of the transformers target's CUDA stream: high starts the target's kernels before the "
+                  "draft's when both are ready, so a draft decoding beside it on one GPU (async Lookahead Reasoning) "
+                  "fills its idle SMs rather than slowing it; not yet measured on a GPU (ignored on the CPU)")
     engine: Literal["hf", "vllm"] = opt("hf", "step engine of the target (and of the draft unless draft_engine is "
                                               "set): hf (transformers) or vllm (pip install -e \".[vllm]\")")
     draft_engine: Literal["hf", "vllm"] | None = opt(None, "step engine of the draft (default: models.engine)")
@@ -103,6 +107,9 @@ class ModelsConfig:
             raise ConfigError("models.draft_decode_graph sets how a transformers draft runs its decode step; a vLLM "
                               "draft captures its own graphs (models.vllm.enforce_eager): unset it or use "
                               "models.draft_engine=hf")
+        if self.target_stream_priority != "normal" and self.engine_of("target") == "vllm":
+            raise ConfigError("models.target_stream_priority sets a transformers target's CUDA stream; vLLM runs its "
+                              "own: unset it or use models.engine=hf")
         for role in ("target", "draft"):
             problem = check_model_name(getattr(self, role))
             if problem:

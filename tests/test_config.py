@@ -251,6 +251,34 @@ def test_the_draft_can_have_its_own_decode_graph():
     assert (target.decode_step.mode, draft.decode_step.mode) == ("none", "compile")
 
 
+def test_the_target_stream_priority_reaches_the_target_engine_alone(monkeypatch):
+    """models.target_stream_priority: the target engine's CUDA stream is made at the device's most urgent priority
+    (torch maps -100 there), the draft's at the default; refused for a vLLM target and for unknown values."""
+    import torch
+
+    from specprobe.infer import engines
+    from specprobe.infer.config import ModelsConfig
+    from specprobe.infer.engines import hf
+
+    made = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device, priority=0: made.append((str(device), priority)) or "s")
+    assert hf.engine_stream(torch.device("cuda:0"), "high") == "s" and made == [("cuda:0", -100)]
+    assert hf.engine_stream(torch.device("cuda:1")) == "s" and made[-1] == ("cuda:1", 0)
+    assert hf.engine_stream(torch.device("cpu"), "high") is None and len(made) == 2  # no stream off CUDA
+    with pytest.raises(ValueError, match="stream_priority must be one of"):
+        hf.engine_stream(torch.device("cuda:0"), "urgent")
+    with pytest.raises(ConfigError, match="models.target_stream_priority sets a transformers target"):
+        load_config("configs/tiny.yaml", ["models.engine=vllm", "models.target_stream_priority=high"])
+    with pytest.raises(ConfigError, match="models.target_stream_priority"):
+        load_config("configs/tiny.yaml", ["models.target_stream_priority=urgent"])
+    with pytest.raises(ValueError, match="stream_priority must be one of"):  # before any model loads
+        engines.HFStepEngine("no/such-model", stream_priority="urgent")
+    cfg = ModelsConfig(device="cpu", target_stream_priority="high", target="random:llama-tiny",
+                       draft="random:llama-tiny")
+    target, draft = engines.build_engine_pair(cfg)
+    assert (target.stream_priority, draft.stream_priority) == ("high", "normal")
+
+
 def test_bench_method_options_below_one_are_config_errors():
     from specprobe.infer.bench import parse_method
 

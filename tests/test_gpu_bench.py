@@ -12,7 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 KNOBS = ("MODELS", "PROBLEMS", "STEPS", "GAMMA", "RUNTIME_S", "METHODS", "DECODE", "GRAPH", "DRAFT_GRAPH", "LIMITS",
-         "TARGET", "SCENARIOS", "ADAPTIVE_METHODS", "GAMMAS", "SKIP", "QUESTIONS", "SMOKE", "SEED")  # what gpu_bench.sh reads
+         "TARGET", "SCENARIOS", "ADAPTIVE_METHODS", "GAMMAS", "SKIP", "QUESTIONS", "SMOKE", "SEED",
+         "TARGET_PRIORITY")  # what gpu_bench.sh reads
 
 
 def _env(**settings: str) -> dict:
@@ -44,17 +45,18 @@ def test_engine_phase(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase,folder,draft_graph,seed", [("runtime", "runtime_7b", None, None),
-                                                           ("runtime32", "runtime_32b", "none", "3")])
-def test_runtime_phases(tmp_path, phase, folder, draft_graph, seed):
+@pytest.mark.parametrize("phase,folder,draft_graph,seed,priority", [("runtime", "runtime_7b", None, None, None),
+                                                                    ("runtime32", "runtime_32b", "none", "3", "high")])
+def test_runtime_phases(tmp_path, phase, folder, draft_graph, seed, priority):
     extra = ({"DRAFT_GRAPH": draft_graph} if draft_graph else {}) | ({"SEED": seed} if seed else {})
-    out, _ = _smoke(phase, tmp_path, **extra)
+    out, _ = _smoke(phase, tmp_path, **extra, **({"TARGET_PRIORITY": priority} if priority else {}))
     res = json.loads((out / folder / "results.json").read_text())
     assert [r["method"] for r in res["rows"]] == ["target", "lr_sync", "lr_async", "semanticspec", "draft"]
     assert all(r["error"] is None and r["problems"] == 2 for r in res["rows"])
     assert res["config"]["models"]["decode"] == "fast" and res["models"]["target"] == "random:llama-tiny"
     assert res["config"]["models"]["draft_decode_graph"] == draft_graph  # DRAFT_GRAPH: the draft's alone
     assert res["config"]["runtime"]["seed"] == int(seed or 0)  # SEED: another draw of the acceptances
+    assert res["config"]["models"]["target_stream_priority"] == (priority or "normal")  # TARGET_PRIORITY
     log = (out / f"{folder}.txt").read_text()  # each model's decode mode, before and after the run
     assert log.count("; draft decode fast (none: 0 captures") == 2 and "# after the run: target decode fast" in log
     assert "# loads and b(k) took " in log and " s since the start" in log  # where a run cut by its limit was
@@ -62,7 +64,8 @@ def test_runtime_phases(tmp_path, phase, folder, draft_graph, seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [{}, {"SKIP": "1", "ADAPTIVE_METHODS": "semanticspec", "GAMMAS": "1"}])
+@pytest.mark.parametrize("extra", [{}, {"SKIP": "1", "ADAPTIVE_METHODS": "semanticspec", "GAMMAS": "1",
+                                       "TARGET_PRIORITY": "high"}])
 def test_adaptive_phase(tmp_path, extra):
     out, _ = _smoke("adaptive", tmp_path, **extra)
     summary = json.loads((out / "adaptive_gamma" / "summary.json").read_text())
@@ -72,6 +75,8 @@ def test_adaptive_phase(tmp_path, extra):
         assert set(summary) == {"b_semanticspec"}
         assert methods == {"target", "semanticspec:gamma=1", "semanticspec:gamma=adaptive",
                            "semanticspec:gamma=adaptive:forecast_skip=true"}
+        run = json.loads((out / "adaptive_gamma" / "b_semanticspec" / "results.json").read_text())
+        assert run["config"]["models"]["target_stream_priority"] == "high"
     else:
         assert set(summary) == {"b_lr_sync", "b_semanticspec"} and "lr_sync:gamma=2" in methods
 

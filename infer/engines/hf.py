@@ -38,6 +38,24 @@ from specprobe.infer.models import describe_source, load_model
 
 log = logging.getLogger(__name__)
 
+# An engine's CUDA stream priority, in torch's numbers (lower is more urgent; out-of-range values map to the device's
+# most urgent). "high" is for a target whose draft decodes beside it on the same GPU (async Lookahead Reasoning):
+# when both have kernels ready, the block scheduler starts the target's first, so the draft fills the target's idle
+# SMs (its many small per-layer kernels use few) instead of slowing its steps. Graph replays run at the priority of
+# the stream they are launched on. Whether that makes async pay on one GPU is to be measured (issue 20).
+STREAM_PRIORITIES = {"normal": 0, "high": -100}
+
+
+def check_stream_priority(priority: str) -> None:
+    if priority not in STREAM_PRIORITIES:
+        raise ValueError(f"stream_priority must be one of {tuple(STREAM_PRIORITIES)}, got {priority!r}")
+
+
+def engine_stream(device: torch.device, priority: str = "normal") -> torch.cuda.Stream | None:
+    """An engine's own CUDA stream at `priority` (`STREAM_PRIORITIES`); None off CUDA."""
+    check_stream_priority(priority)
+    return torch.cuda.Stream(device, priority=STREAM_PRIORITIES[priority]) if device.type == "cuda" else None
+
 
 def _on_engine_stream(method):
     """Run an engine call's GPU work on the engine's own stream (`HFStepEngine.on_stream`)."""
@@ -68,14 +86,17 @@ class HFStepEngine(TokenizedText):
         stop_at_eos: bool = True,
         decode: str = "auto",
         decode_graph: str = "auto",
+        stream_priority: str = "normal",
     ):
         """decode: "fast" (static KV buffers, device-side sampling, one host sync per plain iteration:
         `infer.engines.static_kv`), "eager" (the reference `hf_kv.DecodeBatch`) or "auto" (fast on CUDA,
         eager on CPU, where the eager path is faster: benchmarks/results/fast_spec_cpu). decode_graph: how the
         fast path runs its plain decode step (`static_kv.DecodeStep`): "cuda_graph" (captured once per buffer,
-        replayed), "compile" (inductor's fused kernels, captured the same way on CUDA), "none" (eager), "auto" (cuda_graph on CUDA)."""
+        replayed), "compile" (inductor's fused kernels, captured the same way on CUDA), "none" (eager), "auto" (cuda_graph on CUDA).
+        stream_priority: "normal" or "high", the priority of the engine's own CUDA stream (`STREAM_PRIORITIES`)."""
         if decode not in ("auto", "fast", "eager"):
             raise ValueError(f"decode must be 'auto', 'fast' or 'eager', got {decode!r}")
+        check_stream_priority(stream_priority)  # before the model loads
         if model is None:
             model, tokenizer = load_model(model_name, device=device, dtype=dtype, cache_dir=cache_dir)
         self.model, self.tokenizer = model, tokenizer
@@ -111,7 +132,8 @@ class HFStepEngine(TokenizedText):
         self.kv_pool = StaticKVPool(model, self.runner.pad_id) if self.decode == "fast" else None
         # its own CUDA stream: the draft and target engines of async Lookahead Reasoning, driven from two threads,
         # then overlap on the GPU instead of queueing behind each other on the default stream
-        self.stream = torch.cuda.Stream(self.runner.device) if on_cuda else None
+        self.stream_priority = stream_priority
+        self.stream = engine_stream(self.runner.device, stream_priority)
 
     @contextlib.contextmanager
     def on_stream(self) -> Iterator[None]:
