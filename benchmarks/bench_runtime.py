@@ -172,21 +172,24 @@ def forward_batch_cost(engine: HFStepEngine, ks: list[int], columns: int = 512, 
     device = engine.runner.device
     times = {}
     for k in ks:
-        kv = pool.take(slot_bucket(k), columns)
-        # every slot sees every column: the attention reads all of a buffer's columns whatever the mask says, so
-        # only the shape counts; this also covers the write column a batch opens before each step
-        kv.mask.fill_(1)
-        kv.set_column(start)
-        step(kv)  # the buffer's first step: its capture (or compilation), untimed
-        runs = []
-        for _ in range(repeats):
-            _sync(device)
-            t0 = time.perf_counter()
-            for _ in range(forwards):
-                step(kv)
-            _sync(device)
-            runs.append((time.perf_counter() - t0) / forwards)
-        pool.give(kv)
+        # as a batch runs its steps: no autograd (a grad-recording step would keep its activations, compile another
+        # graph, and leave the pooled buffer unusable for the batches that take it next)
+        with torch.inference_mode(), engine.on_stream():
+            kv = pool.take(slot_bucket(k), columns)
+            # every slot sees every column: the attention reads all of a buffer's columns whatever the mask says,
+            # so only the shape counts; this also covers the write column a batch opens before each step
+            kv.mask.fill_(1)
+            kv.set_column(start)
+            step(kv)  # the buffer's first step: its capture (or compilation), untimed
+            runs = []
+            for _ in range(repeats):
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in range(forwards):
+                    step(kv)
+                _sync(device)
+                runs.append((time.perf_counter() - t0) / forwards)
+            pool.give(kv)
         times[k] = statistics.median(runs)
     return {k: times[k] / times[ks[0]] for k in ks} | {"seconds_per_forward": times[ks[0]]}
 

@@ -38,8 +38,8 @@
 # path runs its decode step (cuda_graph | compile | none); DRAFT_GRAPH the draft's alone in the runtime,
 # adaptive and open phases' runtime runs (compile: fused kernels, a cheaper draft step).
 # TARGET_PRIORITY (normal | high; default normal) the target engine's CUDA stream priority in the runtime, adaptive
-# and open phases' runtime runs (models.target_stream_priority: with high, lr_async's draft fills the target's idle
-# SMs rather than slowing its steps; whether async then gains on one GPU is what a run with and without it shows).
+# and open phases' runtime runs (models.target_stream_priority: with high, the target's kernels start before
+# lr_async's draft's; whether async then gains on one GPU is what a run with and without it shows).
 # SEED (default 0) the runtime and adaptive runs' seed (runtime.seed): sampling and the Bernoulli verifier's draws
 # are keyed by it and the prefix text, so on a few problems one seed is one draw of the acceptances (on the CPU, 16
 # problems gave lr_sync an acceptance of 0.68 at seed 0 and 0.58, 0.60 at seeds 1, 2, for a Bernoulli 0.6).

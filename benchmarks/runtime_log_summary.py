@@ -67,11 +67,12 @@ def summarize(text: str) -> str:
         value = _formula(kind, alpha, c, gamma, b)
         cells = [m, " ".join(f"{r:.2f}" for r in ratios),
                  f"{statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]", f"{pooled:.2f}",
-                 _fmt(alpha), _fmt(value), _fmt(value and pooled / value)]
+                 _fmt(alpha), _fmt(value), _fmt(_ratio(pooled, value))]
         if alpha_v is not None:
             # the draft alone does not depend on α; the other methods at the verifier's own α
-            at_v = _formula(kind, alpha_v, c, gamma, b) if alpha is not None else None
-            cells += [_fmt(at_v), _fmt(at_v and value and at_v * pooled / value)]
+            at_v = _formula(kind, alpha_v, c, gamma, b) if kind != "draft" else None
+            carried = _ratio(pooled, value)
+            cells += [_fmt(at_v), _fmt(None if at_v is None or carried is None else at_v * carried)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -81,7 +82,11 @@ def _formula(kind: str | None, alpha: float | None, c: float | None, gamma: int 
     if not kind or not gamma:
         return None
     pred = predict(kind, alpha, c, gamma, b.get(gamma + 1))
-    return pred.get("adjusted") or pred.get("ideal")
+    return pred["adjusted"] if pred.get("adjusted") is not None else pred.get("ideal")
+
+
+def _ratio(measured: float, predicted: float | None) -> float | None:
+    return None if predicted is None or predicted <= 0 else measured / predicted
 
 
 def _fmt(x: float | None) -> str:

@@ -82,8 +82,9 @@ class ModelsConfig:
               "(benchmarks/results/gpu_h100)")
     target_stream_priority: Literal["normal", "high"] = opt(
         "normal", "priority of the transformers target's CUDA stream: high starts the target's kernels before the "
-                  "draft's when both are ready, so a draft decoding beside it on one GPU (async Lookahead Reasoning) "
-                  "fills its idle SMs rather than slowing it; not yet measured on a GPU (ignored on the CPU)")
+                  "draft's when both are ready, which may let a draft decoding beside it on one GPU (async Lookahead "
+                  "Reasoning) slow it less (running kernels are not preempted; both share the memory bandwidth); not "
+                  "yet measured on a GPU (ignored on the CPU)")
     engine: Literal["hf", "vllm"] = opt("hf", "step engine of the target (and of the draft unless draft_engine is "
                                               "set): hf (transformers) or vllm (pip install -e \".[vllm]\")")
     draft_engine: Literal["hf", "vllm"] | None = opt(None, "step engine of the draft (default: models.engine)")

@@ -145,16 +145,22 @@ def test_every_method_starts_with_the_same_prefix_cache_state():
 
 def test_forward_batch_cost_times_the_decode_step_on_k_row_buffers():
     """b(k) of the decode forward alone: the fast path's own step on a buffer of each k's slot bucket, every timed
-    forward run on it (the write offset moves one column a forward), b(1) = 1; the eager path has no such step."""
-    from specprobe.infer.engines import HFStepEngine
+    forward run on it (the write offset moves one column a forward), b(1) = 1; as a batch runs it (no autograd:
+    a pooled buffer a batch left is taken and given back intact); the eager path has no such step."""
+    from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
 
     fast = HFStepEngine("random:llama-tiny", device="cpu", dtype="float32", decode="fast")
-    b = br.forward_batch_cost(fast, [1, 3, 4], columns=128, forwards=3, repeats=5)
+    fast.generate([StepRequest(Prefix("What is 2 + 3?"))], SamplingParams(temperature=0.0, max_step_tokens=4))
+    (left,) = fast.kv_pool.free  # the 1-slot buffer the batch gave back, its tensors made in inference mode
+    b = br.forward_batch_cost(fast, [1, 3, 4], columns=left.columns, forwards=3, repeats=5)
     assert set(b) == {1, 3, 4, "seconds_per_forward"} and b[1] == 1.0
     assert all(v > 0 for v in b.values())
     shapes = sorted((kv.slots, kv.columns, int(kv.layers[0].cumulative_length)) for kv in fast.kv_pool.free)
-    # k = 3 and k = 4 share the 4-slot bucket's buffer; 1 untimed + 5 x 3 timed forwards fill its last 16 columns
-    assert shapes == [(1, 128, 128), (4, 128, 128)] and fast.kv_pool.created == 2
+    # k = 1 took the batch's buffer; k = 3 and 4 share the 4-slot bucket's; 1 untimed + 5 x 3 timed forwards
+    # fill the last 16 columns of each
+    c = left.columns
+    assert shapes == [(1, c, c), (4, c, c)] and fast.kv_pool.created == 2
+    assert not any(kv.layers[0].keys.requires_grad for kv in fast.kv_pool.free)  # no autograd graph kept
     with pytest.raises(ValueError, match="cannot hold 16 timed decode steps"):
         br.forward_batch_cost(fast, [1], columns=16, forwards=3)
     eager = HFStepEngine("random:llama-tiny", model=fast.model, tokenizer=fast.tokenizer, decode="eager")

@@ -252,8 +252,8 @@ def test_the_draft_can_have_its_own_decode_graph():
 
 
 def test_the_target_stream_priority_reaches_the_target_engine_alone(monkeypatch):
-    """models.target_stream_priority: the target engine's CUDA stream is made at the device's most urgent priority
-    (torch maps -100 there), the draft's at the default; refused for a vLLM target and for unknown values."""
+    """models.target_stream_priority: the target engine's CUDA stream is made at torch's most urgent priority
+    (torch clamps -100 to it), the draft's at the default; refused for a vLLM target and for unknown values."""
     import torch
 
     from specprobe.infer import engines
@@ -261,10 +261,11 @@ def test_the_target_stream_priority_reaches_the_target_engine_alone(monkeypatch)
     from specprobe.infer.engines import hf
 
     made = []
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device, priority=0: made.append((str(device), priority)) or "s")
-    assert hf.engine_stream(torch.device("cuda:0"), "high") == "s" and made == [("cuda:0", -100)]
-    assert hf.engine_stream(torch.device("cuda:1")) == "s" and made[-1] == ("cuda:1", 0)
-    assert hf.engine_stream(torch.device("cpu"), "high") is None and len(made) == 2  # no stream off CUDA
+    with monkeypatch.context() as m:  # (only here: a module imported later reads torch.cuda.Stream in annotations)
+        m.setattr(torch.cuda, "Stream", lambda device, priority=0: made.append((str(device), priority)) or "s")
+        assert hf.engine_stream(torch.device("cuda:0"), "high") == "s" and made == [("cuda:0", -100)]
+        assert hf.engine_stream(torch.device("cuda:1")) == "s" and made[-1] == ("cuda:1", 0)
+        assert hf.engine_stream(torch.device("cpu"), "high") is None and len(made) == 2  # no stream off CUDA
     with pytest.raises(ValueError, match="stream_priority must be one of"):
         hf.engine_stream(torch.device("cuda:0"), "urgent")
     with pytest.raises(ConfigError, match="models.target_stream_priority sets a transformers target"):
@@ -275,7 +276,11 @@ def test_the_target_stream_priority_reaches_the_target_engine_alone(monkeypatch)
         engines.HFStepEngine("no/such-model", stream_priority="urgent")
     cfg = ModelsConfig(device="cpu", target_stream_priority="high", target="random:llama-tiny",
                        draft="random:llama-tiny")
+    asked = []
+    real = hf.engine_stream
+    monkeypatch.setattr(hf, "engine_stream", lambda device, priority="normal": asked.append(priority) or real(device, priority))
     target, draft = engines.build_engine_pair(cfg)
+    assert asked == ["high", "normal"]  # what each engine asked its stream for (on the CPU: no stream)
     assert (target.stream_priority, draft.stream_priority) == ("high", "normal")
 
 

@@ -38,11 +38,13 @@ from specprobe.infer.models import describe_source, load_model
 
 log = logging.getLogger(__name__)
 
-# An engine's CUDA stream priority, in torch's numbers (lower is more urgent; out-of-range values map to the device's
-# most urgent). "high" is for a target whose draft decodes beside it on the same GPU (async Lookahead Reasoning):
-# when both have kernels ready, the block scheduler starts the target's first, so the draft fills the target's idle
-# SMs (its many small per-layer kernels use few) instead of slowing its steps. Graph replays run at the priority of
-# the stream they are launched on. Whether that makes async pay on one GPU is to be measured (issue 20).
+# An engine's CUDA stream priority, in torch's numbers (lower is more urgent; torch clamps -100 to the most urgent
+# level it supports). "high" is for a target whose draft decodes beside it on the same GPU (async Lookahead
+# Reasoning): when both have blocks ready to start, the scheduler starts the target's first, so the draft may run
+# more in the SMs the target's small per-layer kernels leave idle and slow its steps less. Running blocks are not
+# preempted and both share the memory bandwidth, so how much that gives is to be measured (issue 20). Graph replays
+# run at the priority of the stream they are launched on (a buffer's first step and capture run on `DecodeStep`'s own
+# stream).
 STREAM_PRIORITIES = {"normal": 0, "high": -100}
 
 
