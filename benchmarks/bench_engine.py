@@ -121,9 +121,10 @@ def bench_path(base: HFStepEngine, decode: str, args, prefix: Prefix) -> None:
         b = batch_cost(shared, QUESTION, ks, tokens=args.tokens, repeats=5)
         print(f"batch cost (median of 5, {args.tokens}-token greedy steps after nested prefixes): "
               + ", ".join(f"b({k})={b[k]:.3f}" for k in ks) + f"  (1 row: {b['seconds_per_row_step']:.3f} s/step)")
-        f = forward_batch_cost(shared, ks)
+        columns, forwards = 512, 10
+        f = forward_batch_cost(shared, ks, columns=columns, forwards=forwards, repeats=5)
         if f is not None:  # the decode forward alone: what the steps' b(k) pays beyond it is the join and the host
-            print("batch cost of the decode forward alone (median of 5 x 10 forwards, 512 columns): "
+            print(f"batch cost of the decode forward alone (median of 5 x {forwards} forwards, {columns} columns): "
                   + ", ".join(f"b({k})={f[k]:.3f}" for k in ks) + f"  (1 row: {1e3 * f['seconds_per_forward']:.2f} ms)")
     if args.syncs and torch.cuda.is_available():
         for rows in (1, 4, 8):

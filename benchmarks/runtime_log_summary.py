@@ -65,14 +65,14 @@ def summarize(text: str) -> str:
         alpha = statistics.mean(accepts) if accepts else None
         kind = next((k for k in ("lr_sync", "lr_async", "semanticspec", "draft") if m.startswith(k)), None)
         value = _formula(kind, alpha, c, gamma, b)
+        over = _ratio(pooled, value)  # measured / predicted
         cells = [m, " ".join(f"{r:.2f}" for r in ratios),
                  f"{statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]", f"{pooled:.2f}",
-                 _fmt(alpha), _fmt(value), _fmt(_ratio(pooled, value))]
+                 _fmt(alpha), _fmt(value), _fmt(over)]
         if alpha_v is not None:
             # the draft alone does not depend on α; the other methods at the verifier's own α
             at_v = _formula(kind, alpha_v, c, gamma, b) if kind != "draft" else None
-            carried = _ratio(pooled, value)
-            cells += [_fmt(at_v), _fmt(None if at_v is None or carried is None else at_v * carried)]
+            cells += [_fmt(at_v), _fmt(None if at_v is None or over is None else at_v * over)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
