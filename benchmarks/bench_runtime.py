@@ -41,7 +41,8 @@ import torch
 
 from specprobe.infer import bench
 from specprobe.infer.decoding.analytic import predict
-from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
+from specprobe.infer.decoding.depth import nested_step_seconds
+from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams
 from specprobe.infer.engines.static_kv import slot_bucket
 from specprobe.probes.metrics import Z95, wilson_interval
 from specprobe.probes.speedup import geometric_sum
@@ -134,22 +135,11 @@ def describe_decode(engine) -> str:
 
 def batch_cost(engine: HFStepEngine, question: str, ks: list[int], tokens: int = 12, repeats: int = 5) -> dict:
     """b(k): time of one step decoded for k rows (each after a different prefix, as in an LR batch) over
-    the time for one row. Every k is warmed once first (kernel choice, graph capture), then timed `repeats`
-    times (at least 5); the median counts. Greedy, no delimiter (every row runs `tokens` tokens)."""
-    repeats = max(5, repeats)
+    the time for one row (`depth.nested_step_seconds`, as the runtime's gamma=adaptive measures it): every k
+    warmed once first (kernel choice, graph capture), then timed `repeats` times (at least 5); the median counts.
+    Greedy, no delimiter (every row runs `tokens` tokens)."""
     params = SamplingParams(temperature=0.0, max_step_tokens=tokens, delimiter="\x00\x00")
-    base = Prefix(question)
-    times = {}
-    for k in ks:
-        requests = [StepRequest(base.extend(*["step"] * j)) for j in range(k)]
-        engine.generate(requests, params)  # warm-up of this batch shape
-        runs = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            engine.generate(requests, params)
-            _sync(engine.runner.device)
-            runs.append(time.perf_counter() - t0)
-        times[k] = statistics.median(runs)
+    times = nested_step_seconds(engine, Prefix(question), params, ks, max(5, repeats), filler="step")
     return {k: times[k] / times[ks[0]] for k in ks} | {"seconds_per_row_step": times[ks[0]]}
 
 

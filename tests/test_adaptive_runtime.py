@@ -341,3 +341,34 @@ def test_measured_costs_are_kept_per_model_pair_not_per_engine_object():
     assert first.c > 0 and len(first.b) == 3 and first.b[0] == 1.0
     depth.costs("semanticspec", 1, 2, ToyEngine("target"), ToyEngine("draft"), params)
     assert len(depth._measured) == 2  # another cycle shape is measured on its own
+
+
+class ClockedEngine:
+    """An engine double whose generate advances a fake clock: `first` seconds on its first call of a batch shape
+    (the capture the warm-up pays), then per row `row_s` plus the next of `jitter`; it records the prefixes."""
+
+    def __init__(self, clock, row_s, first=100.0, jitter=(0.0, 0.0, 9.0)):
+        self.clock, self.row_s, self.first, self.jitter = clock, row_s, first, list(jitter)
+        self.seen, self.calls = set(), []
+
+    def generate(self, requests, params):
+        k = len(requests)
+        self.calls.append([r.prefix.steps for r in requests])
+        jitter = self.jitter[len(self.calls) % len(self.jitter)]
+        self.clock[0] += self.first if k not in self.seen else k * self.row_s + jitter
+        self.seen.add(k)
+
+
+def test_batch_cost_is_the_median_step_of_k_nested_rows_over_one_row(monkeypatch):
+    """b(k), as gamma=adaptive measures it: k rows after nested prefixes, the warm-up call untimed, the median of the
+    timed calls (an outlier left out), over one row's; c the draft's one-row step over the target's."""
+    depth_mod = importlib.import_module("specprobe.infer.decoding.depth")
+    clock = [0.0]
+    monkeypatch.setattr(depth_mod.time, "perf_counter", lambda: clock[0])
+    target, draft = ClockedEngine(clock, row_s=2.0), ClockedEngine(clock, row_s=0.5)
+    params = SamplingParams(temperature=0.0, max_step_tokens=4)
+    c, b, v = depth_mod.measure_costs(target, draft, params, rows=3, chain=0, repeats=3)
+    assert b == pytest.approx([1.0, 2.0, 3.0]) and c == pytest.approx(0.25) and v == []
+    assert target.calls[-1] == [(), ("Next.",), ("Next.", "Next.")]  # each row's prefix continues the one before
+    times = depth_mod.nested_step_seconds(target, Prefix(Q), params, [2], repeats=3, filler="step")
+    assert times == {2: pytest.approx(4.0)} and target.calls[-1] == [(), ("step",)]

@@ -98,6 +98,19 @@ def median_seconds(call, repeats: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
+def nested_step_seconds(engine, prefix: Prefix, params: SamplingParams, rows: Sequence[int], repeats: int = 3,
+                        filler: str = "Next.") -> dict[int, float]:
+    """For each k of `rows`: the median wall time (`median_seconds`) of one step decoded for k rows, each after a
+    prefix of its own, nested as a Lookahead batch's are (`prefix`, then `prefix` with one, two, ... `filler`
+    steps). b(k) is its value at k over its value at one row (`measure_costs`; benchmarks/bench_runtime.py)."""
+    def call(k: int):
+        requests = [StepRequest(prefix.extend(*[filler] * j), 1, params.seed, params.max_step_tokens)
+                    for j in range(k)]
+        return lambda: engine.generate(requests, params)
+
+    return {k: median_seconds(call(k), repeats) for k in rows}
+
+
 def measure_costs(target, draft, params: SamplingParams, rows: int, chain: int, repeats: int = 3
                   ) -> tuple[float, list[float], list[float]]:
     """(c, [b(1..rows)], [v(1..chain)]) on the calibration question, in units of one target step of one row.
@@ -106,18 +119,13 @@ def measure_costs(target, draft, params: SamplingParams, rows: int, chain: int, 
     prefix = Prefix(CALIBRATION_QUESTION, (), params.delimiter)
     greedy = SamplingParams(temperature=0.0, top_p=1.0, max_step_tokens=params.max_step_tokens,
                             delimiter=params.delimiter, seed=0)
-    cap = params.max_step_tokens
-
-    def gen(engine, n):
-        return lambda: engine.generate([StepRequest(prefix.extend(*["Next."] * j), 1, 0, cap) for j in range(n)],
-                                       greedy)
-
-    one = median_seconds(gen(target, 1), repeats)
-    c = median_seconds(gen(draft, 1), repeats) / one
-    b = [1.0] + [median_seconds(gen(target, n), repeats) / one for n in range(2, rows + 1)]
+    steps = nested_step_seconds(target, prefix, greedy, range(1, rows + 1), repeats)
+    one = steps[1]
+    c = nested_step_seconds(draft, prefix, greedy, [1], repeats)[1] / one
+    b = [steps[k] / one for k in range(1, rows + 1)]
     v = []
     if chain:
-        text = draft.generate([StepRequest(prefix, 1, 0, cap)], greedy).steps[0][0].text or "Next."
+        text = draft.generate([StepRequest(prefix, 1, 0, greedy.max_step_tokens)], greedy).steps[0][0].text or "Next."
         v = [median_seconds(lambda k=k: target.score_chain(prefix, [text] * k, hidden=True), repeats) / one
              for k in range(1, chain + 1)]
     return c, b, v
