@@ -128,6 +128,31 @@ def test_greedy_steps_equal_the_eager_path(engines):
 
 
 @pytest.mark.slow
+def test_nested_prefixes_are_encoded_once_in_one_row(engines):
+    """A Lookahead batch's rows (each prefix continues the one before) cost one one-row forward of the longest, which
+    keeps the logits after every row's prompt; the rows copy its columns and forward nothing more. Called again, the
+    prefix cache holds the longest: the forward starts at the first row's last token, so that it still gives every
+    row's logits. Both write the eager steps."""
+    eager, fast = engines
+    step1 = eager.generate([StepRequest(Prefix(QUESTIONS[0]))], GREEDY).steps[0][0]
+    step2 = eager.generate([StepRequest(Prefix(QUESTIONS[0], (step1,)))], GREEDY).steps[0][0]
+    prefixes = [Prefix(QUESTIONS[0]), Prefix(QUESTIONS[0], (step1,)), Prefix(QUESTIONS[0], (step1, step2))]
+    reqs = [StepRequest(p) for p in prefixes]
+    eager.clear_prefix_cache()
+    want = eager.generate(reqs, GREEDY)
+    fast.clear_prefix_cache()
+    first = fast.generate(reqs, GREEDY)
+    assert first.stats.prefill_tokens == len(fast.prefix_ids(prefixes[-1]))  # each token encoded once
+    assert first.stats.forward_passes == first.stats.iterations  # the longest's forward, then one per decode step
+    again = fast.generate(reqs, GREEDY)
+    assert again.stats.prefill_tokens == len(fast.prefix_ids(prefixes[-1])) - len(fast.prefix_ids(prefixes[0])) + 1
+    assert again.stats.forward_passes == again.stats.iterations
+    for got in (first, again):
+        for p, (w,), (g,) in zip(prefixes, want.steps, got.steps):
+            _same_greedy(eager.model, eager, p, g, w)
+
+
+@pytest.mark.slow
 def test_batches_reuse_pooled_buffers_without_seeing_old_contents(engines):
     """Each generate call borrows the engine's static buffers (on CUDA their captured decode step replays in later
     batches): a batch on a buffer that another batch filled writes exactly what a fresh engine writes, and

@@ -154,10 +154,13 @@ class ModelRunner:
         yield from self._recent.items()
         yield from self._prefix_cache.items()
 
-    def _cached_prefix(self, key: tuple[int, ...]):
+    def _cached_prefix(self, key: tuple[int, ...], most: int | None = None):
+        """(a private copy of the cached prefix sharing the most leading tokens with `key`, cut back to what they share
+        and to at most `most` tokens; that count): at most len(key) - 1, as >= 1 new token gives the logits."""
         best, shared = None, 0
+        most = len(key) - 1 if most is None else min(most, len(key) - 1)
         for cached, (cache, _) in self._entries():
-            n = min(common_prefix_len([cached, key]), len(key) - 1)  # >= 1 new token gives the logits
+            n = min(common_prefix_len([cached, key]), most)
             if n > shared and (n == len(cached) or _croppable(cache)):
                 best, shared = cache, n
         if best is None:
@@ -206,6 +209,24 @@ class ModelRunner:
         cache, logits = out.past_key_values, out.logits[0, -1].float()
         self._remember(key, cache, logits)
         return clone_cache(cache), [], logits
+
+    def prefill_ends(self, ids: Sequence[int], ends: Sequence[int], stats: EngineStats):
+        """(a private copy of the cache of `ids`, {n: logits after ids[:n]}) for each n of `ends` that the forward
+        reaches: one forward of what the prefix cache lacks (at least the last token), keeping the logits at those
+        n only (the cached part it reuses ends before the first of them). Nested prefixes (a Lookahead batch's rows)
+        thus cost one one-row forward of the longest."""
+        with self.lock:
+            key = tuple(ids)
+            cache, shared = self._cached_prefix(key, min(ends) - 1)
+            wanted = sorted(n for n in set(ends) if shared < n <= len(key))
+            stats.reused_prefix_tokens += shared
+            stats.prefill_tokens += len(key) - shared
+            out = self.forward(stats, input_ids=torch.tensor([key[shared:]], device=self.device),
+                               past_key_values=cache, position_ids=torch.arange(shared, len(key), device=self.device)[None],
+                               use_cache=True, logits_to_keep=torch.tensor([n - shared - 1 for n in wanted], device=self.device))
+            logits = {n: out.logits[0, i].float() for i, n in enumerate(wanted)}
+            self._remember(key, out.past_key_values, logits[len(key)])
+            return clone_cache(out.past_key_values), logits
 
     def keep_recent(self, rows: dict[tuple[int, ...], tuple[object, torch.Tensor]]) -> None:
         """Replace the finished rows kept from the last decoding call."""

@@ -15,7 +15,10 @@ its own slot at the same column indices (one indexed copy per layer), and only i
 fresh columns: in one forward, or, for rows starting a batch with a few tokens each (a step continuing the last),
 through the decode step one token at a time (on a GPU a few replays of the captured step cost less than one eager
 forward's launches). Rows of a step batch (n samples, the gamma+1
-nested prefixes of Lookahead Reasoning) thus share the prefix without re-encoding it. Finished and
+nested prefixes of Lookahead Reasoning) thus share the prefix without re-encoding it. Nested prefixes go further:
+the longest is the base, encoded once in a one-row forward that keeps the logits after every row's prompt
+(`ModelRunner.prefill_ends`), so the rows copy its columns and forward nothing of their own (one forward of their
+tails would encode the shared drafts once per row, in every slot). Finished and
 empty slots keep decoding a pad token into masked columns: the batch shape never changes between
 joins, which is what lets the decode step run as one captured CUDA graph (`DecodeStep`: captured once per
 buffer; the engine's `StaticKVPool` hands the same buffers, and so the same capture, to its later batches).
@@ -287,6 +290,7 @@ class FastDecodeBatch(RowBatch):
         self.kv: StaticKV | None = None
         self.base_ids: list[int] = []
         self.base_cache = None
+        self.base_logits: dict[int, torch.Tensor] = {}  # n -> logits after base_ids[:n], where the base's forward kept them
         self.shared_tokens = 0
         self._delim = params.delimiter
         self._cheap_stop = self._delim.isascii()  # see _append
@@ -494,9 +498,19 @@ class FastDecodeBatch(RowBatch):
     def _new_base(self, ids_list: list[list[int]]) -> None:
         """The base: the rows' common prefix, as far as the prefix cache holds it when the rows' own join forward can
         take the rest (one row, or few uncached shared tokens: `ModelRunner.start`), else encoded in a prefill
-        forward (and cached). Each row counts the tokens it reuses and forwards when it joins."""
+        forward (and cached); when the rows are nested prefixes, the longest of them. Each row counts the tokens it
+        reuses and forwards when it joins."""
         lcp = common_prefix_len(ids_list)
-        self.base_ids, self.base_cache = [], None
+        self.base_ids, self.base_cache, self.base_logits = [], None, {}
+        longest = max(ids_list, key=len)
+        if len(longest) > lcp and all(common_prefix_len([ids, longest]) == len(ids) for ids in ids_list):
+            # nested prefixes (a Lookahead batch): the longest in one one-row forward, keeping the logits after
+            # every row's last token, so the rows copy its columns and forward nothing (one forward of all rows'
+            # tails would encode the shared drafts once per row)
+            self.base_cache, self.base_logits = self.runner.prefill_ends(longest, [len(i) for i in ids_list],
+                                                                         self.stats)
+            self.base_ids = list(longest)
+            return
         if lcp:
             leave = lcp if len(ids_list) == 1 else _JOIN_SHARED_MAX
             self.base_cache, missing, _ = self.runner.start(ids_list[0][:lcp], self.stats, leave)
@@ -504,12 +518,15 @@ class FastDecodeBatch(RowBatch):
 
     def _donor(self, row: _FastRow) -> tuple[_FastRow | None, int]:
         """The running row (or None: the base) sharing the longest token prefix with `row`, and how
-        many tokens it shares (at most len(row.ids) - 1: one own token gives the first logits)."""
+        many tokens it shares (at most len(row.ids) - 1: one own token gives the first logits, unless the base's
+        forward kept the logits after row.ids: then all of them)."""
         donor, share = None, common_prefix_len([row.ids, self.base_ids]) if self.base_ids else 0
         for d in self.rows:
             n = common_prefix_len([row.ids, d.ids])
             if n > share:
                 donor, share = d, n
+        if donor is None and share == len(row.ids) and share in self.base_logits:
+            return None, share
         return donor, min(share, len(row.ids) - 1)
 
     def _join(self, new: list[_FastRow]) -> dict[int, torch.Tensor]:
@@ -538,13 +555,28 @@ class FastDecodeBatch(RowBatch):
         if base_slots:
             kv.load_prefix(base_slots, self.base_cache, base_cols)
         self.stats.prefill_tokens += sum(map(len, tails))
-        if not self.rows and m <= self.join_steps and all(len(t) == m for t in tails):
-            return self._join_by_steps(new, plans, tails)
-        c0 = kv.col
+        # rows whose every token is the base's, the logits after them kept (nested prefixes): nothing to forward
+        logits = {id(r): self.base_logits[len(r.ids)] for r, tail in zip(new, tails) if not tail}
+        fed = [(plan, tail) for plan, tail in zip(plans, tails) if tail]
+        if not fed:
+            for r in new:
+                kv.mask[r.slot, r.cols] = 1
+        elif not self.rows and not logits and m <= self.join_steps and all(len(t) == m for t in tails):
+            logits = self._join_by_steps(new, plans, tails)
+        else:  # (a row without a tail must not take the columns the decode steps write for every slot)
+            logits |= self._join_forward(new, fed, m)
+        self.rows.extend(new)
+        self._init_state(new)
+        return logits
+
+    def _join_forward(self, new: list[_FastRow], fed: list, m: int) -> dict[int, torch.Tensor]:
+        """`_join`'s forward for the `new` rows with tails (`fed`: ((row, donor, share), tail) pairs, at most m
+        tokens each): one eager forward of every slot's m columns (other slots feed pads); their first logits."""
+        kv, c0 = self.kv, self.kv.col
         inp = torch.full((kv.slots, m), self.runner.pad_id, dtype=torch.long)
         pos = torch.zeros((kv.slots, m), dtype=torch.long)
         last = []
-        for (r, _, share), tail in zip(plans, tails):
+        for (r, _, share), tail in fed:
             inp[r.slot, :len(tail)] = torch.tensor(tail)
             pos[r.slot] = torch.arange(share, share + m)
             r.cols = r.cols + list(range(c0, c0 + len(tail)))
@@ -558,9 +590,7 @@ class FastDecodeBatch(RowBatch):
                                   attention_mask=kv.mask, past_key_values=kv.cache, use_cache=True,
                                   logits_to_keep=torch.tensor(keep, device=self.device))
         kv.col = c0 + m
-        self.rows.extend(new)
-        self._init_state(new)
-        return {id(r): out.logits[r.slot, keep.index(j)].float() for r, j in zip(new, last)}
+        return {id(r): out.logits[r.slot, keep.index(j)].float() for ((r, _, _), _), j in zip(fed, last)}
 
     def _join_by_steps(self, new: list[_FastRow], plans, tails: list[list[int]]) -> dict[int, torch.Tensor]:
         """`_join`'s forward for rows starting an empty batch whose tails have one length m: m decode steps (a
@@ -579,8 +609,6 @@ class FastDecodeBatch(RowBatch):
             logits = self._decode_forward()
         for r in new:
             r.cols = r.cols + list(range(c0, c0 + m))
-        self.rows.extend(new)
-        self._init_state(new)
         return {id(r): logits[r.slot].float() for r in new}
 
     def _decode_forward(self) -> torch.Tensor:
@@ -665,7 +693,7 @@ class FastDecodeBatch(RowBatch):
         self.rows = [r for r in self.rows if id(r) not in gone]
         if not self.rows:  # empty: the buffers (and their capture) go back for the next batch; a new row restarts
             self.pool.give(self.kv)
-            self.kv, self.base_ids, self.base_cache = None, [], None
+            self.kv, self.base_ids, self.base_cache, self.base_logits = None, [], None, {}
             self._keys = self._counters = None
 
 
