@@ -139,7 +139,8 @@ def batch_cost(engine: HFStepEngine, question: str, ks: list[int], tokens: int =
     warmed once first (kernel choice, graph capture), then timed `repeats` times (at least 5); the median counts.
     Greedy, no delimiter (every row runs `tokens` tokens)."""
     params = SamplingParams(temperature=0.0, max_step_tokens=tokens, delimiter="\x00\x00")
-    times = nested_step_seconds(engine, Prefix(question), params, ks, max(5, repeats), filler="step")
+    times = nested_step_seconds(engine, Prefix(question), params, ks, max(5, repeats), filler="step",
+                                sync=lambda: _sync(engine.runner.device))
     return {k: times[k] / times[ks[0]] for k in ks} | {"seconds_per_row_step": times[ks[0]]}
 
 

@@ -370,5 +370,8 @@ def test_batch_cost_is_the_median_step_of_k_nested_rows_over_one_row(monkeypatch
     c, b, v = depth_mod.measure_costs(target, draft, params, rows=3, chain=0, repeats=3)
     assert b == pytest.approx([1.0, 2.0, 3.0]) and c == pytest.approx(0.25) and v == []
     assert target.calls[-1] == [(), ("Next.",), ("Next.", "Next.")]  # each row's prefix continues the one before
-    times = depth_mod.nested_step_seconds(target, Prefix(Q), params, [2], repeats=3, filler="step")
-    assert times == {2: pytest.approx(4.0)} and target.calls[-1] == [(), ("step",)]
+    def sync():  # a device's queued work, timed with the call
+        clock[0] += 1.0
+
+    times = depth_mod.nested_step_seconds(target, Prefix(Q), params, [2], repeats=3, filler="step", sync=sync)
+    assert times == {2: pytest.approx(4.0 + 1.0)} and target.calls[-1] == [(), ("step",)]

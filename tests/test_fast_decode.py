@@ -144,12 +144,44 @@ def test_nested_prefixes_are_encoded_once_in_one_row(engines):
     first = fast.generate(reqs, GREEDY)
     assert first.stats.prefill_tokens == len(fast.prefix_ids(prefixes[-1]))  # each token encoded once
     assert first.stats.forward_passes == first.stats.iterations  # the longest's forward, then one per decode step
+    assert first.stats.reused_prefix_tokens == 0  # what this call encoded is not served from a cache
     again = fast.generate(reqs, GREEDY)
     assert again.stats.prefill_tokens == len(fast.prefix_ids(prefixes[-1])) - len(fast.prefix_ids(prefixes[0])) + 1
     assert again.stats.forward_passes == again.stats.iterations
     for got in (first, again):
         for p, (w,), (g,) in zip(prefixes, want.steps, got.steps):
             _same_greedy(eager.model, eager, p, g, w)
+
+
+@pytest.mark.slow
+def test_rows_joining_a_nested_batch_write_the_eager_steps(engines):
+    """Rows joining a running batch whose base is its nested rows' longest: one that is the base's own prefix (its
+    logits kept: it forwards nothing) beside one that continues it (one forward of its tail) write the eager path's
+    steps for their prompts, as do the rows already running."""
+    eager, fast = engines
+    steps = []
+    for _ in range(3):
+        steps.append(eager.generate([StepRequest(Prefix(QUESTIONS[0], tuple(steps)))], GREEDY).steps[0][0])
+    prompts = [fast.prefix_ids(Prefix(QUESTIONS[0], tuple(steps[:j]))) for j in range(4)]
+    first = [RowSpec(j, prompts[j], GREEDY.max_step_tokens) for j in range(3)]
+    later = [RowSpec(3, prompts[0], GREEDY.max_step_tokens), RowSpec(4, prompts[3], GREEDY.max_step_tokens)]
+    results = []
+    for batch in (FastDecodeBatch(fast.runner, fast.text, GREEDY, pool=fast.kv_pool, decode_step=fast.decode_step),
+                  DecodeBatch(eager.runner, eager.text, GREEDY)):
+        batch.runner.clear()
+        done = dict(batch.add(first))
+        for _ in range(2):
+            done.update(batch.step())
+        done.update(batch.add(later))
+        done.update(batch.run())
+        results.append(done)
+    got, want = results
+    for k, p in enumerate(prompts[:3] + [prompts[0], prompts[3]]):
+        assert_same_greedy(eager.model, p, got[k].token_ids, want[k].token_ids, at_least=4)
+    # the same prompt, joined later beside a tail's forward: the same tokens (up to a near-tie) and log-probability
+    assert_same_greedy(eager.model, prompts[0], got[3].token_ids, got[0].token_ids, at_least=4)
+    if got[3].token_ids == got[0].token_ids:
+        assert got[3].logprob == pytest.approx(got[0].logprob, abs=1e-3)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specprobe.infer.acceptance_estimate import AcceptanceEstimator
@@ -99,14 +99,20 @@ def median_seconds(call, repeats: int, warmup: int = 1) -> float:
 
 
 def nested_step_seconds(engine, prefix: Prefix, params: SamplingParams, rows: Sequence[int], repeats: int = 3,
-                        filler: str = "Next.") -> dict[int, float]:
+                        filler: str = "Next.", sync: Callable[[], None] | None = None) -> dict[int, float]:
     """For each k of `rows`: the median wall time (`median_seconds`) of one step decoded for k rows, each after a
     prefix of its own, nested as a Lookahead batch's are (`prefix`, then `prefix` with one, two, ... `filler`
-    steps). b(k) is its value at k over its value at one row (`measure_costs`; benchmarks/bench_runtime.py)."""
+    steps). b(k) is its value at k over its value at one row (`measure_costs`; benchmarks/bench_runtime.py).
+    sync: called after each call, inside the timing (a device's queued work, such as the kept KV's copies)."""
     def call(k: int):
         requests = [StepRequest(prefix.extend(*[filler] * j), 1, params.seed, params.max_step_tokens)
                     for j in range(k)]
-        return lambda: engine.generate(requests, params)
+
+        def run():
+            engine.generate(requests, params)
+            if sync is not None:
+                sync()
+        return run
 
     return {k: median_seconds(call(k), repeats) for k in rows}
 

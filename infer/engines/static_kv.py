@@ -291,6 +291,7 @@ class FastDecodeBatch(RowBatch):
         self.base_ids: list[int] = []
         self.base_cache = None
         self.base_logits: dict[int, torch.Tensor] = {}  # n -> logits after base_ids[:n], where the base's forward kept them
+        self.base_cached = 0  # leading base tokens the prefix cache held (`_new_base`)
         self.shared_tokens = 0
         self._delim = params.delimiter
         self._cheap_stop = self._delim.isascii()  # see _append
@@ -502,6 +503,7 @@ class FastDecodeBatch(RowBatch):
         reuses and forwards when it joins."""
         lcp = common_prefix_len(ids_list)
         self.base_ids, self.base_cache, self.base_logits = [], None, {}
+        encoded = self.stats.prefill_tokens
         longest = max(ids_list, key=len)
         if len(longest) > lcp and all(common_prefix_len([ids, longest]) == len(ids) for ids in ids_list):
             # nested prefixes (a Lookahead batch): the longest in one one-row forward, keeping the logits after
@@ -510,11 +512,13 @@ class FastDecodeBatch(RowBatch):
             self.base_cache, self.base_logits = self.runner.prefill_ends(longest, [len(i) for i in ids_list],
                                                                          self.stats)
             self.base_ids = list(longest)
-            return
-        if lcp:
+        elif lcp:
             leave = lcp if len(ids_list) == 1 else _JOIN_SHARED_MAX
             self.base_cache, missing, _ = self.runner.start(ids_list[0][:lcp], self.stats, leave)
             self.base_ids = list(ids_list[0][:lcp - len(missing)])  # rows forward >= 1 own token
+        # the base's leading tokens that came from the prefix cache (the rest this batch encoded): what a row
+        # taking the base counts as reused
+        self.base_cached = len(self.base_ids) - (self.stats.prefill_tokens - encoded)
 
     def _donor(self, row: _FastRow) -> tuple[_FastRow | None, int]:
         """The running row (or None: the base) sharing the longest token prefix with `row`, and how
@@ -547,11 +551,12 @@ class FastDecodeBatch(RowBatch):
                 r.cols = list(range(share))
                 if share:
                     base_slots.append(slot)
+                self.stats.reused_prefix_tokens += min(share, self.base_cached)
             else:
                 r.cols = list(donor.cols[:share])
                 kv.copy_columns(donor.slot, slot, r.cols)
                 self.shared_tokens += share
-            self.stats.reused_prefix_tokens += share
+                self.stats.reused_prefix_tokens += share
         if base_slots:
             kv.load_prefix(base_slots, self.base_cache, base_cols)
         self.stats.prefill_tokens += sum(map(len, tails))
