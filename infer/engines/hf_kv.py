@@ -201,14 +201,8 @@ class ModelRunner:
         new = list(key[shared:])
         if len(new) <= leave:
             return cache, new, None
-        stats.reused_prefix_tokens += shared
-        stats.prefill_tokens += len(new)
-        pos = torch.arange(shared, len(key), device=self.device)[None]
-        out = self.forward(stats, input_ids=torch.tensor([new], device=self.device), past_key_values=cache,
-                           position_ids=pos, use_cache=True, logits_to_keep=1)
-        cache, logits = out.past_key_values, out.logits[0, -1].float()
-        self._remember(key, cache, logits)
-        return clone_cache(cache), [], logits
+        cache, logits = self._encode(key, cache, shared, [len(key)], stats)
+        return cache, [], logits[len(key)]
 
     def prefill_ends(self, ids: Sequence[int], ends: Sequence[int], stats: EngineStats):
         """(a private copy of the cache of `ids`, {n: logits after ids[:n]}) for each n of `ends` that the forward
@@ -218,15 +212,22 @@ class ModelRunner:
         with self.lock:
             key = tuple(ids)
             cache, shared = self._cached_prefix(key, min(ends) - 1)
-            wanted = sorted(n for n in set(ends) if shared < n <= len(key))
-            stats.reused_prefix_tokens += shared
-            stats.prefill_tokens += len(key) - shared
-            out = self.forward(stats, input_ids=torch.tensor([key[shared:]], device=self.device),
-                               past_key_values=cache, position_ids=torch.arange(shared, len(key), device=self.device)[None],
-                               use_cache=True, logits_to_keep=torch.tensor([n - shared - 1 for n in wanted], device=self.device))
-            logits = {n: out.logits[0, i].float() for i, n in enumerate(wanted)}
-            self._remember(key, out.past_key_values, logits[len(key)])
-            return clone_cache(out.past_key_values), logits
+            return self._encode(key, cache, shared, ends, stats)
+
+    def _encode(self, key: tuple[int, ...], cache, shared: int, ends: Sequence[int], stats: EngineStats):
+        """One forward of key[shared:] after `cache` (which holds key[:shared]), keeping the logits after key[:n]
+        for each n of `ends` past `shared`; `key` is cached. (a private copy of its cache, {n: logits})."""
+        wanted = sorted(n for n in set(ends) if shared < n <= len(key))
+        stats.reused_prefix_tokens += shared
+        stats.prefill_tokens += len(key) - shared
+        # an int keeps the last position without an index kernel
+        keep = 1 if wanted == [len(key)] else torch.tensor([n - shared - 1 for n in wanted], device=self.device)
+        out = self.forward(stats, input_ids=torch.tensor([key[shared:]], device=self.device), past_key_values=cache,
+                           position_ids=torch.arange(shared, len(key), device=self.device)[None], use_cache=True,
+                           logits_to_keep=keep)
+        logits = {n: out.logits[0, i].float() for i, n in enumerate(wanted)}
+        self._remember(key, out.past_key_values, logits[len(key)])
+        return clone_cache(out.past_key_values), logits
 
     def keep_recent(self, rows: dict[tuple[int, ...], tuple[object, torch.Tensor]]) -> None:
         """Replace the finished rows kept from the last decoding call."""
