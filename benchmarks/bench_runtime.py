@@ -43,6 +43,7 @@ from specprobe.infer import bench
 from specprobe.infer.decoding.analytic import predict
 from specprobe.infer.decoding.depth import nested_step_seconds
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams
+from specprobe.infer.engines.fused_norm import fused_norm_count
 from specprobe.infer.engines.static_kv import slot_bucket
 from specprobe.probes.metrics import Z95, wilson_interval
 from specprobe.probes.speedup import geometric_sum
@@ -123,9 +124,13 @@ def format_explained(rows: list[dict], gamma: int, b_of_k: dict) -> str:
 
 def describe_decode(engine) -> str:
     """The engine's decode path and, on the fast path, its decode step's mode, captures and replays (or why it fell
-    back to eager); on CUDA its stream's priority as the device took it (`models.target_stream_priority`)."""
+    back to eager); on CUDA its stream's priority as the device took it (`models.target_stream_priority`); how many
+    norm layers run fused (`models.fused_norm`)."""
     stream = getattr(engine, "stream", None)
     where = "" if stream is None else f", stream priority {engine.stream_priority} ({stream.priority} on the device)"
+    model = getattr(engine, "model", None)
+    fused = fused_norm_count(model) if isinstance(model, torch.nn.Module) else 0
+    where += f", {fused} norm layers fused" if fused else ""
     step = getattr(engine, "decode_step", None)
     if step is None:
         return f"decode {getattr(engine, 'decode', 'eager')}{where}"

@@ -85,6 +85,12 @@ class ModelsConfig:
                   "draft's when both are ready, which may let a draft decoding beside it on one GPU (async Lookahead "
                   "Reasoning) slow it less (running kernels are not preempted; both share the memory bandwidth); not "
                   "yet measured on a GPU (ignored on the CPU)")
+    fused_norm: bool = opt(
+        False, "run the transformers models' RMSNorm layers as one fused kernel each (torch's rms_norm) instead of "
+               "transformers' chain of about eight small ones: on CUDA a captured decode step of batch 1 pays each "
+               "kernel's launch, some 900 a token for a 64-layer model's norms; no change on the CPU. A layer whose "
+               "formula differs (Gemma's 1 + weight) is kept as it is. bf16 results move by at most about one unit "
+               "in the last place. Not yet measured on a GPU")
     engine: Literal["hf", "vllm"] = opt("hf", "step engine of the target (and of the draft unless draft_engine is "
                                               "set): hf (transformers) or vllm (pip install -e \".[vllm]\")")
     draft_engine: Literal["hf", "vllm"] | None = opt(None, "step engine of the draft (default: models.engine)")
@@ -110,6 +116,9 @@ class ModelsConfig:
                               "models.draft_engine=hf")
         if self.target_stream_priority != "normal" and self.engine_of("target") == "vllm":
             raise ConfigError("models.target_stream_priority sets a transformers target's CUDA stream; vLLM runs its "
+                              "own: unset it or use models.engine=hf")
+        if self.fused_norm and self.engine_of("target") == "vllm" and self.engine_of("draft") == "vllm":
+            raise ConfigError("models.fused_norm swaps the norms of transformers models; vLLM runs fused norms of its "
                               "own: unset it or use models.engine=hf")
         for role in ("target", "draft"):
             problem = check_model_name(getattr(self, role))
