@@ -154,28 +154,51 @@ def test_score_chain_conditions_each_step_on_the_ones_before(smol_engine, gsm_qu
 
 
 @pytest.mark.slow
-def test_score_chain_encodes_a_few_uncached_prefix_tokens_in_its_own_forward_and_caches_them(smol_engine,
-                                                                                           gsm_question):
-    """A prefix whose cache lacks a few tokens (the last step) is completed in the steps' forward (one forward, not a
-    prefill and a scoring pass) and then cached as a prefill caches it; the scores equal those of a call that finds it
+def test_score_chain_encodes_a_few_uncached_prefix_tokens_in_its_own_forward_and_caches_the_chain(smol_engine,
+                                                                                                 gsm_question):
+    """A prefix whose cache lacks a few tokens (a step past the last chain) is completed in the steps' forward (one
+    forward, not a prefill and a scoring pass), and the whole chain is cached: a prefix through the chain's steps
+    reuses all of it but the one token that gives its logits. The scores equal those of a call that finds its prefix
     cached and of one whose prefix a prefill encoded. A long uncached prefix still gets its own prefill forward."""
-    prefix, steps = Prefix(gsm_question), ["12 * 4 = 48.\n\n", "48 - 30 = 18.\n\n"]
-    longer = prefix.extend(steps[0])
+    prefix, steps = Prefix(gsm_question), ["12 * 4 = 48.\n\n", "48 - 30 = 18.\n\n", "So 18 muffins are left.\n\n"]
+    middle, longer = prefix.extend(steps[0]), prefix.extend(steps[0]).extend(steps[1])
     smol_engine.clear_prefix_cache()
     first = smol_engine.score_chain(prefix, steps[:1])
-    n_prefix, n_longer = len(smol_engine.prefix_ids(prefix)), len(smol_engine.prefix_ids(longer))
+    n_prefix, n_middle = len(smol_engine.prefix_ids(prefix)), len(smol_engine.prefix_ids(middle))
+    n_longer = len(smol_engine.prefix_ids(longer))
     assert n_prefix > 64 and first.stats.forward_passes == 2  # too many uncached tokens to merge
-    cold = smol_engine.score_chain(longer, steps[1:])
+    cold = smol_engine.score_chain(longer, steps[2:])  # the first chain holds `middle`: steps[1] is merged
     step_tokens = len(cold.steps[0].token_ids)
-    assert cold.stats.forward_passes == 1 and cold.stats.prefill_tokens == n_longer - n_prefix + step_tokens
-    warm = smol_engine.score_chain(longer, steps[1:])
-    assert warm.stats.forward_passes == 1 and warm.stats.reused_prefix_tokens == n_longer
+    assert cold.stats.forward_passes == 1 and cold.stats.reused_prefix_tokens == n_middle
+    assert cold.stats.prefill_tokens == n_longer - n_middle + step_tokens
+    warm = smol_engine.score_chain(longer, steps[2:])  # the cold call's chain holds all of `longer`
+    assert warm.stats.forward_passes == 1 and warm.stats.reused_prefix_tokens == n_longer - 1
     smol_engine.clear_prefix_cache()
-    alone = smol_engine.score(longer, steps[1:]).steps[0]  # its prefix encoded by a prefill forward
+    alone = smol_engine.score(longer, steps[2:]).steps[0]  # its prefix encoded by a prefill forward
     for other in (warm.steps[0], alone):
         torch.testing.assert_close(cold.steps[0].token_logprobs, other.token_logprobs, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(cold.steps[0].mean_hidden, other.mean_hidden, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(cold.steps[0].last_hidden, other.last_hidden, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_step_after_scored_drafts_reuses_their_chain(smol_engine, gsm_question):
+    """SemanticSpec's target scores the drafts as one chain, then (after a rejection) writes the step that follows
+    the accepted ones: that step's prompt is read from the chain's cache, all but its last token, and the step is
+    the one the target writes from a cold cache."""
+    prefix, drafts = Prefix(gsm_question), ["12 * 4 = 48.\n\n", "48 - 30 = 18.\n\n", "So 18 are left.\n\n"]
+    after = prefix.extend(drafts[0]).extend(drafts[1])
+    params = SamplingParams(temperature=0.0, max_step_tokens=12)
+    smol_engine.clear_prefix_cache()
+    smol_engine.score_chain(prefix, drafts, hidden=False)
+    got = smol_engine.generate([StepRequest(after)], params)
+    n_after = len(smol_engine.prefix_ids(after))
+    assert got.stats.reused_prefix_tokens == n_after - 1
+    assert got.stats.prefill_tokens == 1  # the drafts are not encoded again
+    smol_engine.clear_prefix_cache()
+    want = smol_engine.generate([StepRequest(after)], params)
+    assert_same_greedy(smol_engine.model, smol_engine.prefix_ids(after), got.steps[0][0].token_ids,
+                       want.steps[0][0].token_ids, at_least=4)
 
 
 @pytest.mark.slow

@@ -288,6 +288,26 @@ def test_a_continuing_row_starts_in_one_forward(engines):
 
 
 @pytest.mark.slow
+def test_a_step_after_scored_drafts_starts_without_an_eager_forward(engines, monkeypatch):
+    """SemanticSpec's target writes the step after its accepted drafts right after scoring them as one chain: the
+    chain's cache holds that prompt (as far as the prompt's tokens are the scored texts' tokens), so the fast path's
+    join replays the decode step for its last token instead of an eager forward of the drafts (a GPU pays an eager
+    forward as much as tens of captured steps)."""
+    eager, fast = engines
+    drafts = ["12 * 4 = 48 muffins.\n\n", "48 - 30 = 18.\n\n", "So the answer is 18.\n\n"]
+    after = Prefix(QUESTIONS[0], tuple(drafts[:2]))
+    fast.clear_prefix_cache()
+    fast.score_chain(Prefix(QUESTIONS[0]), drafts, hidden=False)
+    eager_forwards = []
+    real = fast.runner.forward
+    monkeypatch.setattr(fast.runner, "forward", lambda stats, **kw: eager_forwards.append(1) or real(stats, **kw))
+    got = fast.generate([StepRequest(after)], GREEDY)
+    assert eager_forwards == [] and got.stats.prefill_tokens == 1
+    eager.clear_prefix_cache()
+    _same_greedy(eager.model, eager, after, got.steps[0][0], eager.generate([StepRequest(after)], GREEDY).steps[0][0])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("rows", [1, 3])
 def test_rows_joined_by_decode_steps_write_the_eager_steps(engines, rows):
     """join_steps: rows starting a batch with a few uncached tokens each are fed one token per decode step (on a GPU

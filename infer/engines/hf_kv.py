@@ -329,10 +329,11 @@ class ModelRunner:
     def score_chain(self, ids: list[int], step_ids: list[list[int]], hidden: bool, chosen: list[int],
                     stats: EngineStats) -> list[ScoredStep]:
         """steps[0] ⊕ steps[1] ⊕ ... teacher-forced after `ids` in one pass. The prefix's uncached tokens go in
-        the same forward as the steps (no separate prefill forward: on a GPU each eager forward costs its launches),
-        and the prefix's KV is cached as a prefill would cache it. A prefix with more than `_MERGED_PREFIX_MAX`
-        uncached tokens gets its own prefill forward (the merged one would hold logits and hidden states for all of
-        them)."""
+        the same forward as the steps (no separate prefill forward: on a GPU each eager forward costs its launches).
+        A prefix with more than `_MERGED_PREFIX_MAX` uncached tokens gets its own prefill forward (the merged one
+        would hold logits and hidden states for all of them). The whole chain's KV is cached: a later prefix
+        through some of the steps (SemanticSpec's target writing the step after its accepted drafts, the next
+        cycle's context) reuses it instead of encoding those steps again, in an eager join forward on the fast path."""
         flat = [t for s in step_ids for t in s]
         with self.lock:
             key = tuple(ids)
@@ -342,15 +343,13 @@ class ModelRunner:
                 stats.prefill_tokens += len(new)
             inp = torch.tensor([new + flat], device=self.device)
             pos = torch.arange(len(ids) - len(new), len(ids) + len(flat), device=self.device)[None]
-            out = self.forward(stats, input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=bool(new),
+            out = self.forward(stats, input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=True,
                                output_hidden_states=hidden)
             k = len(new)  # the steps' columns start here
             if new:
                 last_logits = out.logits[0, k - 1].float().clone()  # not a view keeping all the logits alive
-                prefix_cache = out.past_key_values
-                if _croppable(prefix_cache):
-                    crop_cache(prefix_cache, len(ids))
-                    self._remember(key, prefix_cache, last_logits)
+            if _croppable(out.past_key_values):  # (a shorter prefix crops it; a sliding window's cache cannot)
+                self._remember(key + tuple(flat), out.past_key_values, out.logits[0, -1].float().clone())
         stats.prefill_tokens += len(flat)
         pred = torch.cat([last_logits[None], out.logits[0, k:-1].float()], 0)
         lp = torch.log_softmax(pred, -1).gather(-1, inp[0, k:, None]).squeeze(-1)
