@@ -42,7 +42,8 @@
 # lr_async's draft's; whether async then gains on one GPU is what a run with and without it shows).
 # FUSED_NORM (off | on | off,on; default off) runs the models' RMSNorm layers as one fused kernel each
 # (models.fused_norm): off,on makes each engine part measure its decode path both ways, one after the other on the
-# same weights (the A/B of one process); the runtime, adaptive and open phases' runtime runs fuse when it has "on".
+# same weights (the A/B of one process; in the open phase that doubles its engine parts' work under the same
+# LIMITS); the runtime, adaptive and open phases' runtime runs fuse when it has "on".
 # SEED (default 0) the runtime and adaptive runs' seed (runtime.seed): sampling and the Bernoulli verifier's draws
 # are keyed by it and the prefix text, so on a few problems one seed is one draw of the acceptances (on the CPU, 16
 # problems gave lr_sync an acceptance of 0.68 at seed 0 and 0.58, 0.60 at seeds 1, 2, for a Bernoulli 0.6).

@@ -88,9 +88,9 @@ class ModelsConfig:
     fused_norm: bool = opt(
         False, "run the transformers models' RMSNorm layers as one fused kernel each (torch's rms_norm) instead of "
                "transformers' chain of about eight small ones: on CUDA a captured decode step of batch 1 pays each "
-               "kernel's launch, some 900 a token for a 64-layer model's norms; no change on the CPU. A layer whose "
-               "formula differs (Gemma's 1 + weight) is kept as it is. bf16 results move by at most about one unit "
-               "in the last place. Not yet measured on a GPU")
+               "kernel's launch, some 900 a token for a 64-layer model's norms (the CPU gains no speed). A layer "
+               "whose formula differs (Gemma's 1 + weight) is kept as it is. bf16 results move by at most about "
+               "one unit in the last place. Not yet measured on a GPU")
     engine: Literal["hf", "vllm"] = opt("hf", "step engine of the target (and of the draft unless draft_engine is "
                                               "set): hf (transformers) or vllm (pip install -e \".[vllm]\")")
     draft_engine: Literal["hf", "vllm"] | None = opt(None, "step engine of the draft (default: models.engine)")

@@ -157,9 +157,10 @@ def test_score_chain_conditions_each_step_on_the_ones_before(smol_engine, gsm_qu
 def test_score_chain_encodes_a_few_uncached_prefix_tokens_in_its_own_forward_and_caches_the_chain(smol_engine,
                                                                                                  gsm_question):
     """A prefix whose cache lacks a few tokens (a step past the last chain) is completed in the steps' forward (one
-    forward, not a prefill and a scoring pass), and the whole chain is cached: a prefix through the chain's steps
-    reuses all of it but the one token that gives its logits. The scores equal those of a call that finds its prefix
-    cached and of one whose prefix a prefill encoded. A long uncached prefix still gets its own prefill forward."""
+    forward, not a prefill and a scoring pass) and cached as a prefill caches it; the whole chain is cached too: a
+    prefix through the chain's steps reuses all of it but the one token that gives its logits. The scores equal
+    those of a call that finds its prefix cached and of one whose prefix a prefill encoded. A long uncached prefix
+    still gets its own prefill forward."""
     prefix, steps = Prefix(gsm_question), ["12 * 4 = 48.\n\n", "48 - 30 = 18.\n\n", "So 18 muffins are left.\n\n"]
     middle, longer = prefix.extend(steps[0]), prefix.extend(steps[0]).extend(steps[1])
     smol_engine.clear_prefix_cache()
@@ -171,8 +172,8 @@ def test_score_chain_encodes_a_few_uncached_prefix_tokens_in_its_own_forward_and
     step_tokens = len(cold.steps[0].token_ids)
     assert cold.stats.forward_passes == 1 and cold.stats.reused_prefix_tokens == n_middle
     assert cold.stats.prefill_tokens == n_longer - n_middle + step_tokens
-    warm = smol_engine.score_chain(longer, steps[2:])  # the cold call's chain holds all of `longer`
-    assert warm.stats.forward_passes == 1 and warm.stats.reused_prefix_tokens == n_longer - 1
+    warm = smol_engine.score_chain(longer, steps[2:])  # the cold call cached `longer` exactly (and its chain)
+    assert warm.stats.forward_passes == 1 and warm.stats.reused_prefix_tokens == n_longer
     smol_engine.clear_prefix_cache()
     alone = smol_engine.score(longer, steps[2:]).steps[0]  # its prefix encoded by a prefill forward
     for other in (warm.steps[0], alone):

@@ -46,6 +46,23 @@ def test_a_norm_of_another_formula_keeps_its_forward():
     assert "forward" not in vars(model[0]) and "forward" in vars(model[1])
 
 
+def test_a_float32_norm_in_a_bf16_model_keeps_its_forward():
+    """transformers returns float32 from a float32 norm fed bf16 activations; the fused kernel would not."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16).to(torch.bfloat16), LlamaRMSNorm(16))
+    assert set_fused_norms(model, True) == {"fused": 0, "kept": 1} and fused_norm_count(model) == 0
+
+
+def test_only_its_own_swap_is_undone_or_counted():
+    """A forward set on the instance by someone else (a device-map hook, a kernel library) is left alone."""
+    norm = LlamaRMSNorm(16)
+    other = norm.forward
+    hook = norm.forward = lambda x: other(x)
+    assert fused_norm_count(norm) == 0
+    set_fused_norms(norm, False)
+    assert set_fused_norms(norm, True) == {"fused": 0, "kept": 1}
+    assert vars(norm)["forward"] is hook and fused_norm_count(norm) == 0
+
+
 def test_bf16_norms_pass_the_check():
     """In bf16 the fused kernel rounds once where transformers rounds twice: within the check's tolerance."""
     norm = LlamaRMSNorm(256).to(torch.bfloat16)
@@ -78,8 +95,8 @@ def test_a_fused_model_gives_the_same_logits_and_undoes(which):
 
 
 def test_the_engine_fuses_when_asked_and_scores_as_before(one_thread):
-    """HFStepEngine(fused_norm=...) sets the swap on its weights (every engine sharing them sees it); the fast path's
-    steps and teacher-forced log-probabilities do not move."""
+    """HFStepEngine(fused_norm=...) sets the swap on its weights (every engine sharing them sees it); teacher-forced
+    log-probabilities do not move."""
     plain = HFStepEngine("random:llama-tiny", device="cpu", decode="fast")
     _randomise_norms(plain.model)
     prefix = Prefix("What is 3 + 4?")

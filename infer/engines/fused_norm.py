@@ -4,18 +4,20 @@ transformers writes RMSNorm as a chain of small ops (float32 cast, square, mean,
 back): about eight kernels per norm and two norms a layer (four on models with q/k norms). In a captured decode
 step of batch 1 these kernels do almost no work and cost their launch, so a 64-layer model spends about a
 thousand launches a token on its norms; on CUDA, `rms_norm` is one kernel (`aten::_fused_rms_norm`). On the CPU
-torch runs the same chain inside it, so nothing changes there.
+torch runs a chain of ops inside it, so the CPU gains no speed.
 
-A layer is swapped only after it gave the fused result on a random input with its own weights: a variant such
-as Gemma's (1 + weight) scaling fails that check and keeps its own forward. In bf16 the fused kernel rounds once
-where transformers rounds twice (before and after the weight), a difference of at most about one unit in the last
-place; in float32 the two agree to rounding.
+A layer is swapped only after it gave the fused result, values and dtype, on a random input in the model's dtype
+with its own weights: a variant such as Gemma's (1 + weight) scaling, or a norm kept in float32 inside a bf16
+model (transformers then returns float32, the fused kernel bf16), fails that check and keeps its own forward. In
+bf16 the fused kernel rounds once where transformers rounds twice (before and after the weight), a difference of
+at most about one unit in the last place, on the CPU as on CUDA; in float32 the two agree to rounding.
 """
 
 from __future__ import annotations
 
 import logging
 import types
+import warnings
 
 import torch
 
@@ -45,39 +47,61 @@ def _candidates(model):
             yield module
 
 
-def _agrees(module) -> bool:
-    """The layer's own forward and the fused one agree on a random input (with the layer's weights)."""
+def _swapped(module) -> bool:
+    """Whether the module runs this file's fused forward (not some other instance-level forward: a hook's)."""
+    return getattr(vars(module).get("forward"), "__func__", None) is _fused_forward
+
+
+def _agrees(module, dtype: torch.dtype) -> bool:
+    """The layer's own forward and the fused one agree, values and dtype, on a random input of the model's dtype
+    (with the layer's weights)."""
     weight = module.weight
     gen = torch.Generator(device="cpu").manual_seed(0)
-    x = (torch.randn(4, weight.shape[0], generator=gen) * 3).to(weight.device, weight.dtype)
-    with torch.inference_mode():
-        ref = type(module).forward(module, x).float()
-        fused = _fused_forward(module, x).float()
-    tol = _TOLERANCE.get(weight.dtype, 1e-5)
-    return ref.shape == fused.shape and bool(((ref - fused).abs() <= tol * (1 + ref.abs())).all())
+    x = (torch.randn(4, weight.shape[0], generator=gen) * 3).to(weight.device, dtype)
+    try:
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's "cannot dispatch to fused" for mixed dtypes: the check says so
+            ref, fused = type(module).forward(module, x), _fused_forward(module, x)
+    except Exception:  # noqa: BLE001 - a norm whose forward takes other arguments keeps it
+        return False
+    if ref.dtype != fused.dtype or ref.shape != fused.shape:
+        return False
+    ref, fused = ref.float(), fused.float()
+    tol = _TOLERANCE.get(dtype, 1e-5)  # relative, plus a floor at the output's scale for values near 0
+    return bool(((ref - fused).abs() <= tol * (ref.abs() + 0.1 * ref.abs().mean())).all())
 
 
 def set_fused_norms(model, on: bool) -> dict[str, int]:
     """Swap the model's RMSNorm layers to the fused kernel (on) or back to their own forward (off).
     Returns {"fused": n, "kept": n}: layers that now run fused, and RMSNorm-like layers kept because the fused
-    kernel does not compute what they do. A decode step captured before the swap keeps the kernels it captured."""
-    fused = kept = 0
+    kernel did not compute what they do or because another instance-level forward (a hook's) is set on them. A
+    decode step captured before the swap keeps the kernels it captured."""
+    fused = kept = undone = 0
+    first = next(model.parameters(), None)
+    dtype = getattr(model, "dtype", None) or (first.dtype if first is not None else None)  # the layers' inputs'
     for module in _candidates(model):
-        if "forward" in vars(module):  # swapped earlier
+        if _swapped(module):
             del module.forward
+            undone += 1
         if not on:
             continue
+        if "forward" in vars(module):  # someone else's (a device-map hook wraps the forward): leave it be
+            kept += 1
+            continue
         module._fused_eps = _eps(module)
-        if _agrees(module):
+        if _agrees(module, dtype):
             module.forward = types.MethodType(_fused_forward, module)
             fused += 1
         else:
             kept += 1
     if on:
-        log.info("fused RMSNorm: %d layers swapped%s", fused, f", {kept} kept (a different formula)" if kept else "")
+        log.info("fused RMSNorm: %d layers swapped%s", fused,
+                 f", {kept} kept (the fused kernel did not agree with their forward, or a hook's forward is set)" if kept else "")
+    elif undone:
+        log.info("fused RMSNorm: %d layers back to their own forward", undone)
     return {"fused": fused, "kept": kept}
 
 
 def fused_norm_count(model) -> int:
     """How many of the model's norm layers run the fused kernel."""
-    return sum("forward" in vars(m) for m in _candidates(model))
+    return sum(_swapped(m) for m in _candidates(model))

@@ -331,9 +331,11 @@ class ModelRunner:
         """steps[0] ⊕ steps[1] ⊕ ... teacher-forced after `ids` in one pass. The prefix's uncached tokens go in
         the same forward as the steps (no separate prefill forward: on a GPU each eager forward costs its launches).
         A prefix with more than `_MERGED_PREFIX_MAX` uncached tokens gets its own prefill forward (the merged one
-        would hold logits and hidden states for all of them). The whole chain's KV is cached: a later prefix
-        through some of the steps (SemanticSpec's target writing the step after its accepted drafts, the next
-        cycle's context) reuses it instead of encoding those steps again, in an eager join forward on the fast path."""
+        would hold logits and hidden states for all of them). The whole chain's KV is cached (an entry of the
+        prefix cache's few, holding the prefix's KV too): a later prefix through some of the steps (SemanticSpec's
+        target writing the step after its accepted drafts, the next cycle's context) reuses it instead of encoding
+        those steps again, in an eager join forward on the fast path. The prefix itself is cached as a prefill
+        would cache it, with its logits, when this call encoded part of it."""
         flat = [t for s in step_ids for t in s]
         with self.lock:
             key = tuple(ids)
@@ -348,8 +350,13 @@ class ModelRunner:
             k = len(new)  # the steps' columns start here
             if new:
                 last_logits = out.logits[0, k - 1].float().clone()  # not a view keeping all the logits alive
-            if _croppable(out.past_key_values):  # (a shorter prefix crops it; a sliding window's cache cannot)
-                self._remember(key + tuple(flat), out.past_key_values, out.logits[0, -1].float().clone())
+            chain = out.past_key_values
+            if _croppable(chain):  # (a shorter prefix crops it; a sliding window's cache cannot)
+                if new:  # the prefix itself, exactly, with its logits (a view of the chain's tensors: no copy)
+                    prefix_cache = clone_cache(chain)
+                    crop_cache(prefix_cache, len(ids))
+                    self._remember(key, prefix_cache, last_logits)
+                self._remember(key + tuple(flat), chain, out.logits[0, -1].float().clone())
         stats.prefill_tokens += len(flat)
         pred = torch.cat([last_logits[None], out.logits[0, k:-1].float()], 0)
         lp = torch.log_softmax(pred, -1).gather(-1, inp[0, k:, None]).squeeze(-1)
