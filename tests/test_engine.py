@@ -185,13 +185,18 @@ def test_score_chain_encodes_a_few_uncached_prefix_tokens_in_its_own_forward_and
 @pytest.mark.slow
 def test_a_step_after_scored_drafts_reuses_their_chain(smol_engine, gsm_question):
     """SemanticSpec's target scores the drafts as one chain, then (after a rejection) writes the step that follows
-    the accepted ones: that step's prompt is read from the chain's cache, all but its last token, and the step is
-    the one the target writes from a cold cache."""
-    prefix, drafts = Prefix(gsm_question), ["12 * 4 = 48.\n\n", "48 - 30 = 18.\n\n", "So 18 are left.\n\n"]
-    after = prefix.extend(drafts[0]).extend(drafts[1])
+    the accepted ones: that step's prompt is read from the chain's cache, all but its last token (none when no
+    draft was accepted: the context the chain encoded a part of is cached exactly), and the step is the one the
+    target writes from a cold cache."""
+    question, drafts = Prefix(gsm_question), ["12 * 4 = 48.\n\n", "48 - 30 = 18.\n\n", "So 18 are left.\n\n"]
     params = SamplingParams(temperature=0.0, max_step_tokens=12)
     smol_engine.clear_prefix_cache()
-    smol_engine.score_chain(prefix, drafts, hidden=False)
+    smol_engine.generate([StepRequest(question)], params)  # caches the question's prompt
+    context = question.extend("Each tray holds 12.\n\n")  # its last step uncached: the chain's forward encodes it
+    smol_engine.score_chain(context, drafts, hidden=False)
+    first = smol_engine.generate([StepRequest(context)], params)  # the first draft rejected
+    assert (first.stats.prefill_tokens, first.stats.reused_prefix_tokens) == (0, len(smol_engine.prefix_ids(context)))
+    after = context.extend(drafts[0]).extend(drafts[1])
     got = smol_engine.generate([StepRequest(after)], params)
     n_after = len(smol_engine.prefix_ids(after))
     assert got.stats.reused_prefix_tokens == n_after - 1
