@@ -31,7 +31,6 @@ from bench_runtime import (  # noqa: E402 - b(k) measured as the runtime benchma
 )
 
 from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
-from specprobe.infer.engines.fused_norm import fused_norm_count
 from specprobe.infer.engines.hf import HFStepEngine
 from specprobe.infer.engines.hf_kv import ModelRunner
 
@@ -182,7 +181,7 @@ def main() -> None:
     n_tok = sum(base.count_tokens(s) for s in steps)
     print(f"teacher-forced scoring of 20 steps ({n_tok} tokens, all {base.info.num_layers + 1} hidden-state "
           f"rows pooled) after a {n_prefix}-token prefix: {statistics.median(times):.3f} s (one batched pass + prefix; "
-          f"{fused_norm_count(base.model)} norm layers fused)")
+          f"{base.fused_norms} norm layers fused)")
 
 
 QUESTIONS = [f"{QUESTION} (Case {i}: he also works {i} extra days a year.)" for i in range(20)]

@@ -43,7 +43,6 @@ from specprobe.infer import bench
 from specprobe.infer.decoding.analytic import predict
 from specprobe.infer.decoding.depth import nested_step_seconds
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams
-from specprobe.infer.engines.fused_norm import fused_norm_count
 from specprobe.infer.engines.static_kv import slot_bucket
 from specprobe.probes.metrics import Z95, wilson_interval
 from specprobe.probes.speedup import geometric_sum
@@ -128,8 +127,7 @@ def describe_decode(engine) -> str:
     norm layers run fused (`models.fused_norm`)."""
     stream = getattr(engine, "stream", None)
     where = "" if stream is None else f", stream priority {engine.stream_priority} ({stream.priority} on the device)"
-    model = getattr(engine, "model", None)
-    fused = fused_norm_count(model) if isinstance(model, torch.nn.Module) else 0
+    fused = getattr(engine, "fused_norms", 0)  # (a vLLM engine has none of its own)
     where += f", {fused} norm layers fused" if fused else ""
     step = getattr(engine, "decode_step", None)
     if step is None:

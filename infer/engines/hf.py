@@ -28,7 +28,7 @@ from specprobe.infer.engines.base import (
     StepRequest,
     sample_seed,
 )
-from specprobe.infer.engines.fused_norm import set_fused_norms
+from specprobe.infer.engines.fused_norm import fused_norm_count, set_fused_norms
 from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec, packing_pays
 from specprobe.infer.engines.lookahead_decoding import JacobiProposer
 from specprobe.infer.engines.sequence_kv import SequenceKV
@@ -106,7 +106,7 @@ class HFStepEngine(TokenizedText):
         if model is None:
             model, tokenizer = load_model(model_name, device=device, dtype=dtype, cache_dir=cache_dir)
         self.model, self.tokenizer = model, tokenizer
-        self.fused_norms = set_fused_norms(model, fused_norm)["fused"]  # before any decode step is captured
+        set_fused_norms(model, fused_norm)  # before any decode step is captured
         self.model_name = model_name
         static_why = static_cache_supported(model)  # None: plain full-attention layers (static buffers, tree masks)
         self.capabilities = EngineCapabilities("transformers", raw_model=True, tree_attention=static_why is None)
@@ -141,6 +141,11 @@ class HFStepEngine(TokenizedText):
         # then overlap on the GPU instead of queueing behind each other on the default stream
         self.stream_priority = stream_priority
         self.stream = engine_stream(self.runner.device, stream_priority)
+
+    @property
+    def fused_norms(self) -> int:
+        """How many of the model's norm layers run fused now (the newest engine on these weights set it)."""
+        return fused_norm_count(self.model)
 
     @contextlib.contextmanager
     def on_stream(self) -> Iterator[None]:
