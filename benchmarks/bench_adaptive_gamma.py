@@ -32,6 +32,7 @@ import torch
 from specprobe.infer import bench
 from specprobe.infer.acceptance_estimate import LatentDifficulty
 from specprobe.probes.adaptive_gamma import CycleCosts, batch_cost, drafting_plan, forecast_pays
+from specprobe.probes.metrics import bootstrap_ci
 from specprobe.train.config import load_config
 
 SCENARIOS = {
@@ -47,16 +48,10 @@ SCENARIOS = {
 TARGETS = {"a": 0.97, "b": 1.10, "c": 0.97, "b0": 1.10}
 
 
-def bootstrap_ratio(num: list[float], den: list[float], n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile interval of sum(num) / sum(den) over problems resampled with replacement."""
-    rng = random.Random(seed)
-    idx = range(len(num))
-    stats = []
-    for _ in range(n_boot):
-        pick = [rng.choice(idx) for _ in idx]
-        stats.append(sum(num[i] for i in pick) / sum(den[i] for i in pick))
-    stats.sort()
-    return stats[int(0.025 * n_boot)], stats[int(0.975 * n_boot) - 1]
+def ratio_ci95(num: list[float], den: list[float]) -> tuple[float, float]:
+    """95% percentile bootstrap interval of sum(num) / sum(den), problems resampled with replacement."""
+    ci = bootstrap_ci(lambda n, d: n.sum() / d.sum(), num, den, n_boot=2000, alpha=0.05)
+    return ci.low, ci.high
 
 
 def compare(report: dict, method: str, gammas: list[int], skip: bool = False) -> dict:
@@ -74,8 +69,8 @@ def compare(report: dict, method: str, gammas: list[int], skip: bool = False) ->
     if skip:
         row = rows[f"{method}:gamma=adaptive:forecast_skip=true"]
         lat = row["latencies_s"]
-        extra = {"skip_over_best_fixed": sum(best) / sum(lat), "skip_over_best_fixed_ci95": bootstrap_ratio(best, lat),
-                 "skip_over_adaptive": sum(mine) / sum(lat), "skip_over_adaptive_ci95": bootstrap_ratio(mine, lat),
+        extra = {"skip_over_best_fixed": sum(best) / sum(lat), "skip_over_best_fixed_ci95": ratio_ci95(best, lat),
+                 "skip_over_adaptive": sum(mine) / sum(lat), "skip_over_adaptive_ci95": ratio_ci95(mine, lat),
                  "skip_per_problem_median": statistics.median(b / a for b, a in zip(best, lat)),
                  "skip_depth_drafted": row["depth_drafted"], "skip_depth_kept": row["depth_kept"]}
     return {
@@ -83,7 +78,7 @@ def compare(report: dict, method: str, gammas: list[int], skip: bool = False) ->
         "acceptance": {label: r["acceptance"] for label, r in rows.items()},
         "best_fixed_gamma": best_g,
         "adaptive_over_best_fixed": sum(best) / sum(mine),
-        "adaptive_over_best_fixed_ci95": bootstrap_ratio(best, mine),
+        "adaptive_over_best_fixed_ci95": ratio_ci95(best, mine),
         "per_problem_median": statistics.median(per_problem),
         "per_problem_range": [min(per_problem), max(per_problem)],
         "adaptive_over_target_per_problem_median": statistics.median(b / a for b, a in zip(base, mine)),

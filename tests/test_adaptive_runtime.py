@@ -375,3 +375,28 @@ def test_batch_cost_is_the_median_step_of_k_nested_rows_over_one_row(monkeypatch
 
     times = depth_mod.nested_step_seconds(target, Prefix(Q), params, [2], repeats=3, filler="step", sync=sync)
     assert times == {2: pytest.approx(4.0 + 1.0)} and target.calls[-1] == [(), ("step",)]
+
+
+# ----------------------------------------------------------------------------- the benchmark's comparison
+def test_the_adaptive_benchmark_compares_with_the_fixed_gamma_best_in_hindsight():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_adaptive_gamma.py"
+    spec = importlib.util.spec_from_file_location("bench_adaptive_gamma", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def row(method, lat):
+        return {"method": method, "latencies_s": lat, "acceptance": 0.5, "depth_kept": {}, "mean_depth_kept": 0,
+                "depth_policy": {}}
+
+    lat = {"target": [10, 10, 10, 10], "lr_sync:gamma=1": [8, 8, 8, 8], "lr_sync:gamma=2": [6, 7, 6, 7],
+           "lr_sync:gamma=3": [7, 7, 7, 7], "lr_sync:gamma=adaptive": [5, 6, 5, 6]}
+    got = script.compare({"rows": [row(m, v) for m, v in lat.items()]}, "lr_sync", [1, 2, 3])
+    assert got["best_fixed_gamma"] == 2
+    assert got["adaptive_over_best_fixed"] == pytest.approx(26 / 22)
+    low, high = got["adaptive_over_best_fixed_ci95"]
+    assert 7 / 6 <= low <= 26 / 22 <= high <= 6 / 5  # between the per-problem ratios, around the total's
+    assert got["speedup_over_target"]["lr_sync:gamma=adaptive"] == pytest.approx(40 / 22)
+    assert got["per_problem_median"] == pytest.approx((7 / 6 + 6 / 5) / 2)
