@@ -32,7 +32,7 @@ from bench_runtime import (  # noqa: E402 - b(k) measured as the runtime benchma
 
 from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.hf import HFStepEngine
-from specprobe.infer.engines.hf_kv import ModelRunner
+from specprobe.infer.engines.hf_kv import ModelRunner, output_cache
 
 QUESTION = ("A carpenter works for 2 weeks every month and for 6 days every week. He gets paid 195 every day. "
             "How much does he earn if he works for a year? Explain each step.")
@@ -49,7 +49,7 @@ class UnsharedPrefixRunner(ModelRunner):
     def prefill(self, ids, stats):
         out = self.forward(stats, input_ids=torch.tensor([ids] * self.rows_hint, device=self.device), use_cache=True)
         stats.prefill_tokens += len(ids) * self.rows_hint
-        cache = out.past_key_values
+        cache = output_cache(out)
         cache.batch_select_indices(torch.tensor([0], device=self.device))  # paid for all rows, keep one
         return cache, out.logits[0, -1].float()
 

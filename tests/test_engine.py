@@ -1,10 +1,12 @@
 """The transformers step engine on the real offline SmolLM2."""
+from collections import OrderedDict
+
 import pytest
 import torch
 
 from specprobe.infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams, StepRequest
 from specprobe.infer.engines.base import EngineStats
-from specprobe.infer.engines.hf_kv import packing_pays
+from specprobe.infer.engines.hf_kv import cache_keyword, output_cache, packing_pays
 from specprobe.infer.engines.token_spec import draw_tokens
 from specprobe.infer.engines.tokens import find_step_end
 
@@ -245,6 +247,87 @@ def test_random_engine_builds_from_a_named_size():
     assert engine.info.num_layers == 2 and engine.info.hidden_size == 64
     out = sample(engine, [Prefix("Hello")], 2, SamplingParams(seed=0, max_step_tokens=5))
     assert all(s.num_tokens <= 5 for s in out[0])
+
+
+class _ForwardTaking(torch.nn.Module):
+    """A model whose forward takes its KV cache by `cache` (transformers' newer name), around one that may not."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, []
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.inner, name)
+
+    def forward(self, input_ids=None, cache=None, **kw):
+        self.calls.append((cache is not None, "past_key_values" in kw))
+        return self.inner(input_ids=input_ids, **kw, **({cache_keyword(self.inner): cache} if cache is not None else {}))
+
+
+class _Compiled(torch.nn.Module):
+    """A wrapper whose forward passes everything on, keeping the model as `_orig_mod` (torch.compile's)."""
+
+    def __init__(self, base):
+        super().__init__()
+        self._orig_mod = base
+
+    def forward(self, *args, **kwargs):
+        return self._orig_mod(*args, **kwargs)
+
+
+class _Peft(_Compiled):
+    """The same, with the model behind `get_base_model()` (PEFT's)."""
+
+    def get_base_model(self):
+        return self._orig_mod.inner
+
+
+def test_cache_keyword_follows_the_forward_signature():
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, **kw):
+            return None
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, **kw):
+            return None
+
+    class Holder(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+    assert cache_keyword(Old()) == "past_key_values" and cache_keyword(New()) == "cache"
+    assert cache_keyword(_Compiled(New())) == "cache" and cache_keyword(_Compiled(Old())) == "past_key_values"
+    assert cache_keyword(_Peft(Holder(New()))) == "cache"  # get_base_model, not _orig_mod (which takes neither)
+    assert cache_keyword(torch.nn.Sequential()) == "past_key_values"  # forward(input): nothing to go by
+    assert output_cache(OrderedDict(logits=0, cache="new")) == "new"
+    assert output_cache(OrderedDict(logits=0, past_key_values="old")) == "old"
+    assert output_cache(OrderedDict(logits=0)) is None
+
+
+@pytest.mark.parametrize("decode", ["eager", "fast"])
+def test_a_model_taking_cache_decodes_and_scores_as_before(decode):
+    """transformers 5.2x renamed the forward's `past_key_values` to `cache` (the old name warns, and goes in 5.40):
+    the engine passes its cache under whichever name the model takes, on both decode paths and in scoring."""
+    plain = HFStepEngine("random:llama-tiny", device="cpu", decode=decode)
+    model = _ForwardTaking(plain.model)
+    assert cache_keyword(model) == "cache"
+    renamed = HFStepEngine("random:llama-tiny", model=model, tokenizer=plain.tokenizer, device="cpu", decode=decode)
+    greedy = SamplingParams(temperature=0, max_step_tokens=8)
+    prefixes = [Prefix("Hello"), Prefix("Hello", ("One step",))]
+    want = sample(plain, prefixes, 1, greedy)
+    got = sample(renamed, prefixes, 1, greedy)
+    assert [s[0].token_ids for s in got] == [s[0].token_ids for s in want]
+    steps = [s[0].text for s in want]
+    for score in ("score", "score_chain"):
+        got_scores = getattr(renamed, score)(prefixes[0], steps).steps
+        want_scores = getattr(plain, score)(prefixes[0], steps).steps
+        assert [s.logprob for s in got_scores] == pytest.approx([s.logprob for s in want_scores], abs=1e-5)
+    assert any(with_cache for with_cache, _ in model.calls)  # decoding fed a cache back
+    assert not any(old for _, old in model.calls)  # and never under the old name
 
 
 def test_generated_steps_are_prefixes_by_their_own_ids():

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from specprobe.infer.engines.hf_kv import cache_keyword
 from specprobe.infer.engines.lookahead_decoding import (
     JacobiProposer,
     LookaheadDecoder,
@@ -157,7 +158,7 @@ def _plain_greedy(model, prompt, n):
     cache, out = DynamicCache(config=model.config), []
     inp = torch.tensor([prompt])
     for _ in range(n):
-        res = model(input_ids=inp, past_key_values=cache, use_cache=True)
+        res = model(input_ids=inp, use_cache=True, **{cache_keyword(model): cache})
         tok = int(res.logits[0, -1].argmax())
         out.append(tok)
         inp = torch.tensor([[tok]])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
-from specprobe.infer.engines.hf_kv import DecodeBatch, RowSpec, common_prefix_len
+from specprobe.infer.engines.hf_kv import DecodeBatch, RowSpec, cache_keyword, common_prefix_len
 from specprobe.infer.engines.static_kv import FastDecodeBatch
 from specprobe.infer.engines.token_spec import (
     AssistantProposer,
@@ -402,7 +402,7 @@ def test_tree_proposals_in_a_batch_keep_only_the_accepted_paths_columns(batch_cl
         cache, _ = batch.finished_kv[tuple(seq[:-1])]
         assert cache.get_seq_length() == len(seq) - 1
         with torch.inference_mode():
-            kept = eng.model(torch.tensor([seq[-1:]]), past_key_values=cache,
+            kept = eng.model(torch.tensor([seq[-1:]]), **{cache_keyword(eng.model): cache},
                              position_ids=torch.tensor([[len(seq) - 1]])).logits[0, -1]
             fresh = eng.model(torch.tensor([seq])).logits[0, -1]
         assert torch.allclose(kept.float(), fresh.float(), atol=1e-3 * float(fresh.abs().max()))

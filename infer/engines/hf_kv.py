@@ -41,6 +41,7 @@ floating-point rounding, not bit for bit.
 from __future__ import annotations
 
 import copy
+import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -102,6 +103,31 @@ def clone_cache(cache):
     return new
 
 
+def cache_keyword(model) -> str:
+    """The keyword a model's forward takes its KV cache by: transformers 5.24 takes `cache` and warns at
+    `past_key_values` (to go in 5.40); 5.19 and earlier, and remote-code models, take only `past_key_values`.
+    Wrappers whose forward passes `**kwargs` on (PEFT, torch.compile) are looked through."""
+    seen = set()
+    while model is not None and id(model) not in seen:
+        seen.add(id(model))
+        try:
+            params = inspect.signature(model.forward).parameters
+        except (TypeError, ValueError, AttributeError):
+            break
+        if "cache" in params:
+            return "cache"
+        if "past_key_values" in params:
+            return "past_key_values"
+        base = getattr(model, "get_base_model", None)
+        model = base() if callable(base) else getattr(model, "_orig_mod", None)
+    return "past_key_values"
+
+
+def output_cache(out):
+    """The KV cache a forward returned, under either name (reading `past_key_values` warns where it is `cache`)."""
+    return out.get("cache") if "cache" in out else out.get("past_key_values")
+
+
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
     """Length of the longest common prefix of all sequences."""
     if not seqs:
@@ -129,13 +155,17 @@ class ModelRunner:
         self.model = model
         self.device = next(model.parameters()).device
         self.pad_id = pad_id
+        self.cache_keyword = cache_keyword(model)
         self.lock = threading.RLock()
         self._prefix_cache: OrderedDict[tuple[int, ...], tuple[object, torch.Tensor]] = OrderedDict()
         self._prefix_cache_size = prefix_cache_size
         self._recent: dict[tuple[int, ...], tuple[object, torch.Tensor]] = {}  # finished rows of the last batch
 
     # ---------------------------------------------------------------- forward and prefix cache
-    def forward(self, stats: EngineStats, **kw):
+    def forward(self, stats: EngineStats, cache=None, **kw):
+        """One model call; `cache` goes in under the keyword this model's transformers takes (`cache_keyword`)."""
+        if cache is not None:
+            kw[self.cache_keyword] = cache
         with self.lock, torch.inference_mode():
             stats.forward_passes += 1
             return self.model(**kw)
@@ -222,12 +252,12 @@ class ModelRunner:
         stats.prefill_tokens += len(key) - shared
         # an int keeps the last position without an index kernel
         keep = 1 if wanted == [len(key)] else torch.tensor([n - shared - 1 for n in wanted], device=self.device)
-        out = self.forward(stats, input_ids=torch.tensor([key[shared:]], device=self.device), past_key_values=cache,
+        out = self.forward(stats, input_ids=torch.tensor([key[shared:]], device=self.device), cache=cache,
                            position_ids=torch.arange(shared, len(key), device=self.device)[None], use_cache=True,
                            logits_to_keep=keep)
         logits = {n: out.logits[0, i].float() for i, n in enumerate(wanted)}
-        self._remember(key, out.past_key_values, logits[len(key)])
-        return clone_cache(out.past_key_values), logits
+        self._remember(key, output_cache(out), logits[len(key)])
+        return clone_cache(output_cache(out)), logits
 
     def keep_recent(self, rows: dict[tuple[int, ...], tuple[object, torch.Tensor]]) -> None:
         """Replace the finished rows kept from the last decoding call."""
@@ -250,9 +280,9 @@ class ModelRunner:
                     return out
                 inp = torch.tensor([[tok]], device=self.device)
                 pos = torch.tensor([[position]], device=self.device)
-                res = self.forward(stats, input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=True)
+                res = self.forward(stats, input_ids=inp, cache=cache, position_ids=pos, use_cache=True)
                 stats.decode_tokens += 1
-                cache, logits = res.past_key_values, res.logits[0, -1]
+                cache, logits = output_cache(res), res.logits[0, -1]
                 position += 1
 
     # ---------------------------------------------------------------- teacher forcing
@@ -270,7 +300,7 @@ class ModelRunner:
             inp[r, : len(s)] = torch.tensor(s)
             mask[r, len(ids): len(ids) + len(s)] = 1
         pos = torch.arange(len(ids), len(ids) + width, device=self.device)[None].expand(rows, -1)
-        out = self.forward(stats, input_ids=inp, past_key_values=cache, attention_mask=mask, position_ids=pos,
+        out = self.forward(stats, input_ids=inp, cache=cache, attention_mask=mask, position_ids=pos,
                            use_cache=False, output_hidden_states=hidden)
         stats.prefill_tokens += int(sum(map(len, chunk)))
         # token t of a step is predicted by the position before it: the prefix's last logits for t = 0
@@ -305,7 +335,7 @@ class ModelRunner:
         seen = torch.ones((total, len(ids) + total), dtype=torch.bool, device=dev)
         seen[:, len(ids):] = (owner[:, None] == owner[None, :]) & (offset[None, :] <= offset[:, None])
         dtype = next(self.model.parameters()).dtype
-        out = self.forward(stats, input_ids=inp, past_key_values=cache, use_cache=False,
+        out = self.forward(stats, input_ids=inp, cache=cache, use_cache=False,
                            attention_mask=additive_mask(seen, dtype), position_ids=(len(ids) + offset)[None],
                            output_hidden_states=hidden)
         stats.prefill_tokens += total
@@ -345,12 +375,12 @@ class ModelRunner:
                 stats.prefill_tokens += len(new)
             inp = torch.tensor([new + flat], device=self.device)
             pos = torch.arange(len(ids) - len(new), len(ids) + len(flat), device=self.device)[None]
-            out = self.forward(stats, input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=True,
+            out = self.forward(stats, input_ids=inp, cache=cache, position_ids=pos, use_cache=True,
                                output_hidden_states=hidden)
             k = len(new)  # the steps' columns start here
             if new:
                 last_logits = out.logits[0, k - 1].float().clone()  # not a view keeping all the logits alive
-            chain = out.past_key_values
+            chain = output_cache(out)
             if _croppable(chain):  # (a shorter prefix crops it; a sliding window's cache cannot)
                 if new:  # the prefix itself, exactly, with its logits (a view of the chain's tensors: no copy)
                     prefix_cache = clone_cache(chain)
@@ -606,9 +636,9 @@ class DecodeBatch(RowBatch):
             fed[i, :1 + len(tree)] = 1
             pos[i] = torch.arange(r.pos, r.pos + width)
         attn = torch.cat([self.mask, fed], 1)
-        out = self.runner.forward(self.stats, input_ids=inp.to(self.device), past_key_values=self.cache,
+        out = self.runner.forward(self.stats, input_ids=inp.to(self.device), cache=self.cache,
                                   attention_mask=attn.to(self.device), position_ids=pos.to(self.device), use_cache=True)
-        self.cache = out.past_key_values
+        self.cache = output_cache(out)
         self.stats.decode_tokens += int(fed.sum())
         return out.logits.float(), width
 
@@ -622,10 +652,10 @@ class DecodeBatch(RowBatch):
         width = inp.shape[1]
         seen = torch.cat([self.mask.bool()[:, None, :].expand(-1, width, -1), block], 2)  # its columns, its block
         dtype = next(self.runner.model.parameters()).dtype
-        out = self.runner.forward(self.stats, input_ids=inp.to(self.device), past_key_values=self.cache,
+        out = self.runner.forward(self.stats, input_ids=inp.to(self.device), cache=self.cache,
                                   attention_mask=additive_mask(seen, dtype).to(self.device),
                                   position_ids=pos.to(self.device), use_cache=True)
-        self.cache = out.past_key_values
+        self.cache = output_cache(out)
         self.stats.decode_tokens += sum(1 + len(b[0]) for b in blocks)
         return out.logits.float(), width
 
@@ -719,11 +749,11 @@ class DecodeBatch(RowBatch):
                     r.cols = r.cols + list(range(old_cols + start, old_cols + start + len(t)))
                 pos[i, :start] = r.share
                 pos[i, start + len(t):] = r.share + len(t)
-            out = self.runner.forward(self.stats, input_ids=inp.to(self.device), past_key_values=cache,
+            out = self.runner.forward(self.stats, input_ids=inp.to(self.device), cache=cache,
                                        attention_mask=mask.to(self.device), position_ids=pos.to(self.device),
                                        use_cache=True, **({"logits_to_keep": 1} if right else {}))
             self.stats.prefill_tokens += sum(len(t) for t in tails)
-            cache = out.past_key_values
+            cache = output_cache(out)
             for i, (r, t) in enumerate(zip(rows, tails)):
                 if t:
                     logits[id(r)] = out.logits[i, -1 if right else len(t) - 1].float()

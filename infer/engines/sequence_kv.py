@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specprobe.infer.engines.base import EngineStats
-from specprobe.infer.engines.hf_kv import additive_mask
+from specprobe.infer.engines.hf_kv import additive_mask, cache_keyword
 from specprobe.infer.engines.static_kv import StaticKV, column_capacity, grown_columns, static_cache_supported
 
 
@@ -62,6 +62,7 @@ class SequenceKV:
             raise NotImplementedError(f"tree attention (Lookahead Decoding, SEED) needs plain full-attention KV "
                                       f"layers: {why}")
         self.model = model
+        self.cache_keyword = cache_keyword(model)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._lock = lock if lock is not None else contextlib.nullcontext()
@@ -147,8 +148,8 @@ class SequenceKV:
                 seen[:, :layout.shape[1]] = layout  # the buffer's unwritten columns stay unseen
                 res = self.model(input_ids=torch.tensor([fresh + [int(t) for t in block]], device=self.device),
                                  attention_mask=additive_mask(seen.to(self.device), kv.layers[0].keys.dtype),
-                                 position_ids=torch.tensor([pos], device=self.device), past_key_values=kv.cache,
-                                 use_cache=True, logits_to_keep=m + (1 if fresh else 0))
+                                 position_ids=torch.tensor([pos], device=self.device), use_cache=True,
+                                 **{self.cache_keyword: kv.cache}, logits_to_keep=m + (1 if fresh else 0))
         except BaseException:
             self._reset()  # the buffers may hold part of this forward's columns
             raise

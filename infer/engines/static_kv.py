@@ -68,6 +68,7 @@ from specprobe.infer.engines.hf_kv import (
     RowSpec,
     additive_mask,
     block_inputs,
+    cache_keyword,
     check_row_specs,
     common_prefix_len,
 )
@@ -368,7 +369,7 @@ class FastDecodeBatch(RowBatch):
         seen[:, :, c:c + width] = block.to(self.device)
         out = self.runner.forward(self.stats, input_ids=inp.to(self.device), position_ids=pos.to(self.device),
                                   attention_mask=additive_mask(seen, kv.layers[0].keys.dtype),
-                                  past_key_values=kv.cache, use_cache=True)
+                                  cache=kv.cache, use_cache=True)
         self.stats.decode_tokens += sum(1 + len(b[0]) for b in blocks)
         self.stats.iterations += 1
         self.stats.row_iterations += len(rows)
@@ -592,7 +593,7 @@ class FastDecodeBatch(RowBatch):
             kv.mask[slot, c0:c0 + m] = 1  # free slots see their own pad tokens
         keep = sorted(set(last))
         out = self.runner.forward(self.stats, input_ids=inp.to(self.device), position_ids=pos.to(self.device),
-                                  attention_mask=kv.mask, past_key_values=kv.cache, use_cache=True,
+                                  attention_mask=kv.mask, cache=kv.cache, use_cache=True,
                                   logits_to_keep=torch.tensor(keep, device=self.device))
         kv.col = c0 + m
         return {id(r): out.logits[r.slot, keep.index(j)].float() for ((r, _, _), _), j in zip(fed, last)}
@@ -737,6 +738,7 @@ class DecodeStep:
         if mode == "cuda_graph" and not on_cuda:
             raise ValueError("decode graph mode 'cuda_graph' needs the model on a CUDA device")
         self.model, self.mode = model, mode
+        self.cache_keyword = cache_keyword(model)
         self.capture = on_cuda and mode in ("cuda_graph", "compile")  # replay a CUDA graph per buffer
         self.failed: str | None = None  # why the step fell back to eager, if it did
         self.captures = self.replays = 0
@@ -769,8 +771,8 @@ class DecodeStep:
         return self._eager(kv.ids, kv.pos, kv.mask, kv.cache)
 
     def _eager(self, ids, pos, mask, cache):
-        return self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache,
-                          use_cache=True).logits[:, -1]
+        return self.model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True,
+                          **{self.cache_keyword: cache}).logits[:, -1]
 
     def _graphed(self, kv: StaticKV) -> torch.Tensor:
         if kv.graph is not None:
