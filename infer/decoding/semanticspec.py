@@ -72,6 +72,18 @@ def semanticspec(question: str, target, draft, verifier: Verifier, opts: DecodeO
     return state.finish("semanticspec")
 
 
+@dataclass
+class _Drafted:
+    """A cycle's drafts in order, with their token counts, their draft-side estimates (gamma=adaptive) and where
+    each was drafted (its `_Spare` key)."""
+
+    steps: list[Step] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    estimates: list[float] = field(default_factory=list)
+    where: list[tuple[tuple[int, ...], int]] = field(default_factory=list)
+    reused: int = 0  # drafts taken from the last cycle's spares
+
+
 def _cycle(state: GenState, target, draft, verifier: Verifier, spare: _Spare) -> _Spare:
     """One cycle; returns the drafts the next cycle may reuse."""
     opts, stats = state.opts, state.stats
@@ -85,45 +97,79 @@ def _cycle(state: GenState, target, draft, verifier: Verifier, spare: _Spare) ->
         _target_writes(state, target, cycle, {"drafted": 0, "kept": 0, "estimates": [], "skipped": True,
                                               "forecast": forecast})
         return _Spare()
-    drafts, tokens, estimates, where, reused = [], [], [], [], 0  # where: each draft's _Spare key
+    drafted = _draft(state, draft, g, costs, spare)
+    stats.draft_steps_reused += drafted.reused
+    depth_record, past_kept = None, _Spare()
+    if costs is not None:  # keep the depth that pays; 0: the target writes the step (below, as on a rejection)
+        depth_record, past_kept = _keep_what_pays(state, drafted, costs, g, forecast)
+        if not drafted.steps:
+            _target_writes(state, target, cycle, depth_record)
+            return _Spare()
+    drafts, tokens = drafted.steps, drafted.tokens
+    committed, positions, verdicts = _judge(state, target, verifier, drafted,
+                                            _features(state, target, draft, verifier, drafts))
+    stats.cycles += 1
+    state.add_trace({
+        "cycle": cycle, "start_step": len(state.steps) - len(committed),
+        "drafts": [step_record(d, t, depth=i, branch=0, verdict=v.to_dict() if i < len(verdicts) else None)
+                   for i, (d, t, v) in enumerate(zip(drafts, tokens, verdicts + [None] * len(drafts)))],
+        "targets": [], "positions": positions, "committed": committed,
+        **({} if depth_record is None else {"depth": depth_record}),
+    })
+    # spares only after every kept draft passed: then the next prefix holds these very step objects (a rejected
+    # draft's object is freed and its id may be taken by a new step)
+    all_accepted = len(committed) == len(drafts) and all(c["source"] == "draft" for c in committed)
+    return past_kept if all_accepted and not state.done else _Spare()
+
+
+def _draft(state: GenState, draft, g: int, costs, spare: _Spare) -> _Drafted:
+    """Step 1: up to g drafts one after the other, each taken from the spares where it was drafted before; stops
+    at a draft that cannot be accepted, and (gamma=adaptive) where one more draft does not pay."""
+    opts, out = state.opts, _Drafted()
     for _ in range(g):
-        cap = state.cap(sum(tokens))
+        cap = state.cap(sum(out.tokens))
         if cap < 1:
             break
-        prefix = state.prefix(drafts)
-        where.append(_Spare.key(prefix, cap))
-        ready = spare.drafts.pop(where[-1], None)
+        prefix = state.prefix(out.steps)
+        out.where.append(_Spare.key(prefix, cap))
+        ready = spare.drafts.pop(out.where[-1], None)
         if ready is not None:
             step, estimate = ready
-            reused += 1
+            out.reused += 1
         else:
             step = state.generate(draft, "draft", [prefix], [seed_for(opts.seed, "draft", state.key(prefix), 0)], [cap],
                                   opts.draft_params)[0]
             estimate = None if costs is None else state.estimate(prefix, step)
-        drafts.append(step)
-        tokens.append(state.count_tokens(step, draft))
+        out.steps.append(step)
+        out.tokens.append(state.count_tokens(step, draft))
         if costs is not None:
-            estimates.append(estimate)
+            out.estimates.append(estimate)
         if not state.acceptable(step):
             break
-        if costs is not None and not opts.depth.keep(estimates, costs, g):
+        if costs is not None and not opts.depth.keep(out.estimates, costs, g):
             break
-    stats.draft_steps_reused += reused
-    depth_record, past_kept = None, _Spare()
-    if costs is not None:  # keep the depth that pays; 0: the target writes the step (below, as on a rejection)
-        usable = [e for d, e in zip(drafts, estimates) if state.acceptable(d)]
-        state.forecast = usable[-1] if usable else state.forecast
-        kept = opts.depth.kept(estimates, costs, g)
-        stats.record_depth(len(drafts), kept)
-        depth_record = {"drafted": len(drafts), "kept": kept, "estimates": estimates, "forecast": forecast,
-                        "reused": reused}
-        past_kept = _Spare({w: (d, e) for w, d, e in zip(where[kept:], drafts[kept:], estimates[kept:])})
-        drafts, tokens = drafts[:kept], tokens[:kept]
-        if not drafts:
-            _target_writes(state, target, cycle, depth_record)
-            return _Spare()
+    return out
+
+
+def _keep_what_pays(state: GenState, drafted: _Drafted, costs, g: int, forecast) -> tuple[dict, _Spare]:
+    """gamma=adaptive: cut the drafts to the depth worth verifying (in place); the cycle's depth record, and the
+    drafts past the kept depth for the next cycle."""
+    drafts, estimates = drafted.steps, drafted.estimates
+    usable = [e for d, e in zip(drafts, estimates) if state.acceptable(d)]
+    state.forecast = usable[-1] if usable else state.forecast
+    kept = state.opts.depth.kept(estimates, costs, g)
+    state.stats.record_depth(len(drafts), kept)
+    record = {"drafted": len(drafts), "kept": kept, "estimates": estimates, "forecast": forecast,
+              "reused": drafted.reused}
+    past_kept = _Spare({w: (d, e) for w, d, e in zip(drafted.where[kept:], drafts[kept:], estimates[kept:])})
+    drafted.steps, drafted.tokens = drafts[:kept], drafted.tokens[:kept]
+    return record, past_kept
+
+
+def _features(state: GenState, target, draft, verifier: Verifier, drafts: list[Step]) -> dict:
+    """Step 2: one teacher-forced target pass over all drafts (and the draft's own pass when the verifier reads
+    probes); draft index -> (target's, draft's) pooled features, for the drafts with text."""
     texts = [d.text for d in drafts]
-    # one teacher-forced target pass over all drafts (and the draft's own pass when probes need it)
     scorable = [i for i, t in enumerate(texts) if t]
     need = verifier.needs_features
     chosen = [texts[i] for i in scorable]
@@ -131,13 +177,18 @@ def _cycle(state: GenState, target, draft, verifier: Verifier, spare: _Spare) ->
                            layers=verifier.layers("target") if need else None) if scorable else []
     d_scored = state.score(draft, "draft", state.prefix(), chosen, chain=True,
                            layers=verifier.layers("draft")) if need and scorable else []
-    feats = {}
-    if need:
-        for i, ts, ds in zip(scorable, t_scored, d_scored):
-            feats[i] = (verifier.pooled(ts, "target"), verifier.pooled(ds, "draft"))
-    # decide in order; only the decisions the walk reaches are drawn
+    if not need:
+        return {}
+    return {i: (verifier.pooled(ts, "target"), verifier.pooled(ds, "draft"))
+            for i, ts, ds in zip(scorable, t_scored, d_scored)}
+
+
+def _judge(state: GenState, target, verifier: Verifier, drafted: _Drafted, feats: dict) -> tuple[list, list, list]:
+    """Step 3: decide in order (only the decisions the walk reaches are drawn); commit accepted drafts, and at the
+    first rejection the target's own step. The committed records, the positions' verdicts, the verdicts."""
+    stats, opts = state.stats, state.opts
     committed, positions, verdicts = [], [], []
-    for i, step in enumerate(drafts):
+    for i, step in enumerate(drafted.steps):
         prefix = state.prefix()
         reason = state.unacceptable(step) or (None if step.text else "empty")
         if reason is not None:
@@ -155,24 +206,13 @@ def _cycle(state: GenState, target, draft, verifier: Verifier, spare: _Spare) ->
         stats.record_position(i, verdict.accepted)
         positions.append({"position": i, "accepted": verdict.accepted, "branch": 0})
         if verdict.accepted:
-            committed.append(state.commit(step, "draft", tokens[i]).to_dict())
+            committed.append(state.commit(step, "draft", drafted.tokens[i]).to_dict())
             if state.done:
                 break
             continue
         committed.append(_target_step(state, target))
         break
-    stats.cycles += 1
-    state.add_trace({
-        "cycle": cycle, "start_step": len(state.steps) - len(committed),
-        "drafts": [step_record(d, t, depth=i, branch=0, verdict=v.to_dict() if i < len(verdicts) else None)
-                   for i, (d, t, v) in enumerate(zip(drafts, tokens, verdicts + [None] * len(drafts)))],
-        "targets": [], "positions": positions, "committed": committed,
-        **({} if depth_record is None else {"depth": depth_record}),
-    })
-    # spares only after every kept draft passed: then the next prefix holds these very step objects (a rejected
-    # draft's object is freed and its id may be taken by a new step)
-    all_accepted = len(committed) == len(drafts) and all(c["source"] == "draft" for c in committed)
-    return past_kept if all_accepted and not state.done else _Spare()
+    return committed, positions, verdicts
 
 
 def _target_step(state: GenState, target) -> dict:
