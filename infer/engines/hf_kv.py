@@ -700,33 +700,11 @@ class DecodeBatch(RowBatch):
 
     def _join_wave(self, rows: list[_Row]) -> dict[int, torch.Tensor]:
         """Give `rows` their cache slots (copied shared columns + forwarded tails); returns first logits."""
-        n, old_cols = len(rows), self.ncols
+        old_cols = self.ncols
         tails = [r.ids[r.share:] for r in rows]
         m = max(len(t) for t in tails)
-        # the wave's own cache: the shared columns of every row, copied into fresh slots
-        cache = None
-        if old_cols:
-            template = self.cache if self.cache is not None else self.base_cache
-            if n == 1 and self.cache is None and rows[0].donor is None and rows[0].share == len(self.base_ids):
-                cache = clone_cache(self.base_cache)  # the common single-row case: no copying at all
-            else:
-                check_plain_cache(template, "rows joining a running batch")
-                cache = clone_cache(template)
-                index = {id(r): i for i, r in enumerate(self.rows)}
-                nb = len(self.base_ids)
-                for li, layer in enumerate(cache.layers):
-                    for name in ("keys", "values"):
-                        src = getattr(template.layers[li], name)
-                        new = src.new_zeros((n,) + tuple(src.shape[1:2]) + (old_cols,) + tuple(src.shape[3:]))
-                        if nb:
-                            new[:, :, :nb] = getattr(self.base_cache.layers[li], name)[:, :, :nb]
-                        batch_src = getattr(self.cache.layers[li], name) if self.cache is not None else None
-                        for i, r in enumerate(rows):
-                            if r.donor is not None:
-                                idx = torch.tensor(r.donor.cols[:r.share], device=src.device)
-                                new[i, :, idx] = batch_src[index[id(r.donor)], :, idx]
-                        setattr(layer, name, new)
-        mask = torch.zeros((n, old_cols + m), dtype=torch.long)
+        cache = self._shared_columns(rows) if old_cols else None
+        mask = torch.zeros((len(rows), old_cols + m), dtype=torch.long)
         for i, r in enumerate(rows):
             shared = list(range(r.share)) if r.donor is None else list(r.donor.cols[:r.share])
             mask[i, shared] = 1
@@ -736,46 +714,80 @@ class DecodeBatch(RowBatch):
                 self.stats.reused_prefix_tokens += r.share
         logits: dict[int, torch.Tensor] = {}
         if m:
-            right = all(r.share > 0 for r in rows)  # a left hole needs something visible to its query
-            pad = self.runner.pad_id
-            inp = torch.full((n, m), pad, dtype=torch.long)
-            pos = torch.zeros((n, m), dtype=torch.long)
-            for i, (r, t) in enumerate(zip(rows, tails)):
-                start = m - len(t) if right else 0
-                if t:
-                    inp[i, start:start + len(t)] = torch.tensor(t)
-                    mask[i, old_cols + start:old_cols + start + len(t)] = 1
-                    pos[i, start:start + len(t)] = torch.arange(r.share, r.share + len(t))
-                    r.cols = r.cols + list(range(old_cols + start, old_cols + start + len(t)))
-                pos[i, :start] = r.share
-                pos[i, start + len(t):] = r.share + len(t)
-            out = self.runner.forward(self.stats, input_ids=inp.to(self.device), cache=cache,
-                                       attention_mask=mask.to(self.device), position_ids=pos.to(self.device),
-                                       use_cache=True, **({"logits_to_keep": 1} if right else {}))
-            self.stats.prefill_tokens += sum(len(t) for t in tails)
-            cache = output_cache(out)
-            for i, (r, t) in enumerate(zip(rows, tails)):
-                if t:
-                    logits[id(r)] = out.logits[i, -1 if right else len(t) - 1].float()
+            cache = self._forward_tails(rows, tails, cache, mask, logits)
         for r, t in zip(rows, tails):
             if not t:
                 logits[id(r)] = self.base_logits
             r.donor = None  # do not keep other rows alive
-        # merge the wave into the batch: old rows get holes where the wave's tails went
-        if self.cache is None:
-            self.cache, self.mask = cache, mask
-        else:
-            for old_layer, new_layer in zip(self.cache.layers, cache.layers):
-                for name in ("keys", "values"):
-                    old, new = getattr(old_layer, name), getattr(new_layer, name)
-                    if m:
-                        old = torch.cat([old, old.new_zeros(old.shape[:2] + (m,) + old.shape[3:])], 2)
-                    setattr(old_layer, name, torch.cat([old, new], 0))
-            self.mask = torch.cat([torch.cat([self.mask, torch.zeros((len(self.rows), m), dtype=torch.long)], 1),
-                                   mask], 0)
+        self._merge_wave(cache, mask, m)
         self.rows.extend(rows)
         self.ncols = old_cols + m
         return logits
+
+    def _shared_columns(self, rows: list[_Row]):
+        """The wave's own cache: the shared columns of every row (the base's, or its donor row's), copied into
+        fresh slots."""
+        n, old_cols = len(rows), self.ncols
+        template = self.cache if self.cache is not None else self.base_cache
+        if n == 1 and self.cache is None and rows[0].donor is None and rows[0].share == len(self.base_ids):
+            return clone_cache(self.base_cache)  # the common single-row case: no copying at all
+        check_plain_cache(template, "rows joining a running batch")
+        cache = clone_cache(template)
+        index = {id(r): i for i, r in enumerate(self.rows)}
+        nb = len(self.base_ids)
+        for li, layer in enumerate(cache.layers):
+            for name in ("keys", "values"):
+                src = getattr(template.layers[li], name)
+                new = src.new_zeros((n,) + tuple(src.shape[1:2]) + (old_cols,) + tuple(src.shape[3:]))
+                if nb:
+                    new[:, :, :nb] = getattr(self.base_cache.layers[li], name)[:, :, :nb]
+                batch_src = getattr(self.cache.layers[li], name) if self.cache is not None else None
+                for i, r in enumerate(rows):
+                    if r.donor is not None:
+                        idx = torch.tensor(r.donor.cols[:r.share], device=src.device)
+                        new[i, :, idx] = batch_src[index[id(r.donor)], :, idx]
+                setattr(layer, name, new)
+        return cache
+
+    def _forward_tails(self, rows: list[_Row], tails: list[list[int]], cache, mask: torch.Tensor,
+                       logits: dict[int, torch.Tensor]):
+        """Forward every row's own tail into the new columns (marked in `mask`, appended to each row's `cols`);
+        each row's first logits go into `logits`; returns the cache."""
+        n, m, old_cols = len(rows), mask.shape[1] - self.ncols, self.ncols
+        right = all(r.share > 0 for r in rows)  # a left hole needs something visible to its query
+        inp = torch.full((n, m), self.runner.pad_id, dtype=torch.long)
+        pos = torch.zeros((n, m), dtype=torch.long)
+        for i, (r, t) in enumerate(zip(rows, tails)):
+            start = m - len(t) if right else 0
+            if t:
+                inp[i, start:start + len(t)] = torch.tensor(t)
+                mask[i, old_cols + start:old_cols + start + len(t)] = 1
+                pos[i, start:start + len(t)] = torch.arange(r.share, r.share + len(t))
+                r.cols = r.cols + list(range(old_cols + start, old_cols + start + len(t)))
+            pos[i, :start] = r.share
+            pos[i, start + len(t):] = r.share + len(t)
+        out = self.runner.forward(self.stats, input_ids=inp.to(self.device), cache=cache,
+                                  attention_mask=mask.to(self.device), position_ids=pos.to(self.device),
+                                  use_cache=True, **({"logits_to_keep": 1} if right else {}))
+        self.stats.prefill_tokens += sum(len(t) for t in tails)
+        for i, (r, t) in enumerate(zip(rows, tails)):
+            if t:
+                logits[id(r)] = out.logits[i, -1 if right else len(t) - 1].float()
+        return output_cache(out)
+
+    def _merge_wave(self, cache, mask: torch.Tensor, m: int) -> None:
+        """Append the wave's slots to the batch: the old rows get holes where the wave's tails went."""
+        if self.cache is None:
+            self.cache, self.mask = cache, mask
+            return
+        for old_layer, new_layer in zip(self.cache.layers, cache.layers):
+            for name in ("keys", "values"):
+                old, new = getattr(old_layer, name), getattr(new_layer, name)
+                if m:
+                    old = torch.cat([old, old.new_zeros(old.shape[:2] + (m,) + old.shape[3:])], 2)
+                setattr(old_layer, name, torch.cat([old, new], 0))
+        self.mask = torch.cat([torch.cat([self.mask, torch.zeros((len(self.rows), m), dtype=torch.long)], 1),
+                               mask], 0)
 
     def _export(self, row: _Row, logits: torch.Tensor) -> None:
         """Keep a finished row's KV of prompt + step (all but the last token, which was never fed) as a
