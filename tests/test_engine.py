@@ -7,6 +7,7 @@ import torch
 from specprobe.infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams, StepRequest
 from specprobe.infer.engines.base import EngineStats
 from specprobe.infer.engines.hf_kv import cache_keyword, output_cache, packing_pays
+from specprobe.infer.engines.sequence_kv import SequenceKV
 from specprobe.infer.engines.token_spec import draw_tokens
 from specprobe.infer.engines.tokens import find_step_end
 
@@ -302,16 +303,32 @@ def test_cache_keyword_follows_the_forward_signature():
     assert cache_keyword(Old()) == "past_key_values" and cache_keyword(New()) == "cache"
     assert cache_keyword(_Compiled(New())) == "cache" and cache_keyword(_Compiled(Old())) == "past_key_values"
     assert cache_keyword(_Peft(Holder(New()))) == "cache"  # get_base_model, not _orig_mod (which takes neither)
+    assert cache_keyword(torch.nn.DataParallel(New())) == "cache"  # its `module`
     assert cache_keyword(torch.nn.Sequential()) == "past_key_values"  # forward(input): nothing to go by
+
+    class Endless(torch.nn.Module):  # a wrapper that hands out a new wrapper each time
+        def forward(self, *args, **kwargs):
+            return None
+
+        def get_base_model(self):
+            return Endless()
+
+    assert cache_keyword(Endless()) == "past_key_values"  # gives up after a few, does not loop
     assert output_cache(OrderedDict(logits=0, cache="new")) == "new"
     assert output_cache(OrderedDict(logits=0, past_key_values="old")) == "old"
     assert output_cache(OrderedDict(logits=0)) is None
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    fields = CausalLMOutputWithPast.__dataclass_fields__
+    name = "cache" if "cache" in fields else "past_key_values"
+    assert output_cache(CausalLMOutputWithPast(logits=torch.zeros(1), **{name: "kv"})) == "kv"
 
 
 @pytest.mark.parametrize("decode", ["eager", "fast"])
 def test_a_model_taking_cache_decodes_and_scores_as_before(decode):
-    """transformers 5.2x renamed the forward's `past_key_values` to `cache` (the old name warns, and goes in 5.40):
-    the engine passes its cache under whichever name the model takes, on both decode paths and in scoring."""
+    """transformers 5.24 takes the forward's KV cache as `cache` (`past_key_values` warns, and goes in 5.40): the
+    engine passes its cache under whichever name the model takes, on both decode paths, in scoring and in the
+    one-sequence KV of Lookahead Decoding and SEED."""
     plain = HFStepEngine("random:llama-tiny", device="cpu", decode=decode)
     model = _ForwardTaking(plain.model)
     assert cache_keyword(model) == "cache"
@@ -326,6 +343,13 @@ def test_a_model_taking_cache_decodes_and_scores_as_before(decode):
         got_scores = getattr(renamed, score)(prefixes[0], steps).steps
         want_scores = getattr(plain, score)(prefixes[0], steps).steps
         assert [s.logprob for s in got_scores] == pytest.approx([s.logprob for s in want_scores], abs=1e-5)
+    ids = plain.prefix_ids(prefixes[1])
+    seqs = SequenceKV(plain.model), SequenceKV(model)
+    for seq in seqs:
+        seq.start(ids)
+        seq.forward(ids)
+    want_next, got_next = (seq.forward(ids + [7, 8])[0] for seq in seqs)  # two tokens after the cached ones
+    assert torch.allclose(got_next, want_next, atol=1e-5)
     assert any(with_cache for with_cache, _ in model.calls)  # decoding fed a cache back
     assert not any(old for _, old in model.calls)  # and never under the old name
 

@@ -104,12 +104,12 @@ def clone_cache(cache):
 
 
 def cache_keyword(model) -> str:
-    """The keyword a model's forward takes its KV cache by: transformers 5.24 takes `cache` and warns at
-    `past_key_values` (to go in 5.40); 5.19 and earlier, and remote-code models, take only `past_key_values`.
-    Wrappers whose forward passes `**kwargs` on (PEFT, torch.compile) are looked through."""
-    seen = set()
-    while model is not None and id(model) not in seen:
-        seen.add(id(model))
+    """The keyword a model's forward takes its KV cache by, read from its signature: transformers 5.24 takes
+    `cache` and warns at `past_key_values` (to go in 5.40); 5.19 and the GPU box's 5.17 take `past_key_values`.
+    Wrappers whose forward passes `**kwargs` on (PEFT's `get_base_model()`, torch.compile's `_orig_mod`,
+    DataParallel's `module`) are looked through. Where no signature says, `past_key_values`: every release before
+    5.40 takes it (one that does not know `cache` would drop it silently into `**kwargs`)."""
+    for _ in range(8):
         try:
             params = inspect.signature(model.forward).parameters
         except (TypeError, ValueError, AttributeError):
@@ -119,13 +119,18 @@ def cache_keyword(model) -> str:
         if "past_key_values" in params:
             return "past_key_values"
         base = getattr(model, "get_base_model", None)
-        model = base() if callable(base) else getattr(model, "_orig_mod", None)
+        inner = base() if callable(base) else getattr(model, "_orig_mod", None)
+        model = inner if inner is not None else getattr(model, "module", None)
+        if model is None:
+            break
     return "past_key_values"
 
 
 def output_cache(out):
-    """The KV cache a forward returned, under either name (reading `past_key_values` warns where it is `cache`)."""
-    return out.get("cache") if "cache" in out else out.get("past_key_values")
+    """The KV cache a forward returned, by the output class's own field name (reading the other name of a 5.24
+    output logs a deprecation)."""
+    fields = getattr(out, "__dataclass_fields__", None) or out
+    return out.get("cache") if "cache" in fields else out.get("past_key_values")
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
@@ -256,8 +261,9 @@ class ModelRunner:
                            position_ids=torch.arange(shared, len(key), device=self.device)[None], use_cache=True,
                            logits_to_keep=keep)
         logits = {n: out.logits[0, i].float() for i, n in enumerate(wanted)}
-        self._remember(key, output_cache(out), logits[len(key)])
-        return clone_cache(output_cache(out)), logits
+        cache = output_cache(out)
+        self._remember(key, cache, logits[len(key)])
+        return clone_cache(cache), logits
 
     def keep_recent(self, rows: dict[tuple[int, ...], tuple[object, torch.Tensor]]) -> None:
         """Replace the finished rows kept from the last decoding call."""
@@ -714,7 +720,7 @@ class DecodeBatch(RowBatch):
                 self.stats.reused_prefix_tokens += r.share
         logits: dict[int, torch.Tensor] = {}
         if m:
-            cache = self._forward_tails(rows, tails, cache, mask, logits)
+            cache = self._forward_tails(rows, tails, m, cache, mask, logits)
         for r, t in zip(rows, tails):
             if not t:
                 logits[id(r)] = self.base_logits
@@ -749,11 +755,12 @@ class DecodeBatch(RowBatch):
                 setattr(layer, name, new)
         return cache
 
-    def _forward_tails(self, rows: list[_Row], tails: list[list[int]], cache, mask: torch.Tensor,
+    def _forward_tails(self, rows: list[_Row], tails: list[list[int]], m: int, cache, mask: torch.Tensor,
                        logits: dict[int, torch.Tensor]):
-        """Forward every row's own tail into the new columns (marked in `mask`, appended to each row's `cols`);
-        each row's first logits go into `logits`; returns the cache."""
-        n, m, old_cols = len(rows), mask.shape[1] - self.ncols, self.ncols
+        """Forward the rows' own tails (at most m tokens) into the m new columns after the batch's (marked in
+        `mask`, appended to each row's `cols`); the first logits of each row with a tail go into `logits`; returns
+        the cache."""
+        n, old_cols = len(rows), self.ncols
         right = all(r.share > 0 for r in rows)  # a left hole needs something visible to its query
         inp = torch.full((n, m), self.runner.pad_id, dtype=torch.long)
         pos = torch.zeros((n, m), dtype=torch.long)
