@@ -542,79 +542,95 @@ def ratio(a, b):
 
 
 def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
+    """Every method's row: what was measured (speedup over the target-only baseline, acceptance, passes, depths)
+    beside what the analytic formula predicts from the run's own α, c, b and τ."""
     base = results["target"]
-    bst = base.stats
-    t_step = ratio(bst.target_time_s, bst.target_rows)  # target time per step, batch of 1
-    t_iter = ratio(bst.target_time_s, bst.target_iterations)
-    base_latency = sum(base.latencies) if base.latencies else None
     rows = []
     for label, res in results.items():
-        st, spec = res.stats, res.spec
-        opts = _method_options(env, spec, policy=False)
-        adaptive = is_adaptive(env, spec)
-        method = REGISTRY[spec.base]
-        latency = sum(res.latencies) if res.latencies else None
-        row = {"method": label, "problems": res.answered, "error": res.error,
-               "pass@1": ratio(res.correct, res.answered), "correct": res.correct,
-               "pass@1_ci95": wilson_interval(res.correct, res.answered),
-               "latency_total_s": latency, "latency_mean_s": ratio(latency, res.answered),
-               # a method (or baseline) that failed mid-run timed fewer problems: no speedup
-               "speedup": ratio(base_latency, latency) if latency and not res.error and not base.error else None,
-               "output_tokens": st.output_tokens, "tokens_per_s": st.tokens_per_second,
-               "acceptance": st.acceptance_rate, "acceptance_by_position": st.acceptance_by_position,
-               "acceptance_ci95": wilson_interval(st.accepted, st.judged),
-               "judged": st.judged, "mean_accepted_per_cycle": st.mean_accepted_per_cycle, "ratio": st.ratio,
-               # steps the verifier itself ruled on (not refused for the cap or emptiness) and their acceptance
-               "decided": st.decided, "refused": st.refused, "decided_acceptance": ratio(st.decided_accepted, st.decided),
-               "decided_acceptance_ci95": wilson_interval(st.decided_accepted, st.decided),
-               "target_forward_passes": st.target_forward_passes, "draft_forward_passes": st.draft_forward_passes,
-               "mean_target_rows": st.mean_target_rows, "mean_rows_per_forward": st.mean_rows_per_forward,
-               "spec_acceptance": st.spec_acceptance,
-               "stop_reasons": st.stop_reasons, "width": opts.width, "latencies_s": list(res.latencies),
-               "gamma": f"adaptive<={opts.gamma}" if adaptive else opts.gamma,
-               "mean_depth_kept": st.mean_depth_kept, "depth_kept": st.depth_kept,
-               "depth_drafted": st.depth_drafted, "draft_steps_reused": st.draft_steps_reused,
-               "forecast_skip": forecast_skips(env, spec),
-               "depth_policy": _policy_record(env, spec) if adaptive else None,
-               "verifier": spec.overrides.get("verifier", env.verifier_kind) if method.needs_verifier else None}
-        c = ratio(ratio(st.draft_time_s, st.draft_calls), t_step)
-        b = ratio(ratio(st.target_time_s, st.target_iterations), t_iter)
-        tau = ratio(ratio(st.score_time_s, st.cycles), t_step)
-        kind = spec.base
-        if kind == "target":
-            pred = {"ideal": None, "adjusted": None, "k": None, "formula": "baseline"}
-        elif method.baseline == kind:
-            pred = {"ideal": None, "adjusted": None, "k": None, "formula": "search baseline"}
-        elif method.baseline != "target":
-            pred = _search_prediction(env, kind, st)
-            row["baseline"] = method.baseline
-            row["speedup_vs_baseline"] = _search_speedup(results, label, method.baseline)
-        elif adaptive:  # no fixed-γ formula applies; the kept depths are in depth_kept
-            pred = {"ideal": None, "adjusted": None, "k": None, "formula": "adaptive γ"}
-        else:
-            pred = predict(method.prediction, st.acceptance_rate, c, opts.gamma, b, tau)
-        if spec.token_spec == "lookahead":  # the paper's step compression S = tokens / decoding steps of a row
-            comp = ratio(st.target_generated_tokens if kind != "draft" else st.draft_generated_tokens,
-                         st.target_row_iterations if kind != "draft" else st.draft_row_iterations)
-            pred = {**pred, "ideal": comp, "adjusted": ratio(comp, b) if kind == "target" else None,
-                    "formula": "S (lookahead compression)"}
-        elif spec.token_spec != "none":  # token level: multiply by g at the measured token acceptance
-            g = token_level_factor(st.spec_accepted, st.spec_proposed, st.spec_rounds)
-            step_level = 1.0 if kind == "target" else pred["ideal"]
-            pred = {**pred, "ideal": step_level * g if g and step_level else None, "adjusted": None,
-                    "formula": ("" if kind == "target" else f"{pred['formula']} x ") + "g_token"}
-        row.update({"c": c, "b": b, "tau": tau, "k": pred.get("k"), "formula": pred.get("formula"),
-                    "analytic_ideal": pred.get("ideal"), "analytic_adjusted": pred.get("adjusted"),
-                    "measured_over_ideal": ratio(row.get("speedup_vs_baseline", row["speedup"]), pred.get("ideal")),
-                    "measured_over_adjusted": ratio(row.get("speedup_vs_baseline", row["speedup"]),
-                                                   pred.get("adjusted")),
-                    "stats": st.to_dict()})
+        row = _measured(env, label, res, base)
+        row.update(_predicted(env, results, label, row))
         rows.append(row)
     return {"rows": rows, "system_speed": env.system_speed, "verifier": env.verifier_kind,
             "checkpoint": env.checkpoint,
             "models": {"target": env.target.model_name, "draft": env.draft.model_name},
             "problems": [p.id for p in env.problems], "config": env.setup.config_record(),
             "host": {"platform": platform.platform(), "python": platform.python_version()}}
+
+
+def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) -> dict:
+    """One method's measured figures; its speedup over the target-only baseline's total latency."""
+    st, spec = res.stats, res.spec
+    opts = _method_options(env, spec, policy=False)
+    adaptive = is_adaptive(env, spec)
+    method = REGISTRY[spec.base]
+    latency = sum(res.latencies) if res.latencies else None
+    base_latency = sum(base.latencies) if base.latencies else None
+    return {"method": label, "problems": res.answered, "error": res.error,
+           "pass@1": ratio(res.correct, res.answered), "correct": res.correct,
+           "pass@1_ci95": wilson_interval(res.correct, res.answered),
+           "latency_total_s": latency, "latency_mean_s": ratio(latency, res.answered),
+           # a method (or baseline) that failed mid-run timed fewer problems: no speedup
+           "speedup": ratio(base_latency, latency) if latency and not res.error and not base.error else None,
+           "output_tokens": st.output_tokens, "tokens_per_s": st.tokens_per_second,
+           "acceptance": st.acceptance_rate, "acceptance_by_position": st.acceptance_by_position,
+           "acceptance_ci95": wilson_interval(st.accepted, st.judged),
+           "judged": st.judged, "mean_accepted_per_cycle": st.mean_accepted_per_cycle, "ratio": st.ratio,
+           # steps the verifier itself ruled on (not refused for the cap or emptiness) and their acceptance
+           "decided": st.decided, "refused": st.refused, "decided_acceptance": ratio(st.decided_accepted, st.decided),
+           "decided_acceptance_ci95": wilson_interval(st.decided_accepted, st.decided),
+           "target_forward_passes": st.target_forward_passes, "draft_forward_passes": st.draft_forward_passes,
+           "mean_target_rows": st.mean_target_rows, "mean_rows_per_forward": st.mean_rows_per_forward,
+           "spec_acceptance": st.spec_acceptance,
+           "stop_reasons": st.stop_reasons, "width": opts.width, "latencies_s": list(res.latencies),
+           "gamma": f"adaptive<={opts.gamma}" if adaptive else opts.gamma,
+           "mean_depth_kept": st.mean_depth_kept, "depth_kept": st.depth_kept,
+           "depth_drafted": st.depth_drafted, "draft_steps_reused": st.draft_steps_reused,
+           "forecast_skip": forecast_skips(env, spec),
+           "depth_policy": _policy_record(env, spec) if adaptive else None,
+           "verifier": spec.overrides.get("verifier", env.verifier_kind) if method.needs_verifier else None}
+
+
+def _predicted(env: BenchEnv, results: dict[str, MethodResult], label: str, row: dict) -> dict:
+    """The analytic prediction for one method (`infer.decoding.analytic`), from its measured α and costs relative
+    to the baseline's target step: c (a draft step), b (a batched target iteration), τ (scoring per cycle)."""
+    res, bst = results[label], results["target"].stats
+    st, spec = res.stats, res.spec
+    opts = _method_options(env, spec, policy=False)
+    method = REGISTRY[spec.base]
+    t_step = ratio(bst.target_time_s, bst.target_rows)  # target time per step, batch of 1
+    t_iter = ratio(bst.target_time_s, bst.target_iterations)
+    extra = {}  # a search method's own baseline and its speedup over it, which its ratios read
+    c = ratio(ratio(st.draft_time_s, st.draft_calls), t_step)
+    b = ratio(ratio(st.target_time_s, st.target_iterations), t_iter)
+    tau = ratio(ratio(st.score_time_s, st.cycles), t_step)
+    kind = spec.base
+    if kind == "target":
+        pred = {"ideal": None, "adjusted": None, "k": None, "formula": "baseline"}
+    elif method.baseline == kind:
+        pred = {"ideal": None, "adjusted": None, "k": None, "formula": "search baseline"}
+    elif method.baseline != "target":
+        pred = _search_prediction(env, kind, st)
+        extra["baseline"] = method.baseline
+        extra["speedup_vs_baseline"] = _search_speedup(results, label, method.baseline)
+    elif is_adaptive(env, spec):  # no fixed-γ formula applies; the kept depths are in depth_kept
+        pred = {"ideal": None, "adjusted": None, "k": None, "formula": "adaptive γ"}
+    else:
+        pred = predict(method.prediction, st.acceptance_rate, c, opts.gamma, b, tau)
+    if spec.token_spec == "lookahead":  # the paper's step compression S = tokens / decoding steps of a row
+        comp = ratio(st.target_generated_tokens if kind != "draft" else st.draft_generated_tokens,
+                     st.target_row_iterations if kind != "draft" else st.draft_row_iterations)
+        pred = {**pred, "ideal": comp, "adjusted": ratio(comp, b) if kind == "target" else None,
+                "formula": "S (lookahead compression)"}
+    elif spec.token_spec != "none":  # token level: multiply by g at the measured token acceptance
+        g = token_level_factor(st.spec_accepted, st.spec_proposed, st.spec_rounds)
+        step_level = 1.0 if kind == "target" else pred["ideal"]
+        pred = {**pred, "ideal": step_level * g if g and step_level else None, "adjusted": None,
+                "formula": ("" if kind == "target" else f"{pred['formula']} x ") + "g_token"}
+    speedup = extra.get("speedup_vs_baseline", row["speedup"])
+    return {**extra, "c": c, "b": b, "tau": tau, "k": pred.get("k"), "formula": pred.get("formula"),
+            "analytic_ideal": pred.get("ideal"), "analytic_adjusted": pred.get("adjusted"),
+            "measured_over_ideal": ratio(speedup, pred.get("ideal")),
+            "measured_over_adjusted": ratio(speedup, pred.get("adjusted")), "stats": st.to_dict()}
 
 
 def _policy_record(env: BenchEnv, spec: MethodSpec) -> dict | None:

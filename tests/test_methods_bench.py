@@ -79,6 +79,10 @@ def test_bench_runs_the_three_methods_with_their_baselines(engines, tmp_path):
     assert all(r["error"] is None for r in rows.values()), {k: r["error"] for k, r in rows.items()}
     assert rows["specs"]["baseline"] == "beam_target" and rows["specs"]["speedup_vs_baseline"] > 0
     assert rows["seed_tot"]["speedup_vs_baseline"] > 0 and rows["seed_tot"]["acceptance"] is not None
+    for name in ("specs", "seed_tot"):  # a search method is measured against its own search baseline
+        row = rows[name]
+        assert row["analytic_ideal"] is not None and row["formula"] not in ("baseline", "search baseline")
+        assert row["measured_over_ideal"] == pytest.approx(row["speedup_vs_baseline"] / row["analytic_ideal"])
     assert rows["target+lookahead"]["analytic_ideal"] >= 1.0  # tokens per target forward
     assert "specs" in (tmp_path / "results.md").read_text()
 
