@@ -106,9 +106,10 @@ def clone_cache(cache):
 def cache_keyword(model) -> str:
     """The keyword a model's forward takes its KV cache by, read from its signature: transformers 5.24 takes
     `cache` and warns at `past_key_values` (to go in 5.40); 5.19 and the GPU box's 5.17 take `past_key_values`.
-    Wrappers whose forward passes `**kwargs` on (PEFT's `get_base_model()`, torch.compile's `_orig_mod`,
-    DataParallel's `module`) are looked through. Where no signature says, `past_key_values`: every release before
-    5.40 takes it (one that does not know `cache` would drop it silently into `**kwargs`)."""
+    Wrappers whose forward passes `**kwargs` on (PEFT's `get_base_model()`, DataParallel's `module`) are looked
+    through; a torch.compile'd module is not (its model is private), so pass the model itself. Where no signature
+    says, `past_key_values`: every release before 5.40 takes it (one that does not know `cache` would drop it
+    silently into `**kwargs`)."""
     for _ in range(8):
         try:
             params = inspect.signature(model.forward).parameters
@@ -119,8 +120,7 @@ def cache_keyword(model) -> str:
         if "past_key_values" in params:
             return "past_key_values"
         base = getattr(model, "get_base_model", None)
-        inner = base() if callable(base) else getattr(model, "_orig_mod", None)
-        model = inner if inner is not None else getattr(model, "module", None)
+        model = base() if callable(base) else getattr(model, "module", None)
         if model is None:
             break
     return "past_key_values"
