@@ -548,7 +548,7 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
     rows = []
     for label, res in results.items():
         row = _measured(env, label, res, base)
-        row.update(_predicted(env, results, label, row))
+        row.update(_predicted(env, results, label, row["speedup"]))
         rows.append(row)
     return {"rows": rows, "system_speed": env.system_speed, "verifier": env.verifier_kind,
             "checkpoint": env.checkpoint,
@@ -590,9 +590,10 @@ def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) 
            "verifier": spec.overrides.get("verifier", env.verifier_kind) if method.needs_verifier else None}
 
 
-def _predicted(env: BenchEnv, results: dict[str, MethodResult], label: str, row: dict) -> dict:
+def _predicted(env: BenchEnv, results: dict[str, MethodResult], label: str, speedup: float | None) -> dict:
     """The analytic prediction for one method (`infer.decoding.analytic`), from its measured α and costs relative
-    to the baseline's target step: c (a draft step), b (a batched target iteration), τ (scoring per cycle)."""
+    to the baseline's target step: c (a draft step), b (a batched target iteration), τ (scoring per cycle).
+    `speedup`: the measured one over target-only, which a search method's own baseline replaces in the ratios."""
     res, bst = results[label], results["target"].stats
     st, spec = res.stats, res.spec
     opts = _method_options(env, spec, policy=False)
@@ -626,7 +627,7 @@ def _predicted(env: BenchEnv, results: dict[str, MethodResult], label: str, row:
         step_level = 1.0 if kind == "target" else pred["ideal"]
         pred = {**pred, "ideal": step_level * g if g and step_level else None, "adjusted": None,
                 "formula": ("" if kind == "target" else f"{pred['formula']} x ") + "g_token"}
-    speedup = extra.get("speedup_vs_baseline", row["speedup"])
+    speedup = extra.get("speedup_vs_baseline", speedup)
     return {**extra, "c": c, "b": b, "tau": tau, "k": pred.get("k"), "formula": pred.get("formula"),
             "analytic_ideal": pred.get("ideal"), "analytic_adjusted": pred.get("adjusted"),
             "measured_over_ideal": ratio(speedup, pred.get("ideal")),
