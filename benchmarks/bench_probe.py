@@ -98,7 +98,7 @@ def bench_training(cfg, data: str | None, judge: bool) -> dict | None:
         ds = open_dataset(data or cfg.data_dir)
     except DataFolderError as err:
         return {"skipped": str(err).splitlines()[0]}
-    split = pipeline.QuestionSplit.make(ds.question_ids(), cfg.probe)
+    split = pipeline.QuestionSplit.of_data(ds, cfg.probe)
     start = time.perf_counter()
     prepared = pipeline.prepare(ds, cfg, split)
     out = {"data": str(ds.folder), "samples": len(ds), "load_seconds": time.perf_counter() - start}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER
 from specprobe.infer.engines.base import context_text as verifier_context_text
 
 __all__ = ["Context", "DataWarning", "context_positions", "coerce_traces", "build_contexts", "context_seed",
-           "context_text", "plan_shards", "part_shards", "parse_part"]
+           "context_text", "plan_shards", "part_shards", "parse_part", "question_families"]
 
 
 class DataWarning(UserWarning):
@@ -78,7 +78,7 @@ def context_positions(num_steps: int, count: int, mode: str = "spread", max_step
 def _trace_from(item: Any, index: int) -> Trace:
     if isinstance(item, Trace):
         # Trace validates itself on construction, but fields may have been changed since.
-        return Trace(item.id, item.domain, item.question, list(item.steps), item.answer, dict(item.meta))
+        return Trace(item.id, item.domain, item.question, list(item.steps), item.answer, dict(item.meta), item.family)
     if isinstance(item, dict):
         missing = [k for k in ("id", "question", "steps") if k not in item]
         if missing:
@@ -87,7 +87,7 @@ def _trace_from(item: Any, index: int) -> Trace:
         if not isinstance(steps, (list, tuple)):
             raise InvalidRecord("steps", f"expected a list of strings, got {type(steps).__name__}")
         return Trace(item["id"], item.get("domain", "unknown"), item["question"], list(steps),
-                     item.get("answer", ""), dict(item.get("meta") or {}))
+                     item.get("answer", ""), dict(item.get("meta") or {}), item.get("family"))
     raise InvalidRecord("<record>", f"expected a Trace or a dict, got {type(item).__name__}")
 
 
@@ -116,7 +116,7 @@ def _cleaned(trace: Trace, item: Any, index: int) -> Trace:
     warnings.warn(f"{_describe(item, index)}: replaced {sum(bad.values())} lone surrogate or control characters in "
                   f"{', '.join(bad)} with U+FFFD; trace kept", DataWarning, stacklevel=3)
     steps = [fields[f"steps[{i}]"] for i in range(len(trace.steps))]
-    return Trace(trace.id, trace.domain, fields["question"], steps, fields["answer"], dict(trace.meta))
+    return Trace(trace.id, trace.domain, fields["question"], steps, fields["answer"], dict(trace.meta), trace.family)
 
 
 def _describe(item: Any, index: int) -> str:
@@ -153,6 +153,12 @@ def build_contexts(traces: Sequence[Trace], count: int, mode: str = "spread",
             contexts.append(Context(f"{trace.id}@{j}", trace.id, trace.domain, trace.question,
                                     tuple(trace.steps[:j]), j, trace.answer))
     return contexts
+
+
+def question_families(traces: Iterable[Trace], question_ids: Collection[str]) -> dict[str, str]:
+    """Question id -> family, for the questions in `question_ids` whose family is not the question itself
+    (the data folder's manifest records them; splits keep a family on one side)."""
+    return {t.id: t.family for t in traces if t.id in question_ids and t.family is not None and t.family != t.id}
 
 
 def context_seed(seed: int, context_id: str, role: str) -> int:

@@ -107,6 +107,11 @@ def _summary(manifest: dict) -> str:
     lines.append(f"- contexts: {counts.get('contexts', 0)} stored, {counts.get('skipped_contexts', 0)} skipped; "
                  f"samples: {counts.get('samples', {})}; pairs: {counts.get('pairs', 0)}; "
                  f"shards: {len(manifest.get('shards', []))} of {manifest.get('plan', {}).get('num_shards')}")
+    families = manifest.get("question_families") or {}
+    if families:
+        lines.append(f"- question families: {len(families)} questions come from {len(set(families.values()))} "
+                     "templates (manifest `question_families`); split by family (`ds.question_families()`), "
+                     "or a held-out question may be a training question with new names and numbers")
     return "\n".join(lines)
 
 

@@ -43,6 +43,7 @@ from specprobe.data_gen.contexts import (
     context_seed,
     part_shards,
     plan_shards,
+    question_families,
 )
 from specprobe.data_gen.judges import CachedJudge, EquivalenceJudge, make_judge
 from specprobe.data_gen.labels import (
@@ -55,6 +56,7 @@ from specprobe.data_gen.labels import (
 )
 from specprobe.data_gen.sources import load_traces
 from specprobe.data_gen.store import (
+    FAMILIES,
     FORMAT,
     JUDGE_CACHE,
     DataFolderError,
@@ -288,16 +290,22 @@ class _ShardRunner:
             timing["sampling"] += time.perf_counter() - start
         return work
 
-    def record(self, work: _ContextWork, timing: dict) -> None:
-        """Hidden states: one score call per model (target: own samples + draft samples)."""
+    def record(self, work: _ContextWork, timing: dict) -> str | None:
+        """Hidden states: one score call per model (target: own samples + draft samples); or the reason the
+        context must be skipped (a step re-encoded by the target may not fit where it was sampled)."""
         start = time.perf_counter()
         texts = {role: work.texts(role) for role in self.models}
-        scored = self._score("target", work.context, [t for role in self.models for t in texts[role]], timing)
-        for role in self.models:  # hand each model's samples their part of the one call
-            work.under_target[role], scored = scored[:len(texts[role])], scored[len(texts[role]):]
-        if "draft" in self.models:
-            work.own_draft = self._score("draft", work.context, work.texts("draft"), timing)
-        timing["recording"] = timing.get("recording", 0.0) + time.perf_counter() - start
+        try:
+            scored = self._score("target", work.context, [t for role in self.models for t in texts[role]], timing)
+            for role in self.models:  # hand each model's samples their part of the one call
+                work.under_target[role], scored = scored[:len(texts[role])], scored[len(texts[role]):]
+            if "draft" in self.models:
+                work.own_draft = self._score("draft", work.context, work.texts("draft"), timing)
+        except PromptTooLongError as err:
+            return f"prompt and step too long to score: {err}"
+        finally:
+            timing["recording"] = timing.get("recording", 0.0) + time.perf_counter() - start
+        return None
 
     def _score(self, role: str, ctx: Context, texts: list[str], timing: dict) -> list:
         out = self.engines[role].score(self._prefix(ctx), texts, hidden=True, layers=self.layers[role])
@@ -420,11 +428,11 @@ class _ShardRunner:
         works, skipped = [], []
         for ctx in contexts:
             work = self.sample(ctx, timing)
-            if isinstance(work, str):
-                _warn(f"context {ctx.id!r} (trace {ctx.question_id!r}, j={ctx.j}) skipped: {work}")
-                skipped.append({"context_id": ctx.id, "reason": work})
+            problem = work if isinstance(work, str) else self.record(work, timing)
+            if problem is not None:
+                _warn(f"context {ctx.id!r} (trace {ctx.question_id!r}, j={ctx.j}) skipped: {problem}")
+                skipped.append({"context_id": ctx.id, "reason": problem})
             else:
-                self.record(work, timing)
                 works.append(work)
             on_context()
         recorder = _RecordingJudge(self.judge)
@@ -583,10 +591,12 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
             judge if isinstance(judge, CachedJudge) else CachedJudge(judge, cache))
         workers = ShardWorkers(job, engines, judge)
     items = load_source_traces(job.source) if traces is None else traces
-    contexts = build_contexts(coerce_traces(items), job.data.contexts_per_trace, job.data.context_positions,
+    traces_ok = coerce_traces(items)
+    contexts = build_contexts(traces_ok, job.data.contexts_per_trace, job.data.context_positions,
                               job.data.max_context_steps)
     if job.data.max_contexts is not None:
         contexts = contexts[: job.data.max_contexts]
+    families = question_families(traces_ok, {c.question_id for c in contexts})
     if not contexts:
         raise DataFolderError("no contexts to generate: the source gave no usable trace "
                               f"(source.kind={job.source.kind!r}); see the warnings above")
@@ -602,6 +612,10 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
             _check_no_orphan_shards(folder)
             manifest = _new_manifest(cfg_dict, job, engine_infos, layers, started_workers["judge"], plan, part,
                                      my_shards)
+            manifest[FAMILIES] = families
+            # written before any shard: a run killed between a shard's files and its manifest entry then leaves
+            # a folder that resumes (the unlisted files are redone), not one refused as foreign shards
+            write_manifest(folder, manifest)
         else:
             check_same_data(folder, manifest, cfg_dict)
             _check_engines(folder, manifest, engine_infos)
@@ -609,6 +623,7 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
                 raise DataFolderError(f"{folder}: the context plan changed since this folder was started "
                                       f"({manifest['plan']} vs {plan}); the source data differ. Use another output_dir.")
             _drop_broken_shards(folder, manifest)
+            manifest[FAMILIES] = families  # (a folder started before families were recorded gets them now)
         clean_temporaries(folder)
         pilot = CappedPilot(job.data.pilot_contexts, job.data.max_capped_share, job.sampling.max_step_tokens,
                             job.source.delimiter, folder)

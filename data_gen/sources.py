@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +53,7 @@ __all__ = [
 KINDS = ("s1k", "gsm8k", "reasoning_gym", "champ", "jsonl")
 TRAJECTORIES = ("deepseek", "gemini")
 JSONL_FIELDS = {"id": "id", "question": "question", "steps": "steps", "text": "text",
-                "answer": "answer", "domain": "domain"}
+                "answer": "answer", "domain": "domain", "family": "family"}
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
 
 
@@ -75,6 +75,9 @@ class Trace:
     steps: list[str]
     answer: str
     meta: dict = field(default_factory=dict)
+    # Questions made from one template (reasoning-gym's generators) or copies of one record share a family;
+    # splits keep a family on one side, so a held-out question is not a renamed training question. None: its id.
+    family: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("id", "domain", "question", "answer"):
@@ -82,6 +85,8 @@ class Trace:
                 raise InvalidRecord(name, f"expected a string, got {type(getattr(self, name)).__name__}")
         if not self.id:
             raise InvalidRecord("id", "empty id")
+        if self.family is not None and (not isinstance(self.family, str) or not self.family.strip()):
+            raise InvalidRecord("family", f"expected a non-empty string or nothing, got {self.family!r}")
         if not self.question.strip():
             raise InvalidRecord("question", "empty question")
         if not isinstance(self.steps, list) or not self.steps:
@@ -98,7 +103,12 @@ class Trace:
     def from_dict(cls, d: dict) -> Trace:
         """Inverse of ``to_dict``."""
         return cls(id=d["id"], domain=d["domain"], question=d["question"], steps=list(d["steps"]),
-                   answer=d["answer"], meta=dict(d.get("meta") or {}))
+                   answer=d["answer"], meta=dict(d.get("meta") or {}), family=d.get("family"))
+
+    @property
+    def split_group(self) -> str:
+        """What a question split keeps together: the family, else the question itself."""
+        return self.family if self.family is not None else self.id
 
 
 # ---------------------------------------------------------------- small helpers
@@ -257,8 +267,10 @@ def _gsm8k_builder(strip_calculator: bool) -> Callable[[Record, str], Trace]:
     return build
 
 
-def _reasoning_gym_builder(task: str, seed: int, strip_calculator: bool) -> Callable[[Record, str], Trace]:
-    """Builder of Traces from reasoning-gym items with ``metadata.answer_cot``."""
+def _reasoning_gym_builder(task: str, seed: int, strip_calculator: bool,
+                           templates: Sequence[int] | None) -> Callable[[Record, str], Trace]:
+    """Builder of Traces from reasoning-gym items with ``metadata.answer_cot``; `templates`: the generator
+    each item came from, where the task draws items from a fixed set of templates (the item's family)."""
     def build(raw: Record, rid: str) -> Trace:
         rec = raw.record
         question = _require_str(rec, "question")
@@ -266,7 +278,8 @@ def _reasoning_gym_builder(task: str, seed: int, strip_calculator: bool) -> Call
                                             strip_calculator)
         meta = {"steps_field": "metadata.answer_cot", "task": task, "seed": seed, "index": raw.index,
                 "cot_answer": final, "source_index": _get(rec, "metadata.source_index")}
-        return Trace(rid, "math", question.strip(), steps, _require_str(rec, "answer").strip(), meta)
+        family = None if templates is None else f"{task}/template-{templates[raw.index]}"
+        return Trace(rid, "math", question.strip(), steps, _require_str(rec, "answer").strip(), meta, family)
     return build
 
 
@@ -300,7 +313,10 @@ def _jsonl_builder(fields: dict, step_mode: str, delimiter: str) -> Callable[[Re
             raise InvalidRecord(steps_key or text_key or "steps", f"missing (looked for {named})")
         answer = _require_str(rec, fields["answer"]).strip() if fields.get("answer") else ""
         domain = _optional_str(rec, [fields["domain"]] if fields.get("domain") else [], "unknown")
-        return Trace(rid, domain, question.strip(), steps, answer, {"steps_field": used})
+        family = _get(rec, fields["family"]) if fields.get("family") else None
+        if isinstance(family, int) and not isinstance(family, bool):
+            family = str(family)  # a template number; anything else not a string is refused by Trace
+        return Trace(rid, domain, question.strip(), steps, answer, {"steps_field": used}, family)
     return build
 
 
@@ -345,9 +361,12 @@ def iter_reasoning_gym(name: str = "gsm_symbolic", size: int = 100, seed: int = 
     import reasoning_gym
 
     dataset = reasoning_gym.create_dataset(name, size=size, seed=seed)
+    # gsm_symbolic draws each item's template with replacement (240 items use 81 templates): items of one
+    # template are one problem with new names and numbers, so they share a family whatever the seed
+    templates = getattr(dataset, "task_indices", None)
     raws = (Record(i, f"reasoning_gym {name} (seed={seed}) item {i}", item) for i, item in enumerate(dataset))
-    return _read(raws, lambda raw: f"{name}-{seed}-{raw.index}", _reasoning_gym_builder(name, seed, strip_calculator),
-                 max_step_chars)
+    return _read(raws, lambda raw: f"{name}-{seed}-{raw.index}",
+                 _reasoning_gym_builder(name, seed, strip_calculator, templates), max_step_chars)
 
 
 @functools.lru_cache(maxsize=4)
@@ -406,7 +425,9 @@ def _dedupe_ids(traces: Iterable[Trace]) -> Iterator[Trace]:
                 k += 1
             new_id = f"{trace.id}-dup{k}"
             warn_source(f"{trace.meta.get('source', '?')}: duplicate record id {trace.id!r}; renamed to {new_id!r}")
-            trace = dataclasses.replace(trace, id=new_id, meta={**trace.meta, "original_id": trace.id})
+            # a copy stays in its original's family: both land on one side of the split
+            trace = dataclasses.replace(trace, id=new_id, meta={**trace.meta, "original_id": trace.id},
+                                        family=trace.split_group)
         seen.add(trace.id)
         yield trace
 

@@ -39,13 +39,15 @@ __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "Folde
            "file_digests", "shard_problem", "verify_shards",
            "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
            "fingerprint", "fingerprint_diff", "summarize_shards", "ProbeDataset", "open_dataset",
-           "merge_parts", "SAMPLES_SCHEMA", "CONTEXTS_SCHEMA", "PAIRS_SCHEMA"]
+           "merge_parts", "SAMPLES_SCHEMA", "CONTEXTS_SCHEMA", "PAIRS_SCHEMA", "FAMILIES"]
 
 FORMAT = "specprobe-data/2"  # 2: own_prob, the leave-one-out label of a model's own steps
 MANIFEST = "manifest.json"
 CARD = "README.md"
 SHARDS = "shards"
 JUDGE_CACHE = "judge-cache.jsonl"
+# manifest key: question id -> family, for questions that share one (a template); absent: each its own
+FAMILIES = "question_families"
 LOCK = ".lock"
 SAMPLES_SCHEMA = schema(SAMPLE_COLUMNS)
 CONTEXTS_SCHEMA = schema(CONTEXT_COLUMNS)
@@ -403,6 +405,12 @@ class ProbeDataset:
     def question_ids(self) -> list[str]:
         return sorted(set(self.column("question_id").tolist()))
 
+    def question_families(self) -> dict[str, str]:
+        """Family of every question (splits keep a family on one side): its template where the source
+        recorded one, else the question itself."""
+        recorded = self.manifest.get(FAMILIES) or {}
+        return {q: str(recorded.get(q, q)) for q in self.question_ids()}
+
     # -- features
     def layers(self, model: str) -> list[int]:
         return list(self.manifest["layers"][model])
@@ -538,7 +546,17 @@ def _read_parts(data_dir: Path) -> list[tuple[Path, dict]]:
         if diffs or m["engines"] != base["engines"]:
             raise DataMismatchError(f"{path} was made with other settings than {parts[0][0]}: "
                                     + ("; ".join(diffs) or "different models (engines)"))
+        _check_same_source(path, m, parts[0][0], base)
     return parts
+
+
+def _check_same_source(path: Path, manifest: dict, base_path: Path, base: dict) -> None:
+    """The same settings read from a source that changed (a local file edited between parts) plan other
+    contexts: shard k would mean different contexts in the two folders."""
+    for key in ("plan", FAMILIES):
+        if key in manifest and key in base and manifest[key] != base[key]:  # (older folders record no families)
+            raise DataMismatchError(f"{path} and {base_path} were made from different source data (their {key} "
+                                    "differ): regenerate the stale part folders from the same source")
 
 
 def merge_parts(data_dir: str | os.PathLike) -> dict:
@@ -556,6 +574,9 @@ def merge_parts(data_dir: str | os.PathLike) -> dict:
         elif fingerprint_diff(main["fingerprint"], base["fingerprint"]) or main["engines"] != base["engines"]:
             raise DataMismatchError(f"{data_dir} holds data made with other settings than its part folders: "
                                     + "; ".join(fingerprint_diff(main["fingerprint"], base["fingerprint"])))
+        else:
+            _check_same_source(data_dir, main, parts[0][0], base)
+            main.setdefault(FAMILIES, base.get(FAMILIES, {}))
         have = {s["index"] for s in main["shards"]}
         for path, manifest in parts:
             for shard in manifest["shards"]:

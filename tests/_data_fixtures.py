@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from specprobe.data_gen.store import open_dataset
-from specprobe.infer.engines import EngineStats, Generation, Step
+from specprobe.infer.engines import EngineStats, Generation, PromptTooLongError, Step
 from specprobe.train.config import load_config
 
 # 3 reasoning-gym problems x 1 context, N = 4 per model, short steps, 4 layers; one context per
@@ -40,7 +40,8 @@ def write_config(folder: Path, output_dir: Path, **sections) -> tuple[Path, obje
 
 class BlankingEngine:
     """A real engine whose samples are blanked for prompts holding a marker: "EMPTY-ALL" gives N empty
-    steps (the model is not called), "EMPTY-HALF" blanks the first half of the real samples."""
+    steps (the model is not called), "EMPTY-HALF" blanks the first half of the real samples; scoring after a
+    prompt holding "SCORE-TOO-LONG" fails as a step re-encoded past the context window would."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -64,6 +65,11 @@ class BlankingEngine:
                 steps = [Step("  ", [eos], "eos", -0.5) if k < n // 2 else s for k, s in enumerate(steps)]
             out.append(steps)
         return Generation(out, stats)
+
+    def score(self, prefix, steps, **kw):
+        if "SCORE-TOO-LONG" in prefix.question:
+            raise PromptTooLongError(f"prompt of {prefix.question[:20]!r}... plus its longest step exceeds the window")
+        return self.engine.score(prefix, steps, **kw)
 
 
 def dataset_arrays(folder) -> dict:

@@ -349,6 +349,10 @@ def test_manifest_card_datasets_and_splits(tiny, tmp_path):
     loaded = datasets.load_dataset(str(result.data_dir), split="train", cache_dir=str(tmp_path / "hf"))  # card configs
     assert loaded.num_rows == len(ds) and "prob_under_target" in loaded.column_names
     questions = ds.question_ids()
+    # reasoning-gym's templates are the questions' families (seed 0's first items: templates 81, 70, 38)
+    assert m["question_families"] == ds.question_families() == {
+        q: f"gsm_symbolic/template-{k}" for q, k in zip(questions, (81, 70, 38))}
+    assert "come from 3 templates" in card
     mask = ds.question_mask(questions[:1])
     assert 0 < mask.sum() < len(ds)
     assert set(ds.samples.filter(mask).column("question_id").to_pylist()) == {questions[0]}
@@ -443,6 +447,30 @@ def test_shards_without_a_manifest_are_not_overwritten(tiny, tmp_path, engines, 
     assert {p.name: p.stat().st_mtime_ns for p in (cfg.data_dir / "shards").iterdir()} == stamp
 
 
+def test_a_run_killed_before_its_first_shard_is_listed_resumes(tiny, tmp_path, engines, judge, monkeypatch):
+    """Killed after shard 0's files are in place but before the manifest lists them: the next run redoes that
+    shard instead of refusing the folder as foreign shard files."""
+    import specprobe.data_gen.pipeline as pipeline
+
+    _, reference = tiny
+    _, cfg = write_config(tmp_path, tmp_path / "run")
+    listed = pipeline.write_manifest
+
+    def killed_when_listing(folder, manifest):
+        if manifest["shards"]:
+            raise KeyboardInterrupt
+        listed(folder, manifest)
+
+    monkeypatch.setattr(pipeline, "write_manifest", killed_when_listing)
+    with pytest.raises(KeyboardInterrupt):
+        generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=False)
+    assert any((cfg.data_dir / "shards").glob("samples-00000*")) and read_manifest(cfg.data_dir)["shards"] == []
+    monkeypatch.setattr(pipeline, "write_manifest", listed)
+    result = generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=False)
+    assert result.complete
+    assert_same_data(dataset_arrays(cfg.data_dir), dataset_arrays(reference.data_dir))
+
+
 def test_train_refuses_data_whose_recorded_model_differs_in_any_field(tiny):
     from specprobe.train.pipeline import check_data_models
     from specprobe.train.probes_train import TrainingDataError
@@ -480,7 +508,8 @@ def test_bad_traces_and_empty_contexts_are_skipped_with_warnings(tmp_path, engin
     good = load_traces("reasoning_gym", name="gsm_symbolic", size=2, seed=5)
     half = Trace(good[1].id, "math", good[1].question + " (EMPTY-HALF)", good[1].steps, good[1].answer)
     empty = Trace("all-empty", "math", "EMPTY-ALL " + good[0].question, good[0].steps, good[0].answer)
-    traces = [good[0], {"id": "broken", "steps": ["s"]}, half, empty]
+    unscorable = Trace("too-long", "math", "SCORE-TOO-LONG " + good[0].question, good[0].steps, good[0].answer)
+    traces = [good[0], {"id": "broken", "steps": ["s"]}, half, empty, unscorable]
     _, cfg = write_config(tmp_path, tmp_path / "run", data={"contexts_per_shard": 8})
     wrapped = tuple(BlankingEngine(e) for e in engines)
     with pytest.warns(DataWarning) as caught:
@@ -490,7 +519,9 @@ def test_bad_traces_and_empty_contexts_are_skipped_with_warnings(tmp_path, engin
     assert "context 'all-empty@0'" in messages and "samples are empty" in messages
     ds = open_dataset(result.data_dir)
     assert ds.contexts.column("context_id").to_pylist() == [f"{good[0].id}@0", f"{good[1].id}@0"]
-    assert result.manifest["shards"][0]["skipped"][0]["context_id"] == "all-empty@0"
+    skipped = result.manifest["shards"][0]["skipped"]
+    assert [x["context_id"] for x in skipped] == ["all-empty@0", "too-long@0"]  # the others' work is kept
+    assert "too long to score" in skipped[1]["reason"] and "context 'too-long@0'" in messages
     rows = [r for r in ds.samples.to_pylist() if r["question_id"] == good[1].id]
     n = cfg.data.num_samples
     for model in ("target", "draft"):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from matplotlib.image import imread
 
-from specprobe.data_gen.store import open_dataset
+from specprobe.data_gen.store import FAMILIES, MANIFEST, open_dataset, write_manifest
 from specprobe.train.eval_cli import main
 from specprobe.train.report import evaluate_checkpoint
 from specprobe.train.report.evaluate import empirical_ratio
@@ -246,7 +246,7 @@ def test_data_from_another_model_skips_the_probes_but_not_the_verifiers(trained,
                       "vocab_size": 100, "name": "x"} for role in ("target", "draft")}
     engines["target"].update(engine_change)
     engines["draft"].update(engine_change)
-    data = make_data(other_cfg, n_questions=4, seed=9, engines=engines)
+    data = make_data(other_cfg, n_questions=12, seed=9, engines=engines)  # its test questions are held out
     report = evaluate_checkpoint(ckpt, data=data, out=tmp_path / "report", overrides=QUICK, print_fn=quiet)
     reasons = {s["part"]: s["reason"] for s in report.skipped}
     assert message in reasons["probe_target"] and "another target model" in reasons["probe_target"]
@@ -271,6 +271,32 @@ def test_foreign_data_holds_out_every_question_not_trained_on(trained, tmp_path)
     # the synthetic folders share question ids q000..q011: the checkpoint's training questions are left out
     assert set(held) == {f"q{i:03d}" for i in range(12)} - train_q
     assert report.skipped == []
+
+
+def test_data_from_other_settings_holds_out_neither_training_nor_validation_questions(trained, tmp_path):
+    cfg, ckpt = trained
+    _, other_cfg = write_config(tmp_path, tmp_path / "other")
+    data = make_data(other_cfg, n_questions=12, seed=3, engines=open_dataset(cfg.data_dir).manifest["engines"])
+    split = json.loads((ckpt / "metrics.json").read_text())["split"]
+    renamed = split["test"][0]  # in the other folder: a question of a template the checkpoint trained on
+    manifest = json.loads((data / MANIFEST).read_text())
+    manifest["fingerprint"] = "generated with other settings"  # so it is not the training data
+    manifest[FAMILIES] = {renamed: "template-9"}
+    write_manifest(data, manifest)
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(ckpt, copy)
+    metrics = json.loads((copy / "metrics.json").read_text())
+    metrics["split"]["families"] = {"train": ["template-9"], "val": [], "test": []}
+    (copy / "metrics.json").write_text(json.dumps(metrics))
+    report = evaluate_checkpoint(copy, data=data, out=tmp_path / "report", overrides=QUICK, print_fn=quiet)
+    assert report.metrics["data"]["is_training_data"] is False
+    # the validation questions chose the epoch, layer and threshold: they are not held out either, nor is a
+    # question of a family trained on
+    held = report.metrics["heldout"]
+    expected = {f"q{i:03d}" for i in range(12)} - set(split["train"]) - set(split["val"]) - {renamed}
+    assert set(held["questions"]) == expected and expected
+    assert held["n_val_questions"] == len(split["val"]) and held["warning"] is None
+    assert "nor of a question family" in held["how"]
 
 
 def test_cli_report_and_errors(trained, tmp_path, capsys):
@@ -301,6 +327,18 @@ def test_compare_two_reports(report, trained, tmp_path):
     assert "layer_sweep/target/val_brier" not in rows  # B has no sweep
     markdown = (tmp_path / "ab" / "comparison.md").read_text()
     assert "Δ (B − A)" in markdown and "`probe_target/draft_via_target/ece_uniform`" in markdown
+    assert result["warning"] is None and ece["better"] in ("a", "b")
+    # scored on other held-out questions (another split): the deltas stay, no side is called better
+    shifted = tmp_path / "shifted"
+    shutil.copytree(other.folder, shifted)
+    metrics = json.loads((shifted / "metrics.json").read_text())
+    metrics["heldout"]["questions"] = metrics["heldout"]["questions"][1:]
+    (shifted / "metrics.json").write_text(json.dumps(metrics))
+    assert main(["--compare", str(report.folder), str(shifted), "--out", str(tmp_path / "as")]) == 0
+    result = json.loads((tmp_path / "as" / "comparison.json").read_text())
+    assert "different held-out questions" in result["warning"] and "1 in common" in result["warning"]
+    assert all(r["better"] is None for r in result["rows"]) and any(r["delta"] for r in result["rows"])
+    assert "**WARNING: A and B were scored on different" in (tmp_path / "as" / "comparison.md").read_text()
 
 
 @pytest.mark.slow

@@ -229,6 +229,19 @@ def test_reasoning_gym_gsm_symbolic_real():
     assert [t.question for t in other] != [t.question for t in traces]
 
 
+def test_reasoning_gym_items_of_one_template_share_a_family():
+    import reasoning_gym
+
+    traces = load_traces("reasoning_gym", size=64, seed=0)
+    templates = reasoning_gym.create_dataset("gsm_symbolic", size=64, seed=0).task_indices
+    assert [t.family for t in traces] == [f"gsm_symbolic/template-{k}" for k in templates]
+    first, again = next((i, j) for i in range(64) for j in range(i + 1, 64) if templates[i] == templates[j])
+    assert traces[first].family == traces[again].family and traces[first].id != traces[again].id
+    assert len({t.family for t in traces}) == len(set(templates)) < 64  # gsm_symbolic draws with replacement
+    other_seed = load_traces("reasoning_gym", size=8, seed=1)  # a template is a family whatever the seed
+    assert {t.family for t in other_seed} <= {f"gsm_symbolic/template-{k}" for k in range(100)}
+
+
 def test_champ_real():
     traces = load_traces("champ", limit=3)
     assert [t.id for t in traces] == ["champ-P_Combinatorics_1", "champ-P_Combinatorics_2", "champ-P_Combinatorics_3"]
@@ -256,6 +269,21 @@ def test_generic_jsonl_with_field_mapping():
     assert [(t.answer, t.domain) for t in traces] == [("4", "math"), ("red", "art")]
     with pytest.raises(ValueError, match="unknown keys in fields"):
         load_traces("jsonl", path=str(DATA / "generic.jsonl"), fields={"prompt": "problem"})
+    assert [t.family for t in traces] == [None, None]  # no family field: each question is its own
+
+
+def test_jsonl_family_field_groups_questions(tmp_path):
+    records = [{"id": "a", "question": "Q1", "steps": ["s1"], "answer": "1", "template": 7},
+               {"id": "b", "question": "Q2", "steps": ["s2"], "answer": "1", "template": "7"},
+               {"id": "c", "question": "Q3", "steps": ["s3"], "answer": "1"},
+               {"id": "d", "question": "Q4", "steps": ["s4"], "answer": "1", "template": ["bad"]}]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records), encoding="utf-8")
+    with pytest.warns(SourceWarning) as record:
+        traces = load_traces("jsonl", path=str(path), fields={"family": "template"})
+    assert [(t.id, t.split_group) for t in traces] == [("a", "7"), ("b", "7"), ("c", "c")]
+    assert any("'d'" in m and "field 'family'" in m for m in _messages(record))
+    assert Trace.from_dict(traces[0].to_dict()).family == "7"
 
 
 def test_generic_json_array_duplicates_and_missing_steps(tmp_path):
@@ -269,6 +297,8 @@ def test_generic_json_array_duplicates_and_missing_steps(tmp_path):
         traces = load_traces("jsonl", path=str(path))
     assert [t.id for t in traces] == ["a", "a-dup1", "c"]
     assert traces[1].meta["original_id"] == "a" and traces[2].steps == ["one", "two"]
+    # a repeated record stays with its original in the split
+    assert [t.split_group for t in traces] == ["a", "a", "c"]
     msgs = _messages(record)
     assert any(f"{path}[2]" in m and "'b'" in m and "'steps'" in m and "missing" in m for m in msgs)
     assert any("duplicate record id 'a'" in m and "'a-dup1'" in m for m in msgs)

@@ -274,6 +274,13 @@ def test_merge_refuses_parts_made_differently(tmp_path):
     with pytest.raises(DataMismatchError, match="data.num_samples: 20 -> 99"):
         merge_parts(tmp_path)
     assert not (tmp_path / "manifest.json").exists()
+    # the same settings on a source file edited between the parts: shard k means other contexts
+    manifest["fingerprint"]["data"]["num_samples"] = 20
+    manifest["plan"] = {**manifest["plan"], "context_ids_sha256": "another source"}
+    write_manifest(other, manifest)
+    with pytest.raises(DataMismatchError, match="different source data"):
+        merge_parts(tmp_path)
+    assert not (tmp_path / "manifest.json").exists()
 
 
 def test_datasets_opens_the_folder_through_the_cards_configs(tmp_path):

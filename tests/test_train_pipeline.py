@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -40,7 +41,7 @@ def run(tmp_path_factory, embedder):
 def test_split_is_by_question_everywhere(run):
     cfg, result, _ = run
     ds = open_dataset(cfg.data_dir)
-    split = QuestionSplit.make(ds.question_ids(), cfg.probe)
+    split = QuestionSplit.of_data(ds, cfg.probe)
     prepared = pipeline.prepare(ds, cfg, split)
     sides = {}
     for side, sets in prepared.sets[cfg.probe.pooling].items():
@@ -54,6 +55,21 @@ def test_split_is_by_question_everywhere(run):
     assert set(recorded["train"]).isdisjoint(recorded["val"])
     assert sorted(recorded["train"] + recorded["val"] + recorded["test"]) == ds.question_ids()
     assert {q for q, s in sides.items() if s == "val"} == set(recorded["val"])
+
+
+def test_question_split_keeps_a_family_on_one_side():
+    qids = [f"q{i:02d}" for i in range(40)]
+    families = {q: f"template-{i % 10}" for i, q in enumerate(qids)}  # 10 templates of 4 questions
+    settings = SimpleNamespace(val_fraction=0.2, test_fraction=0.2, seed=3)
+    split = QuestionSplit.make(qids, settings, families)
+    for family in set(families.values()):
+        assert len({split.side_of[q] for q in qids if families[q] == family}) == 1, family
+    assert [len(split.families(side)) for side in ("train", "val", "test")] == [6, 2, 2]  # fractions count families
+    recorded = split.to_dict()
+    assert recorded["by"] == "question family" and recorded["families"]["test"] == split.families("test")
+    alone = QuestionSplit.make(qids, settings)  # without families each question is split on its own
+    assert "families" not in alone.to_dict() and alone.to_dict()["by"] == "question_id"
+    assert any(len({alone.side_of[q] for q in qids if families[q] == f}) > 1 for f in set(families.values()))
 
 
 def test_probes_beat_the_constant_baseline(run):
@@ -268,7 +284,7 @@ def test_each_row_set_is_scored_against_its_own_baselines(run):
 
     cfg, result, _ = run
     ds = open_dataset(cfg.data_dir)
-    split = QuestionSplit.make(ds.question_ids(), cfg.probe)
+    split = QuestionSplit.of_data(ds, cfg.probe)
     per_set = result.probes.set_baselines
     assert set(per_set) == {"target_own", "draft_via_target", "draft_own", "draft_accept"}
     means = {}
@@ -305,3 +321,21 @@ def test_the_logistic_kind_becomes_the_runtime_probe(tmp_path, embedder):
     chosen = min(entry["selection"], key=lambda r: r["val_log_loss"])
     assert pair.probe_target.spec.layers == chosen["layers"] and pair.probe_target.l2 == chosen["l2"]
     assert pair.probe_target.spec.pooling == chosen["pooling"]
+
+
+def test_the_committed_template_overlap_counts_come_from_the_script(tmp_path):
+    """benchmarks/split_families.py recomputes the offline experiments' splits (by question id, as they were made)
+    and counts test questions whose template a training or validation question shares."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("split_families", root / "benchmarks" / "split_families.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for name in ("small", "offline-evidence"):
+        folder = root / "benchmarks" / "results" / name
+        got = script.main(str(root / "configs" / f"{name}.yaml"), str(folder / "metrics.json"), str(tmp_path / "o.json"))
+        committed = json.loads((folder / "split_families.json").read_text())
+        keys = [k for k in got if k not in ("config", "report")]
+        assert {k: got[k] for k in keys} == {k: committed[k] for k in keys}, name
+    assert committed["heldout_sharing_a_family_with_train_or_val"] == 51  # the figure the READMEs quote

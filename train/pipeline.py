@@ -67,19 +67,26 @@ class QuestionSplit:
     seed: int
     val_fraction: float
     test_fraction: float
+    family_of: dict[str, str] = field(default_factory=dict)  # questions that share a family (a template) only
 
     @classmethod
-    def make(cls, question_ids, probe_cfg) -> QuestionSplit:
+    def make(cls, question_ids, probe_cfg, families: dict[str, str] | None = None) -> QuestionSplit:
+        """Split the questions; those of one family (`families`: question -> family, e.g. one template)
+        all land on one side, and the fractions count families."""
         unique = sorted({str(q) for q in question_ids})
         if not unique:
             raise TrainingDataError("the data folder holds no samples (no question ids): nothing to train on")
+        present = set(unique)
+        family_of = {q: str(f) for q, f in (families or {}).items() if q in present and str(f) != q}
+        groups = [family_of.get(q, q) for q in unique]
         try:
-            parts = group_split(unique, probe_cfg.val_fraction, probe_cfg.test_fraction, seed=probe_cfg.seed,
+            parts = group_split(groups, probe_cfg.val_fraction, probe_cfg.test_fraction, seed=probe_cfg.seed,
                                 exact_sizes=True)  # small sets: the fractions must hold
         except ValueError as err:
-            raise TrainingDataError(f"cannot split {len(unique)} question(s) by question: {err}") from None
+            what = f"{len(set(groups))} question families" if family_of else f"{len(unique)} question(s)"
+            raise TrainingDataError(f"cannot split {what}: {err}") from None
         side_of = {unique[i]: side for side, idx in zip(SIDES, parts) for i in idx}
-        return cls(side_of, probe_cfg.seed, probe_cfg.val_fraction, probe_cfg.test_fraction)
+        return cls(side_of, probe_cfg.seed, probe_cfg.val_fraction, probe_cfg.test_fraction, family_of)
 
     def sides(self, question_ids) -> np.ndarray:
         """Side of each row's question ('train', 'val', 'test'); unknown questions are an error."""
@@ -92,9 +99,22 @@ class QuestionSplit:
     def questions(self, side: str) -> list[str]:
         return sorted(q for q, s in self.side_of.items() if s == side)
 
+    @classmethod
+    def of_data(cls, ds, probe_cfg) -> QuestionSplit:
+        """The split probe-train makes of a data folder (its questions, kept together by family)."""
+        return cls.make(ds.question_ids(), probe_cfg, ds.question_families())
+
+    def families(self, side: str) -> list[str]:
+        """The families (a question's own id where it has none) on one side."""
+        return sorted({self.family_of.get(q, q) for q in self.questions(side)})
+
     def to_dict(self) -> dict[str, Any]:
-        return {"by": "question_id", "seed": self.seed, "val_fraction": self.val_fraction,
-                "test_fraction": self.test_fraction, **{side: self.questions(side) for side in SIDES}}
+        out = {"by": "question family" if self.family_of else "question_id", "seed": self.seed,
+               "val_fraction": self.val_fraction, "test_fraction": self.test_fraction,
+               **{side: self.questions(side) for side in SIDES}}
+        if self.family_of:  # probe-eval on other data holds out no question of a family trained on
+            out["families"] = {side: self.families(side) for side in SIDES}
+        return out
 
 
 # ----------------------------------------------------------------------------- result
@@ -164,7 +184,7 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
     t0 = time.perf_counter()
     ds = dataset if dataset is not None else _open(cfg)
     check_data_models(ds.manifest, cfg, ds.folder)
-    split = QuestionSplit.make(ds.question_ids(), cfg.probe)
+    split = QuestionSplit.of_data(ds, cfg.probe)
     prepared = prepare(ds, cfg, split)
     result = TrainResult(cfg.checkpoint_dir, {})
     metrics: dict[str, Any] = {"data": _data_summary(ds, split), "split": split.to_dict()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -19,9 +20,8 @@ from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.checkpoint_format import CheckpointError
 from specprobe.infer.verifiers import check_probe_model
 from specprobe.probes.base import HiddenStateProbe
-from specprobe.probes.splits import group_split
+from specprobe.train.pipeline import SIDES, QuestionSplit
 
-SIDES = ("train", "val", "test")
 __all__ = ["CheckpointError", "PartError", "CheckpointFolder", "open_checkpoint"]
 
 
@@ -119,22 +119,24 @@ class HeldOut:
                 "questions": list(self.questions)}
 
 
-def recorded_split(ckpt: CheckpointFolder) -> dict[str, list[str]] | None:
-    """Question ids per side as probe-train recorded them (metrics.json "split"), when it did."""
+def recorded_split(ckpt: CheckpointFolder) -> dict[str, Any] | None:
+    """Question ids per side as probe-train recorded them (metrics.json "split"), when it did, and the
+    families per side where the questions had any."""
     entry = ckpt.metrics.get("split")
     if isinstance(entry, dict) and isinstance(entry.get("train"), list):
-        return {s: [str(q) for q in (entry.get(s) or [])] for s in SIDES}
+        split: dict[str, Any] = {s: [str(q) for q in (entry.get(s) or [])] for s in SIDES}
+        if isinstance(entry.get("families"), dict):
+            split["families"] = {s: [str(f) for f in (entry["families"].get(s) or [])] for s in SIDES}
+        return split
     return None
 
 
-def split_questions(question_ids: list[str], probe_section: dict[str, Any]) -> dict[str, list[str]]:
-    """Recompute probe-train's question split (probes.splits.group_split with the checkpoint's settings)."""
-    val = float(probe_section.get("val_fraction", 0.2))
-    test = float(probe_section.get("test_fraction", 0.0))
-    seed = int(probe_section.get("seed", 0))
-    qids = sorted(set(question_ids))
-    sides = group_split(qids, val, test, seed, exact_sizes=True)  # as probe-train splits
-    return {name: [qids[i] for i in idx] for name, idx in zip(SIDES, sides)}
+def split_questions(ds, probe_section: dict[str, Any]) -> dict[str, Any]:
+    """Recompute probe-train's question split of data folder `ds` with the checkpoint's probe settings."""
+    settings = SimpleNamespace(val_fraction=float(probe_section.get("val_fraction", 0.2)),
+                               test_fraction=float(probe_section.get("test_fraction", 0.0)),
+                               seed=int(probe_section.get("seed", 0)))
+    return QuestionSplit.of_data(ds, settings).to_dict()
 
 
 def heldout_questions(ckpt: CheckpointFolder, ds, is_training_data: bool, which: str = "auto") -> HeldOut:
@@ -142,7 +144,7 @@ def heldout_questions(ckpt: CheckpointFolder, ds, is_training_data: bool, which:
 
     On the training data: the checkpoint's validation / test questions (`which`: auto = test when the run
     held out a test split, else validation; or val, test, val+test). On another data folder: every
-    question the checkpoint was not trained on.
+    question the checkpoint was neither trained nor validated on, nor one of a family (template) it was.
     """
     questions = ds.question_ids()
     split = recorded_split(ckpt)
@@ -150,15 +152,10 @@ def heldout_questions(ckpt: CheckpointFolder, ds, is_training_data: bool, which:
     if split is None:
         trained_on = training_data_folder(ckpt)
         if is_training_data or trained_on is not None:
-            base = questions if is_training_data else open_dataset(trained_on).question_ids()
-            split = split_questions(base, ckpt.section("probe"))
-            how = "recomputed with probes.splits.group_split and the checkpoint's probe settings"
+            split = split_questions(ds if is_training_data else open_dataset(trained_on), ckpt.section("probe"))
+            how = "recomputed with probe-train's question split and the checkpoint's probe settings"
     if not is_training_data:
-        train = set(split["train"]) if split else set()
-        chosen = [q for q in questions if q not in train]
-        note = ("all questions of the data folder not used in training" if split else
-                "all questions of the data folder (the checkpoint's training questions are unknown)")
-        return HeldOut(chosen, sorted(train), note, {"heldout": len(chosen)})
+        return _heldout_elsewhere(ds, questions, split)
     present = set(questions)
     sides = {s: [q for q in split[s] if q in present] for s in SIDES}
     if which == "auto":
@@ -169,6 +166,23 @@ def heldout_questions(ckpt: CheckpointFolder, ds, is_training_data: bool, which:
     warning = VAL_WARNING if "val" in which.split("+") else None
     return HeldOut(chosen, sides["train"], f"{which} questions ({how})", {s: len(v) for s, v in sides.items()},
                    val_questions=sides["val"], warning=warning, split=which)
+
+
+def _heldout_elsewhere(ds, questions: list[str], split: dict[str, Any] | None) -> HeldOut:
+    """Another data folder: validation questions chose the epoch, the layer and the threshold, and a question
+    of a family (template) the checkpoint saw is a renamed one, so neither counts as held out."""
+    if split is None:
+        return HeldOut(questions, [], "all questions of the data folder (the checkpoint's training questions "
+                       "are unknown)", {"heldout": len(questions)})
+    train, val = set(split["train"]), set(split["val"])
+    seen = set(split.get("families", {}).get("train", [])) | set(split.get("families", {}).get("val", []))
+    family = ds.question_families()
+    chosen = [q for q in questions if q not in train and q not in val and family[q] not in seen]
+    note = "all questions of the data folder not used in training or validation"
+    if seen:
+        note += ", nor of a question family (template) used there"
+    return HeldOut(chosen, sorted(train), note, {"heldout": len(chosen)},
+                   val_questions=sorted(val & set(questions)))
 
 
 VAL_WARNING = ("evaluated on VALIDATION questions: these chose the probes' epoch (early stopping), the layer sweep's "

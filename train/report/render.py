@@ -323,11 +323,12 @@ def render_report(metrics: dict[str, Any]) -> str:
     ]) + "\n"
 
 
-def render_comparison(name_a: str, name_b: str, rows: Sequence[dict[str, Any]]) -> str:
+def render_comparison(name_a: str, name_b: str, rows: Sequence[dict[str, Any]], warning: str | None = None) -> str:
     """Two checkpoints side by side: every shared headline metric, its delta (B - A) and which is better."""
     body = table(["metric", f"A: {name_a}", f"B: {name_b}", "Δ (B − A)", "better"],
                  [[f"`{r['metric']}`", num(r["a"]), num(r["b"]),
                    "–" if r["delta"] is None else f"{r['delta']:+.3f}", r["better"] or ""] for r in rows])
-    return (f"# probe-eval comparison\n\n- A: `{name_a}`\n- B: `{name_b}`\n\n"
+    return ("# probe-eval comparison\n\n" + (f"**WARNING: {warning}**\n\n" if warning else "")
+            + f"- A: `{name_a}`\n- B: `{name_b}`\n\n"
             "Point estimates of each report (intervals are in the reports themselves). `better` follows the "
             "metric's direction (lower ECE/Brier/MAE, higher AUROC/Spearman/precision).\n\n" + body + "\n")

@@ -110,7 +110,8 @@ def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list) -> tuple[
     if opened is None:
         return None, {}
     ds, same = opened
-    info = {"folder": str(ds.folder), "is_training_data": same, "engines": ds.manifest.get("engines"),
+    info = {"folder": str(ds.folder), "fingerprint": ds.manifest.get("fingerprint"), "is_training_data": same,
+            "engines": ds.manifest.get("engines"),
             "models": ds.manifest.get("models"), "steps": guarded(holder, "data/steps", lambda: step_summary(ds))}
     held = guarded(holder, "heldout", lambda: heldout_questions(ckpt, ds, same, cfg.split))
     if held is None:
@@ -266,9 +267,29 @@ def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, data: str | 
     name_a, ma = load_or_evaluate(a, data, out / "A", **kw)
     name_b, mb = load_or_evaluate(b, data, out / "B", **kw)
     rows = ev.compare_metrics(headline(ma), headline(mb))
+    warning = _different_questions(ma, mb)
+    if warning:  # a difference would mix the probes with the questions: no side is called better
+        rows = [{**r, "better": None} for r in rows]
     result = clean_json({"format": "specprobe-eval-comparison", "a": {"name": name_a, "path": str(a)},
-                       "b": {"name": name_b, "path": str(b)}, "rows": rows})
+                       "b": {"name": name_b, "path": str(b)}, "warning": warning, "rows": rows})
     (out / "comparison.json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    (out / "comparison.md").write_text(render.render_comparison(f"{name_a} ({a})", f"{name_b} ({b})", rows),
-                                       encoding="utf-8")
+    (out / "comparison.md").write_text(render.render_comparison(f"{name_a} ({a})", f"{name_b} ({b})", rows,
+                                                                warning), encoding="utf-8")
     return result
+
+
+def _different_questions(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
+    """Why two reports' numbers are not comparable (other held-out questions or data), or None."""
+    qa = set((ma.get("heldout") or {}).get("questions") or [])
+    qb = set((mb.get("heldout") or {}).get("questions") or [])
+    da, db = (m.get("data") or {} for m in (ma, mb))
+    # data made with the same settings and models is the same data, wherever it lies
+    same_data = ((da.get("fingerprint"), da.get("engines")) == (db.get("fingerprint"), db.get("engines"))
+                 if da.get("fingerprint") and db.get("fingerprint") else da.get("folder") == db.get("folder"))
+    if qa == qb and same_data:
+        return None
+    where = "" if same_data else f"; data {da.get('folder')} and {db.get('folder')} differ"
+    return (f"A and B were scored on different held-out questions or data ({len(qa)} and {len(qb)} questions, "
+            f"{len(qa & qb)} in common{where}): their differences mix the probes with the questions, so neither is "
+            "called better. Checkpoints split with the same probe.seed and fractions on the same data are scored on "
+            "the same questions.")

@@ -295,9 +295,12 @@ def sweep_split(ctx: EvalContext, questions: np.ndarray) -> SweepSplit:
         return SweepSplit(train, held, held, "fit on training questions; chosen AND reported on the same held-out "
                                              "questions (no separate validation split): the best layer is optimistic")
     held_q = sorted(set(questions[held].tolist()))
-    if len(held_q) < 2:
-        raise PartError("the layer sweep needs training questions or at least two held-out questions")
-    _, va, _ = group_split(held_q, 0.5, 0.0, ctx.cfg.seed)
+    family = ctx.ds.question_families()  # the two halves share no template
+    groups = [family.get(q, q) for q in held_q]
+    if len(set(groups)) < 2:
+        raise PartError("the layer sweep needs training questions or held-out questions of at least two "
+                        "families (templates)")
+    _, va, _ = group_split(groups, 0.5, 0.0, ctx.cfg.seed)
     half = np.isin(questions, np.asarray([held_q[i] for i in va], dtype=object))
     return SweepSplit(held & ~half, half, half, "no training questions in this data: held-out questions split in "
                                                 "half; chosen and reported on the same half (optimistic)")
