@@ -59,6 +59,19 @@ def test_nan_features_name_the_sample(tmp_path):
     assert "'q2@0/draft/1'" in message
 
 
+def test_bad_rows_of_a_set_only_scored_stop_the_run_before_training(tmp_path):
+    """Without probe.target_with_draft the target probe trains on target steps only; draft steps under the target
+    are only scored, after training, and a NaN there must stop the run first."""
+    def poison(shard):
+        if shard.index == 2:
+            draft_row = next(r for r in shard.samples if r["model"] == "draft")
+            shard.features["target.mean"][draft_row["target_feature_row"], 0, 3] = math.nan
+
+    write_synthetic_data(tmp_path, questions=6, edit=poison)
+    message = _train(tmp_path, probe={"target_with_draft": False})
+    assert "NaN/inf features" in message and "draft_via_target" in message and "'q2@0/draft/0'" in message
+
+
 def test_missing_label_names_field_and_sample(tmp_path):
     def drop(shard):
         if shard.index == 1:
