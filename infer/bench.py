@@ -623,7 +623,7 @@ def _predicted(env: BenchEnv, results: dict[str, MethodResult], label: str, spee
         pred = {**pred, "ideal": comp, "adjusted": ratio(comp, b) if kind == "target" else None,
                 "formula": "S (lookahead compression)"}
     elif spec.token_spec != "none":  # token level: multiply by g at the measured token acceptance
-        g = token_level_factor(st.spec_accepted, st.spec_proposed, st.spec_rounds)
+        g = token_level_factor(st.spec_accepted, st.spec_rounds)
         step_level = 1.0 if kind == "target" else pred["ideal"]
         pred = {**pred, "ideal": step_level * g if g and step_level else None, "adjusted": None,
                 "formula": ("" if kind == "target" else f"{pred['formula']} x ") + "g_token"}

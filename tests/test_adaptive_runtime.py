@@ -377,6 +377,29 @@ def test_batch_cost_is_the_median_step_of_k_nested_rows_over_one_row(monkeypatch
     assert times == {2: pytest.approx(4.0 + 1.0)} and target.calls[-1] == [(), ("step",)]
 
 
+class LengthEngine:
+    """Time in proportion to the tokens written; a step ends at the runtime's delimiter after `ends` tokens."""
+
+    def __init__(self, clock, token_s: float, ends: int):
+        self.clock, self.token_s, self.ends = clock, token_s, ends
+
+    def generate(self, requests, params):
+        tokens = min(self.ends, params.max_step_tokens) if params.delimiter == "\n\n" else params.max_step_tokens
+        self.clock[0] += len(requests) * tokens * self.token_s
+
+
+def test_costs_compare_steps_of_one_length(monkeypatch):
+    """A draft that ends its first step after 2 tokens and a target after 8 (each at its own "\n\n") cost 0.25
+    and 1 a token: c is 0.25, the ratio of speeds, not 0.0625, the ratio of those two steps' times."""
+    depth_mod = importlib.import_module("specprobe.infer.decoding.depth")
+    clock = [0.0]
+    monkeypatch.setattr(depth_mod.time, "perf_counter", lambda: clock[0])
+    target, draft = LengthEngine(clock, 1.0, ends=8), LengthEngine(clock, 0.25, ends=2)
+    c, b, _ = depth_mod.measure_costs(target, draft, SamplingParams(temperature=0.0, max_step_tokens=16), rows=2,
+                                      chain=0, repeats=3)
+    assert c == pytest.approx(0.25) and b == pytest.approx([1.0, 2.0])
+
+
 # ----------------------------------------------------------------------------- the benchmark's comparison
 def test_the_adaptive_benchmark_compares_with_the_fixed_gamma_best_in_hindsight():
     import importlib.util

@@ -9,7 +9,7 @@ from specprobe.infer.decoding.analytic import predict, semanticspec_speedup, tok
 from specprobe.infer.decoding.metrics import RunStats, join_steps, replay_text, stats_from_trace
 from specprobe.infer.engines.base import seed_for
 from specprobe.inputs.config import ConfigError
-from specprobe.probes.speedup import async_speedup, sync_speedup
+from specprobe.probes.speedup import async_speedup, sync_speedup, token_sd_speedup
 
 
 def test_seed_for_is_stable_and_separates_its_parts():
@@ -69,8 +69,14 @@ def test_semanticspec_formula():
     assert semanticspec_speedup(a, c, g, t) == pytest.approx((1 - a**g) / ((1 - a) * (g * c + t + 1 - a**g)))
     with pytest.raises(ValueError):
         semanticspec_speedup(0.5, 0.1, 0)
-    assert token_level_factor(0, 0, 0) is None
-    assert token_level_factor(8, 8, 2) == pytest.approx(5.0)  # α = 1, 4 tokens per round, c = 0
+    assert token_level_factor(0, 0) is None
+    assert token_level_factor(8, 2) == pytest.approx(5.0)  # α = 1, 4 tokens per round, c = 0
+    # 3 of 8 proposed tokens accepted in 2 rounds: each verifying forward yields 2.5 tokens, as g(α) does at
+    # the per-token α whose expected acceptances per round of 4 are 1.5 (not at 3/8, which gives 1.59)
+    from scipy.optimize import brentq
+
+    alpha = brentq(lambda a: a * (1 - a ** 4) / (1 - a) - 1.5, 1e-6, 1 - 1e-6)
+    assert token_level_factor(3, 2) == pytest.approx(2.5) == pytest.approx(float(token_sd_speedup(alpha, 0.0, 4)))
 
 
 @pytest.mark.parametrize("alpha,c,gamma,tau", [(0.7, 0.15, 3, 0.2), (0.3, 0.5, 5, 0.0), (0.95, 0.05, 1, 0.4)])

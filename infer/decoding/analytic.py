@@ -18,7 +18,7 @@ emitted: Σ_{i≤γ} α^i + (1 − α^γ) = (1 − α^γ)/(1 − α), so
 """
 from __future__ import annotations
 
-from specprobe.probes.speedup import async_speedup, geometric_sum, sync_speedup, token_sd_speedup
+from specprobe.probes.speedup import async_speedup, geometric_sum, sync_speedup
 
 
 def semanticspec_speedup(alpha: float, c: float, gamma: int, tau: float = 0.0) -> float:
@@ -58,11 +58,14 @@ def predict(kind: str, alpha: float | None, c: float | None, gamma: int, b: floa
     return out
 
 
-def token_level_factor(spec_accepted: int, spec_proposed: int, rounds: int) -> float | None:
-    """g(γ₂) of token SD at the measured per-token acceptance and mean proposal length (c₂ = 0 for
-    prompt lookup): the factor by which token speculation should multiply a step-level speedup."""
-    if not spec_proposed or not rounds:
+def token_level_factor(spec_accepted: int, rounds: int) -> float | None:
+    """g(γ₂) of token SD at c₂ = 0 (prompt lookup): the tokens one verifying forward yields, 1 + accepted / rounds,
+    the factor by which token speculation should multiply a step-level speedup.
+
+    Not g at α = accepted / proposed: proposals go on past a round's first rejection and are counted, so that
+    ratio understates the per-token acceptance the formula means (every formula g(α) at the α that matches the
+    measured accepted tokens per round gives exactly 1 + accepted / rounds). Forwards without a proposal
+    (no match to look up) yield one token and are not rounds, so where they are many this overstates g."""
+    if not rounds:
         return None
-    alpha = spec_accepted / spec_proposed
-    gamma = max(1, round(spec_proposed / rounds))
-    return float(token_sd_speedup(min(alpha, 1.0), 0.0, gamma))
+    return 1.0 + spec_accepted / rounds

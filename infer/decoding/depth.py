@@ -29,6 +29,10 @@ from specprobe.probes.adaptive_gamma import (
 )
 
 CALIBRATION_QUESTION = "Calibration (not timed): a train travels 60 km in 45 minutes. What is its speed in km/h?"
+# Calibration steps end here, i.e. at the token cap: a real model ends its first step wherever it writes the
+# runtime's delimiter, and the draft's and the target's steps of unequal length would make c, b and v ratios
+# of lengths as well as of speeds
+CALIBRATION_DELIMITER = "\n<end of calibration step>\n"
 
 
 @dataclass
@@ -120,11 +124,11 @@ def nested_step_seconds(engine, prefix: Prefix, params: SamplingParams, rows: Se
 def measure_costs(target, draft, params: SamplingParams, rows: int, chain: int, repeats: int = 3
                   ) -> tuple[float, list[float], list[float]]:
     """(c, [b(1..rows)], [v(1..chain)]) on the calibration question, in units of one target step of one row.
-    Steps run to the step-token cap the runtime uses (greedy, seed 0); the chain scored for v is the draft's
-    own first step repeated."""
+    Steps run to the step-token cap the runtime uses (greedy, seed 0, a delimiter no model writes), so every
+    step timed has the same length; the chain scored for v is the draft's own first step repeated."""
     prefix = Prefix(CALIBRATION_QUESTION, (), params.delimiter)
     greedy = SamplingParams(temperature=0.0, top_p=1.0, max_step_tokens=params.max_step_tokens,
-                            delimiter=params.delimiter, seed=0)
+                            delimiter=CALIBRATION_DELIMITER, seed=0)
     steps = nested_step_seconds(target, prefix, greedy, range(1, rows + 1), repeats)
     one = steps[1]
     c = nested_step_seconds(draft, prefix, greedy, [1], repeats)[1] / one
