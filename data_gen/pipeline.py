@@ -508,6 +508,29 @@ def _check_engines(folder: Path, manifest: dict, engines: dict[str, dict]) -> No
                                   f"({new['num_layers']} layers, hidden {new['hidden_size']}); use another output_dir")
 
 
+def _planned_contexts(job: DataJob, traces: Sequence | None) -> tuple[list[Context], dict[str, str]]:
+    """The contexts to generate (from `traces`, else the configured source) and their questions' families."""
+    usable = coerce_traces(load_source_traces(job.source) if traces is None else traces)
+    contexts = build_contexts(usable, job.data.contexts_per_trace, job.data.context_positions,
+                              job.data.max_context_steps)
+    if job.data.max_contexts is not None:
+        contexts = contexts[: job.data.max_contexts]
+    if not contexts:
+        raise DataFolderError("no contexts to generate: the source gave no usable trace "
+                              f"(source.kind={job.source.kind!r}); see the warnings above")
+    return contexts, question_families(usable, {c.question_id for c in contexts})
+
+
+def _check_resumable(folder: Path, manifest: dict, cfg_dict: dict, engine_infos: dict, plan: dict) -> None:
+    """A started folder continues only with the same settings, models and contexts; broken shards are dropped."""
+    check_same_data(folder, manifest, cfg_dict)
+    _check_engines(folder, manifest, engine_infos)
+    if manifest["plan"] != plan:
+        raise DataFolderError(f"{folder}: the context plan changed since this folder was started "
+                              f"({manifest['plan']} vs {plan}); the source data differ. Use another output_dir.")
+    _drop_broken_shards(folder, manifest)
+
+
 def _plan(contexts: list[Context], per_shard: int) -> tuple[list[list[Context]], dict]:
     import hashlib
 
@@ -519,8 +542,8 @@ def _plan(contexts: list[Context], per_shard: int) -> tuple[list[list[Context]],
 
 def _reuse(folder: Path, cfg_dict: dict) -> DataResult | None:
     manifest = read_manifest(folder)
-    if manifest is None:
-        return None
+    if manifest is None or not manifest["shards"]:
+        return None  # (nothing finished: the run starts over with these settings)
     check_same_data(folder, manifest, cfg_dict)
     if manifest["status"] == "complete" and not verify_shards(folder, manifest):
         return DataResult(folder, manifest, True, DataGenStats())
@@ -584,46 +607,35 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
     if part is None and read_manifest(folder) is None and any(root.glob("part-*-of-*")):
         _warn(f"{root} holds part-i-of-n folders but no merged data: run with --merge to join them "
               "instead of generating everything again")
-    cache = folder / JUDGE_CACHE
-    if workers is None:
-        device = job.models.resolved_device()
-        judge = build_judge(job.data, cache, device) if judge is None else (
-            judge if isinstance(judge, CachedJudge) else CachedJudge(judge, cache))
-        workers = ShardWorkers(job, engines, judge)
-    items = load_source_traces(job.source) if traces is None else traces
-    traces_ok = coerce_traces(items)
-    contexts = build_contexts(traces_ok, job.data.contexts_per_trace, job.data.context_positions,
-                              job.data.max_context_steps)
-    if job.data.max_contexts is not None:
-        contexts = contexts[: job.data.max_contexts]
-    families = question_families(traces_ok, {c.question_id for c in contexts})
-    if not contexts:
-        raise DataFolderError("no contexts to generate: the source gave no usable trace "
-                              f"(source.kind={job.source.kind!r}); see the warnings above")
-    shards, plan = _plan(contexts, job.data.contexts_per_shard)
-    my_shards = list(range(len(shards))) if part is None else part_shards(len(shards), *part)
-    started_workers = workers.start(cache)
-    engine_infos = started_workers["engines"]
-    layers = {r: layer_rows(job.data.layers, info["num_layers"]) for r, info in engine_infos.items()}
-    run = DataGenStats()
+    # the lock first: a second launch must not open (and repair) the judge cache or load models for nothing
     with FolderLock(folder):
+        cache = folder / JUDGE_CACHE
+        if workers is None:
+            device = job.models.resolved_device()
+            judge = build_judge(job.data, cache, device) if judge is None else (
+                judge if isinstance(judge, CachedJudge) else CachedJudge(judge, cache))
+            workers = ShardWorkers(job, engines, judge)
+        contexts, families = _planned_contexts(job, traces)
+        shards, plan = _plan(contexts, job.data.contexts_per_shard)
+        my_shards = list(range(len(shards))) if part is None else part_shards(len(shards), *part)
+        started_workers = workers.start(cache)
+        engine_infos = started_workers["engines"]
+        layers = {r: layer_rows(job.data.layers, info["num_layers"]) for r, info in engine_infos.items()}
+        run = DataGenStats()
         manifest = read_manifest(folder)
-        if manifest is None:
-            _check_no_orphan_shards(folder)
+        if manifest is None or not manifest["shards"]:
+            if manifest is None:
+                _check_no_orphan_shards(folder)
+            # (nothing finished under an empty manifest: a run that failed on its first shard is retried with
+            # whatever settings are given now, and the files it left are unlisted, so they are redone)
             manifest = _new_manifest(cfg_dict, job, engine_infos, layers, started_workers["judge"], plan, part,
                                      my_shards)
-            manifest[FAMILIES] = families
-            # written before any shard: a run killed between a shard's files and its manifest entry then leaves
-            # a folder that resumes (the unlisted files are redone), not one refused as foreign shards
-            write_manifest(folder, manifest)
         else:
-            check_same_data(folder, manifest, cfg_dict)
-            _check_engines(folder, manifest, engine_infos)
-            if manifest["plan"] != plan:
-                raise DataFolderError(f"{folder}: the context plan changed since this folder was started "
-                                      f"({manifest['plan']} vs {plan}); the source data differ. Use another output_dir.")
-            _drop_broken_shards(folder, manifest)
-            manifest[FAMILIES] = families  # (a folder started before families were recorded gets them now)
+            _check_resumable(folder, manifest, cfg_dict, engine_infos, plan)
+        manifest[FAMILIES] = families  # (a folder started before families were recorded gets them now)
+        # written before any shard: a run killed between a shard's files and its manifest entry then leaves a
+        # folder that resumes (the unlisted files are redone), not one refused as foreign shards
+        write_manifest(folder, manifest)
         clean_temporaries(folder)
         pilot = CappedPilot(job.data.pilot_contexts, job.data.max_capped_share, job.sampling.max_step_tokens,
                             job.source.delimiter, folder)

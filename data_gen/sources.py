@@ -53,7 +53,7 @@ __all__ = [
 KINDS = ("s1k", "gsm8k", "reasoning_gym", "champ", "jsonl")
 TRAJECTORIES = ("deepseek", "gemini")
 JSONL_FIELDS = {"id": "id", "question": "question", "steps": "steps", "text": "text",
-                "answer": "answer", "domain": "domain", "family": "family"}
+                "answer": "answer", "domain": "domain", "family": None}  # family: read only where mapped
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
 
 

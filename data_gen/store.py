@@ -405,6 +405,11 @@ class ProbeDataset:
     def question_ids(self) -> list[str]:
         return sorted(set(self.column("question_id").tolist()))
 
+    @property
+    def families_recorded(self) -> bool:
+        """Whether the data stage recorded question families (folders made before it did have none)."""
+        return FAMILIES in self.manifest
+
     def question_families(self) -> dict[str, str]:
         """Family of every question (splits keep a family on one side): its template where the source
         recorded one, else the question itself."""
@@ -569,14 +574,17 @@ def merge_parts(data_dir: str | os.PathLike) -> dict:
     with FolderLock(data_dir):
         main = read_manifest(data_dir)
         if main is None:
-            main = {k: v for k, v in base.items() if k not in ("shards", "part", "counts")}
+            main = {k: v for k, v in base.items() if k not in ("shards", "part", "counts", FAMILIES)}
             main.update(part=None, shards=[], created=now(), status="in_progress", completed=None)
         elif fingerprint_diff(main["fingerprint"], base["fingerprint"]) or main["engines"] != base["engines"]:
             raise DataMismatchError(f"{data_dir} holds data made with other settings than its part folders: "
                                     + "; ".join(fingerprint_diff(main["fingerprint"], base["fingerprint"])))
         else:
             _check_same_source(data_dir, main, parts[0][0], base)
-            main.setdefault(FAMILIES, base.get(FAMILIES, {}))
+        # every part records the families of the whole plan; a part finished before they were recorded has none
+        recorded = [m[FAMILIES] for _, m in parts if FAMILIES in m]
+        if recorded and FAMILIES not in main:
+            main[FAMILIES] = recorded[0]
         have = {s["index"] for s in main["shards"]}
         for path, manifest in parts:
             for shard in manifest["shards"]:

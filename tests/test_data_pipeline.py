@@ -449,10 +449,12 @@ def test_shards_without_a_manifest_are_not_overwritten(tiny, tmp_path, engines, 
 
 def test_a_run_killed_before_its_first_shard_is_listed_resumes(tiny, tmp_path, engines, judge, monkeypatch):
     """Killed after shard 0's files are in place but before the manifest lists them: the next run redoes that
-    shard instead of refusing the folder as foreign shard files."""
+    shard instead of refusing the folder as foreign shard files, and may change the settings, since nothing was
+    finished under them."""
     import specprobe.data_gen.pipeline as pipeline
 
     _, reference = tiny
+    _, first = write_config(tmp_path, tmp_path / "run", data={"num_samples": 3})
     _, cfg = write_config(tmp_path, tmp_path / "run")
     listed = pipeline.write_manifest
 
@@ -463,12 +465,28 @@ def test_a_run_killed_before_its_first_shard_is_listed_resumes(tiny, tmp_path, e
 
     monkeypatch.setattr(pipeline, "write_manifest", killed_when_listing)
     with pytest.raises(KeyboardInterrupt):
-        generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=False)
+        generate_dataset(first.data_job(), engines=engines, judge=judge, progress=False)
     assert any((cfg.data_dir / "shards").glob("samples-00000*")) and read_manifest(cfg.data_dir)["shards"] == []
     monkeypatch.setattr(pipeline, "write_manifest", listed)
     result = generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=False)
     assert result.complete
     assert_same_data(dataset_arrays(cfg.data_dir), dataset_arrays(reference.data_dir))
+
+
+def test_a_second_launch_on_a_locked_folder_touches_nothing(tmp_path, monkeypatch):
+    """The folder lock comes first: a second run neither repairs the running one's judge cache (cutting the line
+    it may be appending) nor loads models."""
+    from specprobe.data_gen.store import JUDGE_CACHE, FolderLock
+
+    monkeypatch.setattr("specprobe.data_gen.pipeline.build_judge",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("no judge may load first")))
+    _, cfg = write_config(tmp_path, tmp_path / "run")
+    cache = cfg.data_dir / JUDGE_CACHE
+    cache.parent.mkdir(parents=True)
+    cache.write_text('{"key": "a", "equivalent": true}\n{"key": "b", "equiv')  # a writer mid-line
+    with FolderLock(cfg.data_dir), pytest.raises(DataFolderError, match="another process is writing"):
+        generate_dataset(cfg.data_job(), progress=False)
+    assert cache.read_text().endswith('"equiv')
 
 
 def test_train_refuses_data_whose_recorded_model_differs_in_any_field(tiny):

@@ -272,6 +272,12 @@ def test_generic_jsonl_with_field_mapping():
     assert [t.family for t in traces] == [None, None]  # no family field: each question is its own
 
 
+def test_jsonl_reads_a_family_only_where_fields_maps_it(tmp_path):
+    path = tmp_path / "f.jsonl"
+    path.write_text(json.dumps({"id": "a", "question": "Q", "steps": ["s"], "answer": "1", "family": ["any"]}))
+    assert [t.family for t in load_traces("jsonl", path=str(path))] == [None]  # a column of that name is data
+
+
 def test_jsonl_family_field_groups_questions(tmp_path):
     records = [{"id": "a", "question": "Q1", "steps": ["s1"], "answer": "1", "template": 7},
                {"id": "b", "question": "Q2", "steps": ["s2"], "answer": "1", "template": "7"},

@@ -11,6 +11,7 @@ from safetensors import safe_open
 
 from specprobe.data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, TENSORS, render_card
 from specprobe.data_gen.store import (
+    FAMILIES,
     FORMAT,
     JUDGE_CACHE,
     DataFolderError,
@@ -261,6 +262,18 @@ def test_merge_parts_joins_shards_and_judge_caches(tmp_path):
                                     '{"key": "k1", "equivalent": true}'])
     assert merge_parts(data)["shards"] == merged["shards"]  # merging again changes nothing
     assert "`target_feature_row`" in (data / "README.md").read_text()
+
+
+def test_merge_takes_the_families_from_a_part_that_recorded_them(tmp_path):
+    """A part finished before the data stage recorded families has none; the other's cover the whole plan."""
+    build_folder(part_dir(tmp_path, 0, 2), [0], 2, part={"index": 0, "count": 2, "shards": [0]})
+    later = part_dir(tmp_path, 1, 2)
+    manifest = build_folder(later, [1], 2, part={"index": 1, "count": 2, "shards": [1]})
+    manifest[FAMILIES] = {"q0": "template-3", "q1": "template-3"}
+    write_manifest(later, manifest)
+    merged = merge_parts(tmp_path)
+    assert merged["status"] == "complete" and merged[FAMILIES] == {"q0": "template-3", "q1": "template-3"}
+    assert open_dataset(tmp_path).families_recorded
 
 
 def test_merge_refuses_parts_made_differently(tmp_path):
