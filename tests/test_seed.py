@@ -203,6 +203,29 @@ def test_sampled_seed_keeps_the_targets_distribution_per_draft():
     assert torch.allclose(c1 / (2 * n), p1, atol=0.05) and torch.allclose(c2 / (2 * n), p2, atol=0.05)
 
 
+def test_samples_of_a_prompt_are_seeded_as_every_engine_seeds_them():
+    """Sample k of a request seeded s gets base.sample_seed(s, k): with s + k, the second sample of the request
+    seeded 1 would be the first of the request seeded 2."""
+    from types import SimpleNamespace
+
+    from specprobe.infer.engines import Prefix
+    from specprobe.infer.engines.base import sample_seed
+
+    gen = SeedGenerator(lambda: None, lambda: None, (1,), temperature=0.7, draft_temperature=0.7)
+    seen = []
+
+    def generate(prompts, caps, seeds, stop=None):
+        seen.extend(seeds)
+        return [([7], -0.5) for _ in prompts]
+
+    gen.generate = generate
+    engine = SimpleNamespace(prefix_ids=lambda pre: [1, 2], info=SimpleNamespace(tokenizer_id="t"),
+                             text=SimpleNamespace(finished=lambda tokens, cap, delim: ("x\n\n", "delimiter")))
+    steps = gen.generate_steps(engine, [Prefix("a"), Prefix("b")], 2, [4, 4], [1, 2], "\n\n")
+    assert seen == [sample_seed(1, 0), sample_seed(1, 1), sample_seed(2, 0), sample_seed(2, 1)]
+    assert len(set(seen)) == 4 and [len(s) for s in steps] == [2, 2]
+
+
 @pytest.mark.slow
 def test_threaded_seed_on_engines_writes_the_targets_greedy_steps_and_shares_prompts(one_thread):
     """SEED on two step engines (their locks, their prefix caches), drafting in a thread: every thought is the

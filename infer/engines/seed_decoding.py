@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specprobe.infer.engines.base import EngineStats, Prefix, Step
+from specprobe.infer.engines.base import EngineStats, Prefix, Step, sample_seed
 from specprobe.infer.engines.sequence_kv import SequenceKV
 from specprobe.infer.engines.token_spec import (
     DraftTree,
@@ -253,14 +253,14 @@ class SeedGenerator:
     # ------------------------------------------------------------------ scheduling
     def generate_steps(self, engine, prefixes: Sequence[Prefix], n: int, caps: Sequence[int], seeds: Sequence[int],
                        delimiter: str) -> list[list[Step]]:
-        """n steps after every prefix (sample k seeded with seed + k), cut by the engines' one step rule."""
+        """n steps after every prefix (sample k seeded as every engine seeds it), cut by the engines' one step rule."""
         prompts, row_caps, row_seeds = [], [], []
         for pre, cap, sd in zip(prefixes, caps, seeds):
             ids = engine.prefix_ids(pre)
             for k in range(n):
                 prompts.append(ids)
                 row_caps.append(cap)
-                row_seeds.append(sd + k)
+                row_seeds.append(sample_seed(sd, k))
 
         def stop(tokens):  # the cap is enforced by the generator
             return engine.text.finished(tokens, 10**9, delimiter) is not None
