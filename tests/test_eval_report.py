@@ -339,6 +339,14 @@ def test_compare_two_reports(report, trained, tmp_path):
     assert "different held-out questions" in result["warning"] and "1 in common" in result["warning"]
     assert all(r["better"] is None for r in result["rows"]) and any(r["delta"] for r in result["rows"])
     assert "**WARNING: A and B were scored on different" in (tmp_path / "as" / "comparison.md").read_text()
+    # the same questions of data made with other settings
+    metrics = json.loads((other.folder / "metrics.json").read_text())
+    metrics["data"]["fingerprint"] = {"data": {"num_samples": 99}}
+    metrics["data"]["folder"] = "/elsewhere/data"
+    (shifted / "metrics.json").write_text(json.dumps(metrics))
+    assert main(["--compare", str(report.folder), str(shifted), "--out", str(tmp_path / "ad")]) == 0
+    result = json.loads((tmp_path / "ad" / "comparison.json").read_text())
+    assert "/elsewhere/data differ" in result["warning"] and all(r["better"] is None for r in result["rows"])
 
 
 @pytest.mark.slow

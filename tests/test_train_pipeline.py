@@ -14,7 +14,7 @@ from safetensors import safe_open
 from specprobe.data_gen.store import open_dataset
 from specprobe.infer.checkpoint_format import Checkpoint, find_pickles
 from specprobe.train import pipeline
-from specprobe.train.pipeline import QuestionSplit, train_all
+from specprobe.train.pipeline import SIDES, QuestionSplit, train_all
 
 from _train_fixtures import synthetic_config, write_synthetic_data
 
@@ -70,6 +70,31 @@ def test_question_split_keeps_a_family_on_one_side():
     alone = QuestionSplit.make(qids, settings)  # without families each question is split on its own
     assert "families" not in alone.to_dict() and alone.to_dict()["by"] == "question_id"
     assert any(len({alone.side_of[q] for q in qids if families[q] == f}) > 1 for f in set(families.values()))
+
+
+def test_probe_train_keeps_a_template_on_one_side_and_records_it(tmp_path, embedder):
+    from specprobe.data_gen.store import FAMILIES, MANIFEST, write_manifest
+
+    data = write_synthetic_data(tmp_path, questions=12)
+    manifest = json.loads((data / MANIFEST).read_text())
+    manifest[FAMILIES] = {f"q{i}": f"template-{i % 4}" for i in range(12)}  # 4 templates of 3 questions
+    write_manifest(data, manifest)
+    lines: list[str] = []
+    result = train_all(synthetic_config(tmp_path, tmp_path), print_fn=lines.append, embedder=embedder)
+    split = result.metrics["split"]
+    assert split["by"] == "question family" and "warning" not in split
+    for i in range(4):
+        members = {f"q{j}" for j in range(12) if j % 4 == i}
+        assert sum(bool(members & set(split[side])) for side in SIDES) == 1, i  # one side per template
+    assert sorted(f for side in SIDES for f in split["families"][side]) == [f"template-{i}" for i in range(4)]
+    assert any("(templates " in line for line in lines)
+    # a reasoning-gym folder made before families were recorded: the split says it may leak
+    del manifest[FAMILIES]
+    manifest["config"]["source"]["kind"] = "reasoning_gym"
+    write_manifest(data, manifest)
+    again = train_all(synthetic_config(tmp_path, tmp_path / "old"), dataset=open_dataset(data),
+                      print_fn=lines.append, embedder=embedder)
+    assert "before the data stage recorded question families" in again.metrics["split"]["warning"]
 
 
 def test_probes_beat_the_constant_baseline(run):

@@ -34,8 +34,9 @@ class ProbeConfig:
     epochs: int = opt(60, "maximum epochs")
     batch_size: int = opt(256, "batch size")
     patience: int = opt(8, "early stopping patience in epochs on the validation loss")
-    val_fraction: float = opt(0.2, "share of questions held out for validation")
-    test_fraction: float = opt(0.2, "share of questions held out for a final test that nothing is tuned on (probe-eval "
+    val_fraction: float = opt(0.2, "share of question families held out for validation (a family: a template's "
+                                   "questions, else one question)")
+    test_fraction: float = opt(0.2, "share of question families held out for a final test that nothing is tuned on (probe-eval "
                                     "reports on it; 0 = none, then probe-eval falls back to the validation questions "
                                     "and says so)")
     target_with_draft: bool = opt(True, "train the target probe also on draft steps teacher-forced through the target")

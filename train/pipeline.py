@@ -59,6 +59,22 @@ def check_data_models(manifest: dict, cfg, folder: Path | str = "the data folder
             "configured model: use the output_dir of that data, or generate data for this config (another output_dir)")
 
 
+def unrecorded_families(ds) -> str | None:
+    """Why a split of this data folder may put one template on both sides, or None."""
+    source = (ds.manifest.get("config") or {}).get("source") or {}
+    if source.get("kind") != "reasoning_gym" or ds.families_recorded:
+        return None
+    return (f"{ds.folder} was made before the data stage recorded question families: its reasoning-gym questions "
+            "are split by id, so items of one template can fall on both sides and held-out numbers may be "
+            "optimistic. Generate the data again (another output_dir) to split by template.")
+
+
+def split_groups(question_ids, families: dict[str, str]) -> list[str]:
+    """What a split keeps together, per question: its family where it has one (marked, so that a family named
+    like another question's id is not that question), else the question itself."""
+    return [f"family:{families[q]}" if families.get(q, q) != q else q for q in question_ids]
+
+
 @dataclass
 class QuestionSplit:
     """Which side (train/val/test) each question id is on; built once and shared by every component."""
@@ -78,7 +94,7 @@ class QuestionSplit:
             raise TrainingDataError("the data folder holds no samples (no question ids): nothing to train on")
         present = set(unique)
         family_of = {q: str(f) for q, f in (families or {}).items() if q in present and str(f) != q}
-        groups = [family_of.get(q, q) for q in unique]
+        groups = split_groups(unique, family_of)
         try:
             parts = group_split(groups, probe_cfg.val_fraction, probe_cfg.test_fraction, seed=probe_cfg.seed,
                                 exact_sizes=True)  # small sets: the fractions must hold
@@ -105,8 +121,8 @@ class QuestionSplit:
         return cls.make(ds.question_ids(), probe_cfg, ds.question_families())
 
     def families(self, side: str) -> list[str]:
-        """The families (a question's own id where it has none) on one side."""
-        return sorted({self.family_of.get(q, q) for q in self.questions(side)})
+        """The families of the questions on one side that have one."""
+        return sorted({self.family_of[q] for q in self.questions(side) if q in self.family_of})
 
     def to_dict(self) -> dict[str, Any]:
         out = {"by": "question family" if self.family_of else "question_id", "seed": self.seed,
@@ -188,9 +204,16 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
     prepared = prepare(ds, cfg, split)
     result = TrainResult(cfg.checkpoint_dir, {})
     metrics: dict[str, Any] = {"data": _data_summary(ds, split), "split": split.to_dict()}
+    caveat = unrecorded_families(ds)
+    if caveat:
+        metrics["split"]["warning"] = caveat
     with Tracker(cfg.wandb, run_name=cfg.name, output_dir=cfg.output_dir, config=to_dict(cfg), print_fn=print_fn) as tracker:
         tracker.message(f"probe-train: {len(ds)} samples from {ds.folder}; questions train/val/test = "
-                        + "/".join(str(len(split.questions(s))) for s in SIDES))
+                        + "/".join(str(len(split.questions(s))) for s in SIDES)
+                        + (" (templates " + "/".join(str(len(split.families(s))) for s in SIDES) + ")"
+                           if split.family_of else ""))
+        if caveat:
+            tracker.message(f"WARNING: {caveat}")
         if prepared.plans:
             start = time.perf_counter()
             result.probes = probes_train.train_probes(prepared.plans, prepared.specs, prepared.sets, cfg.probe,

@@ -124,8 +124,9 @@ def nested_step_seconds(engine, prefix: Prefix, params: SamplingParams, rows: Se
 def measure_costs(target, draft, params: SamplingParams, rows: int, chain: int, repeats: int = 3
                   ) -> tuple[float, list[float], list[float]]:
     """(c, [b(1..rows)], [v(1..chain)]) on the calibration question, in units of one target step of one row.
-    Steps run to the step-token cap the runtime uses (greedy, seed 0, a delimiter no model writes), so every
-    step timed has the same length; the chain scored for v is the draft's own first step repeated."""
+    Steps run to the step-token cap the runtime uses (greedy, seed 0, a delimiter no model writes), so the steps
+    timed have one length unless a model ends its answer (EOS) first; the chain scored for v is the draft's own
+    first step repeated."""
     prefix = Prefix(CALIBRATION_QUESTION, (), params.delimiter)
     greedy = SamplingParams(temperature=0.0, top_p=1.0, max_step_tokens=params.max_step_tokens,
                             delimiter=CALIBRATION_DELIMITER, seed=0)

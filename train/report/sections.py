@@ -22,6 +22,7 @@ from specprobe.probes.mlp import ProbeMLPConfig as MLPConfig
 from specprobe.probes.mlp import fit_probe
 from specprobe.probes.splits import group_split
 from specprobe.train.config import ProbeConfig
+from specprobe.train.pipeline import split_groups
 from specprobe.train.probes_train import ROW_SETS, RowSet, load_row_set, torch_threads
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report.inputs import CheckpointFolder, HeldOut, PartError, check_probe_fits_data, predict
@@ -295,8 +296,7 @@ def sweep_split(ctx: EvalContext, questions: np.ndarray) -> SweepSplit:
         return SweepSplit(train, held, held, "fit on training questions; chosen AND reported on the same held-out "
                                              "questions (no separate validation split): the best layer is optimistic")
     held_q = sorted(set(questions[held].tolist()))
-    family = ctx.ds.question_families()  # the two halves share no template
-    groups = [family.get(q, q) for q in held_q]
+    groups = split_groups(held_q, ctx.ds.question_families())  # the two halves share no template
     if len(set(groups)) < 2:
         raise PartError("the layer sweep needs training questions or held-out questions of at least two "
                         "families (templates)")
