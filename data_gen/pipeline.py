@@ -542,12 +542,17 @@ def _plan(contexts: list[Context], per_shard: int) -> tuple[list[list[Context]],
 
 def _reuse(folder: Path, cfg_dict: dict) -> DataResult | None:
     manifest = read_manifest(folder)
-    if manifest is None or not manifest["shards"]:
+    if manifest is None or _nothing_finished(manifest):
         return None  # (nothing finished: the run starts over with these settings)
     check_same_data(folder, manifest, cfg_dict)
     if manifest["status"] == "complete" and not verify_shards(folder, manifest):
         return DataResult(folder, manifest, True, DataGenStats())
     return None  # unfinished, or a shard broke since: generate_dataset redoes what is missing
+
+
+def _nothing_finished(manifest: dict) -> bool:
+    """An unfinished folder without one finished shard (a part with no shard of the plan is complete and empty)."""
+    return not manifest["shards"] and manifest["status"] != "complete"
 
 
 def _drop_broken_shards(folder: Path, manifest: dict) -> None:
@@ -623,7 +628,7 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
         layers = {r: layer_rows(job.data.layers, info["num_layers"]) for r, info in engine_infos.items()}
         run = DataGenStats()
         manifest = read_manifest(folder)
-        if manifest is None or not manifest["shards"]:
+        if manifest is None or _nothing_finished(manifest):
             if manifest is None:
                 _check_no_orphan_shards(folder)
             # (nothing finished under an empty manifest: a run that failed on its first shard is retried with

@@ -67,6 +67,11 @@ def test_question_split_keeps_a_family_on_one_side():
     assert [len(split.families(side)) for side in ("train", "val", "test")] == [6, 2, 2]  # fractions count families
     recorded = split.to_dict()
     assert recorded["by"] == "question family" and recorded["families"]["test"] == split.families("test")
+    # a renamed duplicate record (family: its original's id) lands with its original, which has no family
+    copies = {f"q{i:02d}-dup1": f"q{i:02d}" for i in range(40)}
+    with_copies = QuestionSplit.make(qids + list(copies), settings, copies)
+    assert all(with_copies.side_of[c] == with_copies.side_of[q] for c, q in copies.items())
+    assert [with_copies.side_of[q] for q in qids] == [QuestionSplit.make(qids, settings).side_of[q] for q in qids]
     alone = QuestionSplit.make(qids, settings)  # without families each question is split on its own
     assert "families" not in alone.to_dict() and alone.to_dict()["by"] == "question_id"
     assert any(len({alone.side_of[q] for q in qids if families[q] == f}) > 1 for f in set(families.values()))

@@ -70,9 +70,19 @@ def unrecorded_families(ds) -> str | None:
 
 
 def split_groups(question_ids, families: dict[str, str]) -> list[str]:
-    """What a split keeps together, per question: its family where it has one (marked, so that a family named
-    like another question's id is not that question), else the question itself."""
-    return [f"family:{families[q]}" if families.get(q, q) != q else q for q in question_ids]
+    """What a split keeps together, per question: the question itself when it has no family; the question its
+    family names when that is a question without one (a renamed duplicate record and its original); else its
+    family, marked, so that a template named like a question id is not that question."""
+    question_ids = list(question_ids)
+    present = set(question_ids)
+
+    def key(q: str) -> str:
+        f = families.get(q, q)
+        if f == q or (f in present and families.get(f, f) == f):
+            return f
+        return f"family:{f}"
+
+    return [key(q) for q in question_ids]
 
 
 @dataclass

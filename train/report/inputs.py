@@ -176,8 +176,8 @@ def _heldout_elsewhere(ds, questions: list[str], split: dict[str, Any] | None) -
                        "are unknown)", {"heldout": len(questions)})
     train, val = set(split["train"]), set(split["val"])
     seen = set(split.get("families", {}).get("train", [])) | set(split.get("families", {}).get("val", []))
-    family = ds.question_families()  # (a question without a family is its own: never one of `seen`)
-    chosen = [q for q in questions if q not in train and q not in val and (family[q] == q or family[q] not in seen)]
+    family = ds.question_families()  # (a question without a family is its own: out when a copy of it was seen)
+    chosen = [q for q in questions if q not in train and q not in val and family[q] not in seen]
     note = "all questions of the data folder not used in training or validation"
     if seen:
         note += ", nor of a question family (template) used there"
