@@ -8,7 +8,6 @@ give the report's held-out questions; the families come from the config's source
 """
 import json
 import sys
-from types import SimpleNamespace
 
 from specprobe.data_gen.pipeline import load_source_traces
 from specprobe.train.config import load_config
@@ -19,9 +18,7 @@ def main(config: str, report_metrics: str, out: str | None = None) -> dict:
     cfg = load_config(config)
     family = {t.id: t.split_group for t in load_source_traces(cfg.source)}
     heldout = json.load(open(report_metrics))["heldout"]
-    split = QuestionSplit.make(sorted(family), SimpleNamespace(val_fraction=cfg.probe.val_fraction,
-                                                               test_fraction=cfg.probe.test_fraction,
-                                                               seed=cfg.probe.seed))
+    split = QuestionSplit.make(sorted(family), cfg.probe)  # by question id, as the run split
     side = heldout["split"]
     if split.questions(side) != sorted(heldout["questions"]):
         raise SystemExit(f"the recomputed {side} split is not the report's held-out questions: wrong config?")

@@ -86,11 +86,8 @@ def _trace_from(item: Any, index: int) -> Trace:
         steps = item["steps"]
         if not isinstance(steps, (list, tuple)):
             raise InvalidRecord("steps", f"expected a list of strings, got {type(steps).__name__}")
-        family = item.get("family")
-        if isinstance(family, int) and not isinstance(family, bool):
-            family = str(family)  # a template number, as the jsonl source reads it
         return Trace(item["id"], item.get("domain", "unknown"), item["question"], list(steps),
-                     item.get("answer", ""), dict(item.get("meta") or {}), family)
+                     item.get("answer", ""), dict(item.get("meta") or {}), item.get("family"))
     raise InvalidRecord("<record>", f"expected a Trace or a dict, got {type(item).__name__}")
 
 

@@ -85,6 +85,8 @@ class Trace:
                 raise InvalidRecord(name, f"expected a string, got {type(getattr(self, name)).__name__}")
         if not self.id:
             raise InvalidRecord("id", "empty id")
+        if isinstance(self.family, int) and not isinstance(self.family, bool):
+            self.family = str(self.family)  # a template number
         if self.family is not None and (not isinstance(self.family, str) or not self.family.strip()):
             raise InvalidRecord("family", f"expected a non-empty string or nothing, got {self.family!r}")
         if not self.question.strip():
@@ -314,8 +316,6 @@ def _jsonl_builder(fields: dict, step_mode: str, delimiter: str) -> Callable[[Re
         answer = _require_str(rec, fields["answer"]).strip() if fields.get("answer") else ""
         domain = _optional_str(rec, [fields["domain"]] if fields.get("domain") else [], "unknown")
         family = _get(rec, fields["family"]) if fields.get("family") else None
-        if isinstance(family, int) and not isinstance(family, bool):
-            family = str(family)  # a template number; anything else not a string is refused by Trace
         return Trace(rid, domain, question.strip(), steps, answer, {"steps_field": used}, family)
     return build
 

@@ -103,3 +103,12 @@ def test_probe_layers_not_in_the_data():
         feature_spec(ENGINES["target"], [2, 3], "all", "concat", "mean", "target")
     spec, cols = feature_spec(ENGINES["target"], [2, 3], "last", "concat", "mean", "target")
     assert (spec.layers, cols) == ([3], [1])
+
+
+def test_a_training_set_without_rows_names_the_set(tmp_path):
+    def no_draft_steps(shard):
+        shard.samples[:] = [r for r in shard.samples if r["model"] != "draft"]
+
+    write_synthetic_data(tmp_path, questions=6, edit=no_draft_steps)
+    message = _train(tmp_path)
+    assert "empty training rows of" in message and "no samples to train on" in message

@@ -437,14 +437,13 @@ def prepare_probes(ds, probe_cfg, models: Sequence[str], split_of: Callable[[np.
             continue
         for pooling in sets:
             hint = f" (for {plan.name}, {pooling} pooling)"
-            for name in plan.train_sets:
-                check_row_set(sets[pooling]["train"][name], "training", hint)
-                check_row_set(sets[pooling]["val"][name], "validation", hint)
-            # held-out rows, and sets only scored, are read after training: a bad one must stop the run now
+            # a training set needs training and validation rows; held-out rows, and sets only scored, are read
+            # after training: any of them that is bad must stop the run now
             for name in dict.fromkeys(plan.train_sets + plan.eval_sets):
                 for side, label in (("train", "training"), ("val", "validation"), ("test", "test")):
-                    if len(sets[pooling][side][name]) and (name not in plan.train_sets or side == "test"):
-                        check_row_set(sets[pooling][side][name], label, hint)
+                    rows = sets[pooling][side][name]
+                    if len(rows) or (name in plan.train_sets and side != "test"):
+                        check_row_set(rows, label, hint)
         check_labels_vary([sets[probe_cfg.pooling]["train"][n] for n in plan.train_sets], plan)
     return [p for p in plans if p.name in specs], specs, sets, skipped
 

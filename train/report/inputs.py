@@ -91,10 +91,15 @@ def open_data(ckpt: CheckpointFolder, data: str | os.PathLike | None):
     ds = open_dataset(data)
     same = trained_on is not None and Path(trained_on).resolve() == Path(ds.folder).resolve()
     recorded = ckpt.meta.get("data") or {}
-    if not same and recorded.get("fingerprint") is not None:  # the same settings and models make the same data
-        same = (recorded["fingerprint"] == ds.manifest.get("fingerprint")
-                and recorded.get("engines") == ds.manifest.get("engines"))
+    if not same and recorded.get("fingerprint") is not None:
+        same = made_alike(recorded, ds.manifest)
     return ds, same
+
+
+def made_alike(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two data records (manifests, or what a checkpoint or report kept of one) made with the same settings
+    (fingerprint) and models (engines): the same data, wherever it lies."""
+    return a.get("fingerprint") == b.get("fingerprint") and a.get("engines") == b.get("engines")
 
 
 # ----------------------------------------------------------------------------- held-out questions

@@ -30,6 +30,7 @@ from specprobe.train.report.inputs import (
     CheckpointFolder,
     HeldOut,
     heldout_questions,
+    made_alike,
     open_checkpoint,
     open_data,
     step_summary,
@@ -283,9 +284,8 @@ def _different_questions(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
     qa = set((ma.get("heldout") or {}).get("questions") or [])
     qb = set((mb.get("heldout") or {}).get("questions") or [])
     da, db = (m.get("data") or {} for m in (ma, mb))
-    # data made with the same settings and models is the same data, wherever it lies
-    same_data = ((da.get("fingerprint"), da.get("engines")) == (db.get("fingerprint"), db.get("engines"))
-                 if da.get("fingerprint") and db.get("fingerprint") else da.get("folder") == db.get("folder"))
+    same_data = (made_alike(da, db) if da.get("fingerprint") and db.get("fingerprint")
+                 else da.get("folder") == db.get("folder"))
     if qa == qb and same_data:
         return None
     where = "" if same_data else f"; data {da.get('folder')} and {db.get('folder')} differ"
