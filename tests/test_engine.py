@@ -9,7 +9,7 @@ from specprobe.infer.engines.base import EngineStats
 from specprobe.infer.engines.hf_kv import cache_keyword, output_cache, packing_pays
 from specprobe.infer.engines.sequence_kv import SequenceKV
 from specprobe.infer.engines.token_spec import draw_tokens
-from specprobe.infer.engines.tokens import find_step_end
+from specprobe.infer.engines.tokens import StepTokenizer, find_step_end
 
 from _margins import assert_same_greedy
 
@@ -374,6 +374,45 @@ def test_the_stop_rule_is_one_function():
     eos = next(iter(engine.eos_ids))
     assert text.finished(ids[:2] + [eos], 50, "\n\n") == (tok.decode(ids[:2]), "eos")
     assert text.finished(text.text_ids("\n\n"), 50, "\n\n") is None  # no content yet: not a step
+
+
+def _llama_style_tokenizer():
+    """A small SentencePiece-style BPE tokenizer as Llama 2 and Mistral ship them: spaces become "▁", bytes
+    fall back to <0xNN> tokens, and the decoder strips the leading space of what it decodes, so a token decoded on
+    its own loses its space."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace("▁", prepend_scheme="first")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    special = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    corpus = ["Add 3 and 4 to get 7. Then multiply by 2 and so on.", "So the answer is 14 ## next we check it.",
+              "First, the total is 12 - the rest follows. Done."] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=special))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>")
+
+
+@pytest.mark.parametrize("delimiter", ["\n\n", "\n", " ##", ". ", "\n- "])
+def test_the_fast_paths_cheap_delimiter_test_never_misses_a_step_end(delimiter):
+    """The fast path decodes only where `next_tail` says a step may end. On a tokenizer whose lone tokens lose
+    their spaces, it must still say so at every token where the exact rule (a full decode) ends the step, and
+    not at most other tokens (else it would spare nothing)."""
+    tok = _llama_style_tokenizer()
+    text = StepTokenizer(tok, use_chat_template=False)
+    for body in ("Add 3 and 4 to get 7", "So the answer is 14", "First, the total is 12"):
+        ids = text.text_ids(f"{body}{delimiter}Then multiply by 2 and so on. Done")
+        assert "".join(text.piece(t) for t in ids) != tok.decode(ids)  # lone tokens do lose spaces here
+        tail, ends, yes = "", 0, 0
+        for i, t in enumerate(ids):
+            tail, may_end = text.next_tail(tail, t, delimiter)
+            yes += may_end
+            if text.finished(ids[:i + 1], 10**6, delimiter) and not text.finished(ids[:i], 10**6, delimiter):
+                ends += 1
+                assert may_end, f"missed the step end at token {i} of {tok.convert_ids_to_tokens(ids)}"
+        assert ends == 1
+        assert yes <= len(ids) // 2
 
 
 def test_engine_modules_import_one_way():

@@ -295,7 +295,7 @@ class FastDecodeBatch(RowBatch):
         self.base_cached = 0  # leading base tokens the prefix cache held (`_new_base`)
         self.shared_tokens = 0
         self._delim = params.delimiter
-        self._cheap_stop = self._delim.isascii()  # see _append
+        self._cheap_stop = self._delim.isascii()  # see StepTokenizer.next_tail
         self.pool = pool or StaticKVPool(runner.model, runner.pad_id, keep=0)
         self._forward = decode_step or DecodeStep(runner.model, "none")
         self.join_steps = join_steps if join_steps is not None else (8 if self._forward.graphed else 1)
@@ -482,13 +482,9 @@ class FastDecodeBatch(RowBatch):
     def _append(self, row: _FastRow, tok: int, logprob: float) -> Step | None:
         row.tokens.append(tok)
         row.logprob += logprob
-        # An ASCII delimiter survives decoding token by token (its bytes never belong to a multi-byte
-        # character), so it shows in the row's last pieces whenever it ends in this token; the exact
-        # rule (a full decode) runs only then.
-        piece = self.text.piece(tok)
-        row.tail_text = (row.tail_text + piece)[-(len(self._delim) + len(piece)):]
-        maybe = (not self._cheap_stop or len(row.tokens) >= row.cap or tok in self.text.eos_ids
-                 or self._delim in row.tail_text)
+        # the exact rule (a full decode) runs only where the cheap test on the row's last pieces says it may end
+        row.tail_text, may_end = self.text.next_tail(row.tail_text, tok, self._delim)
+        maybe = (not self._cheap_stop or len(row.tokens) >= row.cap or tok in self.text.eos_ids or may_end)
         if not maybe:
             return None
         step = self.text.make_step(row.tokens, row.logprob, row.cap, self._delim)

@@ -33,6 +33,14 @@ def find_step_end(text: str, delimiter: str) -> int | None:
     return None if pos < 0 else pos + len(delimiter)
 
 
+def may_hold_delimiter(tail: str, delimiter: str) -> bool:
+    """The cheap half of the stop rule: False only when no step can end at `delimiter` within `tail`, the last
+    tokens each decoded on its own and joined. Such pieces may lack spaces that the full decode has (a
+    SentencePiece decoder strips a token's leading space when it stands alone), so spaces are left out on both
+    sides; an ASCII delimiter's other characters survive (their bytes never share a multi-byte character)."""
+    return delimiter.replace(" ", "") in tail.replace(" ", "")
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """Equal for two tokenizers exactly when they map every token string to the same id."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
@@ -118,6 +126,14 @@ class StepTokenizer:
         if text is None:
             text = self._pieces[token_id] = self.tokenizer.decode([token_id])
         return text
+
+    def next_tail(self, tail: str, token_id: int, delimiter: str) -> tuple[str, bool]:
+        """The fast path's per-token test, which spares a full decode at most tokens: (the tail with this token's
+        piece added, kept as short as the test needs; whether a step may end at `delimiter` in this token). Only
+        a yes needs the exact rule (`finished`); a no is never wrong for an ASCII delimiter."""
+        piece = self.piece(token_id)
+        tail = (tail + piece)[-(len(delimiter) + len(piece)):]
+        return tail, may_hold_delimiter(tail, delimiter)
 
     # ------------------------------------------------------------------ the stop rule
     def finished(self, tokens: Sequence[int], cap: int, delimiter: str) -> tuple[str, StopReason] | None:
