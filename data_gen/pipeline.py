@@ -70,6 +70,7 @@ from specprobe.data_gen.store import (
     open_dataset,
     part_dir,
     read_manifest,
+    remove_unlisted_shards,
     summarize_shards,
     verify_shards,
     write_card,
@@ -632,7 +633,7 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
             if manifest is None:
                 _check_no_orphan_shards(folder)
             # (nothing finished under an empty manifest: a run that failed on its first shard is retried with
-            # whatever settings are given now, and the files it left are unlisted, so they are redone)
+            # whatever settings are given now; the files it left are unlisted, so they are removed below)
             manifest = _new_manifest(cfg_dict, job, engine_infos, layers, started_workers["judge"], plan, part,
                                      my_shards)
         else:
@@ -642,6 +643,7 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
         # folder that resumes (the unlisted files are redone), not one refused as foreign shards
         write_manifest(folder, manifest)
         clean_temporaries(folder)
+        remove_unlisted_shards(folder, manifest)
         pilot = CappedPilot(job.data.pilot_contexts, job.data.max_capped_share, job.sampling.max_step_tokens,
                             job.source.delimiter, folder)
         pilot.check(manifest["shards"])  # a resumed run that already passed the pilot size is checked at once

@@ -36,7 +36,7 @@ from specprobe.data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_CO
 from specprobe.probes.io import open_tensors, stage_file, write_text
 
 __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "FolderLock", "shard_path",
-           "file_digests", "shard_problem", "verify_shards",
+           "file_digests", "shard_problem", "verify_shards", "clean_temporaries", "remove_unlisted_shards",
            "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
            "fingerprint", "fingerprint_diff", "summarize_shards", "ProbeDataset", "open_dataset",
            "merge_parts", "SAMPLES_SCHEMA", "CONTEXTS_SCHEMA", "PAIRS_SCHEMA", "FAMILIES"]
@@ -294,6 +294,20 @@ def clean_temporaries(folder: str | os.PathLike) -> int:
         for path in shards.glob(".*.tmp*"):
             path.unlink(missing_ok=True)
             removed += 1
+    return removed
+
+
+def remove_unlisted_shards(folder: str | os.PathLike, manifest: dict) -> list[str]:
+    """Remove shard files in `folder/shards` that no shard of `manifest` lists (a killed or restarted run's; nothing
+    reads them, and a later plan would not redo an index it lacks). Call while holding the lock. Returns their names."""
+    shards = Path(folder) / SHARDS
+    listed = {(Path(folder) / rel).resolve() for s in manifest.get("shards", []) for rel in s["files"].values()}
+    removed = []
+    if shards.is_dir():
+        for path in sorted(shards.glob("*.parquet")) + sorted(shards.glob("*.safetensors")):
+            if path.resolve() not in listed:
+                path.unlink(missing_ok=True)
+                removed.append(path.name)
     return removed
 
 

@@ -467,9 +467,13 @@ def test_a_run_killed_before_its_first_shard_is_listed_resumes(tiny, tmp_path, e
     with pytest.raises(KeyboardInterrupt):
         generate_dataset(first.data_job(), engines=engines, judge=judge, progress=False)
     assert any((cfg.data_dir / "shards").glob("samples-00000*")) and read_manifest(cfg.data_dir)["shards"] == []
+    stray = cfg.data_dir / "shards" / "samples-00099.parquet"  # an index the new plan lacks, so never redone
+    stray.write_bytes(b"left by the failed run")
     monkeypatch.setattr(pipeline, "write_manifest", listed)
     result = generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=False)
     assert result.complete
+    listed_files = {rel.split("/")[-1] for s in result.manifest["shards"] for rel in s["files"].values()}
+    assert {p.name for p in (cfg.data_dir / "shards").iterdir()} == listed_files  # the stray file is gone
     assert_same_data(dataset_arrays(cfg.data_dir), dataset_arrays(reference.data_dir))
 
 
