@@ -354,7 +354,7 @@ def test_the_logistic_kind_becomes_the_runtime_probe(tmp_path, embedder):
 
 
 def test_the_committed_template_overlap_counts_come_from_the_script(tmp_path):
-    """benchmarks/split_families.py recomputes the offline experiments' splits (by question id, as they were made)
+    """benchmarks/split_families.py recomputes the offline experiments' splits (by question id or by family, as made)
     and counts test questions whose template a training or validation question shares."""
     import importlib.util
 
