@@ -376,34 +376,58 @@ def test_the_stop_rule_is_one_function():
     assert text.finished(text.text_ids("\n\n"), 50, "\n\n") is None  # no content yet: not a step
 
 
-def _llama_style_tokenizer():
-    """A small SentencePiece-style BPE tokenizer as Llama 2 and Mistral ship them: spaces become "▁", bytes
-    fall back to <0xNN> tokens, and the decoder strips the leading space of what it decodes, so a token decoded on
-    its own loses its space."""
+_CORPUS = ["Add 3 and 4 to get 7. Then multiply by 2 and so on.", "So the answer is 14 ## next we check it.",
+           "First, the total is 12 - the rest follows. Done."] * 20
+
+
+def _small_tokenizer(style: str):
+    """A small BPE tokenizer trained here. "sentencepiece": as Llama 2 and Mistral ship theirs, spaces become "▁",
+    unknown characters fall back to <0xNN> byte tokens of the vocabulary, and the decoder strips the leading space
+    of what it decodes, so a token decoded on its own loses its space. "byte-level": as GPT-2, Qwen and Llama 3.
+    "wordpiece": as BERT, a lone continuation token keeps its "##"."""
+    import json
+    import string
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    if style == "wordpiece":  # characters only: a word is its first letter, then "##" + each further letter
+        chars = string.ascii_letters + string.digits + string.punctuation
+        vocab = {t: i for i, t in enumerate(["[UNK]", "</s>", *chars, *(f"##{c}" for c in chars)])}
+        tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.BertPreTokenizer(), decoders.WordPiece()
+        return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="[UNK]")
+    tok = Tokenizer(models.BPE())
+    if style == "byte-level":
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+        tok.train_from_iterator(_CORPUS, trainers.BpeTrainer(vocab_size=400, special_tokens=["</s>"],
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
     tok.pre_tokenizer = pre_tokenizers.Metaspace("▁", prepend_scheme="first")
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])
-    special = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    corpus = ["Add 3 and 4 to get 7. Then multiply by 2 and so on.", "So the answer is 14 ## next we check it.",
-              "First, the total is 12 - the rest follows. Done."] * 20
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=special))
+    tok.train_from_iterator(_CORPUS, trainers.BpeTrainer(vocab_size=150, special_tokens=["<unk>", "<s>", "</s>"]))
+    trained = json.loads(tok.to_str())["model"]  # the byte tokens join the vocabulary as ordinary tokens
+    vocab = dict(trained["vocab"])
+    vocab.update({f"<0x{b:02X}>": len(vocab) + b for b in range(256)})
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
+    tok.model = models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>")
 
 
+@pytest.mark.parametrize("style", ["sentencepiece", "byte-level"])
 @pytest.mark.parametrize("delimiter", ["\n\n", "\n", " ##", ". ", "\n- "])
-def test_the_fast_paths_cheap_delimiter_test_never_misses_a_step_end(delimiter):
-    """The fast path decodes only where `next_tail` says a step may end. On a tokenizer whose lone tokens lose
-    their spaces, it must still say so at every token where the exact rule (a full decode) ends the step, and
-    not at most other tokens (else it would spare nothing)."""
-    tok = _llama_style_tokenizer()
+def test_the_fast_paths_cheap_delimiter_test_never_misses_a_step_end(style, delimiter):
+    """The fast path decodes only where `next_tail` says a step may end. It must say so at every token where the
+    exact rule (a full decode) ends the step, also where lone tokens lose their spaces, and not at most other
+    tokens (else it would spare nothing)."""
+    tok = _small_tokenizer(style)
     text = StepTokenizer(tok, use_chat_template=False)
+    assert text.cheap_test_holds(delimiter)
     for body in ("Add 3 and 4 to get 7", "So the answer is 14", "First, the total is 12"):
         ids = text.text_ids(f"{body}{delimiter}Then multiply by 2 and so on. Done")
-        assert "".join(text.piece(t) for t in ids) != tok.decode(ids)  # lone tokens do lose spaces here
+        if style == "sentencepiece":
+            assert "".join(text.piece(t) for t in ids) != tok.decode(ids)  # lone tokens do lose spaces here
         tail, ends, yes = "", 0, 0
         for i, t in enumerate(ids):
             tail, may_end = text.next_tail(tail, t, delimiter)
@@ -413,6 +437,18 @@ def test_the_fast_paths_cheap_delimiter_test_never_misses_a_step_end(delimiter):
                 assert may_end, f"missed the step end at token {i} of {tok.convert_ids_to_tokens(ids)}"
         assert ends == 1
         assert yes <= len(ids) // 2
+
+
+def test_the_cheap_delimiter_test_is_off_where_lone_tokens_add_text():
+    """A WordPiece decoder writes a lone continuation token with its "##", so a delimiter that such tokens spell
+    never shows in the pieces: the fast path must run the exact rule at every token instead."""
+    tok = _small_tokenizer("wordpiece")
+    wordpiece = StepTokenizer(tok, use_chat_template=False)
+    ids = wordpiece.text_ids("doneEND")
+    assert tok.decode(ids) == "doneEND" and "".join(wordpiece.piece(t) for t in ids) == "d##o##n##e##E##N##D"
+    assert not wordpiece.cheap_test_holds("END")
+    assert wordpiece.cheap_test_holds(".")
+    assert not StepTokenizer(_small_tokenizer("byte-level"), use_chat_template=False).cheap_test_holds("\u3002")
 
 
 def test_engine_modules_import_one_way():

@@ -295,7 +295,7 @@ class FastDecodeBatch(RowBatch):
         self.base_cached = 0  # leading base tokens the prefix cache held (`_new_base`)
         self.shared_tokens = 0
         self._delim = params.delimiter
-        self._cheap_stop = self._delim.isascii()  # see StepTokenizer.next_tail
+        self._cheap_stop = text.cheap_test_holds(self._delim)  # see StepTokenizer.next_tail
         self.pool = pool or StaticKVPool(runner.model, runner.pad_id, keep=0)
         self._forward = decode_step or DecodeStep(runner.model, "none")
         self.join_steps = join_steps if join_steps is not None else (8 if self._forward.graphed else 1)

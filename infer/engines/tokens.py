@@ -37,7 +37,8 @@ def may_hold_delimiter(tail: str, delimiter: str) -> bool:
     """The cheap half of the stop rule: False only when no step can end at `delimiter` within `tail`, the last
     tokens each decoded on its own and joined. Such pieces may lack spaces that the full decode has (a
     SentencePiece decoder strips a token's leading space when it stands alone), so spaces are left out on both
-    sides; an ASCII delimiter's other characters survive (their bytes never share a multi-byte character)."""
+    sides; an ASCII delimiter's other characters survive (their bytes never share a multi-byte character). A
+    delimiter of spaces alone matches everywhere (the exact rule then runs at every token)."""
     return delimiter.replace(" ", "") in tail.replace(" ", "")
 
 
@@ -71,6 +72,7 @@ class StepTokenizer:
         self.tokenizer_id = tokenizer_fingerprint(tokenizer)
         self._heads: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
         self._pieces: dict[int, str] = {}
+        self._cheap_holds: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ text
     def head_text(self, question: str, delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
@@ -129,11 +131,22 @@ class StepTokenizer:
 
     def next_tail(self, tail: str, token_id: int, delimiter: str) -> tuple[str, bool]:
         """The fast path's per-token test, which spares a full decode at most tokens: (the tail with this token's
-        piece added, kept as short as the test needs; whether a step may end at `delimiter` in this token). Only
-        a yes needs the exact rule (`finished`); a no is never wrong for an ASCII delimiter."""
-        piece = self.piece(token_id)
-        tail = (tail + piece)[-(len(delimiter) + len(piece)):]
+        piece added, without spaces and kept as short as the test needs; whether a step may end at `delimiter` in
+        this token). Only a yes needs the exact rule (`finished`); where `cheap_test_holds`, a no is never wrong."""
+        piece = self.piece(token_id).replace(" ", "")
+        tail = (tail + piece)[-(len(delimiter.replace(" ", "")) + len(piece)):]
         return tail, may_hold_delimiter(tail, delimiter)
+
+    def cheap_test_holds(self, delimiter: str) -> bool:
+        """Whether `next_tail` may stand in for the exact rule with this delimiter: an ASCII delimiter, and lone
+        tokens that do not add characters a full decode lacks (a WordPiece decoder keeps "##" on a lone token)."""
+        if delimiter not in self._cheap_holds:
+            tail, found = "", False
+            for token_id in self.text_ids(f"Step 1 is done{delimiter}Step 2") if delimiter.isascii() else ():
+                tail, may_end = self.next_tail(tail, token_id, delimiter)
+                found |= may_end
+            self._cheap_holds[delimiter] = found
+        return self._cheap_holds[delimiter]
 
     # ------------------------------------------------------------------ the stop rule
     def finished(self, tokens: Sequence[int], cap: int, delimiter: str) -> tuple[str, StopReason] | None:
