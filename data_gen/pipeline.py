@@ -640,10 +640,14 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
             _check_resumable(folder, manifest, cfg_dict, engine_infos, plan)
         manifest[FAMILIES] = families  # (a folder started before families were recorded gets them now)
         # written before any shard: a run killed between a shard's files and its manifest entry then leaves a
-        # folder that resumes (the unlisted files are redone), not one refused as foreign shards
+        # folder that resumes (the unlisted files are removed here and their shards redone), not one refused as
+        # foreign shards
         write_manifest(folder, manifest)
         clean_temporaries(folder)
-        remove_unlisted_shards(folder, manifest)
+        removed = remove_unlisted_shards(folder, manifest)
+        if removed:
+            _warn(f"removed {len(removed)} shard file(s) that no finished shard lists (e.g. {removed[0]}), left by "
+                  "a run stopped before it listed them (the planned ones among them are generated again)")
         pilot = CappedPilot(job.data.pilot_contexts, job.data.max_capped_share, job.sampling.max_step_tokens,
                             job.source.delimiter, folder)
         pilot.check(manifest["shards"])  # a resumed run that already passed the pilot size is checked at once

@@ -406,13 +406,17 @@ def test_kill_9_then_resume_equals_uninterrupted(tiny, tmp_path):
     # a half-written shard left behind must never count: plant garbage under a final name
     missing = min({0, 1, 2} - {s["index"] for s in manifest["shards"]})
     (data_dir / "shards" / f"samples-{missing:05d}.parquet").write_bytes(b"not parquet")
+    (data_dir / "shards" / "samples-00099.parquet").write_bytes(b"not in the plan")  # never redone: removed
     from specprobe.train.cli import main
 
-    assert main(["--config", str(path), "--stage", "data", "--no-progress"]) == 0
+    with pytest.warns(DataWarning, match="removed .* shard file"):  # at least the garbage and the stray file
+        assert main(["--config", str(path), "--stage", "data", "--no-progress"]) == 0
     resumed = read_manifest(data_dir)
     assert resumed["status"] == "complete"
     assert [s["index"] for s in resumed["shards"]] == [0, 1, 2]
     assert resumed["shards"][0] == manifest["shards"][0]  # the finished shard was not redone
+    listed = {rel.split("/")[-1] for s in resumed["shards"] for rel in s["files"].values()}
+    assert {p.name for p in (data_dir / "shards").iterdir()} == listed
     assert_same_data(dataset_arrays(data_dir), dataset_arrays(reference.data_dir))
 
 
@@ -470,7 +474,8 @@ def test_a_run_killed_before_its_first_shard_is_listed_resumes(tiny, tmp_path, e
     stray = cfg.data_dir / "shards" / "samples-00099.parquet"  # an index the new plan lacks, so never redone
     stray.write_bytes(b"left by the failed run")
     monkeypatch.setattr(pipeline, "write_manifest", listed)
-    result = generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=False)
+    with pytest.warns(DataWarning, match="removed .* shard file"):
+        result = generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=False)
     assert result.complete
     listed_files = {rel.split("/")[-1] for s in result.manifest["shards"] for rel in s["files"].values()}
     assert {p.name for p in (cfg.data_dir / "shards").iterdir()} == listed_files  # the stray file is gone
