@@ -646,8 +646,8 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
         clean_temporaries(folder)
         removed = remove_unlisted_shards(folder, manifest)
         if removed:
-            _warn(f"removed {len(removed)} shard file(s) that no finished shard lists (e.g. {removed[0]}), left by "
-                  "a run stopped before it listed them (the planned ones among them are generated again)")
+            _warn(f"removed {len(removed)} shard file(s) that no finished shard lists (e.g. {removed[0]}): a broken "
+                  "shard's, or a stopped run's; the planned shards among them are generated again")
         pilot = CappedPilot(job.data.pilot_contexts, job.data.max_capped_share, job.sampling.max_step_tokens,
                             job.source.delimiter, folder)
         pilot.check(manifest["shards"])  # a resumed run that already passed the pilot size is checked at once

@@ -430,7 +430,8 @@ def test_a_broken_shard_of_a_finished_run_is_redone_not_reused(tiny, tmp_path, e
     before = read_manifest(copy_cfg.data_dir)
     path = copy_cfg.data_dir / before["shards"][1]["files"]["features"]
     path.write_bytes(path.read_bytes()[:-100])  # truncated after the run finished
-    with pytest.warns(UserWarning, match="shard 1 will be generated again: .*features-00001.safetensors has"):
+    with (pytest.warns(DataWarning, match="removed 4 shard file.*a broken shard's"),  # shard 1's four files
+          pytest.warns(DataWarning, match="shard 1 will be generated again: .*features-00001.safetensors has")):
         result = generate_dataset(copy_cfg.data_job(), engines=engines, judge=judge, progress=False)
     assert result.complete and not result.reused
     after = read_manifest(copy_cfg.data_dir)
