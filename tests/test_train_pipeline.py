@@ -85,9 +85,12 @@ def test_probe_train_keeps_a_template_on_one_side_and_records_it(tmp_path, embed
     manifest[FAMILIES] = {f"q{i}": f"template-{i % 4}" for i in range(12)}  # 4 templates of 3 questions
     write_manifest(data, manifest)
     lines: list[str] = []
-    result = train_all(synthetic_config(tmp_path, tmp_path), print_fn=lines.append, embedder=embedder)
+    cfg = synthetic_config(tmp_path, tmp_path)
+    result = train_all(cfg, print_fn=lines.append, embedder=embedder)
     split = result.metrics["split"]
     assert split["by"] == "question family" and "warning" not in split
+    card = (Path(cfg.checkpoint_dir) / "README.md").read_text()
+    assert f"- split by question family (seed {split['seed']}): train {len(split['train'])} questions of " in card
     for i in range(4):
         members = {f"q{j}" for j in range(12) if j % 4 == i}
         assert sum(bool(members & set(split[side])) for side in SIDES) == 1, i  # one side per template
@@ -188,8 +191,9 @@ def test_a_copied_checkpoint_reads_the_copied_data(run, tmp_path):
 def test_model_card_carries_hub_metadata(run):
     import yaml
 
-    cfg, _, _ = run
+    cfg, result, _ = run
     card = (Path(cfg.checkpoint_dir) / "README.md").read_text()
+    assert f"- split by question (seed {result.metrics['split']['seed']}): train " in card  # no families here
     assert card.startswith("---\n")
     head, _, body = card[4:].partition("\n---\n")
     meta = yaml.safe_load(head)

@@ -105,6 +105,17 @@ def card_metadata(cfg, components: list[str], manifest: dict) -> dict[str, Any]:
     return meta
 
 
+def _split_line(split: dict, rows: dict) -> str:
+    """The card's line on the split: by question or by question family (a family's questions on one side)."""
+    families = split.get("families") if split.get("by") == "question family" else None
+    sides = []
+    for side in ("train", "val", "test"):
+        count = f"{len(split.get(side, []))} questions" + (f" of {len(families[side])} families" if families else "")
+        samples = ", ".join(f"{m} {n}" for m, n in rows.get(side, {}).items())
+        sides.append(f"{side} {count} ({samples} samples)")
+    return f"- split by {'question family' if families else 'question'} (seed {split.get('seed')}): " + ", ".join(sides)
+
+
 def model_card(cfg, metrics: dict, components: list[str], manifest: dict, table: str) -> str:
     eng = manifest["engines"]
     data = metrics.get("data", {})
@@ -122,9 +133,7 @@ def model_card(cfg, metrics: dict, components: list[str], manifest: dict, table:
         f"- folder: `{data.get('folder')}`; {data.get('num_samples_per_context')} samples per context and model, "
         f"meaning clusters by the `{data.get('judge')}` judge",
         f"- source: `{cfg.source.kind}` ({cfg.source.task if cfg.source.kind == 'reasoning_gym' else cfg.source.name or cfg.source.path})",
-        f"- split by question (seed {split.get('seed')}): "
-        + ", ".join(f"{s} {len(split.get(s, []))} questions ({', '.join(f'{m} {n}' for m, n in rows.get(s, {}).items())} samples)"
-                    for s in ("train", "val", "test")),
+        _split_line(split, rows),
         "", "## Components", "",
         *(f"- `{c}`" for c in components),
         "", "## Training", "",
