@@ -33,15 +33,6 @@ def find_step_end(text: str, delimiter: str) -> int | None:
     return None if pos < 0 else pos + len(delimiter)
 
 
-def may_hold_delimiter(tail: str, delimiter: str) -> bool:
-    """The cheap half of the stop rule: False only when no step can end at `delimiter` within `tail`, the last
-    tokens each decoded on its own and joined. Such pieces may lack spaces that the full decode has (a
-    SentencePiece decoder strips a token's leading space when it stands alone), so spaces are left out on both
-    sides; an ASCII delimiter's other characters survive (their bytes never share a multi-byte character). A
-    delimiter of spaces alone matches everywhere (the exact rule then runs at every token)."""
-    return delimiter.replace(" ", "") in tail.replace(" ", "")
-
-
 def tokenizer_fingerprint(tokenizer) -> str:
     """Equal for two tokenizers exactly when they map every token string to the same id."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
@@ -131,11 +122,17 @@ class StepTokenizer:
 
     def next_tail(self, tail: str, token_id: int, delimiter: str) -> tuple[str, bool]:
         """The fast path's per-token test, which spares a full decode at most tokens: (the tail with this token's
-        piece added, without spaces and kept as short as the test needs; whether a step may end at `delimiter` in
-        this token). Only a yes needs the exact rule (`finished`); where `cheap_test_holds`, a no is never wrong."""
+        piece added, kept as short as the test needs; whether a step may end at `delimiter` in this token). Only a
+        yes needs the exact rule (`finished`); where `cheap_test_holds`, a no is never wrong.
+
+        The tail joins tokens each decoded on its own, which may lack spaces the full decode has (a SentencePiece
+        decoder strips a lone token's leading space), so spaces are left out of tail and delimiter; an ASCII
+        delimiter's other characters survive (their bytes never share a multi-byte character). A delimiter of
+        spaces alone matches everywhere (the exact rule then runs at every token)."""
+        core = delimiter.replace(" ", "")
         piece = self.piece(token_id).replace(" ", "")
-        tail = (tail + piece)[-(len(delimiter.replace(" ", "")) + len(piece)):]
-        return tail, may_hold_delimiter(tail, delimiter)
+        tail = (tail + piece)[-(len(core) + len(piece)):]
+        return tail, core in tail
 
     def cheap_test_holds(self, delimiter: str) -> bool:
         """Whether `next_tail` may stand in for the exact rule with this delimiter: an ASCII delimiter, and lone
