@@ -98,7 +98,7 @@ def count_syncs(engine, prefix: Prefix, rows: int, tokens: int) -> list[int]:
     return counts
 
 
-def bench_path(base: HFStepEngine, decode: str, args, prefix: Prefix, fused_norm: bool = False) -> None:
+def bench_path(base: HFStepEngine, decode: str, args, prefix: Prefix, fused_norm: bool | str = "auto") -> None:
     """The tables of one decode path, on `base`'s weights (their norms fused or not: the engines set it)."""
     shared = HFStepEngine(args.model, model=base.model, tokenizer=base.tokenizer, decode=decode,
                           decode_graph=args.graph, fused_norm=fused_norm)
@@ -148,9 +148,9 @@ def main() -> None:
                                                          "other on the same weights: auto (fast on CUDA), fast, eager")
     parser.add_argument("--graph", default="auto", help="the fast path's decode step: auto (cuda_graph on CUDA), "
                                                         "cuda_graph, compile, none")
-    parser.add_argument("--fused-norm", default="off", choices=("off", "on", "off,on"),
-                        help="RMSNorm layers as one fused kernel (models.fused_norm); off,on measures each decode "
-                             "path both ways, one after the other on the same weights")
+    parser.add_argument("--fused-norm", default="auto", choices=("auto", "off", "on", "off,on"),
+                        help="RMSNorm layers as one fused kernel (models.fused_norm; auto: on CUDA only); off,on "
+                             "measures each decode path both ways, one after the other on the same weights")
     parser.add_argument("--no-unshared", dest="unshared", action="store_false",
                         help="skip the baseline that encodes the prefix once per row")
     parser.add_argument("--batch-cost", default="", help="ks of the batch cost b(k) = time of one step for k rows "
@@ -169,7 +169,7 @@ def main() -> None:
           f"{time.perf_counter() - t0:.1f} s")
     for decode in args.decode.split(","):
         for fused in args.fused_norm.split(","):
-            bench_path(base, decode, args, prefix, fused_norm=fused == "on")
+            bench_path(base, decode, args, prefix, fused_norm={"on": True, "off": False}.get(fused, fused))
     params = SamplingParams(seed=1, max_step_tokens=args.tokens)
     steps = [s.text for s in base.generate([StepRequest(prefix, 20)], params).steps[0]]
     times = []

@@ -40,10 +40,10 @@
 # TARGET_PRIORITY (normal | high; default normal) the target engine's CUDA stream priority in the runtime, adaptive
 # and open phases' runtime runs (models.target_stream_priority: with high, the target's kernels start before
 # lr_async's draft's; whether async then gains on one GPU is what a run with and without it shows).
-# FUSED_NORM (off | on | off,on; default off) runs the models' RMSNorm layers as one fused kernel each
-# (models.fused_norm): off,on makes each engine part measure its decode path both ways, one after the other on the
-# same weights (the A/B of one process; in the open phase that doubles its engine parts' work under the same
-# LIMITS); the runtime, adaptive and open phases' runtime runs fuse when it has "on".
+# FUSED_NORM (auto | off | on | off,on; default auto = the engine's default, fused on CUDA) runs the models' RMSNorm
+# layers as one fused kernel each or not (models.fused_norm): off,on makes each engine part measure its decode path
+# both ways, one after the other on the same weights (the A/B of one process; in the open phase that doubles its
+# engine parts' work under the same LIMITS); the runtime, adaptive and open phases' runtime runs fuse unless it is off.
 # SEED (default 0) the runtime and adaptive runs' seed (runtime.seed): sampling and the Bernoulli verifier's draws
 # are keyed by it and the prefix text, so on a few problems one seed is one draw of the acceptances (on the CPU, 16
 # problems gave lr_sync an acceptance of 0.68 at seed 0 and 0.58, 0.60 at seeds 1, 2, for a Bernoulli 0.6).
@@ -68,9 +68,9 @@ fi
 if [ -n "${RUNTIME_S:-}" ] && ! [[ $RUNTIME_S =~ ^[1-9][0-9]*$ ]]; then
   echo "RUNTIME_S takes a whole number of seconds above 0 (unset it for no limit), got '$RUNTIME_S'" >&2; exit 2
 fi
-case ${FUSED_NORM:-off} in
-  off) fused=() ;; on|off,on) fused=(models.fused_norm=true) ;;
-  *) echo "FUSED_NORM takes off, on or off,on, got '$FUSED_NORM'" >&2; exit 2 ;;
+case ${FUSED_NORM:-auto} in
+  auto) fused=() ;; off) fused=(models.fused_norm=false) ;; on|off,on) fused=(models.fused_norm=true) ;;
+  *) echo "FUSED_NORM takes auto, off, on or off,on, got '$FUSED_NORM'" >&2; exit 2 ;;
 esac
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -83,7 +83,7 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
   | tee -a "$out/gpu.txt"
 # bench_engine.py's flags every engine measurement shares: greedy rows of `tokens` tokens, `repeats` timings
 engine_bench=(python3 benchmarks/bench_engine.py --device "$device" --dtype "$dtype" --tokens "$tokens"
-              --repeats "$repeats" --greedy --fused-norm "${FUSED_NORM:-off}")
+              --repeats "$repeats" --greedy --fused-norm "${FUSED_NORM:-auto}")
 stopped() {  # exit status, seconds, file: a part that did not finish says so in its file
   echo "## stopped: exit $1 (124 = its $2 s limit)" | tee -a "$3"
 }

@@ -53,12 +53,15 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
+        errors, options = [], [a for a in args if a is not type(None)]
+        for arg in options:
             try:
                 return _coerce(value, arg, key, where)
             except ConfigError as err:
                 errors.append(str(err))
+        if len(errors) > 1:  # name every accepted form (bool | Literal["auto"]: "a bool or one of ['auto']")
+            forms = [f"one of {list(get_args(a))}" if get_origin(a) is Literal else f"a {_type_name(a)}" for a in options]
+            raise ConfigError(f"{key}: {value!r} is not {' or '.join(forms)} (in {where})")
         raise ConfigError(errors[0] if errors else f"{key}: bad value in {where}")
     if origin is Literal:
         if value not in args:

@@ -12,7 +12,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from specprobe.infer.config import ModelsConfig
 from specprobe.infer.engines import HFStepEngine, Prefix, build_engine_pair
-from specprobe.infer.engines.fused_norm import fused_norm_count, set_fused_norms
+from specprobe.infer.engines.fused_norm import fused_norm_count, set_fused_norms, wants_fused_norms
 from specprobe.infer.models import load_model
 from specprobe.inputs.config import ConfigError
 from specprobe.train.config import load_config
@@ -120,3 +120,32 @@ def test_models_fused_norm_reaches_both_engines_and_is_refused_for_vllm_alone():
         load_config("configs/tiny.yaml", ["models.engine=vllm", "models.fused_norm=true"])
     assert load_config("configs/tiny.yaml", ["models.engine=vllm", "models.draft_engine=hf",
                                              "models.fused_norm=true"]).models.fused_norm
+
+
+class _WeightsOn:
+    """A stand-in for a model whose first parameter sits on `device` (no CUDA here to put one there)."""
+
+    def __init__(self, device: str | None):
+        self.device = device
+
+    def parameters(self):
+        return iter([] if self.device is None else [type("P", (), {"device": torch.device(self.device)})()])
+
+
+def test_auto_fuses_on_cuda_only_and_an_explicit_setting_wins():
+    assert wants_fused_norms("auto", _WeightsOn("cuda:1")) and wants_fused_norms("auto", _WeightsOn("cuda"))
+    assert not wants_fused_norms("auto", _WeightsOn("cpu")) and not wants_fused_norms("auto", _WeightsOn(None))
+    assert wants_fused_norms(True, _WeightsOn("cpu")) and not wants_fused_norms(False, _WeightsOn("cuda"))
+    with pytest.raises(ValueError, match="fused_norm must be True, False or 'auto', got 'on'"):
+        wants_fused_norms("on", _WeightsOn("cpu"))
+
+
+def test_the_default_is_auto_and_leaves_a_cpu_engine_unfused(one_thread):
+    cfg = load_config("configs/tiny.yaml", [])
+    assert cfg.models.fused_norm == "auto"
+    assert load_config("configs/tiny.yaml", ["models.fused_norm=false"]).models.fused_norm is False
+    with pytest.raises(ConfigError, match=r"models.fused_norm: .maybe. is not a bool or one of \[.auto.\]"):
+        load_config("configs/tiny.yaml", ["models.fused_norm=maybe"])
+    assert load_config("configs/tiny.yaml", ["models.engine=vllm", "models.fused_norm=auto"]).models.fused_norm == "auto"
+    engine = HFStepEngine("random:llama-tiny", device="cpu", decode="fast")
+    assert engine.fused_norms == 0

@@ -28,7 +28,7 @@ from specprobe.infer.engines.base import (
     StepRequest,
     sample_seed,
 )
-from specprobe.infer.engines.fused_norm import fused_norm_count, set_fused_norms
+from specprobe.infer.engines.fused_norm import fused_norm_count, set_fused_norms, wants_fused_norms
 from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec, packing_pays
 from specprobe.infer.engines.lookahead_decoding import JacobiProposer
 from specprobe.infer.engines.sequence_kv import SequenceKV
@@ -90,7 +90,7 @@ class HFStepEngine(TokenizedText):
         decode: str = "auto",
         decode_graph: str = "auto",
         stream_priority: str = "normal",
-        fused_norm: bool = False,
+        fused_norm: bool | str = "auto",
     ):
         """decode: "fast" (static KV buffers, device-side sampling, one host sync per plain iteration:
         `infer.engines.static_kv`), "eager" (the reference `hf_kv.DecodeBatch`) or "auto" (fast on CUDA,
@@ -99,14 +99,15 @@ class HFStepEngine(TokenizedText):
         replayed), "compile" (inductor's fused kernels, captured the same way on CUDA), "none" (eager), "auto" (cuda_graph on CUDA).
         stream_priority: "normal" or "high", the priority of the engine's own CUDA stream (`STREAM_PRIORITIES`).
         fused_norm: run the model's RMSNorm layers as one fused kernel each (`fused_norm.set_fused_norms`; the
-        setting holds for every engine sharing these weights)."""
+        setting holds for every engine sharing these weights): True, False, or "auto" (on where the weights sit on
+        CUDA: `fused_norm.wants_fused_norms`)."""
         if decode not in ("auto", "fast", "eager"):
             raise ValueError(f"decode must be 'auto', 'fast' or 'eager', got {decode!r}")
         check_stream_priority(stream_priority)  # before the model loads
         if model is None:
             model, tokenizer = load_model(model_name, device=device, dtype=dtype, cache_dir=cache_dir)
         self.model, self.tokenizer = model, tokenizer
-        set_fused_norms(model, fused_norm)  # before any decode step is captured
+        set_fused_norms(model, wants_fused_norms(fused_norm, model))  # before any decode step is captured
         self.model_name = model_name
         static_why = static_cache_supported(model)  # None: plain full-attention layers (static buffers, tree masks)
         self.capabilities = EngineCapabilities("transformers", raw_model=True, tree_attention=static_why is None)
