@@ -1,6 +1,6 @@
 """Where a batch-1 decode step's GPU time goes (CUDA): the kernels of the fast path's plain decode forward.
 
-    python benchmarks/profile_decode.py [--model random:qwen2-7b] [--rows 1] [--steps 20] [--fused-norm]
+    python benchmarks/profile_decode.py [--model random:qwen2-7b] [--rows 1] [--steps 20] [--fused-norm auto|off|on]
 
 The fast path replays the decode forward as one CUDA graph, so host launches cost nothing there; what remains is
 the GPU time of the forward's kernels. This runs the same forward eagerly on a batch's static buffers (the same
@@ -29,12 +29,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--device", default="cuda", help="cuda; cpu only checks this script (CPU ops instead of kernels)")
-    ap.add_argument("--fused-norm", action="store_true", help="RMSNorm layers as one fused kernel (models.fused_norm)")
+    ap.add_argument("--fused-norm", default="auto", choices=("auto", "off", "on"),
+                    help="RMSNorm layers as one fused kernel (models.fused_norm; auto: on CUDA only)")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     engine = HFStepEngine(args.model, device=args.device, dtype="bfloat16" if cuda else "float32", decode="fast",
-                          fused_norm=args.fused_norm)
+                          fused_norm={"on": True, "off": False}.get(args.fused_norm, "auto"))
     params = SamplingParams(temperature=0.0, max_step_tokens=16, delimiter="\x00\x00")
     engine.generate([StepRequest(Prefix(QUESTION), args.rows)], params)  # warm-up, fills a pooled buffer
     kv = engine.kv_pool.free[-1]
