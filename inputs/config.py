@@ -60,7 +60,8 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
             except ConfigError as err:
                 errors.append(str(err))
         if len(errors) > 1:  # name every accepted form (bool | Literal["auto"]: "a bool or one of ['auto']")
-            forms = [f"one of {list(get_args(a))}" if get_origin(a) is Literal else f"a {_type_name(a)}" for a in options]
+            forms = [f"one of {list(get_args(a))}" if get_origin(a) is Literal
+                     else f"{'an' if _type_name(a)[0] in 'aeiou' else 'a'} {_type_name(a)}" for a in options]
             raise ConfigError(f"{key}: {value!r} is not {' or '.join(forms)} (in {where})")
         raise ConfigError(errors[0] if errors else f"{key}: bad value in {where}")
     if origin is Literal:

@@ -91,6 +91,9 @@ def test_unknown_key_names_key_and_file(tmp_path):
     ("nokey", r"key=value"),
     ("data.models=[target, oracle]", r"data\.models"),
     ("data.cluster_scheme=last", r"data\.cluster_scheme: 'last' is not one of"),
+    # a union names each form it takes
+    ("eval.umap_layer=[1]", r"eval\.umap_layer: \[1\] is not an int or a str"),
+    ("models.fused_norm=maybe", r"models\.fused_norm: 'maybe' is not a bool or one of \['auto'\]"),
 ])
 def test_bad_values_are_errors(override, pattern):
     with pytest.raises(ConfigError, match=pattern):
