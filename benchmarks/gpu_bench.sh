@@ -48,6 +48,8 @@
 # are keyed by it and the prefix text, so on a few problems one seed is one draw of the acceptances (on the CPU, 16
 # problems gave lr_sync an acceptance of 0.68 at seed 0 and 0.58, 0.60 at seeds 1, 2, for a Bernoulli 0.6).
 # Problems: a jsonl file of questions (QUESTIONS, default .gpu/questions.jsonl); their text only sets the prompt.
+# Each runtime and adaptive run's folder is also packed into <folder>.tgz beside it: the GPU device returns only a
+# few files per folder (results.json and the traces stayed behind once), and one archive comes back whole.
 # SMOKE=1 runs every phase's commands on the CPU with tiny random models and tiny sizes (tests/test_gpu_bench.py),
 # so a GPU session never finds a broken command.
 set -euo pipefail
@@ -87,6 +89,10 @@ engine_bench=(python3 benchmarks/bench_engine.py --device "$device" --dtype "$dt
 stopped() {  # exit status, seconds, file: a part that did not finish says so in its file
   echo "## stopped: exit $1 (124 = its $2 s limit)" | tee -a "$3"
 }
+pack() {  # folder under $out: also as one archive beside it (the GPU device returns a few files per folder, and an
+  # archive whole)
+  [ -d "$out/$1" ] && tar czf "$out/$1.tgz" -C "$out" "$1" || true
+}
 runtime() {  # target, problems, max steps, label, summary file: bench_runtime.py, stopped after RUNTIME_S seconds
   # when set (its log noted, and summarised into the summary file whether or not it finished)
   local rc=0
@@ -97,6 +103,7 @@ runtime() {  # target, problems, max steps, label, summary file: bench_runtime.p
     "runtime.seed=${SEED:-0}" ${DRAFT_GRAPH:+"models.draft_decode_graph=$DRAFT_GRAPH"} \
     ${TARGET_PRIORITY:+"models.target_stream_priority=$TARGET_PRIORITY"} ${fused[@]+"${fused[@]}"} 2>&1 \
     | tee "$out/$4.txt" || rc=$?  # pipefail: the benchmark's status
+  pack "$4"
   [ -z "${RUNTIME_S:-}" ] && return "$rc"
   [ "$rc" = 0 ] || stopped "$rc" "$RUNTIME_S" "$out/$4.txt"
   python3 benchmarks/runtime_log_summary.py "$out/$4.txt" | tee "$out/$5"
@@ -118,7 +125,9 @@ case $phase in
       --methods "${ADAPTIVE_METHODS:-lr_sync,semanticspec}" ${skip[@]+"${skip[@]}"} --out "$out/adaptive_gamma" \
       "models.decode_graph=${GRAPH:-auto}" ${DRAFT_GRAPH:+"models.draft_decode_graph=$DRAFT_GRAPH"} \
       ${TARGET_PRIORITY:+"models.target_stream_priority=$TARGET_PRIORITY"} ${fused[@]+"${fused[@]}"} "runtime.seed=${SEED:-0}" bench.source.kind=jsonl \
-      "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" ;;
+      "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" || rc=$?
+    pack adaptive_gamma
+    exit "${rc:-0}" ;;
   open)
     limits=(${LIMITS:-90 120 70 270})
     [ ${#limits[@]} = 4 ] || { echo "LIMITS takes four whole numbers of seconds (check engine15 engine32 runtime), got '${LIMITS:-}'" >&2; exit 2; }

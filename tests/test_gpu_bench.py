@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,8 @@ def test_runtime_phases(tmp_path, phase, folder, draft_graph, seed, priority, fu
     assert log.count("; draft decode fast (none: 0 captures") == 2 and "# after the run: target decode fast" in log
     assert "# loads and b(k) took " in log and " s since the start" in log  # where a run cut by its limit was
     assert json.loads((out / folder / "batch_cost.json").read_text())["1"] == 1.0
+    with tarfile.open(out / f"{folder}.tgz") as packed:  # the folder whole in one archive, for the device's return
+        assert {f"{folder}/results.json", f"{folder}/traces/target.jsonl"} <= set(packed.getnames())
 
 
 @pytest.mark.slow
@@ -77,6 +80,8 @@ def test_adaptive_phase(tmp_path, extra):
     out, _ = _smoke("adaptive", tmp_path, **extra)
     summary = json.loads((out / "adaptive_gamma" / "summary.json").read_text())
     assert "adaptive / best fixed" in (out / "adaptive.txt").read_text()
+    with tarfile.open(out / "adaptive_gamma.tgz") as packed:
+        assert "adaptive_gamma/summary.json" in packed.getnames()
     methods = {m for run in summary.values() for m in run["speedup_over_target"]}
     if extra:
         assert set(summary) == {"b_semanticspec"}
