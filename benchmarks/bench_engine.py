@@ -31,6 +31,7 @@ from bench_runtime import (  # noqa: E402 - b(k) measured as the runtime benchma
 )
 
 from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
+from specprobe.infer.engines.fused_norm import setting_of
 from specprobe.infer.engines.hf import HFStepEngine
 from specprobe.infer.engines.hf_kv import ModelRunner, output_cache
 
@@ -169,7 +170,7 @@ def main() -> None:
           f"{time.perf_counter() - t0:.1f} s")
     for decode in args.decode.split(","):
         for fused in args.fused_norm.split(","):
-            bench_path(base, decode, args, prefix, fused_norm={"on": True, "off": False}.get(fused, fused))
+            bench_path(base, decode, args, prefix, fused_norm=setting_of(fused))
     params = SamplingParams(seed=1, max_step_tokens=args.tokens)
     steps = [s.text for s in base.generate([StepRequest(prefix, 20)], params).steps[0]]
     times = []

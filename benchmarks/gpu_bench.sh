@@ -90,8 +90,9 @@ stopped() {  # exit status, seconds, file: a part that did not finish says so in
   echo "## stopped: exit $1 (124 = its $2 s limit)" | tee -a "$3"
 }
 pack() {  # folder under $out: also as one archive beside it (the GPU device returns a few files per folder, and an
-  # archive whole)
-  [ -d "$out/$1" ] && tar czf "$out/$1.tgz" -C "$out" "$1" || true
+  # archive whole); a failure is said and does not stop the phase (the folder itself is still there)
+  [ -d "$out/$1" ] || return 0
+  tar czf "$out/$1.tgz" -C "$out" "$1" || echo "could not pack $out/$1 into $1.tgz" >&2
 }
 runtime() {  # target, problems, max steps, label, summary file: bench_runtime.py, stopped after RUNTIME_S seconds
   # when set (its log noted, and summarised into the summary file whether or not it finished)
@@ -118,7 +119,7 @@ case $phase in
   runtime) runtime "$target" "${problems:-8}" "${steps:-16}" runtime_7b runtime_7b_summary.md ;;
   runtime32) runtime "$target32" "${problems:-6}" "${steps:-12}" runtime_32b runtime_32b_summary.md ;;
   adaptive)
-    skip=() && [ "${SKIP:-0}" = 1 ] && skip=(--forecast-skip)
+    rc=0 skip=() && [ "${SKIP:-0}" = 1 ] && skip=(--forecast-skip)
     python3 benchmarks/bench_adaptive_gamma.py --device "$device" --dtype "$dtype" --target "${TARGET:-$target}" \
       --draft "$draft" --problems "${problems:-8}" --steps "${steps:-16}" --step-tokens "$step_tokens" \
       --gammas "${GAMMAS:-$gammas}" --scenarios "${SCENARIOS:-$scenarios}" \
@@ -127,7 +128,7 @@ case $phase in
       ${TARGET_PRIORITY:+"models.target_stream_priority=$TARGET_PRIORITY"} ${fused[@]+"${fused[@]}"} "runtime.seed=${SEED:-0}" bench.source.kind=jsonl \
       "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" || rc=$?
     pack adaptive_gamma
-    exit "${rc:-0}" ;;
+    exit "$rc" ;;
   open)
     limits=(${LIMITS:-90 120 70 270})
     [ ${#limits[@]} = 4 ] || { echo "LIMITS takes four whole numbers of seconds (check engine15 engine32 runtime), got '${LIMITS:-}'" >&2; exit 2; }

@@ -16,6 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
+from specprobe.infer.engines.fused_norm import setting_of
 from specprobe.infer.engines.hf import HFStepEngine
 from specprobe.infer.engines.static_kv import DecodeStep
 
@@ -35,7 +36,7 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     engine = HFStepEngine(args.model, device=args.device, dtype="bfloat16" if cuda else "float32", decode="fast",
-                          fused_norm={"on": True, "off": False}.get(args.fused_norm, "auto"))
+                          fused_norm=setting_of(args.fused_norm))
     params = SamplingParams(temperature=0.0, max_step_tokens=16, delimiter="\x00\x00")
     engine.generate([StepRequest(Prefix(QUESTION), args.rows)], params)  # warm-up, fills a pooled buffer
     kv = engine.kv_pool.free[-1]

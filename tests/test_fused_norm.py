@@ -12,7 +12,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from specprobe.infer.config import ModelsConfig
 from specprobe.infer.engines import HFStepEngine, Prefix, build_engine_pair
-from specprobe.infer.engines.fused_norm import fused_norm_count, set_fused_norms, wants_fused_norms
+from specprobe.infer.engines.fused_norm import fused_norm_count, set_fused_norms, setting_of, wants_fused_norms
 from specprobe.infer.models import load_model
 from specprobe.inputs.config import ConfigError
 from specprobe.train.config import load_config
@@ -138,6 +138,10 @@ def test_auto_fuses_on_cuda_only_and_an_explicit_setting_wins():
     assert wants_fused_norms(True, _WeightsOn("cpu")) and not wants_fused_norms(False, _WeightsOn("cuda"))
     with pytest.raises(ValueError, match="fused_norm must be True, False or 'auto', got 'on'"):
         wants_fused_norms("on", _WeightsOn("cpu"))
+    # the command lines' words (bench_engine.py, profile_decode.py)
+    assert (setting_of("auto"), setting_of("on"), setting_of("off")) == ("auto", True, False)
+    with pytest.raises(ValueError, match="'yes' is not one of"):
+        setting_of("yes")
 
 
 def test_the_default_is_auto_and_leaves_a_cpu_engine_unfused(one_thread):

@@ -114,6 +114,14 @@ def wants_fused_norms(setting: bool | str, model) -> bool:
     raise ValueError(f"fused_norm must be True, False or 'auto', got {setting!r}")
 
 
+def setting_of(word: str) -> bool | str:
+    """A command line's auto / on / off as the setting `wants_fused_norms` takes."""
+    settings = {"auto": "auto", "on": True, "off": False}
+    if word not in settings:
+        raise ValueError(f"fused norms: {word!r} is not one of {list(settings)}")
+    return settings[word]
+
+
 def fused_norm_count(model) -> int:
     """How many of the model's norm layers run the fused kernel."""
     return sum(_swapped(m) for m in _candidates(model))
