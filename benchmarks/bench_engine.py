@@ -99,12 +99,14 @@ def count_syncs(engine, prefix: Prefix, rows: int, tokens: int) -> list[int]:
     return counts
 
 
-def bench_path(base: HFStepEngine, decode: str, args, prefix: Prefix, fused_norm: bool | str = "auto") -> None:
-    """The tables of one decode path, on `base`'s weights (their norms fused or not: the engines set it)."""
-    shared = HFStepEngine(args.model, model=base.model, tokenizer=base.tokenizer, decode=decode,
-                          decode_graph=args.graph, fused_norm=fused_norm)
-    unshared = (UnsharedPrefixEngine(args.model, model=base.model, tokenizer=base.tokenizer, decode=decode,
-                                     decode_graph=args.graph, fused_norm=fused_norm) if args.unshared else None)
+def bench_path(base: HFStepEngine, decode: str, args, prefix: Prefix, fused_norm: bool | str = "auto",
+               merged_linear: bool | str = "auto") -> None:
+    """The tables of one decode path, on `base`'s weights (their norms fused or not, their linear layers merged or
+    not: the engines set it)."""
+    swaps = dict(decode=decode, decode_graph=args.graph, fused_norm=fused_norm, merged_linear=merged_linear)
+    shared = HFStepEngine(args.model, model=base.model, tokenizer=base.tokenizer, **swaps)
+    unshared = (UnsharedPrefixEngine(args.model, model=base.model, tokenizer=base.tokenizer, **swaps)
+                if args.unshared else None)
     batches = [int(b) for b in args.batches.split(",")]
     t0 = time.perf_counter()
     for batch in batches:  # warm-up at every batch shape (kernel choice, graph capture on the fast path)
@@ -152,6 +154,9 @@ def main() -> None:
     parser.add_argument("--fused-norm", default="auto", choices=("auto", "off", "on", "off,on"),
                         help="RMSNorm layers as one fused kernel (models.fused_norm; auto: on CUDA only); off,on "
                              "measures each decode path both ways, one after the other on the same weights")
+    parser.add_argument("--merged-linear", default="auto", choices=("auto", "off", "on", "off,on"),
+                        help="q/k/v and gate/up as one product each (models.merged_linear; auto: on CUDA only); "
+                             "off,on measures each decode path (and fused-norm setting) both ways")
     parser.add_argument("--no-unshared", dest="unshared", action="store_false",
                         help="skip the baseline that encodes the prefix once per row")
     parser.add_argument("--batch-cost", default="", help="ks of the batch cost b(k) = time of one step for k rows "
@@ -170,7 +175,9 @@ def main() -> None:
           f"{time.perf_counter() - t0:.1f} s")
     for decode in args.decode.split(","):
         for fused in args.fused_norm.split(","):
-            bench_path(base, decode, args, prefix, fused_norm=setting_of(fused))
+            for merged in args.merged_linear.split(","):
+                bench_path(base, decode, args, prefix, fused_norm=setting_of(fused),
+                           merged_linear=setting_of(merged, "merged linear"))
     params = SamplingParams(seed=1, max_step_tokens=args.tokens)
     steps = [s.text for s in base.generate([StepRequest(prefix, 20)], params).steps[0]]
     times = []
@@ -182,7 +189,7 @@ def main() -> None:
     n_tok = sum(base.count_tokens(s) for s in steps)
     print(f"teacher-forced scoring of 20 steps ({n_tok} tokens, all {base.info.num_layers + 1} hidden-state "
           f"rows pooled) after a {n_prefix}-token prefix: {statistics.median(times):.3f} s (one batched pass + prefix; "
-          f"{base.fused_norms} norm layers fused)")
+          f"{base.fused_norms} norm layers fused, {base.merged_linears} linear groups merged)")
 
 
 QUESTIONS = [f"{QUESTION} (Case {i}: he also works {i} extra days a year.)" for i in range(20)]

@@ -124,11 +124,13 @@ def format_explained(rows: list[dict], gamma: int, b_of_k: dict) -> str:
 def describe_decode(engine) -> str:
     """The engine's decode path and, on the fast path, its decode step's mode, captures and replays (or why it fell
     back to eager); on CUDA its stream's priority as the device took it (`models.target_stream_priority`); how many
-    norm layers run fused (`models.fused_norm`)."""
+    norm layers run fused (`models.fused_norm`) and how many groups of linear layers merged (`models.merged_linear`)."""
     stream = getattr(engine, "stream", None)
     where = "" if stream is None else f", stream priority {engine.stream_priority} ({stream.priority} on the device)"
     fused = getattr(engine, "fused_norms", 0)  # (a vLLM engine has none of its own)
     where += f", {fused} norm layers fused" if fused else ""
+    merged = getattr(engine, "merged_linears", 0)
+    where += f", {merged} linear groups merged" if merged else ""
     step = getattr(engine, "decode_step", None)
     if step is None:
         return f"decode {getattr(engine, 'decode', 'eager')}{where}"

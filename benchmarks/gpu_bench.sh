@@ -44,6 +44,8 @@
 # layers as one fused kernel each or not (models.fused_norm): off,on makes each engine part measure its decode path
 # both ways, one after the other on the same weights (the A/B of one process; in the open phase that doubles its
 # engine parts' work under the same LIMITS); the runtime, adaptive and open phases' runtime runs fuse unless it is off.
+# MERGED_LINEAR (same words; default auto = merged on CUDA) runs the q/k/v and gate/up projections as one product each
+# or not (models.merged_linear); off,on in the engine parts as FUSED_NORM's (both off,on: all four combinations).
 # SEED (default 0) the runtime and adaptive runs' seed (runtime.seed): sampling and the Bernoulli verifier's draws
 # are keyed by it and the prefix text, so on a few problems one seed is one draw of the acceptances (on the CPU, 16
 # problems gave lr_sync an acceptance of 0.68 at seed 0 and 0.58, 0.60 at seeds 1, 2, for a Bernoulli 0.6).
@@ -71,8 +73,12 @@ if [ -n "${RUNTIME_S:-}" ] && ! [[ $RUNTIME_S =~ ^[1-9][0-9]*$ ]]; then
   echo "RUNTIME_S takes a whole number of seconds above 0 (unset it for no limit), got '$RUNTIME_S'" >&2; exit 2
 fi
 case ${FUSED_NORM:-auto} in
-  auto) fused=() ;; off) fused=(models.fused_norm=false) ;; on|off,on) fused=(models.fused_norm=true) ;;
+  auto) swaps=() ;; off) swaps=(models.fused_norm=false) ;; on|off,on) swaps=(models.fused_norm=true) ;;
   *) echo "FUSED_NORM takes auto, off, on or off,on, got '$FUSED_NORM'" >&2; exit 2 ;;
+esac
+case ${MERGED_LINEAR:-auto} in
+  auto) ;; off) swaps+=(models.merged_linear=false) ;; on|off,on) swaps+=(models.merged_linear=true) ;;
+  *) echo "MERGED_LINEAR takes auto, off, on or off,on, got '$MERGED_LINEAR'" >&2; exit 2 ;;
 esac
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -85,7 +91,7 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
   | tee -a "$out/gpu.txt"
 # bench_engine.py's flags every engine measurement shares: greedy rows of `tokens` tokens, `repeats` timings
 engine_bench=(python3 benchmarks/bench_engine.py --device "$device" --dtype "$dtype" --tokens "$tokens"
-              --repeats "$repeats" --greedy --fused-norm "${FUSED_NORM:-auto}")
+              --repeats "$repeats" --greedy --fused-norm "${FUSED_NORM:-auto}" --merged-linear "${MERGED_LINEAR:-auto}")
 stopped() {  # exit status, seconds, file: a part that did not finish says so in its file
   echo "## stopped: exit $1 (124 = its $2 s limit)" | tee -a "$3"
 }
@@ -102,7 +108,7 @@ runtime() {  # target, problems, max steps, label, summary file: bench_runtime.p
     --decode "${DECODE:-auto}" --methods "${METHODS:-target,lr_sync,lr_async,semanticspec,draft}" --out "$out/$4" \
     --set bench.source.kind=jsonl "bench.source.path=$questions" "models.decode_graph=${GRAPH:-auto}" \
     "runtime.seed=${SEED:-0}" ${DRAFT_GRAPH:+"models.draft_decode_graph=$DRAFT_GRAPH"} \
-    ${TARGET_PRIORITY:+"models.target_stream_priority=$TARGET_PRIORITY"} ${fused[@]+"${fused[@]}"} 2>&1 \
+    ${TARGET_PRIORITY:+"models.target_stream_priority=$TARGET_PRIORITY"} ${swaps[@]+"${swaps[@]}"} 2>&1 \
     | tee "$out/$4.txt" || rc=$?  # pipefail: the benchmark's status
   pack "$4"
   [ -z "${RUNTIME_S:-}" ] && return "$rc"
@@ -125,7 +131,7 @@ case $phase in
       --gammas "${GAMMAS:-$gammas}" --scenarios "${SCENARIOS:-$scenarios}" \
       --methods "${ADAPTIVE_METHODS:-lr_sync,semanticspec}" ${skip[@]+"${skip[@]}"} --out "$out/adaptive_gamma" \
       "models.decode_graph=${GRAPH:-auto}" ${DRAFT_GRAPH:+"models.draft_decode_graph=$DRAFT_GRAPH"} \
-      ${TARGET_PRIORITY:+"models.target_stream_priority=$TARGET_PRIORITY"} ${fused[@]+"${fused[@]}"} "runtime.seed=${SEED:-0}" bench.source.kind=jsonl \
+      ${TARGET_PRIORITY:+"models.target_stream_priority=$TARGET_PRIORITY"} ${swaps[@]+"${swaps[@]}"} "runtime.seed=${SEED:-0}" bench.source.kind=jsonl \
       "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" || rc=$?
     pack adaptive_gamma
     exit "$rc" ;;

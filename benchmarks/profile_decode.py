@@ -32,11 +32,14 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cuda; cpu only checks this script (CPU ops instead of kernels)")
     ap.add_argument("--fused-norm", default="auto", choices=("auto", "off", "on"),
                     help="RMSNorm layers as one fused kernel (models.fused_norm; auto: on CUDA only)")
+    ap.add_argument("--merged-linear", default="auto", choices=("auto", "off", "on"),
+                    help="q/k/v and gate/up as one product each (models.merged_linear; auto: on CUDA only)")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     engine = HFStepEngine(args.model, device=args.device, dtype="bfloat16" if cuda else "float32", decode="fast",
-                          fused_norm=setting_of(args.fused_norm))
+                          fused_norm=setting_of(args.fused_norm),
+                          merged_linear=setting_of(args.merged_linear, "merged linear"))
     params = SamplingParams(temperature=0.0, max_step_tokens=16, delimiter="\x00\x00")
     engine.generate([StepRequest(Prefix(QUESTION), args.rows)], params)  # warm-up, fills a pooled buffer
     kv = engine.kv_pool.free[-1]
@@ -69,7 +72,7 @@ def main() -> None:
     events = sorted((e for e in prof.key_averages() if own(e) > 0), key=lambda e: -own(e))
     total = sum(own(e) for e in events) / args.steps / 1e3
     print(f"model {args.model}, {args.rows} row(s), {kv.columns} columns, {layers} layers, "
-          f"{engine.fused_norms} norm layers fused")
+          f"{engine.fused_norms} norm layers fused, {engine.merged_linears} linear groups merged")
     for name, ms in times.items():
         print(f"{name}: {ms:.3f} ms a step (wall, {args.steps} steps)")
     print(f"kernel time (profiled, eager): {total:.3f} ms a step, {total / layers * 1e3:.1f} µs a layer; "

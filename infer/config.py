@@ -92,6 +92,12 @@ class ModelsConfig:
                 "random 7B, 32.3 -> 33.5 on a 32B; off on the CPU, which gains no speed). A layer whose formula "
                 "differs (Gemma's 1 + weight) is kept as it is. bf16 results move by at most about one unit in the "
                 "last place")
+    merged_linear: bool | Literal["auto"] = opt(
+        "auto", "run the transformers models' linear layers that read one input (attention's q/k/v projections, a "
+                "gated MLP's gate/up) as one matrix product each, as vLLM stores them: true, false, or auto (on for "
+                "weights on CUDA, where a batch-1 step reads the small key and value projections well below the "
+                "memory bandwidth and pays a launch for each; off on the CPU). The modules and checkpoint keys stay; "
+                "each weight becomes a view of the merged one. Not yet measured on a GPU")
     engine: Literal["hf", "vllm"] = opt("hf", "step engine of the target (and of the draft unless draft_engine is "
                                               "set): hf (transformers) or vllm (pip install -e \".[vllm]\")")
     draft_engine: Literal["hf", "vllm"] | None = opt(None, "step engine of the draft (default: models.engine)")
@@ -120,6 +126,9 @@ class ModelsConfig:
                               "own: unset it or use models.engine=hf")
         if self.fused_norm is True and self.engine_of("target") == "vllm" and self.engine_of("draft") == "vllm":
             raise ConfigError("models.fused_norm swaps the norms of transformers models; vLLM runs fused norms of its "
+                              "own: unset it or use models.engine=hf")
+        if self.merged_linear is True and self.engine_of("target") == "vllm" and self.engine_of("draft") == "vllm":
+            raise ConfigError("models.merged_linear merges the linear layers of transformers models; vLLM merges its "
                               "own: unset it or use models.engine=hf")
         for role in ("target", "draft"):
             problem = check_model_name(getattr(self, role))

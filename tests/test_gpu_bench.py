@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 KNOBS = ("MODELS", "PROBLEMS", "STEPS", "GAMMA", "RUNTIME_S", "METHODS", "DECODE", "GRAPH", "DRAFT_GRAPH", "LIMITS",
          "TARGET", "SCENARIOS", "ADAPTIVE_METHODS", "GAMMAS", "SKIP", "QUESTIONS", "SMOKE", "SEED",
-         "TARGET_PRIORITY", "FUSED_NORM")  # what gpu_bench.sh reads
+         "TARGET_PRIORITY", "FUSED_NORM", "MERGED_LINEAR")  # what gpu_bench.sh reads
 
 
 def _env(**settings: str) -> dict:
@@ -36,11 +36,12 @@ def _smoke(phase: str, tmp_path: Path, rc: int = 0, **extra: str) -> tuple[Path,
 
 @pytest.mark.slow
 def test_engine_phase(tmp_path):
-    out, _ = _smoke("engine", tmp_path, FUSED_NORM="off,on")
+    out, _ = _smoke("engine", tmp_path, FUSED_NORM="off,on", MERGED_LINEAR="on")
     text = (out / "engine_llama-tiny.txt").read_text()
     assert "## decode fast" in text and "teacher-forced scoring" in text and "b(2)=" in text
     headers = [line for line in text.splitlines() if line.startswith("## decode fast")]
     assert len(headers) == 2 and "norm layers fused" not in headers[0] and ", 5 norm layers fused" in headers[1]
+    assert all(", 4 linear groups merged: warm-up" in h for h in headers)  # MERGED_LINEAR=on, in both
     forward = next(line for line in text.splitlines() if line.startswith("batch cost of the decode forward alone"))
     assert "b(1)=1.000, b(2)=" in forward  # issue 20's b(k): the decode forward without the join
     rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]
@@ -53,7 +54,7 @@ def test_engine_phase(tmp_path):
                           ("runtime32", "runtime_32b", "none", "3", "high", "on")])
 def test_runtime_phases(tmp_path, phase, folder, draft_graph, seed, priority, fused):
     extra = ({"DRAFT_GRAPH": draft_graph} if draft_graph else {}) | ({"SEED": seed} if seed else {})
-    extra |= {"FUSED_NORM": fused} if fused else {}
+    extra |= {"FUSED_NORM": fused, "MERGED_LINEAR": fused} if fused else {}
     out, _ = _smoke(phase, tmp_path, **extra, **({"TARGET_PRIORITY": priority} if priority else {}))
     res = json.loads((out / folder / "results.json").read_text())
     assert [r["method"] for r in res["rows"]] == ["target", "lr_sync", "lr_async", "semanticspec", "draft"]
@@ -66,6 +67,8 @@ def test_runtime_phases(tmp_path, phase, folder, draft_graph, seed, priority, fu
     assert res["config"]["models"]["fused_norm"] == {"on": True, "off": False}.get(fused, "auto")
     log = (out / f"{folder}.txt").read_text()  # each model's decode mode, before and after the run
     assert (", 5 norm layers fused" in log) is (fused == "on")
+    assert res["config"]["models"]["merged_linear"] == {"on": True}.get(fused, "auto")  # MERGED_LINEAR, likewise
+    assert (", 4 linear groups merged" in log) is (fused == "on")
     assert log.count("; draft decode fast (none: 0 captures") == 2 and "# after the run: target decode fast" in log
     assert "# loads and b(k) took " in log and " s since the start" in log  # where a run cut by its limit was
     assert json.loads((out / folder / "batch_cost.json").read_text())["1"] == 1.0
@@ -142,10 +145,11 @@ def test_lookahead_phase(tmp_path):
     assert "(fast decode path), W=3, N=3, n=2" in text and "speedup median" in text
 
 
-def test_a_fused_norm_setting_it_cannot_read_is_refused_before_anything_runs(tmp_path):
+@pytest.mark.parametrize("knob", ["FUSED_NORM", "MERGED_LINEAR"])
+def test_a_swap_setting_it_cannot_read_is_refused_before_anything_runs(tmp_path, knob):
     res = subprocess.run(["bash", "benchmarks/gpu_bench.sh", "engine", str(tmp_path / "out")], cwd=REPO,
-                         env=_env(SMOKE="1", FUSED_NORM="yes"), capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2 and "FUSED_NORM takes auto, off, on or off,on, got 'yes'" in res.stderr
+                         env=_env(SMOKE="1", **{knob: "yes"}), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and f"{knob} takes auto, off, on or off,on, got 'yes'" in res.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -102,23 +102,29 @@ def set_fused_norms(model, on: bool) -> dict[str, int]:
     return {"fused": fused, "kept": kept}
 
 
-def wants_fused_norms(setting: bool | str, model) -> bool:
-    """models.fused_norm resolved for `model`: True / False as set; "auto" fuses where the weights sit on CUDA, where a
-    captured batch-1 step pays each small kernel's launch (on an H100, 113.6 -> 120.7 tok/s on a 7B, 32.3 -> 33.5
-    on a 32B: benchmarks/results/gpu_h100/seed1_fused_2026-11-27), and nowhere else (the CPU gains nothing)."""
+def auto_on_cuda(setting: bool | str, model, option: str) -> bool:
+    """A speed swap's setting (models.fused_norm, models.merged_linear) resolved for `model`: True / False as set;
+    "auto" swaps where the weights sit on CUDA, where a captured decode step of batch 1 pays each kernel's launch,
+    and nowhere else (the CPU gains nothing)."""
     if setting == "auto":
         first = next(model.parameters(), None)
         return first is not None and first.device.type == "cuda"
     if isinstance(setting, bool):
         return setting
-    raise ValueError(f"fused_norm must be True, False or 'auto', got {setting!r}")
+    raise ValueError(f"{option} must be True, False or 'auto', got {setting!r}")
 
 
-def setting_of(word: str) -> bool | str:
-    """A command line's auto / on / off as the setting `wants_fused_norms` takes."""
+def wants_fused_norms(setting: bool | str, model) -> bool:
+    """models.fused_norm resolved for `model` (`auto_on_cuda`; on an H100, 113.6 -> 120.7 tok/s on a 7B, 32.3 ->
+    33.5 on a 32B: benchmarks/results/gpu_h100/seed1_fused_2026-11-27)."""
+    return auto_on_cuda(setting, model, "fused_norm")
+
+
+def setting_of(word: str, what: str = "fused norms") -> bool | str:
+    """A command line's auto / on / off as the setting `auto_on_cuda` takes."""
     settings = {"auto": "auto", "on": True, "off": False}
     if word not in settings:
-        raise ValueError(f"fused norms: {word!r} is not one of {list(settings)}")
+        raise ValueError(f"{what}: {word!r} is not one of {list(settings)}")
     return settings[word]
 
 

@@ -31,6 +31,7 @@ from specprobe.infer.engines.base import (
 from specprobe.infer.engines.fused_norm import fused_norm_count, set_fused_norms, wants_fused_norms
 from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec, packing_pays
 from specprobe.infer.engines.lookahead_decoding import JacobiProposer
+from specprobe.infer.engines.merged_linear import merged_linear_count, set_merged_linear, wants_merged_linear
 from specprobe.infer.engines.sequence_kv import SequenceKV
 from specprobe.infer.engines.static_kv import DecodeStep, FastDecodeBatch, StaticKVPool, static_cache_supported
 from specprobe.infer.engines.token_spec import AssistantProposer, LookaheadConfig, NgramProposer, TokenSpecConfig
@@ -91,6 +92,7 @@ class HFStepEngine(TokenizedText):
         decode_graph: str = "auto",
         stream_priority: str = "normal",
         fused_norm: bool | str = "auto",
+        merged_linear: bool | str = "auto",
     ):
         """decode: "fast" (static KV buffers, device-side sampling, one host sync per plain iteration:
         `infer.engines.static_kv`), "eager" (the reference `hf_kv.DecodeBatch`) or "auto" (fast on CUDA,
@@ -100,7 +102,8 @@ class HFStepEngine(TokenizedText):
         stream_priority: "normal" or "high", the priority of the engine's own CUDA stream (`STREAM_PRIORITIES`).
         fused_norm: run the model's RMSNorm layers as one fused kernel each (`fused_norm.set_fused_norms`; the
         setting holds for every engine sharing these weights): True, False, or "auto" (on where the weights sit on
-        CUDA: `fused_norm.wants_fused_norms`)."""
+        CUDA: `fused_norm.wants_fused_norms`). merged_linear: run the linear layers that read one input (q/k/v, gate/up)
+        as one product each (`merged_linear.set_merged_linear`; True, False or "auto", on CUDA), likewise shared."""
         if decode not in ("auto", "fast", "eager"):
             raise ValueError(f"decode must be 'auto', 'fast' or 'eager', got {decode!r}")
         check_stream_priority(stream_priority)  # before the model loads
@@ -108,6 +111,7 @@ class HFStepEngine(TokenizedText):
             model, tokenizer = load_model(model_name, device=device, dtype=dtype, cache_dir=cache_dir)
         self.model, self.tokenizer = model, tokenizer
         set_fused_norms(model, wants_fused_norms(fused_norm, model))  # before any decode step is captured
+        set_merged_linear(model, wants_merged_linear(merged_linear, model))
         self.model_name = model_name
         static_why = static_cache_supported(model)  # None: plain full-attention layers (static buffers, tree masks)
         self.capabilities = EngineCapabilities("transformers", raw_model=True, tree_attention=static_why is None)
@@ -147,6 +151,11 @@ class HFStepEngine(TokenizedText):
     def fused_norms(self) -> int:
         """How many of the model's norm layers run fused now (the newest engine on these weights set it)."""
         return fused_norm_count(self.model)
+
+    @property
+    def merged_linears(self) -> int:
+        """How many groups of the model's linear layers run as one product now (as `fused_norms`, shared)."""
+        return merged_linear_count(self.model)
 
     @contextlib.contextmanager
     def on_stream(self) -> Iterator[None]:

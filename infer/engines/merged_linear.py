@@ -1,0 +1,185 @@
+"""Linear layers that read the same input run as one matrix product (`models.merged_linear`).
+
+An attention layer projects its input three times (q_proj, k_proj, v_proj) and a gated MLP twice (gate_proj,
+up_proj). With grouped-query attention the key and value projections are small, and at batch 1 each small product
+reads its weights well below the memory bandwidth and pays its launch and a split-K reduction: in a captured 7B
+decode step on an H100, k_proj and v_proj took ~14 µs a layer for 7 MB of weights that ~3 TB/s reads in 2.5 µs
+(benchmarks/results/gpu_h100/fast_2026-11-25/profile_qwen2-7b.txt). vLLM and gpt-fast store such weights as one
+matrix; here the model keeps its modules and its state_dict keys instead:
+
+- a group's weights (and biases) are concatenated into one tensor, a non-persistent buffer of the parent module
+  (so `.to()` moves it), and each member's weight becomes a view of its rows (no second copy of the weights);
+- the first member called on an input computes the whole product and keeps it; the others, called on the same
+  tensor (the same object, not written since: see `_Group.output`), return their columns of it; called on another input they compute
+  their own product. So a result never depends on the order or the number of calls, only the kernel count does;
+  the kept product is dropped once every member took its part.
+
+Only plain `nn.Linear` members are merged (a LoRA or quantised layer keeps its own forward), and with gradients on
+every member computes its own product, so training through a merged model still reaches each weight. A model is
+swapped only after it gave the same logits, merged and not, on a short random input.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specprobe.infer.engines.fused_norm import auto_on_cuda
+
+log = logging.getLogger(__name__)
+
+# member names of the groups that read one input: attention's projections, a gated MLP's two up-projections
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# relative tolerance of the whole model's check, by dtype: one product against several (other blocking, same terms)
+_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+
+
+class _Group:
+    """The merged product of one group's members, kept for the input it was computed on."""
+
+    def __init__(self, parent: nn.Module, buffer: str, has_bias: bool, sizes: list[int]):
+        self.parent, self.buffer, self.has_bias, self.sizes = parent, buffer, has_bias, sizes
+        self._clear()
+
+    def _clear(self) -> None:
+        self.input, self.version, self.outputs, self.left = None, -1, None, 0
+
+    def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        # an inference-mode tensor (the engines decode in inference mode) keeps no version counter, nor does dynamo
+        # trace one: the same object is then taken as the same values (the whole-model check catches a forward that
+        # writes its input between its members' calls)
+        version = -1 if torch.compiler.is_compiling() or x.is_inference() else x._version
+        if self.outputs is None or self.input is not x or self.version != version:
+            merged = getattr(self.parent, self.buffer)
+            bias = getattr(self.parent, self.buffer + "_bias") if self.has_bias else None
+            self.outputs = F.linear(x, merged, bias).split(self.sizes, dim=-1)
+            self.input, self.version, self.left = x, version, len(self.sizes)
+        y = self.outputs[index]
+        self.left -= 1
+        if self.left <= 0:  # every member took its part: keep no activations past the call
+            self._clear()
+        return y
+
+
+def _member_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled() and module.weight.requires_grad:
+        return F.linear(x, module.weight, module.bias)
+    return module._merged_group.output(module._merged_index, x)
+
+
+def _swapped(module) -> bool:
+    return getattr(vars(module).get("forward"), "__func__", None) is _member_forward
+
+
+def _groups(model):
+    """(parent, member names, members) of each group whose members are all plain linear layers on one input size,
+    dtype and device, all with a bias or all without, none with an instance-level forward (a hook's) of its own."""
+    for parent in model.modules():
+        for names in GROUPS:
+            members = [getattr(parent, name, None) for name in names]
+            if not all(type(m) is nn.Linear for m in members):
+                continue
+            if any("forward" in vars(m) and not _swapped(m) for m in members):
+                continue
+            first = members[0].weight
+            if any(m.in_features != members[0].in_features or m.weight.dtype != first.dtype
+                   or m.weight.device != first.device or (m.bias is None) != (members[0].bias is None)
+                   for m in members):
+                continue
+            yield parent, names, members
+
+
+def _buffer_name(names: tuple[str, ...]) -> str:
+    return "_merged_" + "_".join(n.removesuffix("_proj") for n in names)
+
+
+def _merge(parent: nn.Module, names: tuple[str, ...], members: list[nn.Linear]) -> None:
+    buffer = _buffer_name(names)
+    with torch.no_grad():
+        weight = torch.cat([m.weight for m in members])
+        bias = torch.cat([m.bias for m in members]) if members[0].bias is not None else None
+    parent.register_buffer(buffer, weight, persistent=False)
+    if bias is not None:
+        parent.register_buffer(buffer + "_bias", bias, persistent=False)
+    group = _Group(parent, buffer, bias is not None, [m.out_features for m in members])
+    start = 0
+    for index, m in enumerate(members):
+        rows = slice(start, start + m.out_features)
+        start = rows.stop
+        m.weight = nn.Parameter(weight[rows], requires_grad=m.weight.requires_grad)  # a view: one copy in memory
+        if bias is not None:
+            m.bias = nn.Parameter(bias[rows], requires_grad=m.bias.requires_grad)
+        vars(m)["_merged_group"], vars(m)["_merged_index"] = group, index  # plain attributes, not submodules
+        m.forward = types.MethodType(_member_forward, m)
+
+
+def _unmerge(parent: nn.Module, names: tuple[str, ...], members: list[nn.Linear]) -> bool:
+    if not any(_swapped(m) for m in members):
+        return False
+    for m in members:
+        if _swapped(m):
+            del m.forward
+        vars(m).pop("_merged_group", None)
+        vars(m).pop("_merged_index", None)
+    buffer = _buffer_name(names)
+    for name in (buffer, buffer + "_bias"):
+        parent._buffers.pop(name, None)  # the members' weights stay views of the same values
+    return True
+
+
+def _logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=ids).logits.float()
+
+
+def set_merged_linear(model, on: bool) -> dict[str, int]:
+    """Merge each group of linear layers that read one input (`GROUPS`) into one product (on), or undo it (off).
+    Returns {"merged": n, "kept": n}: groups that now run merged, and groups left as they were because the whole
+    model's logits moved (a forward that calls its members on different inputs, say) or its check could not run.
+    A decode step captured before the change keeps the kernels it captured."""
+    groups = list(_groups(model))
+    if on and groups and all(_swapped(m) for _, _, members in groups for m in members):
+        return {"merged": len(groups), "kept": 0}  # already merged (an engine on shared weights)
+    undone = sum(_unmerge(*g) for g in groups)
+    if not on:
+        if undone:
+            log.info("merged linear layers: %d groups back to their own products", undone)
+        return {"merged": 0, "kept": 0}
+    if not groups:
+        return {"merged": 0, "kept": 0}
+    first = groups[0][2][0].weight
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+    try:
+        ids = torch.randint(0, max(vocab, 1), (1, 8), generator=torch.Generator().manual_seed(0)).to(first.device)
+        want = _logits(model, ids)
+        for g in groups:
+            _merge(*g)
+        got = _logits(model, ids)
+    except Exception as err:  # noqa: BLE001 - a model this check cannot run keeps its own products
+        log.info("merged linear layers: not merged (the check could not run: %s)", err)
+        for g in groups:
+            _unmerge(*g)
+        return {"merged": 0, "kept": len(groups)}
+    tol = _TOLERANCE.get(first.dtype, 1e-4)
+    if got.shape != want.shape or not bool(((got - want).abs().mean() <= tol * want.abs().mean()).item()):
+        log.warning("merged linear layers: the merged model's logits moved on the check's input; %d groups keep "
+                    "their own products", len(groups))
+        for g in groups:
+            _unmerge(*g)
+        return {"merged": 0, "kept": len(groups)}
+    log.info("merged linear layers: %d groups run as one product each", len(groups))
+    return {"merged": len(groups), "kept": 0}
+
+
+def wants_merged_linear(setting: bool | str, model) -> bool:
+    """models.merged_linear resolved for `model` (`fused_norm.auto_on_cuda`: auto merges for weights on CUDA)."""
+    return auto_on_cuda(setting, model, "merged_linear")
+
+
+def merged_linear_count(model) -> int:
+    """How many of the model's groups of linear layers run as one product."""
+    return sum(_swapped(members[0]) for _, _, members in _groups(model))
