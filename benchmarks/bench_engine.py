@@ -100,10 +100,11 @@ def count_syncs(engine, prefix: Prefix, rows: int, tokens: int) -> list[int]:
 
 
 def bench_path(base: HFStepEngine, decode: str, args, prefix: Prefix, fused_norm: bool | str = "auto",
-               merged_linear: bool | str = "auto") -> None:
+               merged_linear: bool | str = "auto", capture_joins: bool = True) -> None:
     """The tables of one decode path, on `base`'s weights (their norms fused or not, their linear layers merged or
-    not: the engines set it)."""
-    swaps = dict(decode=decode, decode_graph=args.graph, fused_norm=fused_norm, merged_linear=merged_linear)
+    not: the engines set it; the joins' forwards captured or not)."""
+    swaps = dict(decode=decode, decode_graph=args.graph, fused_norm=fused_norm, merged_linear=merged_linear,
+                 capture_joins=capture_joins)
     shared = HFStepEngine(args.model, model=base.model, tokenizer=base.tokenizer, **swaps)
     unshared = (UnsharedPrefixEngine(args.model, model=base.model, tokenizer=base.tokenizer, **swaps)
                 if args.unshared else None)
@@ -157,6 +158,9 @@ def main() -> None:
     parser.add_argument("--merged-linear", default="auto", choices=("auto", "off", "on", "off,on"),
                         help="q/k/v and gate/up as one product each (models.merged_linear; auto: on CUDA only); "
                              "off,on measures each decode path (and fused-norm setting) both ways")
+    parser.add_argument("--capture-joins", default="on", choices=("on", "off", "off,on"),
+                        help="capture the forwards of rows joining a batch with the decode step (models."
+                             "capture_joins; CUDA with a captured step only); off,on measures both, as above")
     parser.add_argument("--no-unshared", dest="unshared", action="store_false",
                         help="skip the baseline that encodes the prefix once per row")
     parser.add_argument("--batch-cost", default="", help="ks of the batch cost b(k) = time of one step for k rows "
@@ -176,8 +180,9 @@ def main() -> None:
     for decode in args.decode.split(","):
         for fused in args.fused_norm.split(","):
             for merged in args.merged_linear.split(","):
-                bench_path(base, decode, args, prefix, fused_norm=setting_of(fused),
-                           merged_linear=setting_of(merged, "merged linear"))
+                for joins in args.capture_joins.split(","):
+                    bench_path(base, decode, args, prefix, fused_norm=setting_of(fused),
+                               merged_linear=setting_of(merged, "merged linear"), capture_joins=joins == "on")
     params = SamplingParams(seed=1, max_step_tokens=args.tokens)
     steps = [s.text for s in base.generate([StepRequest(prefix, 20)], params).steps[0]]
     times = []

@@ -123,7 +123,7 @@ def format_explained(rows: list[dict], gamma: int, b_of_k: dict) -> str:
 
 def describe_decode(engine) -> str:
     """The engine's decode path and, on the fast path, its decode step's mode, captures and replays (or why it fell
-    back to eager); on CUDA its stream's priority as the device took it (`models.target_stream_priority`); how many
+    back to eager), and its join chunks' where they are captured; on CUDA its stream's priority as the device took it (`models.target_stream_priority`); how many
     norm layers run fused (`models.fused_norm`) and how many groups of linear layers merged (`models.merged_linear`)."""
     stream = getattr(engine, "stream", None)
     where = "" if stream is None else f", stream priority {engine.stream_priority} ({stream.priority} on the device)"
@@ -135,6 +135,9 @@ def describe_decode(engine) -> str:
     if step is None:
         return f"decode {getattr(engine, 'decode', 'eager')}{where}"
     state = f"failed: {step.failed}" if step.failed else f"{step.captures} captures, {step.replays} replays"
+    if step.bucket_chunks:  # join chunks padded to their widths (captured on CUDA)
+        state += (f"; chunks failed: {step.chunk_failed}" if step.chunk_failed else
+                  f"; chunks {step.chunk_captures} captures, {step.chunk_replays} replays")
     return f"decode {engine.decode} ({step.mode}: {state}; {engine.kv_pool.created} KV buffers allocated){where}"
 
 

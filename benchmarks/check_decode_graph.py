@@ -7,12 +7,15 @@ On one model in float32: greedy steps of a nested-prefix batch (4 rows, as in a 
 batch) and of n = 4 seeded samples of one prefix, three times in a row (the second and third batches reuse the
 pooled buffers and replay their captures), and a chain of 8 greedy one-row steps each continuing the last (as a
 Lookahead Reasoning draft writes them: each call starts from the cached prefix, its few new tokens fed by replays of
-the decode step, its buffer growing past one column block), decoded by the fast path with the decode step captured,
+the decode step or, past 8 tokens, by a chunk forward, its buffer growing past one column block), and a batch of two
+questions (each row's own tokens in one chunk forward), decoded by the fast path with the decode step (and its chunk
+forwards, padded to their widths) captured,
 the fast path eager on the same static buffers, and the reference eager path. Last, the chain decoded by three
 captured engines at once from three threads (as async Lookahead Reasoning drives its draft and target engines, each
 on its own CUDA stream) must write what the chain wrote alone: two engines sharing the model's weights (a same-model
 pair), and one on its own copy of the model, on --second-device when given (e.g. cuda:1, as with
-models.draft_device). Every captured engine must replay its captures without a failure. Prints, per case, whether the tokens are
+models.draft_device). Every captured engine must replay its captures (decode steps and chunks) without a failure.
+Prints, per case, whether the tokens are
 identical, the largest step log-probability difference, and the capture counts. Exits 1 on a mismatch.
 """
 from __future__ import annotations
@@ -28,6 +31,7 @@ from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.hf import HFStepEngine
 
 QUESTION = "A shop sells 53 boxes a day, each holding 12 pencils. How many pencils does it sell in a week?"
+OTHER = "A train covers 84 kilometres in 1.5 hours at a steady speed. How far does it go in 4 hours at that speed?"
 
 
 def run(engine: HFStepEngine, requests, params) -> list:
@@ -67,6 +71,8 @@ def main() -> int:
     cases = {
         "greedy, 4 nested prefixes": (nested, SamplingParams(temperature=0.0, max_step_tokens=args.tokens,
                                                              delimiter="\x00\x00")),
+        "greedy, two questions": ([StepRequest(Prefix(QUESTION)), StepRequest(Prefix(OTHER))],
+                                  SamplingParams(temperature=0.0, max_step_tokens=args.tokens)),
         "sampled, n=4, seed 3": ([StepRequest(Prefix(QUESTION), 4, seed=3)],
                                  SamplingParams(temperature=0.8, top_p=0.95, max_step_tokens=args.tokens)),
     }
@@ -105,8 +111,10 @@ def main() -> int:
                          ("own-copy engine", group[2])):
         step = engine.decode_step
         print(f"{name}: mode {step.mode}, {step.captures} captures, {step.replays} replays, failed: {step.failed}; "
+              f"chunks: {step.chunk_captures} captures, {step.chunk_replays} replays, failed: {step.chunk_failed}; "
               f"{engine.kv_pool.created} KV buffers allocated")
         ok &= step.failed is None and (step.replays > 0 or not step.capture)
+        ok &= step.chunk_failed is None and (step.chunk_replays > 0 or not step.capture)
     print("OK" if ok else "MISMATCH")
     return 0 if ok else 1
 

@@ -46,6 +46,8 @@
 # engine parts' work under the same LIMITS); the runtime, adaptive and open phases' runtime runs fuse unless it is off.
 # MERGED_LINEAR (same words; default auto = merged on CUDA) runs the q/k/v and gate/up projections as one product each
 # or not (models.merged_linear); off,on in the engine parts as FUSED_NORM's (both off,on: all four combinations).
+# CAPTURE_JOINS (on | off | off,on; default on) captures the forwards of rows joining a batch with a captured decode
+# step or runs them eagerly (models.capture_joins); off,on in the engine parts as above, off for the runtime runs too.
 # SEED (default 0) the runtime and adaptive runs' seed (runtime.seed): sampling and the Bernoulli verifier's draws
 # are keyed by it and the prefix text, so on a few problems one seed is one draw of the acceptances (on the CPU, 16
 # problems gave lr_sync an acceptance of 0.68 at seed 0 and 0.58, 0.60 at seeds 1, 2, for a Bernoulli 0.6).
@@ -80,6 +82,10 @@ case ${MERGED_LINEAR:-auto} in
   auto) ;; off) swaps+=(models.merged_linear=false) ;; on|off,on) swaps+=(models.merged_linear=true) ;;
   *) echo "MERGED_LINEAR takes auto, off, on or off,on, got '$MERGED_LINEAR'" >&2; exit 2 ;;
 esac
+case ${CAPTURE_JOINS:-on} in
+  on|off,on) ;; off) swaps+=(models.capture_joins=false) ;;
+  *) echo "CAPTURE_JOINS takes on, off or off,on, got '$CAPTURE_JOINS'" >&2; exit 2 ;;
+esac
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 if command -v nvidia-smi >/dev/null; then
@@ -91,7 +97,8 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
   | tee -a "$out/gpu.txt"
 # bench_engine.py's flags every engine measurement shares: greedy rows of `tokens` tokens, `repeats` timings
 engine_bench=(python3 benchmarks/bench_engine.py --device "$device" --dtype "$dtype" --tokens "$tokens"
-              --repeats "$repeats" --greedy --fused-norm "${FUSED_NORM:-auto}" --merged-linear "${MERGED_LINEAR:-auto}")
+              --repeats "$repeats" --greedy --fused-norm "${FUSED_NORM:-auto}" --merged-linear "${MERGED_LINEAR:-auto}"
+              --capture-joins "${CAPTURE_JOINS:-on}")
 stopped() {  # exit status, seconds, file: a part that did not finish says so in its file
   echo "## stopped: exit $1 (124 = its $2 s limit)" | tee -a "$3"
 }

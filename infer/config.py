@@ -75,6 +75,11 @@ class ModelsConfig:
         "auto", "how the fast path runs its plain decode step: cuda_graph (captured once per KV buffer and replayed), "
                 "compile (inductor's fused kernels, captured like cuda_graph on CUDA; two compilations of tens of "
                 "seconds each serve every buffer), none (eager), auto (cuda_graph on CUDA, none elsewhere)")
+    capture_joins: bool = opt(
+        True, "with a captured decode step (CUDA), also capture the forwards of rows joining a batch (a Lookahead "
+              "batch's drafts, a draft taking the target's step), padded to a few widths, once per buffer and width; "
+              "false: those run eagerly (on a GPU tens of milliseconds of launches each on a large model). Not yet "
+              "measured on a GPU")
     draft_decode_graph: Literal["auto", "cuda_graph", "compile", "none"] | None = opt(
         None, "the draft's decode_graph (default models.decode_graph). compile pays most on the draft, whose step "
               "is mostly small per-layer kernels that fusion removes: a 1.5B's batch-1 rate on an H100 was 213 tok/s "

@@ -185,6 +185,92 @@ def test_rows_joining_a_nested_batch_write_the_eager_steps(engines):
 
 
 @pytest.mark.slow
+def test_chunks_padded_to_their_widths_write_the_eager_steps(engines):
+    """On CUDA a join's chunk forward is padded to one of CHUNK_WIDTHS (its capture per width): pad tokens at the
+    positions after each tail, into columns no row's mask takes, and one kept logits row per slot. Run eagerly here
+    (bucket_chunks): rows of different questions, a step continuing a cached one by a whole step's tokens (a draft
+    taking the target's step), and rows joining a running batch (one continuing a running row's prompt) write the
+    eager path's steps."""
+    eager, fast = engines
+    padded = HFStepEngine("offline:smollm2-135m-instruct", model=fast.model, tokenizer=fast.tokenizer, decode="fast")
+    padded.decode_step = static_kv.DecodeStep(fast.model, "none", bucket_chunks=True)
+    assert [padded.decode_step.chunk_width(m) for m in (1, 16, 17, 600)] == [16, 16, 32, 600]
+    assert padded.decode_step.chunks_for(16) and not padded.decode_step.chunks_for(32)  # larger batches: eager
+    step1 = eager.generate([StepRequest(Prefix(QUESTIONS[0]))], GREEDY).steps[0][0]
+    cases = [[Prefix(QUESTIONS[0]), Prefix(QUESTIONS[1])], [Prefix(QUESTIONS[0])], [Prefix(QUESTIONS[0], (step1,))]]
+    for prefixes in cases:  # the second case caches the question, so the third forwards step 1's tokens alone
+        reqs = [StepRequest(p) for p in prefixes]
+        eager.clear_prefix_cache()
+        want = eager.generate(reqs, GREEDY)
+        if prefixes[0].steps:
+            eager.generate([StepRequest(Prefix(QUESTIONS[0]))], GREEDY)
+        else:
+            padded.clear_prefix_cache()
+        got = padded.generate(reqs, GREEDY)
+        for p, (w,), (g,) in zip(prefixes, want.steps, got.steps):
+            _same_greedy(eager.model, eager, p, g, w)
+    assert len(step1.token_ids) > 8  # more than the decode step takes one token at a time: a chunk
+    widths = {w for kv in padded.kv_pool.free for w in kv.chunks}
+    assert widths and widths <= set(static_kv.CHUNK_WIDTHS)
+    prompts = [fast.prefix_ids(p) for p in (Prefix(QUESTIONS[0]), Prefix(QUESTIONS[1]), Prefix(QUESTIONS[0], (step1,)))]
+    results = []
+    for batch in (FastDecodeBatch(padded.runner, padded.text, GREEDY, pool=padded.kv_pool,
+                                  decode_step=padded.decode_step),
+                  DecodeBatch(eager.runner, eager.text, GREEDY)):
+        batch.runner.clear()
+        done = dict(batch.add([RowSpec(0, prompts[0], GREEDY.max_step_tokens)]))
+        for _ in range(3):
+            done.update(batch.step())
+        done.update(batch.add([RowSpec(1, prompts[1], GREEDY.max_step_tokens),
+                               RowSpec(2, prompts[2], GREEDY.max_step_tokens)]))
+        done.update(batch.run())
+        results.append(done)
+    got, want = results
+    for k, p in enumerate(prompts):
+        assert_same_greedy(eager.model, p, got[k].token_ids, want[k].token_ids, at_least=4)
+
+
+@pytest.mark.slow
+def test_nested_prefixes_in_one_padded_chunk_write_the_eager_steps(engines):
+    """With chunks bucketed (CUDA), a Lookahead batch's nested rows take the longest row's tail after the cached
+    base in one chunk that keeps every row's logits; the other rows copy its columns. Called again (the question
+    cached), the chunk starts after it. The same steps as the eager path, and each token encoded once."""
+    eager, fast = engines
+    padded = HFStepEngine("offline:smollm2-135m-instruct", model=fast.model, tokenizer=fast.tokenizer, decode="fast")
+    padded.decode_step = static_kv.DecodeStep(fast.model, "none", bucket_chunks=True)
+    step1 = eager.generate([StepRequest(Prefix(QUESTIONS[0]))], GREEDY).steps[0][0]
+    step2 = eager.generate([StepRequest(Prefix(QUESTIONS[0], (step1,)))], GREEDY).steps[0][0]
+    prefixes = [Prefix(QUESTIONS[0]), Prefix(QUESTIONS[0], (step1,)), Prefix(QUESTIONS[0], (step1, step2))]
+    reqs = [StepRequest(p) for p in prefixes]
+    eager.clear_prefix_cache()
+    want = eager.generate(reqs, GREEDY)
+    padded.clear_prefix_cache()
+    first = padded.generate(reqs, GREEDY)
+    longest = len(padded.prefix_ids(prefixes[-1]))
+    assert first.stats.prefill_tokens == longest  # each token encoded once, in the longest row's chunk
+    assert first.stats.forward_passes == first.stats.iterations  # the chunk, then one per decode step
+    padded.generate([StepRequest(prefixes[0])], GREEDY)  # caches the question's prompt
+    again = padded.generate(reqs, GREEDY)
+    assert again.stats.prefill_tokens == longest - len(padded.prefix_ids(prefixes[0])) + 1
+    assert again.stats.forward_passes == again.stats.iterations
+    for got in (first, again):
+        for p, (w,), (g,) in zip(prefixes, want.steps, got.steps):
+            _same_greedy(eager.model, eager, p, g, w)
+            if g.token_ids == w.token_ids:
+                assert g.logprob == pytest.approx(w.logprob, abs=1e-3)
+    # rows that are not nested, on the same pooled buffer and chunk width: each keeps its own slot's logits again
+    others = [Prefix(QUESTIONS[1]), Prefix(QUESTIONS[0], (step1,)), Prefix(QUESTIONS[1], (step1,))]
+    widths = {kv.slots: set(kv.chunks) for kv in padded.kv_pool.free}
+    padded.clear_prefix_cache()
+    eager.clear_prefix_cache()
+    got = padded.generate([StepRequest(p) for p in others], GREEDY)
+    want = eager.generate([StepRequest(p) for p in others], GREEDY)
+    assert {kv.slots: set(kv.chunks) for kv in padded.kv_pool.free} == widths  # the same buffer, the same width
+    for p, (w,), (g,) in zip(others, want.steps, got.steps):
+        _same_greedy(eager.model, eager, p, g, w)
+
+
+@pytest.mark.slow
 def test_batches_reuse_pooled_buffers_without_seeing_old_contents(engines):
     """Each generate call borrows the engine's static buffers (on CUDA their captured decode step replays in later
     batches): a batch on a buffer that another batch filled writes exactly what a fresh engine writes, and
@@ -571,3 +657,24 @@ def test_a_row_without_proposals_draws_on_the_device_whatever_the_others_propose
     out.update(batch.run())
     assert batch.stats.spec_rounds > 0
     assert [c for call in calls for key, c in call if key == seed_key(2)] == list(range(out["b"].num_tokens))
+
+
+def test_models_capture_joins_reaches_the_decode_step(monkeypatch, one_thread):
+    """models.capture_joins=false keeps the joins' forwards eager where the decode step is captured (CUDA); true
+    leaves it to the decode step (bucketed and captured where it captures: not on the CPU)."""
+    from specprobe.infer.config import ModelsConfig
+    from specprobe.infer.engines import build_engine_pair, hf
+
+    seen = []
+
+    class Recording(static_kv.DecodeStep):
+        def __init__(self, model, mode="auto", bucket_chunks=None):
+            seen.append(bucket_chunks)
+            super().__init__(model, mode, bucket_chunks)
+
+    monkeypatch.setattr(hf, "DecodeStep", Recording)
+    for joins in (False, True):
+        target, draft = build_engine_pair(ModelsConfig(device="cpu", decode="fast", target="random:llama-tiny",
+                                                       draft="random:llama-tiny", capture_joins=joins))
+        assert not target.decode_step.bucket_chunks  # the CPU captures nothing: exact-width eager joins
+    assert seen == [False, False, None, None]  # the target and the draft (on the same weights), per setting

@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 KNOBS = ("MODELS", "PROBLEMS", "STEPS", "GAMMA", "RUNTIME_S", "METHODS", "DECODE", "GRAPH", "DRAFT_GRAPH", "LIMITS",
          "TARGET", "SCENARIOS", "ADAPTIVE_METHODS", "GAMMAS", "SKIP", "QUESTIONS", "SMOKE", "SEED",
-         "TARGET_PRIORITY", "FUSED_NORM", "MERGED_LINEAR")  # what gpu_bench.sh reads
+         "TARGET_PRIORITY", "FUSED_NORM", "MERGED_LINEAR", "CAPTURE_JOINS")  # what gpu_bench.sh reads
 
 
 def _env(**settings: str) -> dict:
@@ -54,7 +54,7 @@ def test_engine_phase(tmp_path):
                           ("runtime32", "runtime_32b", "none", "3", "high", "on")])
 def test_runtime_phases(tmp_path, phase, folder, draft_graph, seed, priority, fused):
     extra = ({"DRAFT_GRAPH": draft_graph} if draft_graph else {}) | ({"SEED": seed} if seed else {})
-    extra |= {"FUSED_NORM": fused, "MERGED_LINEAR": fused} if fused else {}
+    extra |= {"FUSED_NORM": fused, "MERGED_LINEAR": fused, "CAPTURE_JOINS": "off"} if fused else {}
     out, _ = _smoke(phase, tmp_path, **extra, **({"TARGET_PRIORITY": priority} if priority else {}))
     res = json.loads((out / folder / "results.json").read_text())
     assert [r["method"] for r in res["rows"]] == ["target", "lr_sync", "lr_async", "semanticspec", "draft"]
@@ -69,6 +69,7 @@ def test_runtime_phases(tmp_path, phase, folder, draft_graph, seed, priority, fu
     assert (", 5 norm layers fused" in log) is (fused == "on")
     assert res["config"]["models"]["merged_linear"] == {"on": True}.get(fused, "auto")  # MERGED_LINEAR, likewise
     assert (", 4 linear groups merged" in log) is (fused == "on")
+    assert res["config"]["models"]["capture_joins"] is (fused != "on")  # CAPTURE_JOINS=off beside them
     assert log.count("; draft decode fast (none: 0 captures") == 2 and "# after the run: target decode fast" in log
     assert "# loads and b(k) took " in log and " s since the start" in log  # where a run cut by its limit was
     assert json.loads((out / folder / "batch_cost.json").read_text())["1"] == 1.0
@@ -145,11 +146,12 @@ def test_lookahead_phase(tmp_path):
     assert "(fast decode path), W=3, N=3, n=2" in text and "speedup median" in text
 
 
-@pytest.mark.parametrize("knob", ["FUSED_NORM", "MERGED_LINEAR"])
-def test_a_swap_setting_it_cannot_read_is_refused_before_anything_runs(tmp_path, knob):
+@pytest.mark.parametrize("knob,words", [("FUSED_NORM", "auto, off, on or off,on"),
+                                        ("MERGED_LINEAR", "auto, off, on or off,on"), ("CAPTURE_JOINS", "on, off or off,on")])
+def test_a_swap_setting_it_cannot_read_is_refused_before_anything_runs(tmp_path, knob, words):
     res = subprocess.run(["bash", "benchmarks/gpu_bench.sh", "engine", str(tmp_path / "out")], cwd=REPO,
                          env=_env(SMOKE="1", **{knob: "yes"}), capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2 and f"{knob} takes auto, off, on or off,on, got 'yes'" in res.stderr
+    assert res.returncode == 2 and f"{knob} takes {words}, got 'yes'" in res.stderr
     assert not (tmp_path / "out").exists()
 
 

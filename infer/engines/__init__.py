@@ -56,7 +56,8 @@ def build_engine(name: str, models_cfg, *, role: str = "target", token_spec=None
     return HFStepEngine(name, max_batch_rows=models_cfg.max_batch_rows, decode=models_cfg.decode,
                         decode_graph=models_cfg.decode_graph_of(role),
                         stream_priority=models_cfg.target_stream_priority if role == "target" else "normal",
-                        fused_norm=models_cfg.fused_norm, merged_linear=models_cfg.merged_linear, **common)
+                        fused_norm=models_cfg.fused_norm, merged_linear=models_cfg.merged_linear,
+                        capture_joins=models_cfg.capture_joins, **common)
 
 
 def build_engine_pair(models_cfg, names: tuple[str, str] | None = None, *, token_spec=None,

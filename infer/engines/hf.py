@@ -93,6 +93,7 @@ class HFStepEngine(TokenizedText):
         stream_priority: str = "normal",
         fused_norm: bool | str = "auto",
         merged_linear: bool | str = "auto",
+        capture_joins: bool = True,
     ):
         """decode: "fast" (static KV buffers, device-side sampling, one host sync per plain iteration:
         `infer.engines.static_kv`), "eager" (the reference `hf_kv.DecodeBatch`) or "auto" (fast on CUDA,
@@ -103,7 +104,8 @@ class HFStepEngine(TokenizedText):
         fused_norm: run the model's RMSNorm layers as one fused kernel each (`fused_norm.set_fused_norms`; the
         setting holds for every engine sharing these weights): True, False, or "auto" (on where the weights sit on
         CUDA: `fused_norm.wants_fused_norms`). merged_linear: run the linear layers that read one input (q/k/v, gate/up)
-        as one product each (`merged_linear.set_merged_linear`; True, False or "auto", on CUDA), likewise shared."""
+        as one product each (`merged_linear.set_merged_linear`; True, False or "auto", on CUDA), likewise shared.
+        capture_joins: with a captured decode step, also capture the joining rows' forwards (`DecodeStep.chunk`)."""
         if decode not in ("auto", "fast", "eager"):
             raise ValueError(f"decode must be 'auto', 'fast' or 'eager', got {decode!r}")
         check_stream_priority(stream_priority)  # before the model loads
@@ -140,7 +142,8 @@ class HFStepEngine(TokenizedText):
             log.warning("%s: the fast decode path cannot run (%s); decoding on the eager path", model_name, static_why)
             self.decode = "eager"
         # the fast path's buffers and decode-step captures, shared by all its batches (a capture per buffer)
-        self.decode_step = DecodeStep(model, decode_graph) if self.decode == "fast" else None
+        self.decode_step = (DecodeStep(model, decode_graph, bucket_chunks=None if capture_joins else False)
+                            if self.decode == "fast" else None)
         self.kv_pool = StaticKVPool(model, self.runner.pad_id) if self.decode == "fast" else None
         # its own CUDA stream: the draft and target engines of async Lookahead Reasoning, driven from two threads,
         # then overlap on the GPU instead of queueing behind each other on the default stream

@@ -18,7 +18,10 @@ forward's launches). Rows of a step batch (n samples, the gamma+1
 nested prefixes of Lookahead Reasoning) thus share the prefix without re-encoding it. Nested prefixes go further:
 the longest is the base, encoded once in a one-row forward that keeps the logits after every row's prompt
 (`ModelRunner.prefill_ends`), so the rows copy its columns and forward nothing of their own (one forward of their
-tails would encode the shared drafts once per row, in every slot). Finished and
+tails would encode the shared drafts once per row, in every slot). With a captured decode step (CUDA) the forwards
+of joining rows are chunks (`DecodeStep.chunk`): padded to a few widths and captured per buffer and width, since an
+eager forward of a large model costs tens of milliseconds of launches; nested rows then take the longest row's tail
+after the cached base in one such chunk, keeping every row's logits, and the others copy its columns. Finished and
 empty slots keep decoding a pad token into masked columns: the batch shape never changes between
 joins, which is what lets the decode step run as one captured CUDA graph (`DecodeStep`: captured once per
 buffer; the engine's `StaticKVPool` hands the same buffers, and so the same capture, to its later batches).
@@ -147,6 +150,9 @@ class StaticKV:
         self.ids = torch.full((slots, 1), pad_id, dtype=torch.long, device=device)
         self.pos = torch.zeros((slots, 1), dtype=torch.long, device=device)
         self.graph: Any = None  # the decode step captured on these buffers (owned by `DecodeStep`)
+        # a chunk forward's inputs per width (`chunk_inputs`) and its captures per width (owned by `DecodeStep`)
+        self.chunks: dict[int, tuple[torch.Tensor, ...]] = {}
+        self.chunk_graphs: dict[int, Any] = {}
         self.nbytes = sum(t.numel() * t.element_size() for layer in self.cache.layers for t in (layer.keys, layer.values))
 
     def reset(self, pad_id: int) -> None:
@@ -159,6 +165,18 @@ class StaticKV:
     @property
     def layers(self):
         return self.cache.layers
+
+    def chunk_inputs(self, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The inputs a chunk forward of `width` columns reads (`DecodeStep.chunk`), written in place: each slot's
+        token ids and positions (slots, width), and the `slots` logits it keeps: their slot and their index in the
+        chunk."""
+        if width not in self.chunks:
+            device = self.mask.device
+            self.chunks[width] = (torch.zeros((self.slots, width), dtype=torch.long, device=device),
+                                  torch.zeros((self.slots, width), dtype=torch.long, device=device),
+                                  torch.arange(self.slots, device=device),
+                                  torch.zeros(self.slots, dtype=torch.long, device=device))
+        return self.chunks[width]
 
     def set_column(self, col: int) -> None:
         """Make the next forward write at column `col` (the cache's write offset)."""
@@ -279,8 +297,8 @@ class FastDecodeBatch(RowBatch):
         """pool, decode_step: the engine's (buffers and captures shared by its batches); by default this
         batch's own, eager on static buffers. join_steps: rows that start a batch with tails of at most this many
         tokens (all of one length) are fed through the decode step, one token per step, instead of one eager
-        forward; by default 8 when the decode step replays a graph (a replay costs a fraction of an eager
-        forward's launches), else 1."""
+        forward; by default 8 when the decode step replays a graph and its chunks are not captured (a replay costs a
+        fraction of an eager forward's launches), else 1."""
         self.runner, self.text, self.params = runner, text, params
         self.max_length = max_length
         self.proposer, self.spec_tokens = proposer, spec_tokens if proposer is not None else 0
@@ -293,12 +311,15 @@ class FastDecodeBatch(RowBatch):
         self.base_cache = None
         self.base_logits: dict[int, torch.Tensor] = {}  # n -> logits after base_ids[:n], where the base's forward kept them
         self.base_cached = 0  # leading base tokens the prefix cache held (`_new_base`)
+        self._nested = False  # the rows starting the batch are nested prefixes joined by one chunk (`_join_nested`)
         self.shared_tokens = 0
         self._delim = params.delimiter
         self._cheap_stop = text.cheap_test_holds(self._delim)  # see StepTokenizer.next_tail
         self.pool = pool or StaticKVPool(runner.model, runner.pad_id, keep=0)
         self._forward = decode_step or DecodeStep(runner.model, "none")
-        self.join_steps = join_steps if join_steps is not None else (8 if self._forward.graphed else 1)
+        # (a captured chunk of a few tokens costs about one replay of the step: then the step feeds single tokens only)
+        self.join_steps = join_steps if join_steps is not None else (
+            8 if self._forward.graphed and not self._forward.bucket_chunks else 1)
         # sampling state of every slot, on the device (the decode inputs live in the StaticKV)
         self._keys = self._counters = None
 
@@ -502,7 +523,13 @@ class FastDecodeBatch(RowBatch):
         self.base_ids, self.base_cache, self.base_logits = [], None, {}
         encoded = self.stats.prefill_tokens
         longest = max(ids_list, key=len)
-        if len(longest) > lcp and all(common_prefix_len([ids, longest]) == len(ids) for ids in ids_list):
+        nested = len(longest) > lcp and all(common_prefix_len([ids, longest]) == len(ids) for ids in ids_list)
+        if nested and self._forward.chunks_for(slot_bucket(len(ids_list))):
+            # the same, as one chunk (captured on CUDA, where an eager forward costs tens of milliseconds of
+            # launches): the base is what the prefix cache holds, up to before the shortest row's last token
+            self.base_cache, shared = self.runner.cached(longest, min(map(len, ids_list)) - 1, self.stats)
+            self.base_ids, self._nested = list(longest[:shared]), True
+        elif nested:
             # nested prefixes (a Lookahead batch): the longest in one one-row forward, keeping the logits after
             # every row's last token, so the rows copy its columns and forward nothing (one forward of all rows'
             # tails would encode the shared drafts once per row)
@@ -533,11 +560,15 @@ class FastDecodeBatch(RowBatch):
     def _join(self, new: list[_FastRow]) -> dict[int, torch.Tensor]:
         """Place `new` rows in free slots, copy their shared prefixes, forward their tails (one forward);
         returns each new row's first logits."""
+        if self._nested:
+            self._nested = False
+            return self._join_nested(new)
         plans = [(r, *self._donor(r)) for r in new]
         tails = [r.ids[share:] for r, _, share in plans]
         m = max(len(t) for t in tails)
         base_cols = max([share for _, d, share in plans if d is None] + [0])
-        self._ensure_columns(m, min_start=base_cols)
+        chunked = self._forward.chunks_for(self.kv.slots)
+        self._ensure_columns(self._forward.chunk_width(m) if chunked else m, min_start=base_cols)
         kv = self.kv
         free = [s for s in range(kv.slots) if s not in {r.slot for r in self.rows}]
         base_slots = []
@@ -573,7 +604,10 @@ class FastDecodeBatch(RowBatch):
 
     def _join_forward(self, new: list[_FastRow], fed: list, m: int) -> dict[int, torch.Tensor]:
         """`_join`'s forward for the `new` rows with tails (`fed`: ((row, donor, share), tail) pairs, at most m
-        tokens each): one eager forward of every slot's m columns (other slots feed pads); their first logits."""
+        tokens each): one eager forward of every slot's m columns (other slots feed pads); their first logits.
+        Where the decode step buckets chunks, the forward is its chunk (`_join_chunk`)."""
+        if self._forward.chunks_for(self.kv.slots):
+            return self._join_chunk(new, fed, m)
         kv, c0 = self.kv, self.kv.col
         inp = torch.full((kv.slots, m), self.runner.pad_id, dtype=torch.long)
         pos = torch.zeros((kv.slots, m), dtype=torch.long)
@@ -593,6 +627,83 @@ class FastDecodeBatch(RowBatch):
                                   logits_to_keep=torch.tensor(keep, device=self.device))
         kv.col = c0 + m
         return {id(r): out.logits[r.slot, keep.index(j)].float() for ((r, _, _), _), j in zip(fed, last)}
+
+    def _join_chunk(self, new: list[_FastRow], fed: list, m: int) -> dict[int, torch.Tensor]:
+        """`_join_forward` as the decode step's chunk of `chunk_width(m)` columns (captured per buffer and width on
+        CUDA): the tails padded with pad tokens at the positions after them, into columns no row's mask takes;
+        one logits row kept per slot (a fed row's last tail token)."""
+        kv, c0 = self.kv, self.kv.col
+        width = self._forward.chunk_width(m)
+        inp = torch.full((kv.slots, width), self.runner.pad_id, dtype=torch.long)
+        pos = torch.zeros((kv.slots, width), dtype=torch.long)
+        keep = torch.zeros(kv.slots, dtype=torch.long)
+        for (r, _, share), tail in fed:
+            inp[r.slot, :len(tail)] = torch.tensor(tail)
+            pos[r.slot] = torch.arange(share, share + width)
+            keep[r.slot] = len(tail) - 1
+            r.cols = r.cols + list(range(c0, c0 + len(tail)))
+        for r in new:
+            kv.mask[r.slot, r.cols] = 1
+        for slot in sorted(set(range(kv.slots)) - {r.slot for r in self.rows + new}):
+            kv.mask[slot, c0:c0 + width] = 1  # free slots see their own pad tokens
+        ids, positions, keep_slot, keep_index = kv.chunk_inputs(width)
+        ids.copy_(inp)
+        positions.copy_(pos)
+        keep_slot.copy_(torch.arange(kv.slots))  # (a nested join on this buffer kept other pairs)
+        keep_index.copy_(keep)
+        self.stats.forward_passes += 1
+        with self.runner.lock:
+            logits = self._forward.chunk(kv, width)
+        kv.col = c0 + width
+        return {id(r): logits[r.slot].float() for (r, _, _), _ in fed}
+
+    def _join_nested(self, new: list[_FastRow]) -> dict[int, torch.Tensor]:
+        """Rows starting the batch that are nested prefixes (a Lookahead batch) with chunks bucketed: the longest
+        row's tail after the base in one chunk that keeps the logits after every row's last token (all past the
+        base: `_new_base`), then every other row copies the longest row's columns of its prompt into its own slot
+        (one indexed copy per layer) and forwards nothing."""
+        longest = max(new, key=lambda r: len(r.ids))
+        share = len(self.base_ids)
+        tail = longest.ids[share:]
+        width = self._forward.chunk_width(len(tail))
+        self._ensure_columns(width, min_start=share)
+        kv, c0 = self.kv, self.kv.col
+        for r, slot in zip(new, range(kv.slots)):
+            r.slot = slot
+            kv.clear_slot(slot)
+        if share:
+            kv.load_prefix([longest.slot], self.base_cache, share)
+        longest.cols = list(range(share)) + list(range(c0, c0 + len(tail)))
+        inp = torch.full((kv.slots, width), self.runner.pad_id, dtype=torch.long)
+        inp[longest.slot, :len(tail)] = torch.tensor(tail)
+        pos = torch.zeros((kv.slots, width), dtype=torch.long)
+        pos[longest.slot] = torch.arange(share, share + width)
+        slots, keep = torch.arange(kv.slots), torch.zeros(kv.slots, dtype=torch.long)
+        for k, r in enumerate(new):  # kept row k: the longest's chunk after r's last token
+            slots[k], keep[k] = longest.slot, len(r.ids) - 1 - share
+        kv.mask[longest.slot, longest.cols] = 1
+        for slot in range(len(new), kv.slots):
+            kv.mask[slot, c0:c0 + width] = 1  # free slots see their own pad tokens
+        ids, positions, keep_slot, keep_index = kv.chunk_inputs(width)
+        ids.copy_(inp)
+        positions.copy_(pos)
+        keep_slot.copy_(slots)
+        keep_index.copy_(keep)
+        self.stats.forward_passes += 1
+        self.stats.prefill_tokens += len(tail)
+        with self.runner.lock:
+            logits = self._forward.chunk(kv, width)
+        kv.col = c0 + width
+        first = {id(r): logits[k].float() for k, r in enumerate(new)}
+        for r in new:
+            if r is not longest:
+                r.cols = longest.cols[:len(r.ids)]
+                kv.copy_columns(longest.slot, r.slot, r.cols)
+                kv.mask[r.slot, r.cols] = 1
+        self.stats.reused_prefix_tokens += share * (len(new) - 1)  # the others' copies of the cached base
+        self.rows.extend(new)
+        self._init_state(new)
+        return first
 
     def _join_by_steps(self, new: list[_FastRow], plans, tails: list[list[int]]) -> dict[int, torch.Tensor]:
         """`_join`'s forward for rows starting an empty batch whose tails have one length m: m decode steps (a
@@ -707,6 +818,12 @@ _COMPILE_LOCK = threading.Lock()
 # every DecodeStep compiles the same code object, so all models share dynamo's entries for it (two per model): the
 # default limit of 8 would leave a process's fifth model eager
 _RECOMPILE_LIMIT = 64
+# widths a join's chunk forward is padded to when chunks are captured (`DecodeStep.chunk_width`): few captures per
+# buffer; a longer chunk runs eagerly at its own width
+CHUNK_WIDTHS = (16, 32, 64, 128, 256, 512)
+# buffers of at most this many slots take chunks: a chunk computes slots x slots rows of logits (a kept index for
+# every slot, at every slot: 78 MB at 16 slots of a 152k vocabulary in bf16); larger batches join eagerly
+CHUNK_MAX_SLOTS = 16
 
 
 class DecodeStep:
@@ -723,9 +840,16 @@ class DecodeStep:
       not inductor's "reduce-overhead" graphs: those are tied to their inputs' addresses and re-record per buffer.
     - "none": eager on the static buffers (the CPU's choice; "auto" is "cuda_graph" on CUDA, else "none").
     A capture or a compilation that fails (a host sync inside the model's forward, an unsupported op) is logged
-    once and the step runs eagerly from then on: slower, still correct."""
+    once and the step runs eagerly from then on: slower, still correct.
 
-    def __init__(self, model, mode: str = "auto"):
+    It also runs a batch's chunk forwards (`chunk`: the tails of rows joining, several tokens a slot). With a captured
+    decode step they are padded to one of `CHUNK_WIDTHS` and captured once per buffer and width (eager on their
+    first use, in one memory pool for all of them: a model's forwards never run at once), since an eager forward of a
+    large model costs tens of milliseconds of launches (on an H100 a 7B's took 44 ms where its captured step takes 8).
+    bucket_chunks: pad chunks to those widths whether or not they are captured (None: when captured; the CPU tests
+    set it to run the padded chunk eagerly)."""
+
+    def __init__(self, model, mode: str = "auto", bucket_chunks: bool | None = None):
         if mode not in DECODE_GRAPHS:
             raise ValueError(f"decode graph mode must be one of {DECODE_GRAPHS}, got {mode!r}")
         on_cuda = next(model.parameters()).device.type == "cuda"
@@ -738,6 +862,10 @@ class DecodeStep:
         self.capture = on_cuda and mode in ("cuda_graph", "compile")  # replay a CUDA graph per buffer
         self.failed: str | None = None  # why the step fell back to eager, if it did
         self.captures = self.replays = 0
+        self.bucket_chunks = self.capture if bucket_chunks is None else bucket_chunks
+        self.chunk_failed: str | None = None  # why chunks fell back to eager forwards, if they did
+        self.chunk_captures = self.chunk_replays = 0
+        self._chunk_pool = None  # the chunk captures' shared memory pool
         self._forward = self._eager
         if mode == "compile":
             import torch._dynamo.config as dynamo_config
@@ -817,3 +945,58 @@ class DecodeStep:
     def _fail(self, err: Exception, what: str) -> None:
         self.failed = f"{type(err).__name__}: {err}"
         log.warning("the decode step could not be %s (%s); decoding eagerly on static buffers", what, self.failed)
+
+    # ------------------------------------------------------------------ chunks
+    def chunks_for(self, slots: int) -> bool:
+        """Whether a batch on a buffer of `slots` slots joins rows by chunks (bucketed, captured where the step is)."""
+        return self.bucket_chunks and slots <= CHUNK_MAX_SLOTS
+
+    def chunk_width(self, m: int) -> int:
+        """Columns a chunk of m tokens a slot forwards: the next of `CHUNK_WIDTHS` when chunks are bucketed, else m."""
+        if not self.bucket_chunks:
+            return m
+        return next((w for w in CHUNK_WIDTHS if w >= m), m)
+
+    def chunk(self, kv: StaticKV, width: int) -> torch.Tensor:
+        """The forward of `width` columns of every slot from `kv.chunk_inputs(width)` into the write column on: the
+        logits (slots, vocab) it keeps, row k at (keep_slot[k], keep_index[k]). Captured per buffer and width when
+        the decode step captures and the width is one of `CHUNK_WIDTHS`; the output of a replay lives in the
+        capture's buffer until the next replay."""
+        if self.capture and self.chunk_failed is None and width in CHUNK_WIDTHS:
+            entry = kv.chunk_graphs.get(width)
+            if entry is not None:
+                graph, out = entry
+                graph.replay()
+                self.chunk_replays += 1
+                return out
+            return self._capture_chunk(kv, width)
+        return self._chunk_forward(*kv.chunk_inputs(width), kv.mask, kv.cache)
+
+    def _chunk_forward(self, ids, pos, keep_slot, keep_index, mask, cache):
+        # logits at every kept index for every slot (slots x slots rows of the vocabulary), then the kept pairs
+        logits = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True,
+                            logits_to_keep=keep_index, **{self.cache_keyword: cache}).logits
+        return logits[keep_slot, torch.arange(keep_slot.shape[0], device=keep_slot.device)]
+
+    def _capture_chunk(self, kv: StaticKV, width: int) -> torch.Tensor:
+        device = kv.mask.device
+        inputs = (*kv.chunk_inputs(width), kv.mask, kv.cache)
+        stream = torch.cuda.Stream(device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # the real chunk, and the capture stream's warm-up
+            logits = self._chunk_forward(*inputs)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        logits.record_stream(torch.cuda.current_stream(device))
+        if self._chunk_pool is None:
+            self._chunk_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._chunk_pool, stream=stream, capture_error_mode="thread_local"):
+                out = self._chunk_forward(*inputs)
+        except Exception as err:  # noqa: BLE001 - an uncapturable chunk must not stop decoding
+            self.chunk_failed = f"{type(err).__name__}: {err}"
+            log.warning("a chunk forward could not be captured (%s); chunks run eagerly", self.chunk_failed)
+            return logits
+        kv.chunk_graphs[width] = (graph, out)
+        self.chunk_captures += 1
+        return logits
