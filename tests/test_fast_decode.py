@@ -127,6 +127,24 @@ def test_greedy_steps_equal_the_eager_path(engines):
     assert whole >= 4
 
 
+def _nested_batch(eager):
+    """A Lookahead batch's prefixes (each continues the one before by a greedy step), its requests, the eager path's
+    steps for them, and the first step."""
+    step1 = eager.generate([StepRequest(Prefix(QUESTIONS[0]))], GREEDY).steps[0][0]
+    step2 = eager.generate([StepRequest(Prefix(QUESTIONS[0], (step1,)))], GREEDY).steps[0][0]
+    prefixes = [Prefix(QUESTIONS[0]), Prefix(QUESTIONS[0], (step1,)), Prefix(QUESTIONS[0], (step1, step2))]
+    reqs = [StepRequest(p) for p in prefixes]
+    eager.clear_prefix_cache()
+    return prefixes, reqs, eager.generate(reqs, GREEDY), step1
+
+
+def _padded(fast) -> HFStepEngine:
+    """A fast engine whose joins run as chunks padded to their widths (what a captured step does on CUDA), eagerly."""
+    padded = HFStepEngine("offline:smollm2-135m-instruct", model=fast.model, tokenizer=fast.tokenizer, decode="fast")
+    padded.decode_step = static_kv.DecodeStep(fast.model, "none", bucket_chunks=True)
+    return padded
+
+
 @pytest.mark.slow
 def test_nested_prefixes_are_encoded_once_in_one_row(engines):
     """A Lookahead batch's rows (each prefix continues the one before) cost one one-row forward of the longest, which
@@ -134,12 +152,7 @@ def test_nested_prefixes_are_encoded_once_in_one_row(engines):
     prefix cache holds the longest: the forward starts at the first row's last token, so that it still gives every
     row's logits. Both write the eager steps."""
     eager, fast = engines
-    step1 = eager.generate([StepRequest(Prefix(QUESTIONS[0]))], GREEDY).steps[0][0]
-    step2 = eager.generate([StepRequest(Prefix(QUESTIONS[0], (step1,)))], GREEDY).steps[0][0]
-    prefixes = [Prefix(QUESTIONS[0]), Prefix(QUESTIONS[0], (step1,)), Prefix(QUESTIONS[0], (step1, step2))]
-    reqs = [StepRequest(p) for p in prefixes]
-    eager.clear_prefix_cache()
-    want = eager.generate(reqs, GREEDY)
+    prefixes, reqs, want, _ = _nested_batch(eager)
     fast.clear_prefix_cache()
     first = fast.generate(reqs, GREEDY)
     assert first.stats.prefill_tokens == len(fast.prefix_ids(prefixes[-1]))  # each token encoded once
@@ -192,8 +205,7 @@ def test_chunks_padded_to_their_widths_write_the_eager_steps(engines):
     taking the target's step), and rows joining a running batch (one continuing a running row's prompt) write the
     eager path's steps."""
     eager, fast = engines
-    padded = HFStepEngine("offline:smollm2-135m-instruct", model=fast.model, tokenizer=fast.tokenizer, decode="fast")
-    padded.decode_step = static_kv.DecodeStep(fast.model, "none", bucket_chunks=True)
+    padded = _padded(fast)
     assert [padded.decode_step.chunk_width(m) for m in (1, 16, 17, 600)] == [16, 16, 32, 600]
     assert padded.decode_step.chunks_for(16) and not padded.decode_step.chunks_for(32)  # larger batches: eager
     step1 = eager.generate([StepRequest(Prefix(QUESTIONS[0]))], GREEDY).steps[0][0]
@@ -236,14 +248,8 @@ def test_nested_prefixes_in_one_padded_chunk_write_the_eager_steps(engines):
     base in one chunk that keeps every row's logits; the other rows copy its columns. Called again (the question
     cached), the chunk starts after it. The same steps as the eager path, and each token encoded once."""
     eager, fast = engines
-    padded = HFStepEngine("offline:smollm2-135m-instruct", model=fast.model, tokenizer=fast.tokenizer, decode="fast")
-    padded.decode_step = static_kv.DecodeStep(fast.model, "none", bucket_chunks=True)
-    step1 = eager.generate([StepRequest(Prefix(QUESTIONS[0]))], GREEDY).steps[0][0]
-    step2 = eager.generate([StepRequest(Prefix(QUESTIONS[0], (step1,)))], GREEDY).steps[0][0]
-    prefixes = [Prefix(QUESTIONS[0]), Prefix(QUESTIONS[0], (step1,)), Prefix(QUESTIONS[0], (step1, step2))]
-    reqs = [StepRequest(p) for p in prefixes]
-    eager.clear_prefix_cache()
-    want = eager.generate(reqs, GREEDY)
+    padded = _padded(fast)
+    prefixes, reqs, want, step1 = _nested_batch(eager)
     padded.clear_prefix_cache()
     first = padded.generate(reqs, GREEDY)
     longest = len(padded.prefix_ids(prefixes[-1]))
