@@ -207,21 +207,24 @@ def test_chunks_padded_to_their_widths_write_the_eager_steps(engines):
     eager, fast = engines
     padded = _padded(fast)
     assert [padded.decode_step.chunk_width(m) for m in (1, 16, 17, 600)] == [16, 16, 32, 600]
-    assert padded.decode_step.chunks_for(16) and not padded.decode_step.chunks_for(32)  # larger batches: eager
+    step = padded.decode_step
+    assert step.chunks_for(4, 128) and not step.chunks_for(8, 128) and not step.chunks_for(32, 16)  # larger: eager
+    assert not step.chunks_for(1, 600) and not step.chunks_for(1, 17)  # a width past the buckets, or not one
     step1 = eager.generate([StepRequest(Prefix(QUESTIONS[0]))], GREEDY).steps[0][0]
     cases = [[Prefix(QUESTIONS[0]), Prefix(QUESTIONS[1])], [Prefix(QUESTIONS[0])], [Prefix(QUESTIONS[0], (step1,))]]
-    for prefixes in cases:  # the second case caches the question, so the third forwards step 1's tokens alone
+    for prefixes in cases:
         reqs = [StepRequest(p) for p in prefixes]
         eager.clear_prefix_cache()
         want = eager.generate(reqs, GREEDY)
-        if prefixes[0].steps:
-            eager.generate([StepRequest(Prefix(QUESTIONS[0]))], GREEDY)
-        else:
-            padded.clear_prefix_cache()
+        padded.clear_prefix_cache()
+        if prefixes[0].steps:  # the question cached: the row forwards step 1's tokens alone
+            padded.runner.prefill(padded.prefix_ids(Prefix(QUESTIONS[0])), EngineStats())
+        calls = step.chunk_calls
         got = padded.generate(reqs, GREEDY)
+        assert step.chunk_calls == calls + 1  # every case joins its rows in one chunk
         for p, (w,), (g,) in zip(prefixes, want.steps, got.steps):
             _same_greedy(eager.model, eager, p, g, w)
-    assert len(step1.token_ids) > 8  # more than the decode step takes one token at a time: a chunk
+    assert len(step1.token_ids) > 8  # more than the decode step takes one token at a time
     widths = {w for kv in padded.kv_pool.free for w in kv.chunks}
     assert widths and widths <= set(static_kv.CHUNK_WIDTHS)
     prompts = [fast.prefix_ids(p) for p in (Prefix(QUESTIONS[0]), Prefix(QUESTIONS[1]), Prefix(QUESTIONS[0], (step1,)))]
@@ -249,14 +252,24 @@ def test_nested_prefixes_in_one_padded_chunk_write_the_eager_steps(engines):
     cached), the chunk starts after it. The same steps as the eager path, and each token encoded once."""
     eager, fast = engines
     padded = _padded(fast)
+    chunk, unseen = padded.decode_step.chunk, []
+
+    def checked(kv, width):  # every slot's queries must see a column: a query that sees none gives NaN on CUDA
+        unseen.append(int((kv.mask[:, kv.col:kv.col + width].sum(1) == 0).sum()))
+        return chunk(kv, width)
+
+    padded.decode_step.chunk = checked
     prefixes, reqs, want, step1 = _nested_batch(eager)
     padded.clear_prefix_cache()
     first = padded.generate(reqs, GREEDY)
+    assert unseen == [0]
+    assert padded.decode_step.chunk_calls == 1  # the longest row's chunk, all of it uncached
     longest = len(padded.prefix_ids(prefixes[-1]))
     assert first.stats.prefill_tokens == longest  # each token encoded once, in the longest row's chunk
     assert first.stats.forward_passes == first.stats.iterations  # the chunk, then one per decode step
     padded.generate([StepRequest(prefixes[0])], GREEDY)  # caches the question's prompt
     again = padded.generate(reqs, GREEDY)
+    assert padded.decode_step.chunk_calls == 2  # (the question's own call: one token after a kept row's, by a step)
     assert again.stats.prefill_tokens == longest - len(padded.prefix_ids(prefixes[0])) + 1
     assert again.stats.forward_passes == again.stats.iterations
     for got in (first, again):
@@ -270,6 +283,7 @@ def test_nested_prefixes_in_one_padded_chunk_write_the_eager_steps(engines):
     padded.clear_prefix_cache()
     eager.clear_prefix_cache()
     got = padded.generate([StepRequest(p) for p in others], GREEDY)
+    assert padded.decode_step.chunk_calls == 3
     want = eager.generate([StepRequest(p) for p in others], GREEDY)
     assert {kv.slots: set(kv.chunks) for kv in padded.kv_pool.free} == widths  # the same buffer, the same width
     for p, (w,), (g,) in zip(others, want.steps, got.steps):

@@ -51,7 +51,7 @@ def test_a_merged_model_gives_its_logits_keeps_its_keys_and_undoes():
     assert state.keys() == keys.keys() and all(torch.equal(state[k], keys[k]) for k in keys)
     with torch.inference_mode():
         torch.testing.assert_close(model(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
-        assert attn.q_proj._merged_group.outputs is None  # every member took its part: no activation kept
+        assert attn.q_proj._merged_group.kept().outputs is None  # every member took its part: no activation kept
     assert set_merged_linear(model, True) == {"merged": 4, "kept": 0}  # an engine on shared weights: unchanged
     assert set_merged_linear(model, False) == {"merged": 0, "kept": 0} and merged_linear_count(model) == 0
     assert not any(name.startswith("_merged") for name, _ in attn.named_buffers())
@@ -232,3 +232,31 @@ def test_auto_merges_on_cuda_only_and_the_command_words_name_the_option():
         wants_merged_linear("on", _WeightsOn("cpu"))
     with pytest.raises(ValueError, match="merged linear: 'yes' is not one of"):
         setting_of("yes", "merged linear")
+
+
+def test_each_thread_keeps_its_own_merged_product():
+    """Async Lookahead Reasoning with one model as draft and target: two engines on the same weights run forwards
+    from two threads at once (torch releases the GIL inside each product). A product one thread keeps for its next
+    members is its own: another thread neither sees nor replaces it."""
+    import threading
+
+    model = _qwen2(1)
+    set_merged_linear(model, True)
+    attn = model.model.layers[0].self_attn
+    group = attn.q_proj._merged_group
+    x = torch.randn(2, 64)
+    with torch.inference_mode():
+        attn.q_proj(x)  # k and v still to take theirs
+        seen = []
+
+        def other():
+            with torch.inference_mode():
+                seen.append(group.kept().outputs is None)
+                attn.q_proj(torch.randn(2, 64))  # this thread's own product, k and v pending here too
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert seen == [True] and group.kept().input is x
+        w, b = attn.k_proj.weight, attn.k_proj.bias
+        torch.testing.assert_close(attn.k_proj(x), x @ w.T + b, rtol=1e-6, atol=1e-6)

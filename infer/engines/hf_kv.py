@@ -239,13 +239,11 @@ class ModelRunner:
         cache, logits = self._encode(key, cache, shared, [len(key)], stats)
         return cache, [], logits[len(key)]
 
-    def cached(self, ids: Sequence[int], most: int, stats: EngineStats):
+    def cached(self, ids: Sequence[int], most: int):
         """(a private copy of the cached prefix sharing the most leading tokens with `ids`, at most `most` of them, or
-        None; that count), counted as reused: no forward (the caller encodes the rest)."""
+        None; that count): no forward (the caller encodes the rest, and counts what it reuses)."""
         with self.lock:
-            cache, shared = self._cached_prefix(tuple(ids), most)
-            stats.reused_prefix_tokens += shared
-            return cache, shared
+            return self._cached_prefix(tuple(ids), most)
 
     def prefill_ends(self, ids: Sequence[int], ends: Sequence[int], stats: EngineStats):
         """(a private copy of the cache of `ids`, {n: logits after ids[:n]}) for each n of `ends` that the forward

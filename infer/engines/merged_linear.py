@@ -22,6 +22,7 @@ swapped only after it gave the same logits, merged and not, on a short random in
 from __future__ import annotations
 
 import logging
+import threading
 import types
 
 import torch
@@ -38,30 +39,45 @@ GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 _TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
 
+class _Kept:
+    """One thread's merged product of a group, with the input it was computed on."""
+
+    def __init__(self):
+        self.input, self.version, self.outputs, self.left = None, -1, None, 0
+
+
 class _Group:
-    """The merged product of one group's members, kept for the input it was computed on."""
+    """The merged product of one group's members, kept per thread (two engines on the same weights decode from two
+    threads in async Lookahead Reasoning) for the input it was computed on."""
 
     def __init__(self, parent: nn.Module, buffer: str, has_bias: bool, sizes: list[int]):
         self.parent, self.buffer, self.has_bias, self.sizes = parent, buffer, has_bias, sizes
-        self._clear()
+        self._local = threading.local()
+        self._traced = _Kept()  # while dynamo traces: its state at trace time only (the compiled code has none)
 
-    def _clear(self) -> None:
-        self.input, self.version, self.outputs, self.left = None, -1, None, 0
+    def kept(self) -> _Kept:
+        if torch.compiler.is_compiling():
+            return self._traced
+        kept = getattr(self._local, "kept", None)
+        if kept is None:
+            kept = self._local.kept = _Kept()
+        return kept
 
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        kept = self.kept()
         # an inference-mode tensor (the engines decode in inference mode) keeps no version counter, nor does dynamo
         # trace one: the same object is then taken as the same values (the whole-model check catches a forward that
         # writes its input between its members' calls)
         version = -1 if torch.compiler.is_compiling() or x.is_inference() else x._version
-        if self.outputs is None or self.input is not x or self.version != version:
+        if kept.outputs is None or kept.input is not x or kept.version != version:
             merged = getattr(self.parent, self.buffer)
             bias = getattr(self.parent, self.buffer + "_bias") if self.has_bias else None
-            self.outputs = F.linear(x, merged, bias).split(self.sizes, dim=-1)
-            self.input, self.version, self.left = x, version, len(self.sizes)
-        y = self.outputs[index]
-        self.left -= 1
-        if self.left <= 0:  # every member took its part: keep no activations past the call
-            self._clear()
+            kept.outputs = F.linear(x, merged, bias).split(self.sizes, dim=-1)
+            kept.input, kept.version, kept.left = x, version, len(self.sizes)
+        y = kept.outputs[index]
+        kept.left -= 1
+        if kept.left <= 0:  # every member took its part: keep no activations past the call
+            kept.__init__()
         return y
 
 

@@ -95,6 +95,12 @@ _COLUMN_MARGIN = 64  # free columns a new or grown buffer gets beyond what it ho
 _JOIN_SHARED_MAX = 16
 
 
+def _positions(start: int, n: int, width: int) -> torch.Tensor:
+    """Position ids of a row's n tail tokens padded to `width`: the pads repeat the last one (they are masked; a model
+    with a learned position table must not index past it)."""
+    return torch.arange(start, start + width).clamp(max=start + n - 1)
+
+
 def slot_bucket(rows: int) -> int:
     """Slots allocated for `rows` rows: the next bucket, so that few batch shapes (graphs) exist."""
     for b in _SLOT_BUCKETS:
@@ -297,8 +303,9 @@ class FastDecodeBatch(RowBatch):
         """pool, decode_step: the engine's (buffers and captures shared by its batches); by default this
         batch's own, eager on static buffers. join_steps: rows that start a batch with tails of at most this many
         tokens (all of one length) are fed through the decode step, one token per step, instead of one eager
-        forward; by default 8 when the decode step replays a graph and its chunks are not captured (a replay costs a
-        fraction of an eager forward's launches), else 1."""
+        forward; by default 8 when the decode step replays a graph (a replay costs a fraction of an eager
+        forward's launches), else 1. A join of more than one token a row runs as the decode step's chunk instead
+        where it takes one (`_chunk_width`): a captured chunk costs about one replay."""
         self.runner, self.text, self.params = runner, text, params
         self.max_length = max_length
         self.proposer, self.spec_tokens = proposer, spec_tokens if proposer is not None else 0
@@ -317,9 +324,7 @@ class FastDecodeBatch(RowBatch):
         self._cheap_stop = text.cheap_test_holds(self._delim)  # see StepTokenizer.next_tail
         self.pool = pool or StaticKVPool(runner.model, runner.pad_id, keep=0)
         self._forward = decode_step or DecodeStep(runner.model, "none")
-        # (a captured chunk of a few tokens costs about one replay of the step: then the step feeds single tokens only)
-        self.join_steps = join_steps if join_steps is not None else (
-            8 if self._forward.graphed and not self._forward.bucket_chunks else 1)
+        self.join_steps = join_steps if join_steps is not None else (8 if self._forward.graphed else 1)
         # sampling state of every slot, on the device (the decode inputs live in the StaticKV)
         self._keys = self._counters = None
 
@@ -520,15 +525,12 @@ class FastDecodeBatch(RowBatch):
         forward (and cached); when the rows are nested prefixes, the longest of them. Each row counts the tokens it
         reuses and forwards when it joins."""
         lcp = common_prefix_len(ids_list)
-        self.base_ids, self.base_cache, self.base_logits = [], None, {}
+        self.base_ids, self.base_cache, self.base_logits, self._nested = [], None, {}, False
         encoded = self.stats.prefill_tokens
         longest = max(ids_list, key=len)
         nested = len(longest) > lcp and all(common_prefix_len([ids, longest]) == len(ids) for ids in ids_list)
-        if nested and self._forward.chunks_for(slot_bucket(len(ids_list))):
-            # the same, as one chunk (captured on CUDA, where an eager forward costs tens of milliseconds of
-            # launches): the base is what the prefix cache holds, up to before the shortest row's last token
-            self.base_cache, shared = self.runner.cached(longest, min(map(len, ids_list)) - 1, self.stats)
-            self.base_ids, self._nested = list(longest[:shared]), True
+        if nested and self._nested_chunk(longest, min(map(len, ids_list)) - 1, len(ids_list)):
+            pass  # the base is the cached part; the longest row's tail is one chunk (`_join_nested`)
         elif nested:
             # nested prefixes (a Lookahead batch): the longest in one one-row forward, keeping the logits after
             # every row's last token, so the rows copy its columns and forward nothing (one forward of all rows'
@@ -543,6 +545,19 @@ class FastDecodeBatch(RowBatch):
         # the base's leading tokens that came from the prefix cache (the rest this batch encoded): what a row
         # taking the base counts as reused
         self.base_cached = len(self.base_ids) - (self.stats.prefill_tokens - encoded)
+
+    def _nested_chunk(self, longest: list[int], most: int, rows: int) -> bool:
+        """For nested rows: the base := what the prefix cache holds of the longest (at most `most` tokens: before the
+        shortest row's last token), when the rest fits a chunk the decode step takes (captured on CUDA, where an eager
+        forward costs tens of milliseconds of launches). Whether it did."""
+        if not self._forward.bucket_chunks:
+            return False
+        cache, shared = self.runner.cached(longest, most)
+        if not self._forward.chunks_for(slot_bucket(rows), self._forward.chunk_width(len(longest) - shared)):
+            return False
+        self.base_cache, self.base_ids, self._nested = cache, list(longest[:shared]), True
+        self.stats.reused_prefix_tokens += shared
+        return True
 
     def _donor(self, row: _FastRow) -> tuple[_FastRow | None, int]:
         """The running row (or None: the base) sharing the longest token prefix with `row`, and how
@@ -562,13 +577,17 @@ class FastDecodeBatch(RowBatch):
         returns each new row's first logits."""
         if self._nested:
             self._nested = False
-            return self._join_nested(new)
+            width = self._forward.chunk_width(max(len(r.ids) for r in new) - len(self.base_ids))
+            if self._forward.chunks_for(self.kv.slots, width):
+                return self._join_nested(new, width)
+            # (a buffer kept from a failed add has more slots: the rows take the base and forward their tails)
         plans = [(r, *self._donor(r)) for r in new]
         tails = [r.ids[share:] for r, _, share in plans]
         m = max(len(t) for t in tails)
         base_cols = max([share for _, d, share in plans if d is None] + [0])
-        chunked = self._forward.chunks_for(self.kv.slots)
-        self._ensure_columns(self._forward.chunk_width(m) if chunked else m, min_start=base_cols)
+        by_steps = not self.rows and m <= self.join_steps and all(len(t) == m for t in tails)
+        width = None if m == 1 and by_steps else self._chunk_width(m)  # (one replay of the step does one token)
+        self._ensure_columns(width or m, min_start=base_cols)
         kv = self.kv
         free = [s for s in range(kv.slots) if s not in {r.slot for r in self.rows}]
         base_slots = []
@@ -594,7 +613,9 @@ class FastDecodeBatch(RowBatch):
         if not fed:
             for r in new:
                 kv.mask[r.slot, r.cols] = 1
-        elif not self.rows and not logits and m <= self.join_steps and all(len(t) == m for t in tails):
+        elif width is not None:
+            logits |= self._join_chunk(new, fed, width)
+        elif by_steps and not logits:
             logits = self._join_by_steps(new, plans, tails)
         else:  # (a row without a tail must not take the columns the decode steps write for every slot)
             logits |= self._join_forward(new, fed, m)
@@ -604,17 +625,14 @@ class FastDecodeBatch(RowBatch):
 
     def _join_forward(self, new: list[_FastRow], fed: list, m: int) -> dict[int, torch.Tensor]:
         """`_join`'s forward for the `new` rows with tails (`fed`: ((row, donor, share), tail) pairs, at most m
-        tokens each): one eager forward of every slot's m columns (other slots feed pads); their first logits.
-        Where the decode step buckets chunks, the forward is its chunk (`_join_chunk`)."""
-        if self._forward.chunks_for(self.kv.slots):
-            return self._join_chunk(new, fed, m)
+        tokens each): one eager forward of every slot's m columns (other slots feed pads); their first logits."""
         kv, c0 = self.kv, self.kv.col
         inp = torch.full((kv.slots, m), self.runner.pad_id, dtype=torch.long)
         pos = torch.zeros((kv.slots, m), dtype=torch.long)
         last = []
         for (r, _, share), tail in fed:
             inp[r.slot, :len(tail)] = torch.tensor(tail)
-            pos[r.slot] = torch.arange(share, share + m)
+            pos[r.slot] = _positions(share, len(tail), m)
             r.cols = r.cols + list(range(c0, c0 + len(tail)))
             last.append(len(tail) - 1)
         for r in new:
@@ -628,18 +646,23 @@ class FastDecodeBatch(RowBatch):
         kv.col = c0 + m
         return {id(r): out.logits[r.slot, keep.index(j)].float() for ((r, _, _), _), j in zip(fed, last)}
 
-    def _join_chunk(self, new: list[_FastRow], fed: list, m: int) -> dict[int, torch.Tensor]:
-        """`_join_forward` as the decode step's chunk of `chunk_width(m)` columns (captured per buffer and width on
-        CUDA): the tails padded with pad tokens at the positions after them, into columns no row's mask takes;
-        one logits row kept per slot (a fed row's last tail token)."""
-        kv, c0 = self.kv, self.kv.col
+    def _chunk_width(self, m: int) -> int | None:
+        """The width of the chunk a join of at most m tokens a row runs as (`DecodeStep.chunk`), or None where the
+        decode step takes no chunk of this buffer's slots and that width (`DecodeStep.chunks_for`)."""
         width = self._forward.chunk_width(m)
+        return width if self._forward.chunks_for(self.kv.slots, width) else None
+
+    def _join_chunk(self, new: list[_FastRow], fed: list, width: int) -> dict[int, torch.Tensor]:
+        """`_join_forward` as the decode step's chunk of `width` columns (captured per buffer and width on CUDA): the
+        tails padded with pad tokens (at the last tail token's position) into columns no row's mask takes; one
+        logits row kept per slot (a fed row's last tail token)."""
+        kv, c0 = self.kv, self.kv.col
         inp = torch.full((kv.slots, width), self.runner.pad_id, dtype=torch.long)
         pos = torch.zeros((kv.slots, width), dtype=torch.long)
         keep = torch.zeros(kv.slots, dtype=torch.long)
         for (r, _, share), tail in fed:
             inp[r.slot, :len(tail)] = torch.tensor(tail)
-            pos[r.slot] = torch.arange(share, share + width)
+            pos[r.slot] = _positions(share, len(tail), width)
             keep[r.slot] = len(tail) - 1
             r.cols = r.cols + list(range(c0, c0 + len(tail)))
         for r in new:
@@ -657,15 +680,14 @@ class FastDecodeBatch(RowBatch):
         kv.col = c0 + width
         return {id(r): logits[r.slot].float() for (r, _, _), _ in fed}
 
-    def _join_nested(self, new: list[_FastRow]) -> dict[int, torch.Tensor]:
-        """Rows starting the batch that are nested prefixes (a Lookahead batch) with chunks bucketed: the longest
-        row's tail after the base in one chunk that keeps the logits after every row's last token (all past the
-        base: `_new_base`), then every other row copies the longest row's columns of its prompt into its own slot
-        (one indexed copy per layer) and forwards nothing."""
+    def _join_nested(self, new: list[_FastRow], width: int) -> dict[int, torch.Tensor]:
+        """Rows starting the batch that are nested prefixes (a Lookahead batch), where the decode step takes a chunk
+        of `width`: the longest row's tail after the base in one chunk that keeps the logits after every row's last
+        token (all past the base: `_new_base`), then every other row copies the longest row's columns of its prompt
+        into its own slot (one indexed copy per layer) and forwards nothing."""
         longest = max(new, key=lambda r: len(r.ids))
         share = len(self.base_ids)
         tail = longest.ids[share:]
-        width = self._forward.chunk_width(len(tail))
         self._ensure_columns(width, min_start=share)
         kv, c0 = self.kv, self.kv.col
         for r, slot in zip(new, range(kv.slots)):
@@ -677,13 +699,13 @@ class FastDecodeBatch(RowBatch):
         inp = torch.full((kv.slots, width), self.runner.pad_id, dtype=torch.long)
         inp[longest.slot, :len(tail)] = torch.tensor(tail)
         pos = torch.zeros((kv.slots, width), dtype=torch.long)
-        pos[longest.slot] = torch.arange(share, share + width)
+        pos[longest.slot] = _positions(share, len(tail), width)
         slots, keep = torch.arange(kv.slots), torch.zeros(kv.slots, dtype=torch.long)
         for k, r in enumerate(new):  # kept row k: the longest's chunk after r's last token
             slots[k], keep[k] = longest.slot, len(r.ids) - 1 - share
         kv.mask[longest.slot, longest.cols] = 1
-        for slot in range(len(new), kv.slots):
-            kv.mask[slot, c0:c0 + width] = 1  # free slots see their own pad tokens
+        for slot in set(range(kv.slots)) - {longest.slot}:  # the others see their own pad tokens, as free slots do
+            kv.mask[slot, c0:c0 + width] = 1
         ids, positions, keep_slot, keep_index = kv.chunk_inputs(width)
         ids.copy_(inp)
         positions.copy_(pos)
@@ -698,6 +720,7 @@ class FastDecodeBatch(RowBatch):
         for r in new:
             if r is not longest:
                 r.cols = longest.cols[:len(r.ids)]
+                kv.clear_slot(r.slot)
                 kv.copy_columns(longest.slot, r.slot, r.cols)
                 kv.mask[r.slot, r.cols] = 1
         self.stats.reused_prefix_tokens += share * (len(new) - 1)  # the others' copies of the cached base
@@ -821,9 +844,12 @@ _RECOMPILE_LIMIT = 64
 # widths a join's chunk forward is padded to when chunks are captured (`DecodeStep.chunk_width`): few captures per
 # buffer; a longer chunk runs eagerly at its own width
 CHUNK_WIDTHS = (16, 32, 64, 128, 256, 512)
-# buffers of at most this many slots take chunks: a chunk computes slots x slots rows of logits (a kept index for
-# every slot, at every slot: 78 MB at 16 slots of a 152k vocabulary in bf16); larger batches join eagerly
+# the largest chunk taken, in slots and in slots x width (padded tokens): a chunk computes slots x slots rows of
+# logits (a kept index for every slot, at every slot: 78 MB at 16 slots of a 152k vocabulary in bf16) and every
+# slot's padded width, where an eager join computes the rows' own tokens; on an H100 an eager forward's launches
+# cost ~44 ms on a 7B, about what 512 tokens of a 32B's compute cost. Larger joins run eagerly.
 CHUNK_MAX_SLOTS = 16
+CHUNK_MAX_TOKENS = 512
 
 
 class DecodeStep:
@@ -864,7 +890,7 @@ class DecodeStep:
         self.captures = self.replays = 0
         self.bucket_chunks = self.capture if bucket_chunks is None else bucket_chunks
         self.chunk_failed: str | None = None  # why chunks fell back to eager forwards, if they did
-        self.chunk_captures = self.chunk_replays = 0
+        self.chunk_captures = self.chunk_replays = self.chunk_calls = 0
         self._chunk_pool = None  # the chunk captures' shared memory pool
         self._forward = self._eager
         if mode == "compile":
@@ -947,9 +973,11 @@ class DecodeStep:
         log.warning("the decode step could not be %s (%s); decoding eagerly on static buffers", what, self.failed)
 
     # ------------------------------------------------------------------ chunks
-    def chunks_for(self, slots: int) -> bool:
-        """Whether a batch on a buffer of `slots` slots joins rows by chunks (bucketed, captured where the step is)."""
-        return self.bucket_chunks and slots <= CHUNK_MAX_SLOTS
+    def chunks_for(self, slots: int, width: int) -> bool:
+        """Whether a join on a buffer of `slots` slots runs as a chunk of `width` columns (`chunk`): chunks bucketed
+        (captured where the step is) and not failed, the width one of `CHUNK_WIDTHS`, within the chunk limits."""
+        return (self.bucket_chunks and self.chunk_failed is None and width in CHUNK_WIDTHS
+                and slots <= CHUNK_MAX_SLOTS and slots * width <= CHUNK_MAX_TOKENS)
 
     def chunk_width(self, m: int) -> int:
         """Columns a chunk of m tokens a slot forwards: the next of `CHUNK_WIDTHS` when chunks are bucketed, else m."""
@@ -962,6 +990,7 @@ class DecodeStep:
         logits (slots, vocab) it keeps, row k at (keep_slot[k], keep_index[k]). Captured per buffer and width when
         the decode step captures and the width is one of `CHUNK_WIDTHS`; the output of a replay lives in the
         capture's buffer until the next replay."""
+        self.chunk_calls += 1
         if self.capture and self.chunk_failed is None and width in CHUNK_WIDTHS:
             entry = kv.chunk_graphs.get(width)
             if entry is not None:
