@@ -156,7 +156,9 @@ def set_merged_linear(model, on: bool) -> dict[str, int]:
     """Merge each group of linear layers that read one input (`GROUPS`) into one product (on), or undo it (off).
     Returns {"merged": n, "kept": n}: groups that now run merged, and groups left as they were because the whole
     model's logits moved (a forward that calls its members on different inputs, say) or its check could not run.
-    A decode step captured before the change keeps the kernels it captured."""
+    Merge before any decode step is captured on these weights (the engines do, when built): merging frees the
+    members' old weights, which such a capture would still read; undoing keeps them (the views hold the storage).
+    Moving the model (`.to()`) after merging moves the merged buffers and copies each member's view apart."""
     groups = list(_groups(model))
     if on and groups and all(_swapped(m) for _, _, members in groups for m in members):
         return {"merged": len(groups), "kept": 0}  # already merged (an engine on shared weights)
