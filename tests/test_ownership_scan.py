@@ -14,8 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ["inputs", "probes", "infer", "data_gen", "train"]
 CHECKPOINT_FILES = {fmt.CHECKPOINT_JSON, fmt.METRICS_JSON, fmt.BASELINES_JSON, fmt.EMBEDDING_JSON, fmt.JUDGE_JSON,
                     fmt.ADAPTER_CONFIG, fmt.ADAPTER_WEIGHTS, fmt.JUDGE_DIR}
-# transformers' config fields (PretrainedConfig._name_or_path: the model's id or folder; ._commit_hash: its revision)
-THIRD_PARTY = {"_name_or_path", "_commit_hash"}
+# transformers' config fields (PretrainedConfig._name_or_path: the model's id or folder; ._commit_hash: its revision),
+# and torch's
+THIRD_PARTY = {"_name_or_path", "_commit_hash",
+               "_version"}  # torch tensors' count of in-place writes (merged_linear: a kept product's input unchanged)
 # module-level constants that name a file of the same name in another format (the report folder's numbers)
 OTHER_FORMATS = {("train/report/runner.py", "REPORT_METRICS")}
 

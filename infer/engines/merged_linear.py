@@ -129,7 +129,7 @@ def _merge(parent: nn.Module, names: tuple[str, ...], members: list[nn.Linear]) 
         m.weight = nn.Parameter(weight[rows], requires_grad=m.weight.requires_grad)  # a view: one copy in memory
         if bias is not None:
             m.bias = nn.Parameter(bias[rows], requires_grad=m.bias.requires_grad)
-        vars(m)["_merged_group"], vars(m)["_merged_index"] = group, index  # plain attributes, not submodules
+        m._merged_group, m._merged_index = group, index  # plain attributes (a _Group is not a module)
         m.forward = types.MethodType(_member_forward, m)
 
 
@@ -143,7 +143,8 @@ def _unmerge(parent: nn.Module, names: tuple[str, ...], members: list[nn.Linear]
         vars(m).pop("_merged_index", None)
     buffer = _buffer_name(names)
     for name in (buffer, buffer + "_bias"):
-        parent._buffers.pop(name, None)  # the members' weights stay views of the same values
+        if hasattr(parent, name):
+            delattr(parent, name)  # the members' weights stay views of the same values
     return True
 
 
