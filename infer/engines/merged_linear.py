@@ -43,6 +43,9 @@ class _Kept:
     """One thread's merged product of a group, with the input it was computed on."""
 
     def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
         self.input, self.version, self.outputs, self.left = None, -1, None, 0
 
 
@@ -77,7 +80,7 @@ class _Group:
         y = kept.outputs[index]
         kept.left -= 1
         if kept.left <= 0:  # every member took its part: keep no activations past the call
-            kept.__init__()
+            kept.clear()
         return y
 
 

@@ -529,15 +529,15 @@ class FastDecodeBatch(RowBatch):
         encoded = self.stats.prefill_tokens
         longest = max(ids_list, key=len)
         nested = len(longest) > lcp and all(common_prefix_len([ids, longest]) == len(ids) for ids in ids_list)
-        if nested and self._nested_chunk(longest, min(map(len, ids_list)) - 1, len(ids_list)):
-            pass  # the base is the cached part; the longest row's tail is one chunk (`_join_nested`)
-        elif nested:
+        if nested:
             # nested prefixes (a Lookahead batch): the longest in one one-row forward, keeping the logits after
             # every row's last token, so the rows copy its columns and forward nothing (one forward of all rows'
-            # tails would encode the shared drafts once per row)
-            self.base_cache, self.base_logits = self.runner.prefill_ends(longest, [len(i) for i in ids_list],
-                                                                         self.stats)
-            self.base_ids = list(longest)
+            # tails would encode the shared drafts once per row); or, where the decode step takes it, its tail
+            # after the cached base in one chunk (`_nested_chunk`)
+            if not self._nested_chunk(longest, min(map(len, ids_list)) - 1, len(ids_list)):
+                self.base_cache, self.base_logits = self.runner.prefill_ends(longest, [len(i) for i in ids_list],
+                                                                             self.stats)
+                self.base_ids = list(longest)
         elif lcp:
             leave = lcp if len(ids_list) == 1 else _JOIN_SHARED_MAX
             self.base_cache, missing, _ = self.runner.start(ids_list[0][:lcp], self.stats, leave)
@@ -669,16 +669,21 @@ class FastDecodeBatch(RowBatch):
             kv.mask[r.slot, r.cols] = 1
         for slot in sorted(set(range(kv.slots)) - {r.slot for r in self.rows + new}):
             kv.mask[slot, c0:c0 + width] = 1  # free slots see their own pad tokens
-        ids, positions, keep_slot, keep_index = kv.chunk_inputs(width)
-        ids.copy_(inp)
-        positions.copy_(pos)
-        keep_slot.copy_(torch.arange(kv.slots))  # (a nested join on this buffer kept other pairs)
-        keep_index.copy_(keep)
+        logits = self._run_chunk(inp, pos, torch.arange(kv.slots), keep)
+        return {id(r): logits[r.slot].float() for (r, _, _), _ in fed}
+
+    def _run_chunk(self, ids: torch.Tensor, pos: torch.Tensor, keep_slot: torch.Tensor,
+                   keep_index: torch.Tensor) -> torch.Tensor:
+        """The decode step's chunk of every slot's `ids` at `pos` (slots, width) into the write column on, keeping the
+        logits at (keep_slot[k], keep_index[k]) for each k; the write column moves past it."""
+        kv, width = self.kv, ids.shape[1]
+        for buffer, value in zip(kv.chunk_inputs(width), (ids, pos, keep_slot, keep_index)):
+            buffer.copy_(value)  # every input, every time: the buffers are shared by all chunks of this width
         self.stats.forward_passes += 1
         with self.runner.lock:
             logits = self._forward.chunk(kv, width)
-        kv.col = c0 + width
-        return {id(r): logits[r.slot].float() for (r, _, _), _ in fed}
+        kv.col += width
+        return logits
 
     def _join_nested(self, new: list[_FastRow], width: int) -> dict[int, torch.Tensor]:
         """Rows starting the batch that are nested prefixes (a Lookahead batch), where the decode step takes a chunk
@@ -706,16 +711,8 @@ class FastDecodeBatch(RowBatch):
         kv.mask[longest.slot, longest.cols] = 1
         for slot in set(range(kv.slots)) - {longest.slot}:  # the others see their own pad tokens, as free slots do
             kv.mask[slot, c0:c0 + width] = 1
-        ids, positions, keep_slot, keep_index = kv.chunk_inputs(width)
-        ids.copy_(inp)
-        positions.copy_(pos)
-        keep_slot.copy_(slots)
-        keep_index.copy_(keep)
-        self.stats.forward_passes += 1
         self.stats.prefill_tokens += len(tail)
-        with self.runner.lock:
-            logits = self._forward.chunk(kv, width)
-        kv.col = c0 + width
+        logits = self._run_chunk(inp, pos, slots, keep)
         first = {id(r): logits[k].float() for k, r in enumerate(new)}
         for r in new:
             if r is not longest:
