@@ -248,26 +248,33 @@ def test_chunks_padded_to_their_widths_write_the_eager_steps(engines):
 @pytest.mark.slow
 def test_nested_prefixes_in_one_padded_chunk_write_the_eager_steps(engines):
     """With chunks bucketed (CUDA), a Lookahead batch's nested rows take the longest row's tail after the cached
-    base in one chunk that keeps every row's logits; the other rows copy its columns. Called again (the question
-    cached), the chunk starts after it. The same steps as the eager path, and each token encoded once."""
+    base in one chunk of the longest's slot alone that keeps every row's logits; the other rows copy its columns.
+    Called again (the question cached), the chunk starts after it. The same steps as the eager path, and each token
+    encoded once."""
     eager, fast = engines
     padded = _padded(fast)
-    chunk, unseen = padded.decode_step.chunk, []
+    chunk, seen = padded.decode_step.chunk, []
 
-    def checked(kv, width):  # every slot's queries must see a column: a query that sees none gives NaN on CUDA
-        unseen.append(int((kv.mask[:, kv.col:kv.col + width].sum(1) == 0).sum()))
+    def checked(kv, width):  # the forwarded slots' queries must see a column: one that sees none gives NaN on CUDA
+        col = int(kv.cache.layers[0].cumulative_length)
+        seen.append((kv.slots, kv.keeps, int((kv.mask[:, col:col + width].sum(1) == 0).sum())))
         return chunk(kv, width)
 
     padded.decode_step.chunk = checked
     prefixes, reqs, want, step1 = _nested_batch(eager)
     padded.clear_prefix_cache()
     first = padded.generate(reqs, GREEDY)
-    assert unseen == [0]
+    assert seen == [(1, 4, 0)]  # one slot forwarded, a kept logits row for each of the buffer's 4 slots
     assert padded.decode_step.chunk_calls == 1  # the longest row's chunk, all of it uncached
     longest = len(padded.prefix_ids(prefixes[-1]))
     assert first.stats.prefill_tokens == longest  # each token encoded once, in the longest row's chunk
     assert first.stats.forward_passes == first.stats.iterations  # the chunk, then one per decode step
     padded.generate([StepRequest(prefixes[0])], GREEDY)  # caches the question's prompt
+    with torch.inference_mode():  # what the pooled buffers hold from the first call must not be read again
+        for kv in padded.kv_pool.free:
+            for layer in kv.layers:
+                layer.keys.normal_()
+                layer.values.normal_()
     again = padded.generate(reqs, GREEDY)
     assert padded.decode_step.chunk_calls == 2  # (the question's own call: one token after a kept row's, by a step)
     assert again.stats.prefill_tokens == longest - len(padded.prefix_ids(prefixes[0])) + 1
@@ -277,15 +284,18 @@ def test_nested_prefixes_in_one_padded_chunk_write_the_eager_steps(engines):
             _same_greedy(eager.model, eager, p, g, w)
             if g.token_ids == w.token_ids:
                 assert g.logprob == pytest.approx(w.logprob, abs=1e-3)
-    # rows that are not nested, on the same pooled buffer and chunk width: each keeps its own slot's logits again
+    # rows that are not nested, on the same pooled buffer and chunk width: each keeps its own slot's logits again,
+    # every slot forwarded
     others = [Prefix(QUESTIONS[1]), Prefix(QUESTIONS[0], (step1,)), Prefix(QUESTIONS[1], (step1,))]
-    widths = {kv.slots: set(kv.chunks) for kv in padded.kv_pool.free}
+    created = padded.kv_pool.created
     padded.clear_prefix_cache()
     eager.clear_prefix_cache()
     got = padded.generate([StepRequest(p) for p in others], GREEDY)
-    assert padded.decode_step.chunk_calls == 3
+    assert padded.decode_step.chunk_calls == 3 and seen[-1] == (4, 4, 0)
     want = eager.generate([StepRequest(p) for p in others], GREEDY)
-    assert {kv.slots: set(kv.chunks) for kv in padded.kv_pool.free} == widths  # the same buffer, the same width
+    assert padded.kv_pool.created == created  # the same buffer
+    (kv,) = [kv for kv in padded.kv_pool.free if kv.slots == 4]
+    assert set(kv.chunks) and set(kv.chunks) <= set(kv.first_slot().chunks)  # a width on every slot, and on the first
     for p, (w,), (g,) in zip(others, want.steps, got.steps):
         _same_greedy(eager.model, eager, p, g, w)
 

@@ -21,7 +21,8 @@ the longest is the base, encoded once in a one-row forward that keeps the logits
 tails would encode the shared drafts once per row, in every slot). With a captured decode step (CUDA) the forwards
 of joining rows are chunks (`DecodeStep.chunk`): padded to a few widths and captured per buffer and width, since an
 eager forward of a large model costs tens of milliseconds of launches; nested rows then take the longest row's tail
-after the cached base in one such chunk, keeping every row's logits, and the others copy its columns. Finished and
+after the cached base in one such chunk of its slot alone (`StaticKV.first_slot`), keeping every row's logits, and
+the others copy its columns. Finished and
 empty slots keep decoding a pad token into masked columns: the batch shape never changes between
 joins, which is what lets the decode step run as one captured CUDA graph (`DecodeStep`: captured once per
 buffer; the engine's `StaticKVPool` hands the same buffers, and so the same capture, to its later batches).
@@ -55,6 +56,7 @@ layers are not plain full-attention layers.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections.abc import Hashable, Sequence
@@ -159,6 +161,8 @@ class StaticKV:
         # a chunk forward's inputs per width (`chunk_inputs`) and its captures per width (owned by `DecodeStep`)
         self.chunks: dict[int, tuple[torch.Tensor, ...]] = {}
         self.chunk_graphs: dict[int, Any] = {}
+        self.keeps = slots  # logits rows a chunk keeps (`chunk_inputs`)
+        self._first: StaticKV | None = None  # slot 0 alone (`first_slot`)
         self.nbytes = sum(t.numel() * t.element_size() for layer in self.cache.layers for t in (layer.keys, layer.values))
 
     def reset(self, pad_id: int) -> None:
@@ -174,15 +178,33 @@ class StaticKV:
 
     def chunk_inputs(self, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The inputs a chunk forward of `width` columns reads (`DecodeStep.chunk`), written in place: each slot's
-        token ids and positions (slots, width), and the `slots` logits it keeps: their slot and their index in the
+        token ids and positions (slots, width), and the `keeps` logits it keeps: their slot and their index in the
         chunk."""
         if width not in self.chunks:
             device = self.mask.device
             self.chunks[width] = (torch.zeros((self.slots, width), dtype=torch.long, device=device),
                                   torch.zeros((self.slots, width), dtype=torch.long, device=device),
-                                  torch.arange(self.slots, device=device),
-                                  torch.zeros(self.slots, dtype=torch.long, device=device))
+                                  torch.zeros(self.keeps, dtype=torch.long, device=device),
+                                  torch.zeros(self.keeps, dtype=torch.long, device=device))
         return self.chunks[width]
+
+    def first_slot(self) -> StaticKV:
+        """Slot 0 alone: a one-slot StaticKV over this one's memory (views of its K/V, its mask row and its decode
+        inputs; the cache layers share this one's write offsets), keeping as many logits rows in a chunk as this one
+        has slots. A chunk of one row (a Lookahead batch's longest: `FastDecodeBatch._join_nested`) forwards that
+        slot alone, not every slot's padded width; its captures (per width) live and go with this buffer. Writes
+        through it move this buffer's write offset, not `col`: the caller moves that."""
+        if self._first is None:
+            view = object.__new__(StaticKV)
+            view.__dict__.update(self.__dict__)
+            view.slots, view.keeps, view.graph, view.chunks, view.chunk_graphs = 1, self.slots, None, {}, {}
+            view.mask, view.ids, view.pos, view.nbytes, view._first = self.mask[:1], self.ids[:1], self.pos[:1], 0, None
+            view.cache = copy.copy(self.cache)
+            view.cache.layers = [copy.copy(layer) for layer in self.cache.layers]  # (cumulative_length: the same)
+            for layer in view.cache.layers:
+                layer.keys, layer.values, layer.batch_size = layer.keys[:1], layer.values[:1], 1
+            self._first = view
+        return self._first
 
     def set_column(self, col: int) -> None:
         """Make the next forward write at column `col` (the cache's write offset)."""
@@ -553,7 +575,7 @@ class FastDecodeBatch(RowBatch):
         if not self._forward.bucket_chunks:
             return False
         cache, shared = self.runner.cached(longest, most)
-        if not self._forward.chunks_for(slot_bucket(rows), self._forward.chunk_width(len(longest) - shared)):
+        if self._nested_width(len(longest) - shared, slot_bucket(rows)) is None:
             return False
         self.base_cache, self.base_ids, self._nested = cache, list(longest[:shared]), True
         self.stats.reused_prefix_tokens += shared
@@ -577,8 +599,8 @@ class FastDecodeBatch(RowBatch):
         returns each new row's first logits."""
         if self._nested:
             self._nested = False
-            width = self._forward.chunk_width(max(len(r.ids) for r in new) - len(self.base_ids))
-            if self._forward.chunks_for(self.kv.slots, width):
+            width = self._nested_width(max(len(r.ids) for r in new) - len(self.base_ids), self.kv.slots)
+            if width is not None:
                 return self._join_nested(new, width)
             # (a buffer kept from a failed add has more slots: the rows take the base and forward their tails)
         plans = [(r, *self._donor(r)) for r in new]
@@ -646,6 +668,12 @@ class FastDecodeBatch(RowBatch):
         kv.col = c0 + m
         return {id(r): out.logits[r.slot, keep.index(j)].float() for ((r, _, _), _), j in zip(fed, last)}
 
+    def _nested_width(self, m: int, slots: int) -> int | None:
+        """The width of the one-slot chunk (`StaticKV.first_slot`) in which nested rows on a buffer of `slots` slots
+        take the longest row's m tokens after the base, or None where the decode step takes none."""
+        width = self._forward.chunk_width(m)
+        return width if slots <= CHUNK_MAX_SLOTS and self._forward.chunks_for(1, width) else None
+
     def _chunk_width(self, m: int) -> int | None:
         """The width of the chunk a join of at most m tokens a row runs as (`DecodeStep.chunk`), or None where the
         decode step takes no chunk of this buffer's slots and that width (`DecodeStep.chunks_for`)."""
@@ -673,46 +701,46 @@ class FastDecodeBatch(RowBatch):
         return {id(r): logits[r.slot].float() for (r, _, _), _ in fed}
 
     def _run_chunk(self, ids: torch.Tensor, pos: torch.Tensor, keep_slot: torch.Tensor,
-                   keep_index: torch.Tensor) -> torch.Tensor:
+                   keep_index: torch.Tensor, on: StaticKV | None = None) -> torch.Tensor:
         """The decode step's chunk of every slot's `ids` at `pos` (slots, width) into the write column on, keeping the
-        logits at (keep_slot[k], keep_index[k]) for each k; the write column moves past it."""
-        kv, width = self.kv, ids.shape[1]
-        for buffer, value in zip(kv.chunk_inputs(width), (ids, pos, keep_slot, keep_index)):
+        logits at (keep_slot[k], keep_index[k]) for each k; the write column moves past it. on: the buffer forwarded
+        (this batch's, or a view of its first slot)."""
+        on, width = on or self.kv, ids.shape[1]
+        for buffer, value in zip(on.chunk_inputs(width), (ids, pos, keep_slot, keep_index)):
             buffer.copy_(value)  # every input, every time: the buffers are shared by all chunks of this width
         self.stats.forward_passes += 1
         with self.runner.lock:
-            logits = self._forward.chunk(kv, width)
-        kv.col += width
+            logits = self._forward.chunk(on, width)
+        self.kv.col += width
         return logits
 
     def _join_nested(self, new: list[_FastRow], width: int) -> dict[int, torch.Tensor]:
         """Rows starting the batch that are nested prefixes (a Lookahead batch), where the decode step takes a chunk
-        of `width`: the longest row's tail after the base in one chunk that keeps the logits after every row's last
-        token (all past the base: `_new_base`), then every other row copies the longest row's columns of its prompt
-        into its own slot (one indexed copy per layer) and forwards nothing."""
+        of `width`: the longest row, in slot 0, forwards its tail after the base in one chunk of that slot alone
+        (`StaticKV.first_slot`) that keeps the logits after every row's last token (all past the base:
+        `_new_base`), then every other row copies the longest row's columns of its prompt into its own slot (one
+        indexed copy per layer) and forwards nothing. The other slots' columns of the chunk stay unwritten and
+        unseen (a free slot sees the next decode step's column)."""
         longest = max(new, key=lambda r: len(r.ids))
         share = len(self.base_ids)
         tail = longest.ids[share:]
         self._ensure_columns(width, min_start=share)
         kv, c0 = self.kv, self.kv.col
-        for r, slot in zip(new, range(kv.slots)):
+        for slot, r in enumerate([longest] + [r for r in new if r is not longest]):
             r.slot = slot
             kv.clear_slot(slot)
         if share:
-            kv.load_prefix([longest.slot], self.base_cache, share)
+            kv.load_prefix([0], self.base_cache, share)
         longest.cols = list(range(share)) + list(range(c0, c0 + len(tail)))
-        inp = torch.full((kv.slots, width), self.runner.pad_id, dtype=torch.long)
-        inp[longest.slot, :len(tail)] = torch.tensor(tail)
-        pos = torch.zeros((kv.slots, width), dtype=torch.long)
-        pos[longest.slot] = _positions(share, len(tail), width)
-        slots, keep = torch.arange(kv.slots), torch.zeros(kv.slots, dtype=torch.long)
+        inp = torch.full((1, width), self.runner.pad_id, dtype=torch.long)
+        inp[0, :len(tail)] = torch.tensor(tail)
+        keep = torch.zeros(kv.slots, dtype=torch.long)
         for k, r in enumerate(new):  # kept row k: the longest's chunk after r's last token
-            slots[k], keep[k] = longest.slot, len(r.ids) - 1 - share
-        kv.mask[longest.slot, longest.cols] = 1
-        for slot in set(range(kv.slots)) - {longest.slot}:  # the others see their own pad tokens, as free slots do
-            kv.mask[slot, c0:c0 + width] = 1
+            keep[k] = len(r.ids) - 1 - share
+        kv.mask[0, longest.cols] = 1
         self.stats.prefill_tokens += len(tail)
-        logits = self._run_chunk(inp, pos, slots, keep)
+        logits = self._run_chunk(inp, _positions(share, len(tail), width)[None], torch.zeros_like(keep), keep,
+                                 on=kv.first_slot())
         first = {id(r): logits[k].float() for k, r in enumerate(new)}
         for r in new:
             if r is not longest:
@@ -844,7 +872,8 @@ CHUNK_WIDTHS = (16, 32, 64, 128, 256, 512)
 # the largest chunk taken, in slots and in slots x width (padded tokens): a chunk computes slots x slots rows of
 # logits (a kept index for every slot, at every slot: 78 MB at 16 slots of a 152k vocabulary in bf16) and every
 # slot's padded width, where an eager join computes the rows' own tokens; on an H100 an eager forward's launches
-# cost ~44 ms on a 7B, about what 512 tokens of a 32B's compute cost. Larger joins run eagerly.
+# cost ~44 ms on a 7B, about what 512 tokens of a 32B's compute cost. Larger joins run eagerly. (A nested batch's
+# chunk is one slot's: its width alone is bounded, and its rows by CHUNK_MAX_SLOTS.)
 CHUNK_MAX_SLOTS = 16
 CHUNK_MAX_TOKENS = 512
 
