@@ -138,6 +138,8 @@ def describe_decode(engine) -> str:
     if step.bucket_chunks:  # join chunks padded to their widths (captured on CUDA)
         state += (f"; chunks failed: {step.chunk_failed}" if step.chunk_failed else
                   f"; chunks {step.chunk_captures} captures, {step.chunk_replays} replays")
+    elif step.capture:  # models.capture_joins off
+        state += "; joins eager"
     return f"decode {engine.decode} ({step.mode}: {state}; {engine.kv_pool.created} KV buffers allocated){where}"
 
 

@@ -15,17 +15,21 @@
 #            scenarios a/b/c, target random:qwen2-7b (TARGET=random:qwen2-32b for the 32B pair), draft
 #            random:qwen2-1.5b (PROBLEMS, STEPS as above; SCENARIOS, ADAPTIVE_METHODS and GAMMAS narrow it;
 #            SKIP=1 adds gamma=adaptive:forecast_skip=true to the same runs).
-# open:      what issues 20 and 24 still need from a GPU, most needed first, each part under its own time limit so the
-#            whole phase fits one device call of under 10 minutes (a session has 15 device minutes, its start
-#            included): check_decode_graph.py --graph compile (does a compiled step capture on CUDA?), the 1.5B's
-#            batch-1 rate in the compile mode (issue 20's 300 tok/s), the 32B's batch-1 rate and b(k) (35 tok/s;
-#            b(4), b(8)), then the 1.5B -> 32B runtime at 8 problems x 16 steps (GRAPH, default cuda_graph) until its
-#            limit, summarised from its log (runtime_summary.md) whether or not it finished.
-#            LIMITS="check engine15 engine32 runtime" (whole seconds, default "90 120 70 270") sets the parts'
-#            limits; a part that hits its limit is noted in its file and the next one runs; 0 skips a part
-#            (LIMITS="0 0 0 540": a call of its own for the 32B pair's 8 x 16; on an H100 with the compiled draft
-#            its imports, loads, b(k) and warm-up took ~140 s and the five methods ~49 s a problem, so 8 problems
-#            need METHODS=target,lr_sync,semanticspec,draft when the acceptance is near 0.6).
+# open:      what issues 20 and 24 still need from a GPU, most needed first, each part under its own time limit so that
+#            a device session (15 minutes, its start included) covers them in two calls:
+#            1 check:      check_decode_graph.py (the captured decode step and join chunks against the eager paths); if
+#                          it fails, the later parts run with the joins eager (models.capture_joins=false), said in
+#                          check.txt;
+#            2 adaptive32: issue 24 on the 1.5B -> 32B pair (the adaptive phase with TARGET=random:qwen2-32b,
+#                          ADAPTIVE_METHODS=lr_sync, SCENARIOS=b, 4 problems x 8 steps, the draft compiled unless
+#                          DRAFT_GRAPH says otherwise);
+#            3 engine32:   (engine32.txt) the 32B's batch-1 rate (issue 20's 35 tok/s), q/k/v and gate/up merged off and on;
+#            4 engine7:    (engine7.txt) the 7B's batch-1 rate and b(k) (k = 1,2,4,8), merged off/on x captured joins off/on;
+#            5 runtime7:   the 1.5B -> 7B pair (8 problems x 16 steps, target,lr_sync,semanticspec,draft, the draft
+#                          compiled) until its limit, summarised from its log (runtime_summary.md) finished or not.
+#            LIMITS="check adaptive32 engine32 engine7 runtime7" (whole seconds; default "90 400 90 0 0", one call of
+#            under 10 minutes: the next call takes LIMITS="0 0 0 150 0" or what the session has left). A part that
+#            hits its limit is noted in its file and the next one runs; 0 skips a part.
 # lookahead: bench_lookahead.py (issue 23): Lookahead Decoding in the engine's batches (n = 8 rows) against plain
 #            decoding, random:qwen2-1.5b and random:qwen2-7b, W=5 N=4 and W=15 N=5 (random weights repeat tokens:
 #            read the iteration cost, not the acceptance; DECODE=eager for the eager path's batches).
@@ -123,6 +127,17 @@ runtime() {  # target, problems, max steps, label, summary file: bench_runtime.p
   python3 benchmarks/runtime_log_summary.py "$out/$4.txt" | tee "$out/$5"
   case $rc in 0|124|137) ;; *) return "$rc" ;; esac  # stopped at its limit: summarised; crashed: the phase fails
 }
+adaptive_cmd() {  # target, methods, scenarios, problems, steps: `cmd` := bench_adaptive_gamma.py into
+  # $out/adaptive_gamma (an array, so that `timeout` can run it)
+  local skip=()
+  [ "${SKIP:-0}" = 1 ] && skip=(--forecast-skip)
+  cmd=(python3 benchmarks/bench_adaptive_gamma.py --device "$device" --dtype "$dtype" --target "$1" --draft "$draft"
+       --problems "$4" --steps "$5" --step-tokens "$step_tokens" --gammas "${GAMMAS:-$gammas}" --scenarios "$3"
+       --methods "$2" ${skip[@]+"${skip[@]}"} --out "$out/adaptive_gamma" "models.decode_graph=${GRAPH:-auto}"
+       ${DRAFT_GRAPH:+"models.draft_decode_graph=$DRAFT_GRAPH"}
+       ${TARGET_PRIORITY:+"models.target_stream_priority=$TARGET_PRIORITY"} ${swaps[@]+"${swaps[@]}"}
+       "runtime.seed=${SEED:-0}" bench.source.kind=jsonl "bench.source.path=$questions")
+}
 case $phase in
   engine)
     for m in $engine_models; do
@@ -132,39 +147,48 @@ case $phase in
   runtime) runtime "$target" "${problems:-8}" "${steps:-16}" runtime_7b runtime_7b_summary.md ;;
   runtime32) runtime "$target32" "${problems:-6}" "${steps:-12}" runtime_32b runtime_32b_summary.md ;;
   adaptive)
-    rc=0 skip=() && [ "${SKIP:-0}" = 1 ] && skip=(--forecast-skip)
-    python3 benchmarks/bench_adaptive_gamma.py --device "$device" --dtype "$dtype" --target "${TARGET:-$target}" \
-      --draft "$draft" --problems "${problems:-8}" --steps "${steps:-16}" --step-tokens "$step_tokens" \
-      --gammas "${GAMMAS:-$gammas}" --scenarios "${SCENARIOS:-$scenarios}" \
-      --methods "${ADAPTIVE_METHODS:-lr_sync,semanticspec}" ${skip[@]+"${skip[@]}"} --out "$out/adaptive_gamma" \
-      "models.decode_graph=${GRAPH:-auto}" ${DRAFT_GRAPH:+"models.draft_decode_graph=$DRAFT_GRAPH"} \
-      ${TARGET_PRIORITY:+"models.target_stream_priority=$TARGET_PRIORITY"} ${swaps[@]+"${swaps[@]}"} "runtime.seed=${SEED:-0}" bench.source.kind=jsonl \
-      "bench.source.path=$questions" 2>&1 | tee "$out/adaptive.txt" || rc=$?
+    rc=0
+    adaptive_cmd "${TARGET:-$target}" "${ADAPTIVE_METHODS:-lr_sync,semanticspec}" "${SCENARIOS:-$scenarios}" \
+      "${problems:-8}" "${steps:-16}"
+    "${cmd[@]}" 2>&1 | tee "$out/adaptive.txt" || rc=$?
     pack adaptive_gamma
     exit "$rc" ;;
   open)
-    limits=(${LIMITS:-90 120 70 270})
-    [ ${#limits[@]} = 4 ] || { echo "LIMITS takes four whole numbers of seconds (check engine15 engine32 runtime), got '${LIMITS:-}'" >&2; exit 2; }
+    limits=(${LIMITS:-90 400 90 0 0})
+    [ ${#limits[@]} = 5 ] || { echo "LIMITS takes five whole numbers of seconds (check adaptive32 engine32 engine7 runtime7), got '${LIMITS:-}'" >&2; exit 2; }
     for s in "${limits[@]}"; do
       [[ $s =~ ^[0-9]+$ ]] || { echo "LIMITS: '$s' is not a whole number of seconds" >&2; exit 2; }
     done
-    small=random:qwen2-1.5b big=$target32 check_model=random:qwen2-0.5b check_device=cuda compile=compile
-    [ "${SMOKE:-0}" = 1 ] && small=$draft check_model=$draft check_device=cpu compile=none  # no compiling in the smoke
+    small=$target big=$target32 check_model=random:qwen2-0.5b check=(--device cuda) draft_compile=compile
+    # the CPU captures nothing and compiles slowly
+    [ "${SMOKE:-0}" = 1 ] && check_model=$draft check=(--device cpu --graph none) draft_compile=none
+    part_rc=0
     limited() {  # seconds (0: skip), output file, command...: a part that hits its limit is noted, the phase goes on
-      local s=$1 file=$2 rc=0
+      local s=$1 file=$2
       shift 2
+      part_rc=0
       [ "$s" -eq 0 ] && return 0
-      timeout -k 15 "$s" "$@" 2>&1 | tee "$file" || rc=$?  # pipefail: the command's status
-      [ "$rc" = 0 ] || stopped "$rc" "$s" "$file"
+      timeout -k 15 "$s" "$@" 2>&1 | tee "$file" || part_rc=$?  # pipefail: the command's status
+      [ "$part_rc" = 0 ] || stopped "$part_rc" "$s" "$file"
     }
-    limited "${limits[0]}" "$out/check_compile.txt" python3 benchmarks/check_decode_graph.py --device "$check_device" \
-      --model "$check_model" --graph "$compile"
-    limited "${limits[1]}" "$out/engine_${small#random:}_compile.txt" "${engine_bench[@]}" --model "$small" \
-      --batches 1 --decode fast --graph "$compile" --no-unshared
-    limited "${limits[2]}" "$out/engine_${big#random:}.txt" "${engine_bench[@]}" --model "$big" --batches 1 \
-      --decode fast --graph "${GRAPH:-auto}" --batch-cost "$ks" --syncs --no-unshared
-    [ "${limits[3]}" -eq 0 ] || RUNTIME_S=${limits[3]} runtime "$target32" "${problems:-8}" "${steps:-16}" \
-      runtime_32b runtime_summary.md ;;
+    limited "${limits[0]}" "$out/check.txt" python3 benchmarks/check_decode_graph.py "${check[@]}" --model "$check_model"
+    joins=${CAPTURE_JOINS:-on}
+    if [ "$part_rc" != 0 ]; then
+      joins=off swaps+=(models.capture_joins=false) engine_bench+=(--capture-joins off)
+      echo "## the check did not pass: the parts below run the joins eagerly (models.capture_joins=false)" \
+        | tee -a "$out/check.txt"
+    fi
+    DRAFT_GRAPH=${DRAFT_GRAPH-$draft_compile} adaptive_cmd "$target32" lr_sync b "${problems:-4}" "${steps:-8}"
+    limited "${limits[1]}" "$out/adaptive.txt" "${cmd[@]}"
+    [ "${limits[1]}" -eq 0 ] || pack adaptive_gamma
+    limited "${limits[2]}" "$out/engine32.txt" "${engine_bench[@]}" --model "$big" --batches 1 \
+      --decode fast --graph "${GRAPH:-auto}" --merged-linear "${MERGED_LINEAR:-off,on}" --no-unshared
+    limited "${limits[3]}" "$out/engine7.txt" "${engine_bench[@]}" --model "$small" --batches 1 \
+      --decode fast --graph "${GRAPH:-auto}" --merged-linear "${MERGED_LINEAR:-off,on}" \
+      --capture-joins "$([ "$joins" = off ] && echo off || echo "${CAPTURE_JOINS:-off,on}")" --batch-cost "$ks" \
+      --no-unshared
+    [ "${limits[4]}" -eq 0 ] || DRAFT_GRAPH=${DRAFT_GRAPH-$draft_compile} METHODS=${METHODS:-target,lr_sync,semanticspec,draft} \
+      RUNTIME_S=${limits[4]} runtime "$target" "${problems:-8}" "${steps:-16}" runtime_7b runtime_summary.md ;;
   lookahead)
     for m in $lookahead_models; do
       for wn in $windows; do

@@ -99,21 +99,33 @@ def test_adaptive_phase(tmp_path, extra):
 
 @pytest.mark.slow
 def test_open_phase_goes_on_past_a_part_that_hits_its_limit(tmp_path):
-    """The open issues' one-call phase: a part stopped at its limit is noted in its file and the next parts run;
-    the runtime's log is summarised at the end, finished or not; a limit of 0 skips a part."""
-    out, _ = _smoke("open", tmp_path, LIMITS="1 300 300 300")
-    assert (out / "check_compile.txt").read_text().rstrip().endswith("## stopped: exit 124 (124 = its 1 s limit)")
-    for name in ("engine_llama-tiny_compile.txt", "engine_llama-tiny.txt"):
-        text = (out / name).read_text()
-        assert "## decode fast" in text and "stopped" not in text
-    assert "b(2)=" in (out / "engine_llama-tiny.txt").read_text()
+    """The open issues' phase: a part stopped at its limit is noted in its file and the next parts run; a check that
+    does not pass turns the captured joins off for the parts after it; the runtime's log is summarised at the end,
+    finished or not; a limit of 0 skips a part."""
+    out, _ = _smoke("open", tmp_path, LIMITS="1 300 300 300 300")
+    check = (out / "check.txt").read_text()
+    assert "## stopped: exit 124 (124 = its 1 s limit)" in check and "run the joins eagerly" in check
+    summary = json.loads((out / "adaptive_gamma" / "summary.json").read_text())
+    assert set(summary) == {"b_lr_sync"}  # issue 24's GPU run: lr_sync on the mixture, the 32B pair
+    run = json.loads((out / "adaptive_gamma" / "b_lr_sync" / "results.json").read_text())
+    assert run["config"]["models"]["capture_joins"] is False  # the failed check turned them off
+    assert run["config"]["models"]["draft_decode_graph"] == "none"  # (compile on a GPU)
+    with tarfile.open(out / "adaptive_gamma.tgz") as packed:
+        assert "adaptive_gamma/summary.json" in packed.getnames()
+    engine32, engine7 = (out / "engine32.txt").read_text(), (out / "engine7.txt").read_text()
+    assert "stopped" not in engine32 + engine7 and "b(2)=" in engine7 and "b(2)=" not in engine32
+    assert engine32.count("## decode fast") == 2 and engine7.count("## decode fast") == 2  # merged off, on
     assert "2 problems finished by every method" in (out / "runtime_summary.md").read_text()
+    res = json.loads((out / "runtime_7b" / "results.json").read_text())
+    assert [r["method"] for r in res["rows"]] == ["target", "lr_sync", "semanticspec", "draft"]
     (tmp_path / "second").mkdir()
-    cut, _ = _smoke("open", tmp_path / "second", LIMITS="0 0 300 2")
+    cut, _ = _smoke("open", tmp_path / "second", LIMITS="300 0 0 300 2")
     names = {p.name for p in cut.iterdir()}
-    assert {"engine_llama-tiny.txt", "runtime_32b.txt", "runtime_summary.md"} <= names
-    assert not names & {"check_compile.txt", "engine_llama-tiny_compile.txt"}
-    assert (cut / "runtime_32b.txt").read_text().rstrip().endswith("(124 = its 2 s limit)")
+    assert {"check.txt", "engine7.txt", "runtime_7b.txt", "runtime_summary.md"} <= names
+    assert not names & {"adaptive.txt", "adaptive_gamma", "engine32.txt"}
+    assert "stopped" not in (cut / "check.txt").read_text()
+    assert (cut / "engine7.txt").read_text().count("## decode fast") == 4  # merged x captured joins, off and on
+    assert (cut / "runtime_7b.txt").read_text().rstrip().endswith("(124 = its 2 s limit)")
     assert "no problem finished" in (cut / "runtime_summary.md").read_text()
     (tmp_path / "third").mkdir()  # the runtime phases take the same limit (RUNTIME_S)
     cut, _ = _smoke("runtime", tmp_path / "third", RUNTIME_S="2")
@@ -132,7 +144,7 @@ def test_runtime_phases_refuse_a_limit_they_cannot_read(tmp_path, seconds):
     assert res.returncode == 2 and "RUNTIME_S" in res.stderr
 
 
-@pytest.mark.parametrize("limits", ["0 0 0", "0 0 0 5 5", "0 0.5 0 0", "0 0 0 ten"])
+@pytest.mark.parametrize("limits", ["0 0 0 0", "0 0 0 5 5 5", "0 0.5 0 0 0", "0 0 0 ten 0"])
 def test_open_phase_refuses_limits_it_cannot_read(tmp_path, limits):
     res = subprocess.run(["bash", "benchmarks/gpu_bench.sh", "open", str(tmp_path)], cwd=REPO,
                          env=_env(SMOKE="1", LIMITS=limits), capture_output=True, text=True, timeout=60)
