@@ -47,9 +47,14 @@ def _candidates(model):
             yield module
 
 
+def runs_forward(module, function) -> bool:
+    """Whether the module's instance-level forward is `function` bound to it (a speed swap's, here or in
+    merged_linear; not some other instance-level forward: a hook's)."""
+    return getattr(vars(module).get("forward"), "__func__", None) is function
+
+
 def _swapped(module) -> bool:
-    """Whether the module runs this file's fused forward (not some other instance-level forward: a hook's)."""
-    return getattr(vars(module).get("forward"), "__func__", None) is _fused_forward
+    return runs_forward(module, _fused_forward)
 
 
 def _agrees(module, dtype: torch.dtype) -> bool:

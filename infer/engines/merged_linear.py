@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specprobe.infer.engines.fused_norm import auto_on_cuda
+from specprobe.infer.engines.fused_norm import auto_on_cuda, runs_forward
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def _member_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _swapped(module) -> bool:
-    return getattr(vars(module).get("forward"), "__func__", None) is _member_forward
+    return runs_forward(module, _member_forward)
 
 
 def _groups(model):
