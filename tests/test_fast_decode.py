@@ -277,6 +277,7 @@ def test_nested_prefixes_in_one_padded_chunk_write_the_eager_steps(engines):
                 layer.values.normal_()
     again = padded.generate(reqs, GREEDY)
     assert padded.decode_step.chunk_calls == 2  # (the question's own call: one token after a kept row's, by a step)
+    assert seen == [(1, 4, 0)] * 2  # one slot again, after the cached question
     assert again.stats.prefill_tokens == longest - len(padded.prefix_ids(prefixes[0])) + 1
     assert again.stats.forward_passes == again.stats.iterations
     for got in (first, again):
