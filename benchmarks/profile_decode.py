@@ -16,9 +16,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from specprobe.infer.engines import Prefix, SamplingParams, StepRequest
+from specprobe.infer.engines.decode_step import DecodeStep
 from specprobe.infer.engines.fused_norm import setting_of
 from specprobe.infer.engines.hf import HFStepEngine
-from specprobe.infer.engines.static_kv import DecodeStep
 
 QUESTION = "A shop sells 53 boxes a day, each holding 12 pencils. How many pencils does it sell in a week?"
 

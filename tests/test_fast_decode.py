@@ -1,4 +1,4 @@
-"""The fast decode path (`infer.engines.static_kv`, `infer.engines.device_sampling`) against the eager one.
+"""The fast decode path (`infer.engines.static_kv`, `infer.engines.decode_step`, `infer.engines.device_sampling`) against the eager one.
 
 Greedy steps must equal the eager path's (up to a near-tie of the reference: `_margins`), for single
 rows, nested-prefix batches, different questions side by side, and rows that join and leave a running
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest, static_kv
+from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest, decode_step, static_kv
 from specprobe.infer.engines.base import EngineStats
 from specprobe.infer.engines.device_sampling import nucleus_logprobs, sample_tokens, seed_key, uniforms
 from specprobe.infer.engines.hf_kv import DecodeBatch, RowSpec
@@ -141,7 +141,7 @@ def _nested_batch(eager):
 def _padded(fast) -> HFStepEngine:
     """A fast engine whose joins run as chunks padded to their widths (what a captured step does on CUDA), eagerly."""
     padded = HFStepEngine("offline:smollm2-135m-instruct", model=fast.model, tokenizer=fast.tokenizer, decode="fast")
-    padded.decode_step = static_kv.DecodeStep(fast.model, "none", bucket_chunks=True)
+    padded.decode_step = decode_step.DecodeStep(fast.model, "none", bucket_chunks=True)
     return padded
 
 
@@ -226,7 +226,7 @@ def test_chunks_padded_to_their_widths_write_the_eager_steps(engines):
             _same_greedy(eager.model, eager, p, g, w)
     assert len(step1.token_ids) > 8  # more than the decode step takes one token at a time
     widths = {w for kv in padded.kv_pool.free for w in kv.chunks}
-    assert widths and widths <= set(static_kv.CHUNK_WIDTHS)
+    assert widths and widths <= set(decode_step.CHUNK_WIDTHS)
     prompts = [fast.prefix_ids(p) for p in (Prefix(QUESTIONS[0]), Prefix(QUESTIONS[1]), Prefix(QUESTIONS[0], (step1,)))]
     results = []
     for batch in (FastDecodeBatch(padded.runner, padded.text, GREEDY, pool=padded.kv_pool,
@@ -456,11 +456,11 @@ def test_rows_joined_by_decode_steps_write_the_eager_steps(engines, rows):
 
 def test_decode_step_modes(engines):
     model = engines[1].model  # on the CPU
-    assert static_kv.DecodeStep(model, "auto").mode == "none"
+    assert decode_step.DecodeStep(model, "auto").mode == "none"
     with pytest.raises(ValueError, match="CUDA"):
-        static_kv.DecodeStep(model, "cuda_graph")
+        decode_step.DecodeStep(model, "cuda_graph")
     with pytest.raises(ValueError, match="one of"):
-        static_kv.DecodeStep(model, "graphs")
+        decode_step.DecodeStep(model, "graphs")
 
 
 def _filled_kv(model, slots: int, columns: int, n: int, seed: int) -> static_kv.StaticKV:
@@ -494,7 +494,7 @@ def test_compiled_decode_step_equals_the_eager_step_and_compiles_twice_for_every
     with torch.inference_mode():
         for i, (slots, columns, n) in enumerate([(1, 256, 5), (1, 512, 300), (2, 256, 9), (4, 768, 40), (8, 256, 3)]):
             got_kv, want_kv = _filled_kv(model, slots, columns, n, i), _filled_kv(model, slots, columns, n, i)
-            got, want = step(got_kv), static_kv.DecodeStep(model, "none")(want_kv)
+            got, want = step(got_kv), decode_step.DecodeStep(model, "none")(want_kv)
             assert got.shape == want.shape == (slots, model.config.vocab_size)
             assert torch.allclose(got, want, atol=1e-4), (slots, columns, (got - want).abs().max())
             for g, w in zip(got_kv.layers, want_kv.layers):  # the new token's K/V, written at column n
@@ -515,7 +515,7 @@ def test_compiled_decode_step_equals_the_eager_step_and_compiles_twice_for_every
 
 def test_a_compiled_step_that_fails_midway_falls_back_to_the_eager_step_at_the_same_column(engines):
     model = engines[1].model
-    step = static_kv.DecodeStep(model, "compile")
+    step = decode_step.DecodeStep(model, "compile")
 
     def fails_midway(ids, pos, mask, cache):
         for layer in cache.layers:
@@ -525,7 +525,7 @@ def test_a_compiled_step_that_fails_midway_falls_back_to_the_eager_step_at_the_s
     step._forward = fails_midway
     got_kv, want_kv = _filled_kv(model, 2, 256, 7, 0), _filled_kv(model, 2, 256, 7, 0)
     with torch.inference_mode():
-        got, want = step(got_kv), static_kv.DecodeStep(model, "none")(want_kv)
+        got, want = step(got_kv), decode_step.DecodeStep(model, "none")(want_kv)
     assert step.failed == "RuntimeError: out of memory" and not step.graphed
     assert torch.allclose(got, want, atol=1e-5)
     assert torch.allclose(got_kv.layers[0].keys[:, :, 7], want_kv.layers[0].keys[:, :, 7], atol=1e-6)
@@ -698,7 +698,7 @@ def test_models_capture_joins_reaches_the_decode_step(monkeypatch, one_thread):
 
     seen = []
 
-    class Recording(static_kv.DecodeStep):
+    class Recording(decode_step.DecodeStep):
         def __init__(self, model, mode="auto", bucket_chunks=None):
             seen.append(bucket_chunks)
             super().__init__(model, mode, bucket_chunks)

@@ -28,12 +28,13 @@ from specprobe.infer.engines.base import (
     StepRequest,
     sample_seed,
 )
+from specprobe.infer.engines.decode_step import DecodeStep
 from specprobe.infer.engines.fused_norm import fused_norm_count, set_fused_norms, wants_fused_norms
 from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec, packing_pays
 from specprobe.infer.engines.lookahead_decoding import JacobiProposer
 from specprobe.infer.engines.merged_linear import merged_linear_count, set_merged_linear, wants_merged_linear
 from specprobe.infer.engines.sequence_kv import SequenceKV
-from specprobe.infer.engines.static_kv import DecodeStep, FastDecodeBatch, StaticKVPool, static_cache_supported
+from specprobe.infer.engines.static_kv import FastDecodeBatch, StaticKVPool, static_cache_supported
 from specprobe.infer.engines.token_spec import AssistantProposer, LookaheadConfig, NgramProposer, TokenSpecConfig
 from specprobe.infer.engines.tokens import StepTokenizer, TokenizedText, eos_token_ids
 from specprobe.infer.models import describe_source, load_model
@@ -98,7 +99,7 @@ class HFStepEngine(TokenizedText):
         """decode: "fast" (static KV buffers, device-side sampling, one host sync per plain iteration:
         `infer.engines.static_kv`), "eager" (the reference `hf_kv.DecodeBatch`) or "auto" (fast on CUDA,
         eager on CPU, where the eager path is faster: benchmarks/results/fast_spec_cpu). decode_graph: how the
-        fast path runs its plain decode step (`static_kv.DecodeStep`): "cuda_graph" (captured once per buffer,
+        fast path runs its plain decode step (`decode_step.DecodeStep`): "cuda_graph" (captured once per buffer,
         replayed), "compile" (inductor's fused kernels, captured the same way on CUDA), "none" (eager), "auto" (cuda_graph on CUDA).
         stream_priority: "normal" or "high", the priority of the engine's own CUDA stream (`STREAM_PRIORITIES`).
         fused_norm: run the model's RMSNorm layers as one fused kernel each (`fused_norm.set_fused_norms`; the
