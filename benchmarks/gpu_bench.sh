@@ -179,11 +179,11 @@ case $phase in
       [ "$part_rc" = 0 ] || stopped "$part_rc" "$s" "$file"
     }
     limited "${limits[0]}" "$out/check.txt" python3 benchmarks/check_decode_graph.py "${check[@]}" --model "$check_model"
-    joins=${CAPTURE_JOINS:-on}
+    joins_ab=${CAPTURE_JOINS:-off,on}  # engine7's captured joins
     case $part_rc in
       0) ;;
       124|137) echo "## the check did not finish: the captured joins below are unchecked" | tee -a "$out/check.txt" ;;
-      *) joins=off swaps+=(models.capture_joins=false) engine_bench+=(--capture-joins off)
+      *) joins_ab=off swaps+=(models.capture_joins=false) engine_bench+=(--capture-joins off)
          echo "## the check did not pass: the parts below run the joins eagerly (models.capture_joins=false)" \
            | tee -a "$out/check.txt" ;;
     esac
@@ -194,8 +194,7 @@ case $phase in
       --decode fast --graph "${GRAPH:-auto}" --merged-linear "${MERGED_LINEAR:-off,on}" --no-unshared
     limited "${limits[3]}" "$out/engine7.txt" "${engine_bench[@]}" --model "$small" --batches 1 \
       --decode fast --graph "${GRAPH:-auto}" --merged-linear "${MERGED_LINEAR:-off,on}" \
-      --capture-joins "$([ "$joins" = off ] && echo off || echo "${CAPTURE_JOINS:-off,on}")" --batch-cost "$ks" \
-      --no-unshared
+      --capture-joins "$joins_ab" --batch-cost "$ks" --no-unshared
     [ "${limits[4]}" -eq 0 ] || DRAFT_GRAPH=${DRAFT_GRAPH-$draft_compile} METHODS=${METHODS:-target,lr_sync,semanticspec,draft} \
       RUNTIME_S=${limits[4]} runtime "$target" "${problems:-8}" "${steps:-16}" runtime_7b runtime_summary.md ;;
   lookahead)

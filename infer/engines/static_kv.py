@@ -175,13 +175,13 @@ class StaticKV:
 
     def chunk_inputs(self, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The inputs a chunk forward of `width` columns reads (`DecodeStep.chunk`), written in place: each slot's
-        token ids and positions (slots, width), and the `keeps` logits it keeps: their slot and their index in the
-        chunk."""
+        token ids and positions (slots, width), and the `keeps` logits it keeps: their slot (fixed: kept row k is
+        slot k's, or on a one-slot view the one slot's) and their index in the chunk."""
         if width not in self.chunks:
             device = self.mask.device
             self.chunks[width] = (torch.zeros((self.slots, width), dtype=torch.long, device=device),
                                   torch.zeros((self.slots, width), dtype=torch.long, device=device),
-                                  torch.zeros(self.keeps, dtype=torch.long, device=device),
+                                  torch.arange(self.keeps, device=device).clamp(max=self.slots - 1),
                                   torch.zeros(self.keeps, dtype=torch.long, device=device))
         return self.chunks[width]
 
@@ -694,16 +694,17 @@ class FastDecodeBatch(RowBatch):
             kv.mask[r.slot, r.cols] = 1
         for slot in sorted(set(range(kv.slots)) - {r.slot for r in self.rows + new}):
             kv.mask[slot, c0:c0 + width] = 1  # free slots see their own pad tokens
-        logits = self._run_chunk(inp, pos, torch.arange(kv.slots), keep)
+        logits = self._run_chunk(inp, pos, keep)
         return {id(r): logits[r.slot].float() for (r, _, _), _ in fed}
 
-    def _run_chunk(self, ids: torch.Tensor, pos: torch.Tensor, keep_slot: torch.Tensor,
-                   keep_index: torch.Tensor, on: StaticKV | None = None) -> torch.Tensor:
-        """The decode step's chunk of every slot's `ids` at `pos` (slots, width) into the write column on, keeping the
-        logits at (keep_slot[k], keep_index[k]) for each k; the write column moves past it. on: the buffer forwarded
-        (this batch's, or a view of its first slot)."""
+    def _run_chunk(self, ids: torch.Tensor, pos: torch.Tensor, keep_index: torch.Tensor,
+                   on: StaticKV | None = None) -> torch.Tensor:
+        """The decode step's chunk of every slot's `ids` at `pos` (slots, width) into the write column on, keeping
+        kept row k's logits at keep_index[k] (of slot k, or of a one-slot view's slot); the write column moves past
+        it. on: the buffer forwarded (this batch's, or a view of its first slot)."""
         on, width = on or self.kv, ids.shape[1]
-        for buffer, value in zip(on.chunk_inputs(width), (ids, pos, keep_slot, keep_index)):
+        ids_in, pos_in, _, keep_in = on.chunk_inputs(width)
+        for buffer, value in ((ids_in, ids), (pos_in, pos), (keep_in, keep_index)):
             buffer.copy_(value)  # every input, every time: the buffers are shared by all chunks of this width
         self.stats.forward_passes += 1
         with self.runner.lock:
@@ -736,13 +737,11 @@ class FastDecodeBatch(RowBatch):
             keep[k] = len(r.ids) - 1 - share
         kv.mask[0, longest.cols] = 1
         self.stats.prefill_tokens += len(tail)
-        logits = self._run_chunk(inp, _positions(share, len(tail), width)[None], torch.zeros_like(keep), keep,
-                                 on=kv.first_slot())
+        logits = self._run_chunk(inp, _positions(share, len(tail), width)[None], keep, on=kv.first_slot())
         first = {id(r): logits[k].float() for k, r in enumerate(new)}
         for r in new:
             if r is not longest:
                 r.cols = longest.cols[:len(r.ids)]
-                kv.clear_slot(r.slot)
                 kv.copy_columns(longest.slot, r.slot, r.cols)
                 kv.mask[r.slot, r.cols] = 1
         self.stats.reused_prefix_tokens += share * (len(new) - 1)  # the others' copies of the cached base
