@@ -16,7 +16,6 @@ at most about one unit in the last place, on the CPU as on CUDA; in float32 the 
 from __future__ import annotations
 
 import logging
-import types
 import warnings
 
 import torch
@@ -45,6 +44,23 @@ def _candidates(model):
         if (type(module).__name__.endswith("RMSNorm") and isinstance(weight, torch.Tensor) and weight.dim() == 1
                 and _eps(module) is not None):
             yield module
+
+
+class SwappedForward:
+    """`function` bound to `module` as its instance-level forward. A bound method would do, but pickles by its name
+    looked up on the module (which has no such attribute), so `torch.save` of a whole swapped model failed; this
+    pickles and deep-copies with the module."""
+
+    __slots__ = ("__func__", "__self__")
+
+    def __init__(self, function, module):
+        self.__func__, self.__self__ = function, module
+
+    def __call__(self, *args, **kwargs):
+        return self.__func__(self.__self__, *args, **kwargs)
+
+    def __reduce__(self):
+        return SwappedForward, (self.__func__, self.__self__)
 
 
 def runs_forward(module, function) -> bool:
@@ -95,7 +111,7 @@ def set_fused_norms(model, on: bool) -> dict[str, int]:
             continue
         module._fused_eps = _eps(module)
         if _agrees(module, dtype):
-            module.forward = types.MethodType(_fused_forward, module)
+            module.forward = SwappedForward(_fused_forward, module)
             fused += 1
         else:
             kept += 1
