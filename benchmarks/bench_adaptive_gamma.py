@@ -203,6 +203,11 @@ def main(argv=None) -> int:
                     help="--simulate's costs: this CPU's, or those measured on an H100 (SIMULATED_COSTS)")
     ap.add_argument("--forecast-skip", action="store_true",
                     help="also run gamma=adaptive:forecast_skip=true (lr_sync, semanticspec) in the same runs")
+    ap.add_argument("--accept-draws", choices=["position", "prefix"], default="position",
+                    help="runtime.accept_draws: position gives every method the same Bernoulli draw at each answer "
+                         "position (common random numbers: the methods' ratios then measure the depth policy, not "
+                         "each method's luck in draws keyed by its own text); prefix was the only way before "
+                         "2026-11-28")
     ap.add_argument("overrides", nargs="*", help="more config overrides")
     args = ap.parse_args(argv)
     if args.simulate:
@@ -221,7 +226,8 @@ def main(argv=None) -> int:
                          f"bench.num_problems={args.problems}", f"runtime.max_steps={args.steps}",
                          f"runtime.max_new_tokens={args.steps * args.step_tokens}",
                          f"sampling.max_step_tokens={args.step_tokens}", f"runtime.adaptive.gamma_max={max(gammas)}",
-                         "bench.system_speed=true", f"models.device={args.device}", f"models.dtype={args.dtype}"]
+                         "bench.system_speed=true", f"models.device={args.device}", f"models.dtype={args.dtype}",
+                         f"runtime.accept_draws={args.accept_draws}"]
             overrides += [f"{k}={v}" for k, v in SCENARIOS[name].items()] + list(args.overrides)
             cfg = load_config(args.config, overrides)
             env = bench.prepare(cfg.bench_setup(), engines=engines)
@@ -235,8 +241,10 @@ def main(argv=None) -> int:
             cmp["wall_s"] = time.perf_counter() - t0
             cmp["scenario"] = SCENARIOS[name]
             cmp["target"] = TARGETS[name]
+            cmp["accept_draws"] = cfg.runtime.accept_draws
             summary[f"{name}_{method}"] = cmp
-            md.append(table(name, method, cmp, gammas, TARGETS[name]))
+            md.append(table(name, method, cmp, gammas, TARGETS[name])
+                      + f"Acceptance draws keyed by {cmp['accept_draws']} (runtime.accept_draws).\n")
             print(md[-1], flush=True)
             (out / "summary.json").write_text(json.dumps(summary, indent=1))
             (out / "summary.md").write_text("\n".join(md))

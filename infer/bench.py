@@ -197,7 +197,7 @@ def options_from_config(setup: BenchSetup, system_speed: bool = False) -> Decode
     return DecodeOptions(
         gamma=rt.gamma, width=rt.width, max_new_tokens=rt.max_new_tokens, max_steps=rt.max_steps, seed=rt.seed,
         accept_length_cut=rt.accept_length_cut or system_speed, judge_after_cut=rt.judge_after_cut,
-        refuse_boxed=rt.refuse_boxed,
+        refuse_boxed=rt.refuse_boxed, accept_draws=rt.accept_draws,
         target_params=sampling_params(sampling, "target", delimiter, seed=rt.seed),
         draft_params=sampling_params(sampling, "draft", delimiter, seed=rt.seed),
         forecast_skip=rt.adaptive.forecast_skip)

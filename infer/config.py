@@ -317,6 +317,11 @@ class RuntimeConfig:
                                        "Lookahead Reasoning's public rule ignore_half_sentence, such drafts are refused)")
     refuse_boxed: bool = opt(False, "refuse drafts that write a \\boxed{} answer (no paper or public code does; the "
                                     "answer's EOS step is always the target's)")
+    accept_draws: Literal["prefix", "position"] = opt(
+        "prefix", "what a stochastic verifier's draw (bernoulli) is keyed by: the prefix's text (a method that reaches "
+                  "the same prefix draws the same), or the question and the answer position (every method draws the "
+                  "same at each position, whatever it wrote before: common random numbers, so that methods compared "
+                  "on a few problems see the same acceptances; with random weights each method's text differs)")
     token_spec: Literal["none", "ngram", "assistant", "lookahead"] = opt(
         "none", "token-level speculation inside each target step: ngram (prompt lookup), assistant "
                 "(the draft model, same tokenizer only) or lookahead (Lookahead Decoding, runtime.lookahead); "

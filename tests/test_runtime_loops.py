@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from specprobe.infer.bench import options_from_config
 from specprobe.infer.decoding import DecodeOptions, decode, read_trace, replay_text, stats_from_trace, write_trace
 from specprobe.infer.engines import HFStepEngine, Prefix, PromptTooLongError, SamplingParams
 from specprobe.infer.verifiers import BernoulliVerifier, Verifier, build_verifier
@@ -259,3 +260,29 @@ def test_semanticspec_judges_each_draft_with_its_own_features_and_p_over_q(engin
         assert detail["p"] == pytest.approx(p, abs=1e-6) and detail["q"] == pytest.approx(q, abs=1e-6)
         assert prob == pytest.approx(min(1.0, p / q), abs=1e-6)
     assert len({round(d["p"], 4) for *_, (_, _, d) in seen}) > 1  # the probes did see different inputs
+
+
+def _decisions_by_position(res) -> dict[int, bool]:
+    """Answer position (steps before the draft) -> whether the draft judged there was accepted. A cycle's i-th
+    judged position follows its start and i committed steps (async LR's "position" counts its stage instead)."""
+    return {c["start_step"] + i: p["accepted"] for c in res.trace for i, p in enumerate(c["positions"])}
+
+
+def test_acceptance_draws_keyed_by_position_are_the_same_for_every_method(engines):
+    """runtime.accept_draws=position: each method faces the same Bernoulli draw at an answer position, whatever
+    text it wrote before (common random numbers for comparing methods on a few problems). Keyed by the prefix's
+    text (the default), the methods' different texts give them different draws."""
+    v = BernoulliVerifier(0.5)
+    methods = [("lr_sync", 1), ("lr_sync", 3), ("semanticspec", 3), ("lr_async", 3)]
+    for draws in ("position", "prefix"):
+        seen = [_decisions_by_position(run(m, engines, v, options(gamma=g, max_steps=24, accept_draws=draws)))
+                for m, g in methods]
+        pairs = [(a[k], b[k]) for i, a in enumerate(seen) for b in seen[i + 1:] for k in a.keys() & b.keys()]
+        assert len(pairs) >= 20, draws
+        differ = sum(x != y for x, y in pairs)
+        assert (differ == 0) if draws == "position" else (differ > 0), (draws, differ, len(pairs))
+    with pytest.raises(ValueError, match="accept_draws must be one of"):
+        options(accept_draws="text")
+    setup = load_config("configs/tiny.yaml", ["runtime.accept_draws=position"]).bench_setup()
+    assert options_from_config(setup).accept_draws == "position"
+    assert options_from_config(load_config("configs/tiny.yaml", []).bench_setup()).accept_draws == "prefix"

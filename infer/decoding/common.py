@@ -2,7 +2,8 @@
 
 Seeding. Every random choice is keyed by what it is about, not by how many draws came before: a step
 generated after prefix text P by role R uses seed `seed_for(seed, R, P, branch)`, and the acceptance
-draw for the draft at the position after P uses `seed_for(seed, "accept", P, branch)`. Hence a run is
+draw for the draft at the position after P uses `seed_for(seed, "accept", P, branch)` (with
+`accept_draws="position"`, P is the question and the number of steps instead). Hence a run is
 reproducible from one seed whatever the thread timing (async), and two methods that reach the same
 prefix make the same target step there: with reject-all every method asks the target for exactly the
 steps target-only asks for (same prefix token ids, same seed), under sampling as well as greedy. The
@@ -26,6 +27,7 @@ from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER, EngineStats, Pr
 from specprobe.infer.verifiers import Verdict
 
 STOP_REASONS = ("eos", "max_new_tokens", "max_steps")
+ACCEPT_DRAWS = ("prefix", "position")
 
 
 @dataclass
@@ -52,8 +54,13 @@ class DecodeOptions:
     # target writes the step and the draft's estimate of that step (one teacher-forced draft pass with the
     # acceptance probe, booked as estimate time) is the next forecast: no draft generation on hard stretches
     forecast_skip: bool = False
+    # what an acceptance draw is keyed by (ACCEPT_DRAWS): the prefix's text, or the question and the answer position
+    # (common random numbers: every method draws the same at a position, whatever text it wrote before)
+    accept_draws: str = "prefix"
 
     def __post_init__(self) -> None:
+        if self.accept_draws not in ACCEPT_DRAWS:
+            raise ValueError(f"accept_draws must be one of {ACCEPT_DRAWS}, got {self.accept_draws!r}")
         if not isinstance(self.gamma, int) or self.gamma < 1:
             raise ValueError(f"gamma (draft steps per cycle) must be an int >= 1, got {self.gamma!r}")
         if not isinstance(self.width, int) or self.width < 1:
@@ -156,6 +163,12 @@ class GenState:
     def key(self, prefix: Prefix) -> str:
         """What seeds are keyed by: the prefix's text (the same for every method that reaches it)."""
         return "\x1e".join([prefix.question] + prefix.step_texts())
+
+    def accept_key(self, prefix: Prefix) -> str:
+        """What the acceptance draw of the draft after `prefix` is keyed by (`DecodeOptions.accept_draws`)."""
+        if self.opts.accept_draws == "position":
+            return f"{prefix.question}\x1e#{len(prefix.steps)}"
+        return self.key(prefix)
 
     @property
     def steps_left(self) -> int:

@@ -70,6 +70,7 @@ class _Node:
     target: Step | None = None
     verdict: Verdict | None = None
     target_key: str = ""  # seed key of the target's step after this node
+    accept_key: str = ""  # seed key of the acceptance draws of this node's children
     target_features: object = None  # pooled hidden states of this node's draft (probe verifier)
     draft_features: object = None
 
@@ -178,7 +179,7 @@ def _verify_tree(state: GenState, verifier: Verifier, root: _Node, nodes: list[_
                 state.stats.refused += 1
                 continue
             items.append(VerifyItem(ctx, child.draft.text, parent.target.text, child.draft_features,
-                                    child.target_features, seed_for(state.opts.seed, "accept", parent.target_key,
+                                    child.target_features, seed_for(state.opts.seed, "accept", parent.accept_key,
                                                                     child.branch),
                                     {"position": parent.depth, "branch": child.branch}))
             owners.append(child)
@@ -209,7 +210,7 @@ def _sync_cycle(state: GenState, target, draft, verifier: Verifier | None, gamma
     params = opts.target_params if target_role == "target" else opts.draft_params
     prefixes = [state.prefix(n.path) for n in rows]
     for n, prefix in zip(rows, prefixes):
-        n.target_key = state.key(prefix)
+        n.target_key, n.accept_key = state.key(prefix), state.accept_key(prefix)
     steps = state.generate(target, "target" if target_role == "target" else "draft", prefixes,
                            [seed_for(opts.seed, target_role, n.target_key, 0) for n in rows],
                            [state.cap(n.path_tokens) for n in rows], params)
@@ -288,7 +289,7 @@ class _AsyncRun:
         self.drafts: list[tuple[Step, int]] = []  # speculative chain beyond the committed output
         self.results: dict[tuple[int, int], Step] = {}  # (epoch, absolute position) -> target step
         self.launched: set[tuple[int, int]] = set()
-        self.keys: dict[tuple[int, int], str] = {}  # seed key of the prefix of each launched target step
+        self.keys: dict[tuple[int, int], str] = {}  # acceptance seed key of each launched target step's prefix
         self.stop = False
         self.error: BaseException | None = None
         self.stage_position = 0  # position within the current stage (since the last rejection)
@@ -334,8 +335,8 @@ class _AsyncRun:
             if cap < 1:
                 break
             prefix = st.prefix([d for d, _ in self.drafts[:j]])
-            self.keys[key] = st.key(prefix)
-            jobs.append((key, StepRequest(prefix, 1, seed_for(st.opts.seed, "target", self.keys[key], 0), cap)))
+            self.keys[key] = st.accept_key(prefix)
+            jobs.append((key, StepRequest(prefix, 1, seed_for(st.opts.seed, "target", st.key(prefix), 0), cap)))
         return jobs
 
     def _fail(self, err: BaseException) -> None:

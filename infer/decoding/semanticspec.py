@@ -197,7 +197,7 @@ def _judge(state: GenState, target, verifier: Verifier, drafted: _Drafted, feats
         else:
             tf, df = feats.get(i, (None, None))
             item = VerifyItem(StepContext(state.question, tuple(state.texts())), step.text, None, df, tf,
-                              seed_for(opts.seed, "accept", state.key(prefix), 0), {"position": i, "branch": 0})
+                              seed_for(opts.seed, "accept", state.accept_key(prefix), 0), {"position": i, "branch": 0})
             t0 = time.perf_counter()
             verdict = verifier.verify([item])[0]
             stats.verify_time_s += time.perf_counter() - t0
