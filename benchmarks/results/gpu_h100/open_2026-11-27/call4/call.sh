@@ -1,0 +1,2 @@
+# device call 4 (timeout_s 235, carry [".gpu"]), 2026-11-28 00:05:09-00:07:10 UTC, the same warm machine; 120.9 s; code d563bb7
+export PYTHONPATH=/tmp/pkg SPECPROBE_RANDOM_TOKENIZER=.gpu/tok PYTHONUNBUFFERED=1; date -u; PROBLEMS=3 STEPS=12 METHODS=target,lr_sync,semanticspec LIMITS="0 0 0 0 175" timeout -k 5 215 bash benchmarks/gpu_bench.sh open /tmp/o4 2>&1 | grep -v "Warning\|warn(" > $OUT/open_log4.txt; cp /tmp/o4/*.md /tmp/o4/*.tgz /tmp/o4/*.txt $OUT/ 2>/dev/null; date -u; tail -c 5000 $OUT/open_log4.txt
