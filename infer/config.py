@@ -321,7 +321,8 @@ class RuntimeConfig:
         "prefix", "what a stochastic verifier's draw (bernoulli) is keyed by: the prefix's text (a method that reaches "
                   "the same prefix draws the same), or the question and the answer position (every method draws the "
                   "same at each position, whatever it wrote before: common random numbers, so that methods compared "
-                  "on a few problems see the same acceptances; with random weights each method's text differs)")
+                  "on a few problems see the same acceptances; with random weights each method's text differs). "
+                  "lr_sync, lr_async and semanticspec; SpecS's and SEED's rewards stay keyed by the prefix")
     token_spec: Literal["none", "ngram", "assistant", "lookahead"] = opt(
         "none", "token-level speculation inside each target step: ngram (prompt lookup), assistant "
                 "(the draft model, same tokenizer only) or lookahead (Lookahead Decoding, runtime.lookahead); "

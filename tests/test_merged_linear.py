@@ -266,7 +266,8 @@ def test_each_thread_keeps_its_own_merged_product():
 
 
 @pytest.mark.parametrize(("dtype", "noise", "merged"), [(torch.bfloat16, 5e-3, True), (torch.bfloat16, 0.1, False),
-                                                       (torch.float32, 5e-3, False), (torch.float32, 1e-6, True)])
+                                                       (torch.float32, 5e-3, False), (torch.float32, 1e-6, True),
+                                                       (torch.float32, float("nan"), False)])
 def test_the_merge_is_checked_member_by_member_to_its_dtypes_rounding(monkeypatch, caplog, dtype, noise, merged):
     """The check compares each member's columns with its own product, so what it tolerates is one product's
     rounding in the weights' dtype (a bf16 ulp is 2**-8 of a value), not a tolerance on logits that a deep model's
@@ -303,3 +304,15 @@ def test_a_merged_model_copies_and_pickles_and_its_copy_merges_again():
         assert attn.k_proj.weight.data_ptr() == attn._merged_q_k_v.data_ptr() + 64 * 64 * 4  # views again
         with torch.inference_mode():
             torch.testing.assert_close(twin(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_group_the_checks_forward_never_calls_is_not_merged(caplog):
+    """A merge is kept only where the check saw it: a layer whose forward skips its projections on the check's
+    input leaves its group unchecked, so that group keeps its own products."""
+    model = _qwen2()
+    mlp = model.model.layers[1].mlp
+    mlp.forward = types.MethodType(lambda self, x: torch.zeros_like(x), mlp)  # gate/up/down never called
+    with caplog.at_level("INFO"):
+        assert set_merged_linear(model, True) == {"merged": 3, "kept": 1}
+    assert merged_linear_count(model) == 3 and "1 not called by the check's forward" in caplog.text
+    assert "forward" not in vars(mlp.gate_proj) and not hasattr(mlp, "_merged_gate_up")

@@ -51,8 +51,6 @@ class SwappedForward:
     looked up on the module (which has no such attribute), so `torch.save` of a whole swapped model failed; this
     pickles and deep-copies with the module."""
 
-    __slots__ = ("__func__", "__self__")
-
     def __init__(self, function, module):
         self.__func__, self.__self__ = function, module
 

@@ -25,6 +25,7 @@ logits tolerance, while a member handed stale columns (its input written in plac
 from __future__ import annotations
 
 import logging
+import math
 import threading
 
 import torch
@@ -38,16 +39,18 @@ log = logging.getLogger(__name__)
 # member names of the groups that read one input: attention's projections, a gated MLP's two up-projections
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 # the check's tolerance by dtype: a member's largest difference from its own product, over that product's largest
-# magnitude. Another blocking of the same terms moves an output by up to an ulp of it (bf16: 2**-8 of its size)
+# magnitude. Another blocking of the same terms moves an output by about an ulp of it (bf16: up to 2**-7 of its
+# size; reduced-precision split-K reductions a little more). With TF32 matmuls on, float32 would need ~1e-3
 _TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 
 class _Kept:
     """One thread's merged product of a group, with the input it was computed on, and while the merge is checked,
-    the largest relative difference of a member's columns from its own product seen so far (None otherwise)."""
+    [the largest relative difference of a member's columns from its own product, the members checked] (None
+    otherwise)."""
 
     def __init__(self):
-        self.audit: float | None = None
+        self.audit: list | None = None
         self.clear()
 
     def clear(self) -> None:
@@ -81,8 +84,8 @@ class _Group:
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
         kept = self.kept()
         # an inference-mode tensor (the engines decode in inference mode) keeps no version counter, nor does dynamo
-        # trace one: the same object is then taken as the same values (the whole-model check catches a forward that
-        # writes its input between its members' calls)
+        # trace one: the same object is then taken as the same values (the merge's check, member by member, catches
+        # a forward that writes its input between its members' calls)
         version = -1 if torch.compiler.is_compiling() or x.is_inference() else x._version
         if kept.outputs is None or kept.input is not x or kept.version != version:
             merged = getattr(self.parent, self.buffer)
@@ -101,11 +104,13 @@ def _member_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, module.weight, module.bias)
     group = module._merged_group
     y = group.output(module._merged_index, x)
-    kept = group.kept()
-    if kept.audit is not None:  # the merge is being checked: this member's own product beside its columns
-        own = F.linear(x, module.weight, module.bias).float()
-        error = ((y.float() - own).abs().max() / own.abs().max().clamp_min(1e-30)).item()
-        kept.audit = max(kept.audit, error)
+    if not torch.compiler.is_compiling():
+        kept = group.kept()
+        if kept.audit is not None:  # the merge is being checked: this member's own product beside its columns
+            own = F.linear(x, module.weight, module.bias).float()
+            error = ((y.float() - own).abs().max() / own.abs().max().clamp_min(1e-30)).item()
+            kept.audit[0] = max(kept.audit[0], error if math.isfinite(error) else math.inf)  # max() drops a NaN
+            kept.audit[1] += 1
     return y
 
 
@@ -170,15 +175,16 @@ def _unmerge(parent: nn.Module, names: tuple[str, ...], members: list[nn.Linear]
     return True
 
 
-def _audited_forward(model, groups, ids: torch.Tensor) -> float:
-    """The largest relative difference of a member's merged columns from its own product in one forward on ids."""
+def _audited_forward(model, groups, ids: torch.Tensor) -> list[tuple[float, int]]:
+    """Per group, in one forward on ids (in this thread): the largest relative difference of a member's merged
+    columns from its own product, and how many member calls were checked."""
     kept = [members[0]._merged_group.kept() for _, _, members in groups]
     for k in kept:
-        k.audit = 0.0
+        k.audit = [0.0, 0]
     try:
         with torch.inference_mode():
             model(input_ids=ids)
-        return max(k.audit for k in kept)
+        return [tuple(k.audit) for k in kept]
     finally:
         for k in kept:
             k.audit = None
@@ -217,22 +223,28 @@ def set_merged_linear(model, on: bool) -> dict[str, int]:
         ids = torch.randint(0, max(vocab, 1), (1, 8), generator=torch.Generator().manual_seed(0)).to(first.device)
         for g in groups:
             _merge(*g)
-        error = _audited_forward(model, groups, ids)
+        audits = _audited_forward(model, groups, ids)
     except Exception as err:  # noqa: BLE001 - a model this check cannot run keeps its own products
         log.info("merged linear layers: not merged (the check could not run: %s)", err)
         for g in groups:
             _unmerge(*g)
         return {"merged": 0, "kept": len(groups)}
     tol = _TOLERANCE.get(first.dtype, 1e-4)
-    if not error <= tol:  # NaN too
+    error = max((e for e, calls in audits if calls), default=0.0)
+    if error > tol:
         log.warning("merged linear layers: a member's columns of the merged product differ from its own product by "
                     "%.2g of its size on the check's input (tolerance %.0e); %d groups keep their own products",
                     error, tol, len(groups))
         for g in groups:
             _unmerge(*g)
         return {"merged": 0, "kept": len(groups)}
-    log.info("merged linear layers: %d groups run as one product each", len(groups))
-    return {"merged": len(groups), "kept": 0}
+    unchecked = [g for g, (_, calls) in zip(groups, audits) if not calls]
+    for g in unchecked:  # not called on the check's input (in this thread, uncompiled): unchecked, so not merged
+        _unmerge(*g)
+    merged = len(groups) - len(unchecked)
+    log.info("merged linear layers: %d groups run as one product each%s", merged,
+             f"; {len(unchecked)} not called by the check's forward keep their own products" if unchecked else "")
+    return {"merged": merged, "kept": len(unchecked)}
 
 
 def wants_merged_linear(setting: bool | str, model) -> bool:
