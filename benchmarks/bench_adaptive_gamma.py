@@ -203,11 +203,11 @@ def main(argv=None) -> int:
                     help="--simulate's costs: this CPU's, or those measured on an H100 (SIMULATED_COSTS)")
     ap.add_argument("--forecast-skip", action="store_true",
                     help="also run gamma=adaptive:forecast_skip=true (lr_sync, semanticspec) in the same runs")
-    ap.add_argument("--accept-draws", choices=["position", "prefix"], default="position",
+    ap.add_argument("--accept-draws", choices=["prefix", "position"], default="prefix",
                     help="runtime.accept_draws: position gives every method the same Bernoulli draw at each answer "
-                         "position (common random numbers: the methods' ratios then measure the depth policy, not "
-                         "each method's luck in draws keyed by its own text); prefix was the only way before "
-                         "2026-11-28")
+                         "position (common random numbers); prefix (every run before 2026-11-28) keys each draw by "
+                         "the method's own text. On the CPU (scenario b, 8 problems) position did not narrow the "
+                         "interval: ../results/adaptive_gamma/common_draws/")
     ap.add_argument("overrides", nargs="*", help="more config overrides")
     args = ap.parse_args(argv)
     if args.simulate:

@@ -14,8 +14,7 @@
 # adaptive:  bench_adaptive_gamma.py (issue 24): gamma=adaptive against fixed γ 1..6 for lr_sync and semanticspec,
 #            scenarios a/b/c, target random:qwen2-7b (TARGET=random:qwen2-32b for the 32B pair), draft
 #            random:qwen2-1.5b (PROBLEMS, STEPS as above; SCENARIOS, ADAPTIVE_METHODS and GAMMAS narrow it;
-#            SKIP=1 adds gamma=adaptive:forecast_skip=true to the same runs). Its Bernoulli draws are keyed by the
-#            answer position (runtime.accept_draws=position, since 2026-11-28): every method meets the same draws.
+#            SKIP=1 adds gamma=adaptive:forecast_skip=true to the same runs).
 # open:      what issues 20 and 24 still need from a GPU, most needed first, each part under its own time limit so that
 #            a device session (15 minutes, its start included) covers them in two calls:
 #            1 check:      check_decode_graph.py on CHECK_MODEL (default random:qwen2-0.5b; the captured decode step
