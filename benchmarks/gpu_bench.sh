@@ -29,7 +29,7 @@
 #            5 runtime7:   the 1.5B -> 7B pair (8 problems x 16 steps, target,lr_sync,semanticspec,draft, the draft
 #                          compiled) until its limit, summarised from its log (runtime_summary.md) finished or not.
 #            LIMITS="check adaptive32 engine32 engine7 runtime7" (whole seconds; default "60 450 0 0 0", one call of
-#            under 10 minutes: the check and issue 24's run, ~95 s a problem for its 8 methods on the 32B pair; the
+#            under 10 minutes: the check and issue 24's run, which finished 3 of 4 problems in 360 s last time; the
 #            next call takes LIMITS="0 0 80 150 0" or what the session has left). A part that
 #            hits its limit is noted in its file and the next one runs; 0 skips a part. A check that fails (not one
 #            cut by its limit, which is noted as unchecked) turns the captured joins off; a later call without the
