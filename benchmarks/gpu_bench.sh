@@ -22,15 +22,16 @@
 #                          it fails, the later parts run with the joins eager (models.capture_joins=false), said in
 #                          check.txt;
 #            2 adaptive32: issue 24 on the 1.5B -> 32B pair (the adaptive phase with TARGET=random:qwen2-32b,
-#                          ADAPTIVE_METHODS=lr_sync, SCENARIOS=b, 4 problems x 8 steps, the draft compiled unless
+#                          ADAPTIVE_METHODS=lr_sync, SCENARIOS=b, 5 problems x 8 steps, the draft compiled unless
 #                          DRAFT_GRAPH says otherwise);
 #            3 engine32:   (engine32.txt) the 32B's batch-1 rate (issue 20's 35 tok/s), q/k/v and gate/up merged off and on;
 #            4 engine7:    (engine7.txt) the 7B's batch-1 rate and b(k) (k = 1,2,4,8), merged off/on x captured joins off/on;
 #            5 runtime7:   the 1.5B -> 7B pair (8 problems x 16 steps, target,lr_sync,semanticspec,draft, the draft
 #                          compiled) until its limit, summarised from its log (runtime_summary.md) finished or not.
-#            LIMITS="check adaptive32 engine32 engine7 runtime7" (whole seconds; default "60 450 0 0 0", one call of
-#            under 10 minutes: the check and issue 24's run, which finished 3 of 4 problems in 360 s last time; the
-#            next call takes LIMITS="0 0 80 150 0" or what the session has left). A part that
+#            LIMITS="check adaptive32 engine32 engine7 runtime7" (whole seconds; default "60 480 0 0 0", one call of
+#            under 10 minutes with an outer `timeout 585`: the check and issue 24's run, whose loads, compilation,
+#            calibration and warm-up took ~180 s and each problem ~55 s last time; the next call takes
+#            LIMITS="0 0 80 120 0" or what the session has left). A part that
 #            hits its limit is noted in its file and the next one runs; 0 skips a part. A check that fails (not one
 #            cut by its limit, which is noted as unchecked) turns the captured joins off; a later call without the
 #            check is told so by CAPTURE_JOINS=off. PROBLEMS and STEPS, when set, apply to both runs (adaptive32
@@ -159,7 +160,7 @@ case $phase in
     pack adaptive_gamma
     exit "$rc" ;;
   open)
-    limits=(${LIMITS:-60 450 0 0 0})
+    limits=(${LIMITS:-60 480 0 0 0})
     [ ${#limits[@]} = 5 ] || { echo "LIMITS takes five whole numbers of seconds (check adaptive32 engine32 engine7 runtime7), got '${LIMITS:-}'" >&2; exit 2; }
     for s in "${limits[@]}"; do
       [[ $s =~ ^[0-9]+$ ]] || { echo "LIMITS: '$s' is not a whole number of seconds" >&2; exit 2; }
@@ -188,7 +189,7 @@ case $phase in
          echo "## the check did not pass: the parts below run the joins eagerly (models.capture_joins=false)" \
            | tee -a "$out/check.txt" ;;
     esac
-    DRAFT_GRAPH=${DRAFT_GRAPH-$draft_compile} adaptive_cmd "$target32" lr_sync b "${problems:-4}" "${steps:-8}"
+    DRAFT_GRAPH=${DRAFT_GRAPH-$draft_compile} adaptive_cmd "$target32" lr_sync b "${problems:-5}" "${steps:-8}"
     limited "${limits[1]}" "$out/adaptive.txt" "${cmd[@]}"
     [ "${limits[1]}" -eq 0 ] || pack adaptive_gamma
     limited "${limits[2]}" "$out/engine32.txt" "${engine_bench[@]}" --model "$big" --batches 1 \
