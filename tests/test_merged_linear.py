@@ -276,8 +276,8 @@ def test_the_merge_is_checked_member_by_member_to_its_dtypes_rounding(monkeypatc
     model = _qwen2().to(dtype)
     exact = merged_linear._Group.output
 
-    def off_by(self, index, x):
-        return exact(self, index, x) * (1 + noise)
+    def off_by(self, index, x, kept):
+        return exact(self, index, x, kept) * (1 + noise)
 
     monkeypatch.setattr(merged_linear._Group, "output", off_by)
     result = set_merged_linear(model, True)

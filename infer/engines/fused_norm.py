@@ -57,9 +57,6 @@ class SwappedForward:
     def __call__(self, *args, **kwargs):
         return self.__func__(self.__self__, *args, **kwargs)
 
-    def __reduce__(self):
-        return SwappedForward, (self.__func__, self.__self__)
-
 
 def runs_forward(module, function) -> bool:
     """Whether the module's instance-level forward is `function` bound to it (a speed swap's, here or in

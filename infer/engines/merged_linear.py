@@ -81,8 +81,8 @@ class _Group:
             kept = self._local.kept = _Kept()
         return kept
 
-    def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        kept = self.kept()
+    def output(self, index: int, x: torch.Tensor, kept: _Kept) -> torch.Tensor:
+        """Member `index`'s columns of the product on x, kept in `kept` (this thread's: `kept()`)."""
         # an inference-mode tensor (the engines decode in inference mode) keeps no version counter, nor does dynamo
         # trace one: the same object is then taken as the same values (the merge's check, member by member, catches
         # a forward that writes its input between its members' calls)
@@ -103,14 +103,13 @@ def _member_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() and module.weight.requires_grad:
         return F.linear(x, module.weight, module.bias)
     group = module._merged_group
-    y = group.output(module._merged_index, x)
-    if not torch.compiler.is_compiling():
-        kept = group.kept()
-        if kept.audit is not None:  # the merge is being checked: this member's own product beside its columns
-            own = F.linear(x, module.weight, module.bias).float()
-            error = ((y.float() - own).abs().max() / own.abs().max().clamp_min(1e-30)).item()
-            kept.audit[0] = max(kept.audit[0], error if math.isfinite(error) else math.inf)  # max() drops a NaN
-            kept.audit[1] += 1
+    kept = group.kept()
+    y = group.output(module._merged_index, x, kept)
+    if kept.audit is not None:  # the merge is being checked (never while dynamo traces): its own product beside
+        own = F.linear(x, module.weight, module.bias).float()
+        error = ((y.float() - own).abs().max() / own.abs().max().clamp_min(1e-30)).item()
+        kept.audit[0] = max(kept.audit[0], error if math.isfinite(error) else math.inf)  # max() drops a NaN
+        kept.audit[1] += 1
     return y
 
 
