@@ -463,6 +463,46 @@ def test_decode_step_modes(engines):
         decode_step.DecodeStep(model, "graphs")
 
 
+
+def test_captures_take_turns_across_threads(monkeypatch):
+    """torch.cuda.graph() syncs the device before it captures, which fails while another thread captures (two of
+    three engine threads' captures failed so on an H100): `capture_graph` lets one capture run at a time. The CUDA
+    calls are doubles that record how many captures are open at once (the real ones: check_decode_graph.py)."""
+    import threading
+
+    inside, release, lock = threading.Event(), threading.Event(), threading.Lock()
+    opened, most = [0], [0]
+
+    class FakeCapture:  # stands for torch.cuda.graph(...)
+        def __init__(self, graph, pool=None, stream=None, capture_error_mode="global"):
+            assert capture_error_mode == "thread_local"  # the other threads go on decoding meanwhile
+
+        def __enter__(self):
+            with lock:
+                opened[0] += 1
+                most[0] = max(most[0], opened[0])
+            inside.set()
+            release.wait(5)
+
+        def __exit__(self, *exc):
+            with lock:
+                opened[0] -= 1
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", FakeCapture)
+    outs = []
+    threads = [threading.Thread(target=lambda i=i: outs.append(decode_step.capture_graph(lambda: i, None)[1]))
+               for i in range(2)]
+    threads[0].start()
+    assert inside.wait(5)
+    threads[1].start()
+    threads[1].join(0.3)  # time for the second capture to open, were it not waiting for the first
+    assert most[0] == 1
+    release.set()
+    for t in threads:
+        t.join(5)
+    assert sorted(outs) == [0, 1] and most[0] == 1 and opened[0] == 0
+
 def _filled_kv(model, slots: int, columns: int, n: int, seed: int) -> static_kv.StaticKV:
     """A StaticKV whose first n columns hold random K/V (seen by every slot), about to write column n."""
     gen = torch.Generator().manual_seed(seed)

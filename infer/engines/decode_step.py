@@ -18,6 +18,10 @@ DECODE_GRAPHS = ("auto", "cuda_graph", "compile", "none")
 # torch.compile is not thread-safe: the compiled step's first call on a buffer (which may compile) and its capture
 # run under this lock, so async LR's two engine threads do not compile at once
 _COMPILE_LOCK = threading.Lock()
+# torch.cuda.graph() synchronizes the device and empties the allocator's cache before it captures: during another
+# thread's capture (async LR's two engines; two engines on one model's weights) that fails, and invalidates the other
+# capture too (on an H100, two of three threads' captures failed so). Captures take turns under this lock.
+_CAPTURE_LOCK = threading.Lock()
 # every DecodeStep compiles the same code object, so all models share dynamo's entries for it (two per model): the
 # default limit of 8 would leave a process's fifth model eager
 _RECOMPILE_LIMIT = 64
@@ -31,6 +35,16 @@ CHUNK_WIDTHS = (16, 32, 64, 128, 256, 512)
 # chunk is one slot's: its width alone is bounded, and its rows by CHUNK_MAX_SLOTS.)
 CHUNK_MAX_SLOTS = 16
 CHUNK_MAX_TOKENS = 512
+
+
+def capture_graph(forward, stream, pool=None) -> tuple[torch.cuda.CUDAGraph, object]:
+    """`forward()` captured as a CUDA graph on `stream` (its memory from `pool`; None: the graph's own), and the
+    output the capture wrote, which every replay rewrites. One capture in the process at a time (`_CAPTURE_LOCK`);
+    thread_local: the other threads go on decoding (eager steps, replays, allocations) while it captures."""
+    graph = torch.cuda.CUDAGraph()
+    with _CAPTURE_LOCK, torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+        out = forward()
+    return graph, out
 
 
 class DecodeStep:
@@ -131,11 +145,8 @@ class DecodeStep:
             return self._fall_back(kv, err)
         torch.cuda.current_stream(device).wait_stream(stream)
         logits.record_stream(torch.cuda.current_stream(device))  # made on the capture stream, read on this one
-        graph = torch.cuda.CUDAGraph()
         try:
-            # thread_local: a draft engine's thread may keep decoding while this one captures (async LR)
-            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-                out = self._forward(kv.ids, kv.pos, kv.mask, kv.cache)
+            graph, out = capture_graph(lambda: self._forward(kv.ids, kv.pos, kv.mask, kv.cache), stream)
         except Exception as err:  # noqa: BLE001 - an uncapturable forward must not stop decoding
             self._fail(err, "captured")
             return logits
@@ -199,10 +210,8 @@ class DecodeStep:
         logits.record_stream(torch.cuda.current_stream(device))
         if self._chunk_pool is None:
             self._chunk_pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._chunk_pool, stream=stream, capture_error_mode="thread_local"):
-                out = self._chunk_forward(*inputs)
+            graph, out = capture_graph(lambda: self._chunk_forward(*inputs), stream, self._chunk_pool)
         except Exception as err:  # noqa: BLE001 - an uncapturable chunk must not stop decoding
             self.chunk_failed = f"{type(err).__name__}: {err}"
             log.warning("a chunk forward could not be captured (%s); chunks run eagerly", self.chunk_failed)
