@@ -16,6 +16,8 @@ fixed γ; on a and c >= 0.97x.
     python benchmarks/bench_adaptive_gamma.py --scenarios b --methods semanticspec --problems 8
     python benchmarks/bench_adaptive_gamma.py --forecast-skip --out OUT   # also gamma=adaptive:forecast_skip=true
     python benchmarks/bench_adaptive_gamma.py --simulate   # the pure policy alone, no models (simulation.md)
+    python benchmarks/bench_adaptive_gamma.py --scenarios b --methods lr_sync --pool RUN1/b_lr_sync/results.json \
+        RUN2/b_lr_sync/results.json --out OUT   # several runs' problems compared as one set
     bash benchmarks/gpu_bench.sh adaptive OUT          # on a GPU: 7B target, 1.5B draft, bf16
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import random
 import statistics
 import time
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
@@ -87,6 +90,38 @@ def compare(report: dict, method: str, gammas: list[int], skip: bool = False) ->
         "adaptive_costs": adaptive["depth_policy"], **extra,
     }
 
+
+
+def pool_reports(reports: list[tuple[str, dict]]) -> dict:
+    """One report of several runs' `results.json` (name, report) over disjoint problems: each method's per-problem
+    latencies in the runs' order, its acceptance weighted by the positions each run judged, its kept depths summed.
+    Every ratio stays a same-run one (each run timed its own target-only baseline after its own warm-up); pooling
+    adds problems, so that `compare` chooses the best fixed γ and bootstraps over all of them."""
+    seen: dict[str, str] = {}
+    methods = None
+    for name, report in reports:
+        for pid in report["problems"]:
+            if pid in seen:
+                raise ValueError(f"{name}: problem {pid!r} was also timed in {seen[pid]}; pooled runs need disjoint "
+                                 "problems (run the next one on other questions, e.g. QUESTIONS=<the file's later lines>)")
+            seen[pid] = name
+        labels = [r["method"] for r in report["rows"]]
+        if methods is not None and labels != methods:
+            raise ValueError(f"{name}: methods {labels} differ from the first run's {methods}")
+        methods = labels
+    rows = []
+    for i, label in enumerate(methods):
+        each = [report["rows"][i] for _, report in reports]
+        judged = [r.get("judged") or 0 for r in each]
+        acc = (sum(r["acceptance"] * j for r, j in zip(each, judged)) / sum(judged)
+               if all(r["acceptance"] is not None for r in each) and sum(judged) else None)
+        kept = [sum(c) for c in zip_longest(*[r.get("depth_kept") or [] for r in each], fillvalue=0)]
+        rows.append({"method": label, "latencies_s": [t for r in each for t in r["latencies_s"]], "acceptance": acc,
+                     "judged": sum(judged), "depth_kept": kept,
+                     "mean_depth_kept": sum(d * n for d, n in enumerate(kept)) / max(sum(kept), 1),
+                     "draft_steps_reused": sum(r.get("draft_steps_reused", 0) for r in each),
+                     "depth_policy": [r.get("depth_policy") for r in each]})
+    return {"rows": rows, "problems": list(seen), "runs": [name for name, _ in reports]}
 
 def table(name: str, method: str, cmp: dict, gammas: list[int], target: float) -> str:
     sp = cmp["speedup_over_target"]
@@ -184,6 +219,26 @@ def simulation_table(c: float, b: list[float], v: list[float], scenarios=("a", "
     return "\n".join(lines)
 
 
+def pooled(args) -> int:
+    """`--pool`: `compare` over the problems of several runs' results.json (`pool_reports`)."""
+    if len(args.scenarios.split(",")) != 1 or len(args.methods.split(",")) != 1:
+        raise SystemExit("--pool compares one scenario and one method: give --scenarios and --methods one each")
+    name, method = args.scenarios, args.methods
+    gammas = [int(g) for g in args.gammas.split(",")]
+    report = pool_reports([(f, json.loads(Path(f).read_text())) for f in args.pool])
+    cmp = compare(report, method, gammas)
+    cmp["runs"], cmp["problems"], cmp["target"] = report["runs"], report["problems"], TARGETS[name]
+    text = (f"Pooled over {len(report['problems'])} problems of {len(report['runs'])} runs "
+            f"({', '.join(report['runs'])}); each run's ratios against its own target-only baseline.\n\n"
+            + table(name, method, cmp, gammas, TARGETS[name]))
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pooled.json").write_text(json.dumps(cmp, indent=1))
+    (out / "pooled.md").write_text(text)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/tiny.yaml")
@@ -208,8 +263,14 @@ def main(argv=None) -> int:
                          "position (common random numbers); prefix (every run before 2026-11-28) keys each draw by "
                          "the method's own text. On the CPU (scenario b, 8 problems) position did not narrow the "
                          "interval: ../results/adaptive_gamma/common_draws/")
+    ap.add_argument("--pool", nargs="+", metavar="RESULTS_JSON",
+                    help="no runs: pool these runs' results.json (one scenario and method each, disjoint problems, "
+                         "e.g. two GPU sessions' <out>/b_lr_sync/results.json) and compare over all their problems; "
+                         "writes <out>/pooled.md and pooled.json")
     ap.add_argument("overrides", nargs="*", help="more config overrides")
     args = ap.parse_args(argv)
+    if args.pool:
+        return pooled(args)
     if args.simulate:
         print(simulation_table(*SIMULATED_COSTS[args.costs], scenarios=args.scenarios.split(",")))
         return 0

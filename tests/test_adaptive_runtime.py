@@ -423,3 +423,51 @@ def test_the_adaptive_benchmark_compares_with_the_fixed_gamma_best_in_hindsight(
     assert 7 / 6 <= low <= 26 / 22 <= high <= 6 / 5  # between the per-problem ratios, around the total's
     assert got["speedup_over_target"]["lr_sync:gamma=adaptive"] == pytest.approx(40 / 22)
     assert got["per_problem_median"] == pytest.approx((7 / 6 + 6 / 5) / 2)
+
+
+def test_pooled_runs_compare_over_all_their_problems(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_adaptive_gamma.py"
+    spec = importlib.util.spec_from_file_location("bench_adaptive_gamma", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def report(problems, lat, acc, judged, kept):
+        return {"problems": problems,
+                "rows": [{"method": m, "latencies_s": v, "acceptance": None if m == "target" else acc,
+                          "judged": 0 if m == "target" else judged, "depth_kept": [] if m == "target" else kept,
+                          "mean_depth_kept": 0, "depth_policy": {}} for m, v in lat.items()]}
+
+    first = report(["p0", "p1"], {"target": [10, 10], "lr_sync:gamma=1": [8, 8], "lr_sync:gamma=2": [6, 9],
+                                  "lr_sync:gamma=adaptive": [5, 7]}, 0.5, 10, [1, 2])
+    second = report(["p2", "p3"], {"target": [10, 10], "lr_sync:gamma=1": [7, 7], "lr_sync:gamma=2": [9, 9],
+                                   "lr_sync:gamma=adaptive": [6, 6]}, 0.8, 30, [0, 1, 3])
+    pooled = script.pool_reports([("one", first), ("two", second)])
+    got = script.compare(pooled, "lr_sync", [1, 2])
+    # over all four problems γ = 1 is best (30 s against 33 s), though γ = 2 was in the first run alone (15 < 16)
+    assert script.compare(first, "lr_sync", [1, 2])["best_fixed_gamma"] == 2
+    assert got["best_fixed_gamma"] == 1
+    assert got["adaptive_over_best_fixed"] == pytest.approx(30 / 24)
+    assert got["per_problem_median"] == pytest.approx(7 / 6)  # of 8/5, 8/7, 7/6, 7/6
+    assert got["speedup_over_target"]["lr_sync:gamma=adaptive"] == pytest.approx(40 / 24)
+    assert got["acceptance"]["lr_sync:gamma=adaptive"] == pytest.approx((0.5 * 10 + 0.8 * 30) / 40)
+    assert got["adaptive_depth_kept"] == [1, 3, 3]
+    assert pooled["rows"][-1]["mean_depth_kept"] == pytest.approx((3 + 6) / 7)
+    with pytest.raises(ValueError, match="'p1' was also timed in one"):
+        script.pool_reports([("one", first), ("again", report(["p1", "p4"], {}, 0.5, 1, []))])
+    other = dict(second, rows=second["rows"][:-1])
+    with pytest.raises(ValueError, match="methods"):
+        script.pool_reports([("one", first), ("two", other)])
+    # the command line reads the files and writes the pooled table
+    files = []
+    for name, rep in (("one", first), ("two", second)):
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(rep))
+    assert script.main(["--scenarios", "b", "--methods", "lr_sync", "--gammas", "1,2", "--pool", *map(str, files),
+                        "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "pooled.md").read_text()
+    assert "Pooled over 4 problems of 2 runs" in text and "best fixed γ in hindsight: 1" in text
+    assert json.loads((tmp_path / "out" / "pooled.json").read_text())["problems"] == ["p0", "p1", "p2", "p3"]
