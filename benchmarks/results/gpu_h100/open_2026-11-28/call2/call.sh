@@ -1,0 +1,3 @@
+# device call 2 (timeout_s 290, carry [".gpu"]), 2026-11-28 03:24:31-03:25:56 UTC, the same H100 80GB HBM3 (warm, right after call 1); 85.9 s of its 290; code 0f4119f
+# CAPTURE_JOINS=off: call 1's check did not pass (check.txt), so the joins ran eagerly, as call 1's later part did
+mkdir -p /tmp/pkg/specprobe && for d in inputs probes data_gen train infer; do ln -sfn $PWD/$d /tmp/pkg/specprobe/$d; done; export PYTHONPATH=/tmp/pkg SPECPROBE_RANDOM_TOKENIZER=.gpu/tok PYTHONUNBUFFERED=1; date -u; CAPTURE_JOINS=off LIMITS="0 0 90 130 0" timeout -k 5 260 bash benchmarks/gpu_bench.sh open /tmp/o2 2>&1 | grep -v "Warning\|warn(" > $OUT/open2_log.txt; echo rc=$?; cp /tmp/o2/*.txt $OUT/ 2>&1; date -u; tail -c 7000 $OUT/open2_log.txt
