@@ -93,7 +93,8 @@ def compare(report: dict, method: str, gammas: list[int], skip: bool = False) ->
 
 
 def pool_reports(reports: list[tuple[str, dict]]) -> dict:
-    """One report of several runs' `results.json` (name, report) over disjoint problems: each method's per-problem
+    """One report of several runs' `results.json` (name, report) over disjoint problems (a run stopped midway
+    counts the problems it finished, `bench.run_benchmark`): each method's per-problem
     latencies in the runs' order, its acceptance weighted by the positions each run judged, its kept depths summed.
     Every ratio stays a same-run one (each run timed its own target-only baseline after its own warm-up); pooling
     adds problems, so that `compare` chooses the best fixed γ and bootstraps over all of them."""
@@ -121,7 +122,8 @@ def pool_reports(reports: list[tuple[str, dict]]) -> dict:
                      "mean_depth_kept": sum(d * n for d, n in enumerate(kept)) / max(sum(kept), 1),
                      "draft_steps_reused": sum(r.get("draft_steps_reused", 0) for r in each),
                      "depth_policy": [r.get("depth_policy") for r in each]})
-    return {"rows": rows, "problems": list(seen), "runs": [name for name, _ in reports]}
+    runs = [name + (f" ({report['finished']})" if report.get("finished") else "") for name, report in reports]
+    return {"rows": rows, "problems": list(seen), "runs": runs}
 
 def table(name: str, method: str, cmp: dict, gammas: list[int], target: float) -> str:
     sp = cmp["speedup_over_target"]

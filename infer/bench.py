@@ -445,9 +445,11 @@ def warm_up(env: BenchEnv, specs: Sequence[MethodSpec], log: Callable[[str], Non
 
 def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, MethodResult],
                  log: Callable[[str], None] = print,
-                 on_trace: Callable[[str, Iterable[dict]], None] | None = None) -> None:
+                 on_trace: Callable[[str, Iterable[dict]], None] | None = None,
+                 on_problem: Callable[[int], None] | None = None) -> None:
     """Decode every problem of `env` with every method, adding to `results`; on_trace(label, records)
-    receives each generation's per-cycle trace."""
+    receives each generation's per-cycle trace, on_problem(n) is called once every method has decoded the first n
+    problems."""
     suffix = env.setup.bench.prompt_suffix
     for i, prob in enumerate(env.problems):
         for s in specs:
@@ -474,6 +476,8 @@ def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, 
                 + (f"  accept={gen.stats.acceptance_rate:.2f}" if gen.stats.acceptance_rate is not None else ""))
             if on_trace is not None:
                 on_trace(s.label, ({"problem": prob.id, "method": s.label, **rec} for rec in gen.trace))
+        if on_problem is not None:
+            on_problem(i + 1)
 
 
 def merge_results(parts: Sequence[dict[str, MethodResult]]) -> dict[str, MethodResult]:
@@ -517,7 +521,15 @@ def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: 
     on_trace = trace_files(out, specs) if out is not None else None
     results = warm_up(env, specs, log)
     started = time.perf_counter()
-    run_problems(env, specs, results, log, on_trace if env.setup.bench.trace else None)
+
+    def so_far(done: int) -> None:  # a run stopped midway (a time limit, a lost machine) keeps what it finished
+        if out is not None and done < len(env.problems):
+            report = summarize(env, results, env.problems[:done])
+            report["wall_s"] = time.perf_counter() - started
+            report["finished"] = f"{done} of {len(env.problems)} problems"
+            write_report(report, out)
+
+    run_problems(env, specs, results, log, on_trace if env.setup.bench.trace else None, so_far)
     report = summarize(env, results)
     report["wall_s"] = time.perf_counter() - started
     if out is not None:
@@ -541,9 +553,10 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
+def summarize(env: BenchEnv, results: dict[str, MethodResult], problems: Sequence[Problem] | None = None) -> dict:
     """Every method's row: what was measured (speedup over the target-only baseline, acceptance, passes, depths)
-    beside what the analytic formula predicts from the run's own α, c, b and τ."""
+    beside what the analytic formula predicts from the run's own α, c, b and τ; `problems`: the ones decoded so far
+    (default: all of env's)."""
     base = results["target"]
     rows = []
     for label, res in results.items():
@@ -553,7 +566,8 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult]) -> dict:
     return {"rows": rows, "system_speed": env.system_speed, "verifier": env.verifier_kind,
             "checkpoint": env.checkpoint,
             "models": {"target": env.target.model_name, "draft": env.draft.model_name},
-            "problems": [p.id for p in env.problems], "config": env.setup.config_record(),
+            "problems": [p.id for p in (env.problems if problems is None else problems)],
+            "config": env.setup.config_record(),
             "host": {"platform": platform.platform(), "python": platform.python_version()}}
 
 

@@ -140,3 +140,33 @@ def test_a_grader_failure_is_logged_and_the_run_goes_on(engines, tmp_path, monke
     row = report["rows"][0]
     assert row["error"] is None and row["problems"] == 2 and row["correct"] == 0
     assert sum("could not grade p" in line and "math_verify" in line for line in lines) == 2
+
+
+def test_a_run_stopped_midway_keeps_the_problems_it_finished(engines, tmp_path):
+    """A GPU session's time limit once cut a benchmark after 3 of 4 problems and left no results.json: the report
+    is now written after every problem, so a stopped run keeps each finished problem's latencies for every method."""
+    cfg = load_config(None, ["runtime.max_new_tokens=8", "runtime.max_steps=1", "sampling.max_step_tokens=4",
+                             "bench.warmup=false"])
+    env = bench.prepare(cfg.bench_setup(), engines=engines, system_speed=True,
+                        problems=[bench.Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(3)])
+
+    class Stopped(Exception):
+        pass
+
+    def log(line: str) -> None:  # the limit strikes as the third problem's first method ends
+        if line.startswith("[3/3]"):
+            raise Stopped
+
+    with pytest.raises(Stopped):
+        bench.run_benchmark(env, ["target", "draft"], out_dir=tmp_path, log=log)
+    import json
+
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["problems"] == ["p0", "p1"] and report["finished"] == "2 of 3 problems"
+    rows = {r["method"]: r for r in report["rows"]}
+    assert [len(rows[m]["latencies_s"]) for m in ("target", "draft")] == [2, 2]
+    assert rows["draft"]["speedup"] == pytest.approx(sum(rows["target"]["latencies_s"])
+                                                     / sum(rows["draft"]["latencies_s"]))
+    full = bench.run_benchmark(env, ["target"], out_dir=tmp_path / "whole", log=lambda s: None)
+    assert "finished" not in full and json.loads((tmp_path / "whole" / "results.json").read_text())["problems"] == [
+        "p0", "p1", "p2"]
