@@ -100,7 +100,17 @@ def pool_reports(reports: list[tuple[str, dict]]) -> dict:
     adds problems, so that `compare` chooses the best fixed γ and bootstraps over all of them."""
     seen: dict[str, str] = {}
     methods = None
+    first = reports[0][1]
     for name, report in reports:
+        for key in POOLED_ALIKE:  # the same experiment in every run, its problems aside
+            if _part(report, key) != _part(first, key):
+                raise ValueError(f"{name}: {'.'.join(key)} differs from {reports[0][0]}'s; only runs of one "
+                                 "configuration pool")
+        for r in report["rows"]:
+            if r.get("error") or len(r["latencies_s"]) != len(report["problems"]):
+                raise ValueError(f"{name}: method {r['method']} has {len(r['latencies_s'])} latencies for "
+                                 f"{len(report['problems'])} problems ({r.get('error') or 'no error recorded'}); "
+                                 "its problems cannot be paired with the other methods'")
         for pid in report["problems"]:
             if pid in seen:
                 raise ValueError(f"{name}: problem {pid!r} was also timed in {seen[pid]}; pooled runs need disjoint "
@@ -113,17 +123,26 @@ def pool_reports(reports: list[tuple[str, dict]]) -> dict:
     rows = []
     for i, label in enumerate(methods):
         each = [report["rows"][i] for _, report in reports]
-        judged = [r.get("judged") or 0 for r in each]
-        acc = (sum(r["acceptance"] * j for r, j in zip(each, judged)) / sum(judged)
-               if all(r["acceptance"] is not None for r in each) and sum(judged) else None)
+        judged = [(r["acceptance"], r.get("judged") or 0) for r in each if r["acceptance"] is not None]
+        n = sum(j for _, j in judged)
         kept = [sum(c) for c in zip_longest(*[r.get("depth_kept") or [] for r in each], fillvalue=0)]
-        rows.append({"method": label, "latencies_s": [t for r in each for t in r["latencies_s"]], "acceptance": acc,
-                     "judged": sum(judged), "depth_kept": kept,
-                     "mean_depth_kept": sum(d * n for d, n in enumerate(kept)) / max(sum(kept), 1),
+        rows.append({"method": label, "latencies_s": [t for r in each for t in r["latencies_s"]],
+                     "acceptance": sum(a * j for a, j in judged) / n if n else None, "judged": n, "depth_kept": kept,
+                     "mean_depth_kept": sum(d * k for d, k in enumerate(kept)) / sum(kept) if sum(kept) else None,
                      "draft_steps_reused": sum(r.get("draft_steps_reused", 0) for r in each),
                      "depth_policy": [r.get("depth_policy") for r in each]})
     runs = [name + (f" ({report['finished']})" if report.get("finished") else "") for name, report in reports]
     return {"rows": rows, "problems": list(seen), "runs": runs}
+
+
+# what pooled runs must share: the models and the configuration that shapes a cycle (not bench.*: the problems' file)
+POOLED_ALIKE = (("models",), ("config", "models"), ("config", "runtime"), ("config", "sampling"))
+
+
+def _part(report: dict, key: tuple[str, ...]):
+    for k in key:
+        report = report.get(k) if isinstance(report, dict) else None
+    return report
 
 def table(name: str, method: str, cmp: dict, gammas: list[int], target: float) -> str:
     sp = cmp["speedup_over_target"]
@@ -225,6 +244,8 @@ def pooled(args) -> int:
     """`--pool`: `compare` over the problems of several runs' results.json (`pool_reports`)."""
     if len(args.scenarios.split(",")) != 1 or len(args.methods.split(",")) != 1:
         raise SystemExit("--pool compares one scenario and one method: give --scenarios and --methods one each")
+    if args.forecast_skip:
+        raise SystemExit("--pool compares gamma=adaptive with the fixed γ; it does not pool the forecast-skip rows")
     name, method = args.scenarios, args.methods
     gammas = [int(g) for g in args.gammas.split(",")]
     report = pool_reports([(f, json.loads(Path(f).read_text())) for f in args.pool])

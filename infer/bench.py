@@ -519,6 +519,9 @@ def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: 
         check_method(env, spec)
     out = Path(out_dir) if out_dir else None
     on_trace = trace_files(out, specs) if out is not None else None
+    for old in ("results.json", "results.md"):  # an earlier run's report would pass for this one's until it writes
+        if out is not None:
+            (out / old).unlink(missing_ok=True)
     results = warm_up(env, specs, log)
     started = time.perf_counter()
 
@@ -709,7 +712,8 @@ def format_markdown(report: dict) -> str:
         "",
         f"models: target {report['models']['target']}, draft {report['models']['draft']}; verifier "
         f"{report['verifier']}{' (system-speed mode: random weights)' if report['system_speed'] else ''}; "
-        f"{len(report['problems'])} problems.",
+        f"{len(report['problems'])} problems"
+        + (f" (stopped midway: {report['finished']})." if report.get("finished") else "."),
         "specs / seed_tot: meas/analytic compares their speedup over their own search baseline "
         "(beam_target / tot_target, same run) with the prediction; +lookahead: analytic = tokens per decoding "
         "iteration of a row (the paper's compression S). "

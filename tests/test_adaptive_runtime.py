@@ -461,6 +461,12 @@ def test_pooled_runs_compare_over_all_their_problems(tmp_path):
     other = dict(second, rows=second["rows"][:-1])
     with pytest.raises(ValueError, match="methods"):
         script.pool_reports([("one", first), ("two", other)])
+    failed = dict(second, rows=[*second["rows"][:-1], dict(second["rows"][-1], latencies_s=[6], error="OOM")])
+    with pytest.raises(ValueError, match="lr_sync:gamma=adaptive has 1 latencies for 2 problems"):
+        script.pool_reports([("one", first), ("two", failed)])
+    with pytest.raises(ValueError, match="config.runtime differs"):
+        script.pool_reports([("one", dict(first, config={"runtime": {"max_steps": 8}})),
+                             ("two", dict(second, config={"runtime": {"max_steps": 16}}))])
     # the command line reads the files and writes the pooled table
     files = []
     for name, rep in (("one", first), ("two", second)):

@@ -159,6 +159,7 @@ def test_a_run_stopped_midway_keeps_the_problems_it_finished(engines, tmp_path):
 
     with pytest.raises(Stopped):
         bench.run_benchmark(env, ["target", "draft"], out_dir=tmp_path, log=log)
+    assert "2 problems (stopped midway: 2 of 3 problems)." in (tmp_path / "results.md").read_text()
     import json
 
     report = json.loads((tmp_path / "results.json").read_text())
@@ -167,6 +168,9 @@ def test_a_run_stopped_midway_keeps_the_problems_it_finished(engines, tmp_path):
     assert [len(rows[m]["latencies_s"]) for m in ("target", "draft")] == [2, 2]
     assert rows["draft"]["speedup"] == pytest.approx(sum(rows["target"]["latencies_s"])
                                                      / sum(rows["draft"]["latencies_s"]))
+    with pytest.raises(Stopped):  # stopped before any problem finished: no report, not the last run's
+        bench.run_benchmark(env, ["target"], out_dir=tmp_path, log=lambda line: log(line.replace("[1/3]", "[3/3]")))
+    assert not (tmp_path / "results.json").exists() and not (tmp_path / "results.md").exists()
     full = bench.run_benchmark(env, ["target"], out_dir=tmp_path / "whole", log=lambda s: None)
     assert "finished" not in full and json.loads((tmp_path / "whole" / "results.json").read_text())["problems"] == [
         "p0", "p1", "p2"]
