@@ -91,7 +91,6 @@ def compare(report: dict, method: str, gammas: list[int], skip: bool = False) ->
     }
 
 
-
 def pool_reports(reports: list[tuple[str, dict]]) -> dict:
     """One report of several runs' `results.json` (name, report) over disjoint problems (a run stopped midway
     counts the problems it finished, `bench.run_benchmark`): each method's per-problem
@@ -143,6 +142,7 @@ def _part(report: dict, key: tuple[str, ...]):
     for k in key:
         report = report.get(k) if isinstance(report, dict) else None
     return report
+
 
 def table(name: str, method: str, cmp: dict, gammas: list[int], target: float) -> str:
     sp = cmp["speedup_over_target"]

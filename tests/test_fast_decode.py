@@ -463,7 +463,6 @@ def test_decode_step_modes(engines):
         decode_step.DecodeStep(model, "graphs")
 
 
-
 def test_captures_take_turns_across_threads(monkeypatch):
     """torch.cuda.graph() syncs the device before it captures, which fails while another thread captures (two of
     three engine threads' captures failed so on an H100): `capture_graph` lets one capture run at a time. The CUDA
