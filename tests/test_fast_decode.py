@@ -502,6 +502,7 @@ def test_captures_take_turns_across_threads(monkeypatch):
         t.join(5)
     assert sorted(outs) == [0, 1] and most[0] == 1 and opened[0] == 0
 
+
 def _filled_kv(model, slots: int, columns: int, n: int, seed: int) -> static_kv.StaticKV:
     """A StaticKV whose first n columns hold random K/V (seen by every slot), about to write column n."""
     gen = torch.Generator().manual_seed(seed)
