@@ -519,22 +519,26 @@ def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: 
         check_method(env, spec)
     out = Path(out_dir) if out_dir else None
     on_trace = trace_files(out, specs) if out is not None else None
-    for old in ("results.json", "results.md"):  # an earlier run's report would pass for this one's until it writes
-        if out is not None:
+    if out is not None:  # an earlier run's report would pass for this one's until it writes
+        for old in ("results.json", "results.md"):
             (out / old).unlink(missing_ok=True)
     results = warm_up(env, specs, log)
-    started = time.perf_counter()
+    started, total = time.perf_counter(), len(env.problems)
+
+    def report_of(done: int) -> dict:
+        report = summarize(env, results, env.problems[:done])
+        report["wall_s"] = time.perf_counter() - started
+        if done < total:
+            report["finished"] = f"{done} of {total} problems"
+        return report
 
     def so_far(done: int) -> None:  # a run stopped midway (a time limit, a lost machine) keeps what it finished
-        if out is not None and done < len(env.problems):
-            report = summarize(env, results, env.problems[:done])
-            report["wall_s"] = time.perf_counter() - started
-            report["finished"] = f"{done} of {len(env.problems)} problems"
-            write_report(report, out)
+        if done < total:
+            write_report(report_of(done), out)
 
-    run_problems(env, specs, results, log, on_trace if env.setup.bench.trace else None, so_far)
-    report = summarize(env, results)
-    report["wall_s"] = time.perf_counter() - started
+    run_problems(env, specs, results, log, on_trace if env.setup.bench.trace else None,
+                 so_far if out is not None else None)
+    report = report_of(total)
     if out is not None:
         write_report(report, out)
     return report
