@@ -5,7 +5,9 @@
 
 Prints sampling throughput (generated tokens per second) at batch 1, 8 and 20, with the shared prefix
 encoded once (KV cache repeated across the batch) and without (the prefix encoded once per row), and
-the time of one teacher-forced scoring pass over 20 steps. Run it on an otherwise idle machine.
+the time of one teacher-forced scoring pass over 20 steps. Each timed request encodes its prefix anew, so
+tok/s includes the prefill; beside it, the shared engine's time to the first token and its decode rate
+after it (the per-token figure the prefill does not dilute). Run it on an otherwise idle machine.
 
 --compare runs both engines (transformers, vLLM) in one process on the same weights and prints one table:
 engine start time; step sampling tokens/s with n = 10 seeded samples (T 0.6, top-p 0.95) for 1, 8 and 20
@@ -62,21 +64,35 @@ class UnsharedPrefixEngine(HFStepEngine):
 
 
 def time_sampling(engine, prefix, batch, tokens, repeats, seed=0, greedy=False):
-    rates, seconds = [], []
+    """Medians over `repeats` of (tokens/s, seconds, seconds to the first token, tokens/s after the first token).
+    Each repeat encodes the prefix anew (cache cleared) and generates `tokens` tokens a row; before it, the same
+    request capped at one token times the prefix's encoding and the first token alone, so the decode rate
+    (the tokens after each row's first over the time after the first token) leaves the prefill out."""
+    rates, seconds, firsts, decode_rates = [], [], [], []
     for r in range(repeats):
-        engine.clear_prefix_cache()
-        engine.runner.rows_hint = batch
-        start = time.perf_counter()
         # greedy: every row runs to the cap (no delimiter can end it early), the per-token cost alone
-        params = (SamplingParams(temperature=0.0, max_step_tokens=tokens, delimiter="\x00\x00") if greedy
-                  else SamplingParams(seed=seed + r, max_step_tokens=tokens))
-        steps = engine.generate([StepRequest(prefix, batch)], params).steps[0]
-        if engine.runner.device.type == "cuda":
-            torch.cuda.synchronize(engine.runner.device)
-        elapsed = time.perf_counter() - start
-        rates.append(sum(s.num_tokens for s in steps) / elapsed)
+        first = _timed_generate(engine, prefix, batch, 1, seed + r, greedy)[1]
+        steps, elapsed = _timed_generate(engine, prefix, batch, tokens, seed + r, greedy)
+        generated = sum(s.num_tokens for s in steps)
+        rates.append(generated / elapsed)
         seconds.append(elapsed)
-    return statistics.median(rates), statistics.median(seconds)
+        firsts.append(first)
+        decode_rates.append((generated - len(steps)) / (elapsed - first) if elapsed > first else float("nan"))
+    return (statistics.median(rates), statistics.median(seconds), statistics.median(firsts),
+            statistics.median(decode_rates))
+
+
+def _timed_generate(engine, prefix, batch, tokens, seed, greedy):
+    """One step request of `batch` rows after `prefix`, its prefix encoded anew: (steps, seconds)."""
+    engine.clear_prefix_cache()
+    engine.runner.rows_hint = batch
+    params = (SamplingParams(temperature=0.0, max_step_tokens=tokens, delimiter="\x00\x00") if greedy
+              else SamplingParams(seed=seed, max_step_tokens=tokens))
+    start = time.perf_counter()
+    steps = engine.generate([StepRequest(prefix, batch)], params).steps[0]
+    if engine.runner.device.type == "cuda":
+        torch.cuda.synchronize(engine.runner.device)
+    return steps, time.perf_counter() - start
 
 
 def count_syncs(engine, prefix: Prefix, rows: int, tokens: int) -> list[int]:
@@ -114,12 +130,17 @@ def bench_path(base: HFStepEngine, decode: str, args, prefix: Prefix, fused_norm
         for engine in filter(None, (shared, unshared)):
             time_sampling(engine, prefix, batch, 8, 1, greedy=args.greedy)
     print(f"\n## {describe_decode(shared)}: warm-up {time.perf_counter() - t0:.1f} s")
-    print(f"{'batch':>5} {'shared tok/s':>13} {'unshared tok/s':>15} {'shared s':>9} {'unshared s':>11}")
+    # tok/s and s: the whole request, the prefix's encoding included (as in every earlier session's tables);
+    # first s and decode tok/s: the shared engine's time to the first token, and its rate after it
+    print(f"{'batch':>5} {'shared tok/s':>13} {'unshared tok/s':>15} {'shared s':>9} {'unshared s':>11} "
+          f"{'first s':>8} {'decode tok/s':>13}")
     for batch in batches:
-        rate_s, sec_s = time_sampling(shared, prefix, batch, args.tokens, args.repeats, greedy=args.greedy)
-        rate_u, sec_u = (time_sampling(unshared, prefix, batch, args.tokens, args.repeats, greedy=args.greedy)
+        rate_s, sec_s, first_s, decode_s = time_sampling(shared, prefix, batch, args.tokens, args.repeats,
+                                                         greedy=args.greedy)
+        rate_u, sec_u = (time_sampling(unshared, prefix, batch, args.tokens, args.repeats, greedy=args.greedy)[:2]
                          if unshared else (float("nan"), float("nan")))
-        print(f"{batch:>5} {rate_s:>13.1f} {rate_u:>15.1f} {sec_s:>9.2f} {sec_u:>11.2f}")
+        print(f"{batch:>5} {rate_s:>13.1f} {rate_u:>15.1f} {sec_s:>9.2f} {sec_u:>11.2f} {first_s:>8.3f} "
+              f"{decode_s:>13.1f}")
     if args.batch_cost:
         ks = [int(k) for k in args.batch_cost.split(",")]
         b = batch_cost(shared, QUESTION, ks, tokens=args.tokens, repeats=5)

@@ -3,11 +3,13 @@ decode path the GPU uses, finish and write what the results README is built from
 now and then; a command that breaks there costs the session's measurements."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -46,6 +48,41 @@ def test_engine_phase(tmp_path):
     assert "b(1)=1.000, b(2)=" in forward  # issue 20's b(k): the decode forward without the join
     rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["1", "2"] * 2 and all(float(r[1]) > 0 for r in rows)  # off, then on
+    assert all(len(r) == 7 and float(r[5]) > 0 for r in rows)  # the time to the first token, then the decode rate
+
+
+class _ScriptedEngine:
+    """An engine double on a scripted clock: a request costs `prefill` seconds for the prefix and its first token,
+    then `per_token` seconds for each further token of all its rows at once."""
+
+    def __init__(self, clock: list[float], prefill: float, per_token: float):
+        self.clock, self.prefill, self.per_token = clock, prefill, per_token
+        self.runner = SimpleNamespace(rows_hint=None, device=SimpleNamespace(type="cpu"))
+        self.cleared = 0
+
+    def clear_prefix_cache(self):
+        self.cleared += 1
+
+    def generate(self, requests, params):
+        n = params.max_step_tokens
+        self.clock[0] += self.prefill + self.per_token * (n - 1)
+        return SimpleNamespace(steps=[[SimpleNamespace(num_tokens=n)] * requests[0].n])
+
+
+def test_engine_bench_leaves_the_prefill_out_of_the_decode_rate(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # bench_engine imports bench_runtime as a sibling
+    spec = importlib.util.spec_from_file_location("bench_engine", REPO / "benchmarks" / "bench_engine.py")
+    be = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(be)
+    clock = [0.0]
+    monkeypatch.setattr(be, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    engine = _ScriptedEngine(clock, prefill=0.5, per_token=0.01)
+    prefix = be.Prefix("What is 2 + 2?", ())
+    rate, seconds, first, decode = be.time_sampling(engine, prefix, batch=2, tokens=11, repeats=3, greedy=True)
+    assert seconds == pytest.approx(0.6) and rate == pytest.approx(22 / 0.6)  # the whole request, prefill in
+    assert first == pytest.approx(0.5)
+    assert decode == pytest.approx(2 / 0.01)  # 2 rows a token-step: the rows' 10 tokens after their first
+    assert engine.cleared == 6 and engine.runner.rows_hint == 2  # every request encodes the prefix anew
 
 
 @pytest.mark.slow
