@@ -446,12 +446,13 @@ def warm_up(env: BenchEnv, specs: Sequence[MethodSpec], log: Callable[[str], Non
 def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, MethodResult],
                  log: Callable[[str], None] = print,
                  on_trace: Callable[[str, Iterable[dict]], None] | None = None,
-                 on_problem: Callable[[int], None] | None = None) -> None:
-    """Decode every problem of `env` with every method, adding to `results`; on_trace(label, records)
-    receives each generation's per-cycle trace, on_problem(n) is called once every method has decoded the first n
-    problems."""
+                 on_problem: Callable[[int], None] | None = None, only: Sequence[int] | None = None) -> None:
+    """Decode every problem of `env` (or those at the places `only` names) with every method, adding to `results`;
+    on_trace(label, records) receives each generation's per-cycle trace, on_problem(n) is called once every method
+    has decoded n of them."""
     suffix = env.setup.bench.prompt_suffix
-    for i, prob in enumerate(env.problems):
+    for n, i in enumerate(range(len(env.problems)) if only is None else only, start=1):
+        prob = env.problems[i]
         for s in specs:
             res = results[s.label]
             if res.error:
@@ -477,14 +478,20 @@ def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, 
             if on_trace is not None:
                 on_trace(s.label, ({"problem": prob.id, "method": s.label, **rec} for rec in gen.trace))
         if on_problem is not None:
-            on_problem(i + 1)
+            on_problem(n)
 
 
-def merge_results(parts: Sequence[dict[str, MethodResult]]) -> dict[str, MethodResult]:
+def merge_results(parts: Sequence[dict[str, MethodResult]],
+                  positions: Sequence[Sequence[int]] | None = None) -> dict[str, MethodResult]:
     """One result per method from results over disjoint problem sets (e.g. one per Ray replica):
-    counts, stats and latencies add up; a method that failed anywhere keeps the first error."""
+    counts, stats and latencies add up; a method that failed anywhere keeps the first error.
+
+    positions: each part's problems' places in the merged problem list (a Ray replica's round-robin share), so that
+    the latencies come out in that list's order and pair with its problems, as in one process (without it they
+    are concatenated part by part). A method that stopped on an error keeps the latencies it timed, in order."""
     merged: dict[str, MethodResult] = {}
-    for part in parts:
+    placed: dict[str, list[tuple[int, float]]] = {}
+    for i, part in enumerate(parts):
         for label, res in part.items():
             if label not in merged:
                 merged[label] = MethodResult(res.spec)
@@ -493,17 +500,35 @@ def merge_results(parts: Sequence[dict[str, MethodResult]]) -> dict[str, MethodR
                 out.stats = out.stats.merge(res.stats) if out.stats.problems else res.stats
             out.correct += res.correct
             out.answered += res.answered
-            out.latencies += res.latencies
+            if positions is None:
+                out.latencies += res.latencies
+            else:  # a part's latencies are its problems' in its order; an error cut them short
+                placed.setdefault(label, []).extend(zip(positions[i], res.latencies))
             out.error = out.error or res.error
+    for label, pairs in placed.items():
+        merged[label].latencies = [latency for _, latency in sorted(pairs)]
     return merged
 
 
-def trace_files(out: Path, specs: Sequence[MethodSpec]) -> Callable[[str, Iterable[dict]], None]:
-    """Empty traces/<method>.jsonl under `out`; returns the writer that appends to them."""
+def start_out_dir(out: Path, specs: Sequence[MethodSpec]) -> Callable[[str, Iterable[dict]], None]:
+    """`out` for a new run: an earlier run's report removed (it would pass for this one's until this one writes)
+    and empty traces/<method>.jsonl; returns the writer that appends to them."""
+    for old in ("results.json", "results.md"):
+        (out / old).unlink(missing_ok=True)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     for s in specs:
         (out / "traces" / f"{_safe(s.label)}.jsonl").write_text("")
     return lambda label, records: write_trace(out / "traces" / f"{_safe(label)}.jsonl", records, mode="a")
+
+
+def report_so_far(env: BenchEnv, results: dict[str, MethodResult], done: Sequence[Problem], wall_s: float) -> dict:
+    """The report of the problems decoded so far (`summarize`); when they are fewer than env's, `finished` says how
+    many, so a run stopped midway (a time limit, a lost machine) keeps what it finished, marked as such."""
+    report = summarize(env, results, done)
+    report["wall_s"] = wall_s
+    if len(done) < len(env.problems):
+        report["finished"] = f"{len(done)} of {len(env.problems)} problems"
+    return report
 
 
 def write_report(report: dict, out: Path) -> None:
@@ -518,21 +543,14 @@ def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: 
     for spec in specs:
         check_method(env, spec)
     out = Path(out_dir) if out_dir else None
-    on_trace = trace_files(out, specs) if out is not None else None
-    if out is not None:  # an earlier run's report would pass for this one's until it writes
-        for old in ("results.json", "results.md"):
-            (out / old).unlink(missing_ok=True)
+    on_trace = start_out_dir(out, specs) if out is not None else None
     results = warm_up(env, specs, log)
     started, total = time.perf_counter(), len(env.problems)
 
     def report_of(done: int) -> dict:
-        report = summarize(env, results, env.problems[:done])
-        report["wall_s"] = time.perf_counter() - started
-        if done < total:
-            report["finished"] = f"{done} of {total} problems"
-        return report
+        return report_so_far(env, results, env.problems[:done], time.perf_counter() - started)
 
-    def so_far(done: int) -> None:  # a run stopped midway (a time limit, a lost machine) keeps what it finished
+    def so_far(done: int) -> None:
         if done < total:
             write_report(report_of(done), out)
 

@@ -3,8 +3,9 @@
 The problems are dealt round-robin to ``ray.replicas`` actors; each loads its own target, draft and
 verifier and decodes ITS problems with EVERY method, interleaved as in a single-process run. So each
 speedup (target-only latency / method latency) sums latencies measured on the same hardware in the
-same run, whatever the replicas' hardware. The driver merges the per-method results
-(`infer.bench.merge_results`) into the usual table, results.json and traces.
+same run, whatever the replicas' hardware. Each problem is one call; as each returns, the driver merges the
+per-method results (`infer.bench.merge_results`, latencies in the problems' order) into the usual table,
+results.json and traces, rewritten after every problem, so a run stopped midway keeps what it finished.
 """
 from __future__ import annotations
 
@@ -26,35 +27,43 @@ from specprobe.infer.ray_cluster import (
 )
 from specprobe.inputs.config import ConfigError
 
-__all__ = ["run_benchmark_on_ray", "deal_problems"]
+__all__ = ["run_benchmark_on_ray", "dealt_positions"]
 
 
-def deal_problems(problems: Sequence, replicas: int) -> list[list]:
-    """Problems dealt round-robin (replica i gets problems i, i + R, ...); no empty shares."""
-    count = max(1, min(replicas, len(problems)))
-    return [list(problems[i::count]) for i in range(count)]
+def dealt_positions(problems: int, replicas: int) -> list[list[int]]:
+    """The problems' places in their list, dealt round-robin (replica i gets problems i, i + R, ...): [[0, R, 2R,
+    ...], [1, R + 1, ...], ...]; no empty shares."""
+    count = max(1, min(replicas, problems))
+    return [list(range(i, problems, count)) for i in range(count)]
 
 
 class _BenchReplica:
-    """Target, draft and verifier on one actor, decoding a share of the problems with every method."""
+    """Target, draft and verifier on one actor, decoding problems one call each, with every method."""
 
     def __init__(self, setup: BenchSetup, checkpoint: str | None, verifier: str | None, problems: list):
         set_actor_threads(setup.ray.cpus_per_replica, setup.ray.gpus_per_replica)
         self.env = bench.prepare(setup, checkpoint=checkpoint, verifier=verifier, problems=problems)
+        self.failed: dict[str, str | None] | None = None  # per method, once warmed up: its error, if it failed
 
     def describe(self) -> dict:
         env = self.env
         return {"target": env.target.model_name, "draft": env.draft.model_name, "verifier": env.verifier_kind,
                 "checkpoint": env.checkpoint, "system_speed": env.system_speed}
 
-    def run(self, specs: list) -> tuple[dict, list[tuple[str, list[dict]]], float]:
-        """(results per method, traces, seconds of decoding after the warm-up)."""
+    def solve(self, specs: list, position: int) -> tuple[dict, list[tuple[str, list[dict]]], float]:
+        """The problem at `position` with every method: (its results per method, its traces, seconds of decoding).
+        The first call warms up first, as does the first after a restart (a crashed actor's call is retried); a
+        method that failed here is skipped from then on, as in one process."""
+        if self.failed is None:
+            self.failed = {label: r.error for label, r in bench.warm_up(self.env, specs, log=print).items()}
+        results = {s.label: bench.MethodResult(s, error=self.failed[s.label]) for s in specs}
         traces: list[tuple[str, list[dict]]] = []
-        results = bench.warm_up(self.env, specs, log=print)
         on_trace = (lambda label, recs: traces.append((label, list(recs)))) if self.env.setup.bench.trace else None
         started = time.perf_counter()
-        bench.run_problems(self.env, specs, results, log=print, on_trace=on_trace)
-        return results, traces, time.perf_counter() - started
+        bench.run_problems(self.env, specs, results, log=print, on_trace=on_trace, only=[position])
+        seconds = time.perf_counter() - started
+        self.failed = {label: r.error for label, r in results.items()}
+        return results, traces, seconds
 
 
 @dataclass
@@ -76,29 +85,42 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
     problems = bench.load_problems(setup.bench.source, setup.bench.num_problems)
     if not problems:
         raise ConfigError("no problems to benchmark")
-    shares = deal_problems(problems, setup.ray.replicas)
+    shares = dealt_positions(len(problems), setup.ray.replicas)
     log(f"probe-bench on {where}: {len(problems)} problems over {len(shares)} replica(s)")
     rc = setup.ray
     replica_cls = ray.remote(_BenchReplica).options(**actor_options(rc.cpus_per_replica, rc.gpus_per_replica,
                                                                     rc.max_restarts))
-    replicas = [replica_cls.remote(setup, checkpoint, verifier, share) for share in shares]
+    replicas = [replica_cls.remote(setup, checkpoint, verifier, problems) for _ in shares]
+    out = Path(out_dir) if out_dir is not None else None
+    write_traces = bench.start_out_dir(out, specs) if out is not None else None
     try:
         # a missing model or bad checkpoint fails here, before any decoding
         info = describe_started(ray, replicas, "a bench replica")[0]
-        parts = ray.get([r.run.remote(specs) for r in replicas])
+        env = bench.BenchEnv(setup, _ModelName(info["target"]), _ModelName(info["draft"]), problems,
+                             bench.options_from_config(setup, info["system_speed"]), info["system_speed"],
+                             info["verifier"], info["checkpoint"])
+        # one call per problem, queued on its replica in its share's order, so the report grows as they finish
+        calls = {replica.solve.remote(specs, position): (r, position)
+                 for r, (replica, share) in enumerate(zip(replicas, shares)) for position in share}
+        parts, done, seconds = [], [], [0.0] * len(shares)
+        pending = list(calls)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            results, traces, took = ray.get(ready[0])
+            r, position = calls[ready[0]]
+            parts.append(results)
+            done.append(position)
+            seconds[r] += took
+            if write_traces is not None:
+                for label, records in traces:
+                    write_traces(label, records)
+            # the latencies in the problems' order, as one process lists them
+            merged = bench.merge_results(parts, [[p] for p in done])
+            report = bench.report_so_far(env, merged, [problems[p] for p in sorted(done)], max(seconds))
+            report["replicas"] = len(shares)
+            if out is not None:
+                bench.write_report(report, out)
     finally:
         for r in replicas:
             ray.kill(r, no_restart=True)
-    env = bench.BenchEnv(setup, _ModelName(info["target"]), _ModelName(info["draft"]), problems,
-                         bench.options_from_config(setup, info["system_speed"]), info["system_speed"],
-                         info["verifier"], info["checkpoint"])
-    report = bench.summarize(env, bench.merge_results([results for results, _, _ in parts]))
-    report.update(wall_s=max(seconds for _, _, seconds in parts), replicas=len(shares))
-    if out_dir is not None:
-        out = Path(out_dir)
-        write = bench.trace_files(out, specs)
-        for _, traces, _ in parts:
-            for label, records in traces:
-                write(label, records)
-        bench.write_report(report, out)
     return report

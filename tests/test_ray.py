@@ -210,11 +210,11 @@ def test_driver_killed_mid_run_then_the_same_command_finishes(reference, tmp_pat
 # ----------------------------------------------------------------------------- probe-bench --ray
 def test_problems_are_dealt_round_robin_and_results_merge():
     from specprobe.infer.bench import MethodResult, merge_results, parse_method
-    from specprobe.infer.bench_ray import deal_problems
+    from specprobe.infer.bench_ray import dealt_positions
     from specprobe.infer.decoding import RunStats
 
-    assert deal_problems(list("abcde"), 2) == [["a", "c", "e"], ["b", "d"]]
-    assert deal_problems(list("ab"), 4) == [["a"], ["b"]]  # no idle replica holds an empty share
+    assert dealt_positions(5, 2) == [[0, 2, 4], [1, 3]]
+    assert dealt_positions(2, 4) == [[0], [1]]  # no idle replica holds an empty share
     spec = parse_method("lr_sync")
     one = MethodResult(spec, RunStats(problems=1, output_tokens=10), correct=1, answered=1, latencies=[2.0])
     two = MethodResult(spec, RunStats(problems=2, output_tokens=5), correct=0, answered=2, latencies=[1.0, 3.0])
@@ -223,6 +223,15 @@ def test_problems_are_dealt_round_robin_and_results_merge():
     assert (merged.correct, merged.answered, merged.latencies) == (1, 3, [2.0, 1.0, 3.0])
     assert merged.stats.problems == 3 and merged.stats.output_tokens == 15
     assert merged.error == "RuntimeError: boom"
+    # replicas time their round-robin shares in turn; the merged latencies follow the problems' order
+    first = MethodResult(spec, RunStats(problems=3), answered=3, latencies=[10.0, 12.0, 14.0])  # problems 0, 2, 4
+    second = MethodResult(spec, RunStats(problems=2), answered=2, latencies=[11.0, 13.0])  # problems 1, 3
+    full = MethodResult(spec, RunStats(problems=3), answered=3, latencies=[1.0, 2.0, 3.0])  # problems 0, 2, 4
+    stopped = MethodResult(spec, RunStats(problems=1), answered=1, latencies=[21.0], error="RuntimeError: boom")
+    ordered = merge_results([{"lr_sync": first, "target": full}, {"lr_sync": second, "target": stopped}],
+                            dealt_positions(5, 2))
+    assert ordered["lr_sync"].latencies == [10.0, 11.0, 12.0, 13.0, 14.0]
+    assert ordered["target"].latencies == [1.0, 21.0, 2.0, 3.0]  # problem 1 timed before the error, 3 not
 
 
 BENCH = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "models.device=cpu",
@@ -231,15 +240,22 @@ BENCH = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "mo
 
 
 @pytest.mark.slow
-def test_bench_on_two_replicas_gives_the_single_process_table(local_ray, tmp_path, capsys):
+def test_bench_on_two_replicas_gives_the_single_process_table(local_ray, tmp_path, capsys, monkeypatch):
     import json
 
+    from specprobe.infer import bench
     from specprobe.infer.bench_cli import main
 
     methods = ["--methods", "target,lr_sync,semanticspec", "--verifier", "bernoulli"]
     assert main(["--config", "configs/tiny.yaml", *methods, "--out", str(tmp_path / "single"), *BENCH]) == 0
+    written = []  # the driver's reports, as each problem returns
+    write = bench.write_report
+    monkeypatch.setattr(bench, "write_report", lambda report, out: (written.append(report), write(report, out)))
     assert main(["--config", "configs/tiny.yaml", *methods, "--out", str(tmp_path / "ray"), "--ray",
                  *BENCH, "ray.replicas=2"]) == 0
+    first, last = written
+    assert first["finished"] == "1 of 2 problems" and len(first["problems"]) == 1 and "finished" not in last
+    assert all(len(r["latencies_s"]) == 1 for r in first["rows"]) and first["replicas"] == 2
     assert "| lr_sync |" in capsys.readouterr().out
     single = json.loads((tmp_path / "single" / "results.json").read_text())
     spread = json.loads((tmp_path / "ray" / "results.json").read_text())
