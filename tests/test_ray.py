@@ -234,6 +234,18 @@ def test_problems_are_dealt_round_robin_and_results_merge():
     assert ordered["target"].latencies == [1.0, 21.0, 2.0, 3.0]  # problem 1 timed before the error, 3 not
 
 
+def _processes_titled(word: str) -> list[int]:
+    """The pids whose command line (Ray sets an actor's to ray::<class>...) contains `word`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and word in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return pids
+
+
 BENCH = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "models.device=cpu",
          "runtime.max_steps=3", "sampling.max_step_tokens=6", "runtime.accept_length_cut=true",
          "bench.num_problems=2", "bench.warmup=false", "ray.local_cpus=2"]
@@ -269,3 +281,30 @@ def test_bench_on_two_replicas_gives_the_single_process_table(local_ray, tmp_pat
         assert a["speedup"] is not None and a["speedup"] > 0
     traced = {json.loads(line)["problem"] for line in (tmp_path / "ray" / "traces" / "lr_sync.jsonl").open()}
     assert traced == set(single["problems"])
+
+
+@pytest.mark.slow
+def test_bench_replica_killed_mid_run_is_restarted_and_every_problem_timed(local_ray, tmp_path, monkeypatch):
+    """One replica, killed once the first problem's report is written: Ray restarts it, it warms up again, and
+    the problem it was on (or had queued) is decoded; the report has every problem, no method failed."""
+    import json
+
+    from specprobe.infer import bench
+    from specprobe.infer.bench_cli import main
+
+    killed, write = [], bench.write_report
+
+    def write_then_kill(report, out):
+        write(report, out)
+        if not killed:
+            killed.extend(_processes_titled("ray::_BenchReplica"))
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
+
+    monkeypatch.setattr(bench, "write_report", write_then_kill)
+    assert main(["--config", "configs/tiny.yaml", "--methods", "target,lr_sync", "--verifier", "bernoulli",
+                 "--out", str(tmp_path / "ray"), "--ray", *BENCH, "ray.replicas=1"]) == 0
+    assert len(killed) == 1, "no replica process was found to kill"
+    report = json.loads((tmp_path / "ray" / "results.json").read_text())
+    assert "finished" not in report and len(report["problems"]) == 2
+    assert all(not r["error"] and len(r["latencies_s"]) == 2 for r in report["rows"])
