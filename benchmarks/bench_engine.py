@@ -116,10 +116,10 @@ def count_syncs(engine, prefix: Prefix, rows: int, tokens: int) -> list[int]:
 
 
 def bench_path(base: HFStepEngine, decode: str, args, prefix: Prefix, fused_norm: bool | str = "auto",
-               merged_linear: bool | str = "auto", capture_joins: bool = True) -> None:
+               merged_linear: bool | str = "auto", capture_joins: bool = True, graph: str = "auto") -> None:
     """The tables of one decode path, on `base`'s weights (their norms fused or not, their linear layers merged or
     not: the engines set it; the joins' forwards captured or not)."""
-    swaps = dict(decode=decode, decode_graph=args.graph, fused_norm=fused_norm, merged_linear=merged_linear,
+    swaps = dict(decode=decode, decode_graph=graph, fused_norm=fused_norm, merged_linear=merged_linear,
                  capture_joins=capture_joins)
     shared = HFStepEngine(args.model, model=base.model, tokenizer=base.tokenizer, **swaps)
     unshared = (UnsharedPrefixEngine(args.model, model=base.model, tokenizer=base.tokenizer, **swaps)
@@ -171,8 +171,9 @@ def main() -> None:
                                                               "decoding alone, no early stops)")
     parser.add_argument("--decode", default="auto", help="decode path(s), comma-separated, measured one after the "
                                                          "other on the same weights: auto (fast on CUDA), fast, eager")
-    parser.add_argument("--graph", default="auto", help="the fast path's decode step: auto (cuda_graph on CUDA), "
-                                                        "cuda_graph, compile, none")
+    parser.add_argument("--graph", default="auto", help="the fast path's decode step(s), comma-separated, measured "
+                                                        "one after the other on the same weights: auto (cuda_graph "
+                                                        "on CUDA), cuda_graph, compile, none")
     parser.add_argument("--fused-norm", default="auto", choices=("auto", "off", "on", "off,on"),
                         help="RMSNorm layers as one fused kernel (models.fused_norm; auto: on CUDA only); off,on "
                              "measures each decode path both ways, one after the other on the same weights")
@@ -199,11 +200,13 @@ def main() -> None:
           f"cap {args.tokens} tokens/step{' greedy' if args.greedy else ''}  loaded in "
           f"{time.perf_counter() - t0:.1f} s")
     for decode in args.decode.split(","):
-        for fused in args.fused_norm.split(","):
-            for merged in args.merged_linear.split(","):
-                for joins in args.capture_joins.split(","):
-                    bench_path(base, decode, args, prefix, fused_norm=setting_of(fused),
-                               merged_linear=setting_of(merged, "merged linear"), capture_joins=joins == "on")
+        for graph in args.graph.split(",") if decode != "eager" else ["auto"]:  # the eager path has no step graph
+            for fused in args.fused_norm.split(","):
+                for merged in args.merged_linear.split(","):
+                    for joins in args.capture_joins.split(","):
+                        bench_path(base, decode, args, prefix, fused_norm=setting_of(fused),
+                                   merged_linear=setting_of(merged, "merged linear"), capture_joins=joins == "on",
+                                   graph=graph)
     params = SamplingParams(seed=1, max_step_tokens=args.tokens)
     steps = [s.text for s in base.generate([StepRequest(prefix, 20)], params).steps[0]]
     times = []

@@ -51,6 +51,19 @@ def test_engine_phase(tmp_path):
     assert all(len(r) == 7 and float(r[5]) > 0 for r in rows)  # the time to the first token, then the decode rate
 
 
+@pytest.mark.slow
+def test_engine_bench_measures_each_graph_mode_on_the_same_weights():
+    res = subprocess.run(["python3", "benchmarks/bench_engine.py", "--model", "random:llama-tiny", "--tokens", "4",
+                          "--repeats", "1", "--batches", "1", "--greedy", "--decode", "fast,eager",
+                          "--graph", "none,compile", "--no-unshared"],
+                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    headers = [line for line in res.stdout.splitlines() if line.startswith("## decode")]
+    # one table per graph mode of the fast path (on the CPU the compiled step is called, not captured), one eager
+    assert [h.split(":")[0] for h in headers] == ["## decode fast (none", "## decode fast (compile",
+                                                  "## decode eager"]
+
+
 class _ScriptedEngine:
     """An engine double on a scripted clock: a request costs `prefill` seconds for the prefix and its first token,
     then `per_token` seconds for each further token of all its rows at once."""
