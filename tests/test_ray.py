@@ -299,12 +299,15 @@ def test_bench_replica_killed_mid_run_is_restarted_and_every_problem_timed(local
         if not killed:
             killed.extend(_processes_titled("ray::_BenchReplica"))
             for pid in killed:
-                os.kill(pid, signal.SIGKILL)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:  # it ended meanwhile
+                    pass
 
     monkeypatch.setattr(bench, "write_report", write_then_kill)
     assert main(["--config", "configs/tiny.yaml", "--methods", "target,lr_sync", "--verifier", "bernoulli",
                  "--out", str(tmp_path / "ray"), "--ray", *BENCH, "ray.replicas=1"]) == 0
-    assert len(killed) == 1, "no replica process was found to kill"
+    assert killed, "no replica process was found to kill"  # (a finished test's replica may linger, killed too)
     report = json.loads((tmp_path / "ray" / "results.json").read_text())
     assert "finished" not in report and len(report["problems"]) == 2
     assert all(not r["error"] and len(r["latencies_s"]) == 2 for r in report["rows"])
