@@ -63,23 +63,25 @@ class UnsharedPrefixEngine(HFStepEngine):
         self.runner = UnsharedPrefixRunner(self.model, self.tokenizer.pad_token_id or 0)
 
 
-def time_sampling(engine, prefix, batch, tokens, repeats, seed=0, greedy=False):
+def time_sampling(engine, prefix, batch, tokens, repeats, seed=0, greedy=False, first_token=True):
     """Medians over `repeats` of (tokens/s, seconds, seconds to the first token, tokens/s after the first token).
-    Each repeat encodes the prefix anew (cache cleared) and generates `tokens` tokens a row; before it, the same
-    request capped at one token times the prefix's encoding and the first token alone, so the decode rate
-    (the tokens after each row's first over the time after the first token) leaves the prefill out."""
+    Each repeat encodes the prefix anew (cache cleared) and generates `tokens` tokens a row; before it (with
+    first_token), the same request capped at one token times the prefix's encoding and the first token alone, so
+    the decode rate (the tokens after each row's first over the time after the first token) leaves the prefill
+    out (nan without first_token, or with one token a row)."""
     rates, seconds, firsts, decode_rates = [], [], [], []
     for r in range(repeats):
         # greedy: every row runs to the cap (no delimiter can end it early), the per-token cost alone
-        first = _timed_generate(engine, prefix, batch, 1, seed + r, greedy)[1]
+        first = _timed_generate(engine, prefix, batch, 1, seed + r, greedy)[1] if first_token else float("nan")
         steps, elapsed = _timed_generate(engine, prefix, batch, tokens, seed + r, greedy)
         generated = sum(s.num_tokens for s in steps)
         rates.append(generated / elapsed)
         seconds.append(elapsed)
         firsts.append(first)
-        decode_rates.append((generated - len(steps)) / (elapsed - first) if elapsed > first else float("nan"))
+        if elapsed > first and generated > len(steps):  # false for nan
+            decode_rates.append((generated - len(steps)) / (elapsed - first))
     return (statistics.median(rates), statistics.median(seconds), statistics.median(firsts),
-            statistics.median(decode_rates))
+            statistics.median(decode_rates) if decode_rates else float("nan"))
 
 
 def _timed_generate(engine, prefix, batch, tokens, seed, greedy):
@@ -137,7 +139,8 @@ def bench_path(base: HFStepEngine, decode: str, args, prefix: Prefix, fused_norm
     for batch in batches:
         rate_s, sec_s, first_s, decode_s = time_sampling(shared, prefix, batch, args.tokens, args.repeats,
                                                          greedy=args.greedy)
-        rate_u, sec_u = (time_sampling(unshared, prefix, batch, args.tokens, args.repeats, greedy=args.greedy)[:2]
+        rate_u, sec_u = (time_sampling(unshared, prefix, batch, args.tokens, args.repeats, greedy=args.greedy,
+                                       first_token=False)[:2]
                          if unshared else (float("nan"), float("nan")))
         print(f"{batch:>5} {rate_s:>13.1f} {rate_u:>15.1f} {sec_s:>9.2f} {sec_u:>11.2f} {first_s:>8.3f} "
               f"{decode_s:>13.1f}")

@@ -481,32 +481,32 @@ def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, 
             on_problem(n)
 
 
-def merge_results(parts: Sequence[dict[str, MethodResult]],
-                  positions: Sequence[Sequence[int]] | None = None) -> dict[str, MethodResult]:
-    """One result per method from results over disjoint problem sets (e.g. one per Ray replica):
-    counts, stats and latencies add up; a method that failed anywhere keeps the first error.
-
-    positions: each part's problems' places in the merged problem list (a Ray replica's round-robin share), so that
-    the latencies come out in that list's order and pair with its problems, as in one process (without it they
-    are concatenated part by part). A method that stopped on an error keeps the latencies it timed, in order."""
-    merged: dict[str, MethodResult] = {}
-    placed: dict[str, list[tuple[int, float]]] = {}
-    for i, part in enumerate(parts):
+def merge_results(parts: Sequence[tuple[int, dict[str, MethodResult]]]) -> dict[str, MethodResult]:
+    """One result per method from the results of single problems, each with its problem's place in the run (Ray
+    replicas return them in any order): counts and stats add up and the latencies come out in the problems' order,
+    so they pair with the report's problems as in one process. A method that failed (on that problem, or on its
+    replica before it) counts only the problems before the first place it failed, where one process stops it,
+    and keeps that error."""
+    ordered = sorted(parts, key=lambda part: part[0])
+    first_failure: dict[str, tuple[int, str]] = {}
+    for position, part in ordered:
         for label, res in part.items():
-            if label not in merged:
-                merged[label] = MethodResult(res.spec)
-            out = merged[label]
+            if res.error and label not in first_failure:
+                first_failure[label] = (position, res.error)
+    merged: dict[str, MethodResult] = {}
+    for position, part in ordered:
+        for label, res in part.items():
+            out = merged.setdefault(label, MethodResult(res.spec))
+            failed = first_failure.get(label)
+            if failed is not None:
+                out.error = failed[1]
+                if position >= failed[0]:
+                    continue
             if res.stats.problems:
                 out.stats = out.stats.merge(res.stats) if out.stats.problems else res.stats
             out.correct += res.correct
             out.answered += res.answered
-            if positions is None:
-                out.latencies += res.latencies
-            else:  # a part's latencies are its problems' in its order; an error cut them short
-                placed.setdefault(label, []).extend(zip(positions[i], res.latencies))
-            out.error = out.error or res.error
-    for label, pairs in placed.items():
-        merged[label].latencies = [latency for _, latency in sorted(pairs)]
+            out.latencies += res.latencies
     return merged
 
 

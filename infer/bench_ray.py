@@ -9,6 +9,7 @@ results.json and traces, rewritten after every problem, so a run stopped midway 
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 from specprobe.infer import bench
 from specprobe.infer.config import BenchSetup
 from specprobe.infer.ray_cluster import (
+    ClusterError,
     actor_options,
     check_resources,
     connect,
@@ -37,6 +39,11 @@ def dealt_positions(problems: int, replicas: int) -> list[list[int]]:
     return [list(range(i, problems, count)) for i in range(count)]
 
 
+def _log(line: str) -> None:
+    """A replica's log line, to its stderr (Ray forwards it to the driver's): the report's table is on stdout."""
+    print(line, file=sys.stderr, flush=True)
+
+
 class _BenchReplica:
     """Target, draft and verifier on one actor, decoding problems one call each, with every method."""
 
@@ -55,12 +62,12 @@ class _BenchReplica:
         The first call warms up first, as does the first after a restart (a crashed actor's call is retried); a
         method that failed here is skipped from then on, as in one process."""
         if self.failed is None:
-            self.failed = {label: r.error for label, r in bench.warm_up(self.env, specs, log=print).items()}
+            self.failed = {label: r.error for label, r in bench.warm_up(self.env, specs, log=_log).items()}
         results = {s.label: bench.MethodResult(s, error=self.failed[s.label]) for s in specs}
         traces: list[tuple[str, list[dict]]] = []
         on_trace = (lambda label, recs: traces.append((label, list(recs)))) if self.env.setup.bench.trace else None
         started = time.perf_counter()
-        bench.run_problems(self.env, specs, results, log=print, on_trace=on_trace, only=[position])
+        bench.run_problems(self.env, specs, results, log=_log, on_trace=on_trace, only=[position])
         seconds = time.perf_counter() - started
         self.failed = {label: r.error for label, r in results.items()}
         return results, traces, seconds
@@ -91,36 +98,46 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
     replica_cls = ray.remote(_BenchReplica).options(**actor_options(rc.cpus_per_replica, rc.gpus_per_replica,
                                                                     rc.max_restarts))
     replicas = [replica_cls.remote(setup, checkpoint, verifier, problems) for _ in shares]
-    out = Path(out_dir) if out_dir is not None else None
-    write_traces = bench.start_out_dir(out, specs) if out is not None else None
     try:
-        # a missing model or bad checkpoint fails here, before any decoding
+        # a missing model or bad checkpoint fails here, before any decoding (and before the last report is cleared)
         info = describe_started(ray, replicas, "a bench replica")[0]
         env = bench.BenchEnv(setup, _ModelName(info["target"]), _ModelName(info["draft"]), problems,
                              bench.options_from_config(setup, info["system_speed"]), info["system_speed"],
                              info["verifier"], info["checkpoint"])
-        # one call per problem, queued on its replica in its share's order, so the report grows as they finish
+        for spec in specs:
+            bench.check_method(env, spec)
+        out = Path(out_dir) if out_dir is not None else None
+        write_traces = bench.start_out_dir(out, specs) if out is not None else None
+        # one call per problem, queued on its replica, so the report grows as they return (in any order)
         calls = {replica.solve.remote(specs, position): (r, position)
                  for r, (replica, share) in enumerate(zip(replicas, shares)) for position in share}
-        parts, done, seconds = [], [], [0.0] * len(shares)
+        parts, seconds, failure = [], [0.0] * len(shares), None
         pending = list(calls)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
-            results, traces, took = ray.get(ready[0])
             r, position = calls[ready[0]]
-            parts.append(results)
-            done.append(position)
+            try:
+                results, traces, took = ray.get(ready[0])
+            except Exception as err:  # noqa: BLE001 - a lost replica: the others' problems are still collected
+                log(f"problem {problems[position].id} failed on replica {r}: {type(err).__name__}: {err}")
+                failure = failure or (position, err)
+                continue
+            parts.append((position, results))
             seconds[r] += took
             if write_traces is not None:
                 for label, records in traces:
                     write_traces(label, records)
-            # the latencies in the problems' order, as one process lists them
-            merged = bench.merge_results(parts, [[p] for p in done])
-            report = bench.report_so_far(env, merged, [problems[p] for p in sorted(done)], max(seconds))
+            report = bench.report_so_far(env, bench.merge_results(parts),
+                                         [problems[p] for p, _ in sorted(parts, key=lambda part: part[0])],
+                                         max(seconds))
             report["replicas"] = len(shares)
             if out is not None:
                 bench.write_report(report, out)
     finally:
         for r in replicas:
             ray.kill(r, no_restart=True)
+    if failure is not None:
+        where = f"; {out / 'results.json'} holds the {len(parts)} that finished" if out is not None and parts else ""
+        raise ClusterError(f"problem {problems[failure[0]].id} could not be decoded on Ray "
+                           f"({type(failure[1]).__name__}: {failure[1]}){where}") from failure[1]
     return report

@@ -215,35 +215,52 @@ def test_problems_are_dealt_round_robin_and_results_merge():
 
     assert dealt_positions(5, 2) == [[0, 2, 4], [1, 3]]
     assert dealt_positions(2, 4) == [[0], [1]]  # no idle replica holds an empty share
-    spec = parse_method("lr_sync")
-    one = MethodResult(spec, RunStats(problems=1, output_tokens=10), correct=1, answered=1, latencies=[2.0])
-    two = MethodResult(spec, RunStats(problems=2, output_tokens=5), correct=0, answered=2, latencies=[1.0, 3.0])
-    failed = MethodResult(spec, error="RuntimeError: boom")
-    merged = merge_results([{"lr_sync": one}, {"lr_sync": two}, {"lr_sync": failed}])["lr_sync"]
-    assert (merged.correct, merged.answered, merged.latencies) == (1, 3, [2.0, 1.0, 3.0])
-    assert merged.stats.problems == 3 and merged.stats.output_tokens == 15
-    assert merged.error == "RuntimeError: boom"
-    # replicas time their round-robin shares in turn; the merged latencies follow the problems' order
-    first = MethodResult(spec, RunStats(problems=3), answered=3, latencies=[10.0, 12.0, 14.0])  # problems 0, 2, 4
-    second = MethodResult(spec, RunStats(problems=2), answered=2, latencies=[11.0, 13.0])  # problems 1, 3
-    full = MethodResult(spec, RunStats(problems=3), answered=3, latencies=[1.0, 2.0, 3.0])  # problems 0, 2, 4
-    stopped = MethodResult(spec, RunStats(problems=1), answered=1, latencies=[21.0], error="RuntimeError: boom")
-    ordered = merge_results([{"lr_sync": first, "target": full}, {"lr_sync": second, "target": stopped}],
-                            dealt_positions(5, 2))
-    assert ordered["lr_sync"].latencies == [10.0, 11.0, 12.0, 13.0, 14.0]
-    assert ordered["target"].latencies == [1.0, 21.0, 2.0, 3.0]  # problem 1 timed before the error, 3 not
+    lr, target = parse_method("lr_sync"), parse_method("target")
+
+    def timed(spec, latency, correct=1):
+        return MethodResult(spec, RunStats(problems=1, output_tokens=10), correct=correct, answered=1,
+                            latencies=[latency])
+
+    def failed(spec):
+        return MethodResult(spec, error="RuntimeError: boom")
+
+    # one problem per part, as replicas return them (in any order); target fails at problem 2 on replica 0 and is
+    # skipped there at 4, while replica 1 still times it at 3
+    parts = [(1, {"lr_sync": timed(lr, 11.0, 0), "target": timed(target, 21.0)}),
+             (0, {"lr_sync": timed(lr, 10.0), "target": timed(target, 20.0)}),
+             (3, {"lr_sync": timed(lr, 13.0), "target": timed(target, 23.0)}),
+             (2, {"lr_sync": timed(lr, 12.0), "target": failed(target)}),
+             (4, {"lr_sync": timed(lr, 14.0), "target": failed(target)})]
+    merged = merge_results(parts)
+    assert merged["lr_sync"].latencies == [10.0, 11.0, 12.0, 13.0, 14.0]  # the problems' order
+    assert (merged["lr_sync"].correct, merged["lr_sync"].answered, merged["lr_sync"].stats.problems) == (4, 5, 5)
+    assert merged["lr_sync"].stats.output_tokens == 50 and merged["lr_sync"].error is None
+    # as in one process: the problems before the first failure, and its error
+    assert merged["target"].latencies == [20.0, 21.0] and merged["target"].answered == 2
+    assert merged["target"].error == "RuntimeError: boom"
 
 
-def _processes_titled(word: str) -> list[int]:
-    """The pids whose command line (Ray sets an actor's to ray::<class>...) contains `word`."""
-    pids = []
+def _descendants_titled(word: str) -> list[int]:
+    """The pids of this process's descendants (the local Ray instance's workers) whose command line contains `word`
+    (Ray titles an actor's process ray::<class>...)."""
+    parents, titles = {}, {}
     for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and word in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                pids.append(int(entry.name))
-        except OSError:  # gone meanwhile
+        if not entry.name.isdigit():
             continue
-    return pids
+        try:
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            titles[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return [pid for pid, title in titles.items() if word in title and descends(pid)]
 
 
 BENCH = ["models.target=random:llama-20m", "models.draft=random:llama-tiny", "models.device=cpu",
@@ -284,9 +301,12 @@ def test_bench_on_two_replicas_gives_the_single_process_table(local_ray, tmp_pat
 
 
 @pytest.mark.slow
-def test_bench_replica_killed_mid_run_is_restarted_and_every_problem_timed(local_ray, tmp_path, monkeypatch):
-    """One replica, killed once the first problem's report is written: Ray restarts it, it warms up again, and
-    the problem it was on (or had queued) is decoded; the report has every problem, no method failed."""
+@pytest.mark.parametrize("restarts", [3, 0])
+def test_bench_replica_killed_mid_run(local_ray, tmp_path, monkeypatch, capsys, restarts):
+    """One replica, killed once the first problem's report is written. With restarts, Ray restarts it, it warms up
+    again (its first call after the restart) and decodes the problem it was on (or had queued): the report has
+    every problem and no method failed. Without, the run is a clear error (exit 2) and the report keeps the
+    problem that finished, marked as such."""
     import json
 
     from specprobe.infer import bench
@@ -297,7 +317,7 @@ def test_bench_replica_killed_mid_run_is_restarted_and_every_problem_timed(local
     def write_then_kill(report, out):
         write(report, out)
         if not killed:
-            killed.extend(_processes_titled("ray::_BenchReplica"))
+            killed.extend(_descendants_titled("ray::_BenchReplica"))
             for pid in killed:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -305,9 +325,15 @@ def test_bench_replica_killed_mid_run_is_restarted_and_every_problem_timed(local
                     pass
 
     monkeypatch.setattr(bench, "write_report", write_then_kill)
-    assert main(["--config", "configs/tiny.yaml", "--methods", "target,lr_sync", "--verifier", "bernoulli",
-                 "--out", str(tmp_path / "ray"), "--ray", *BENCH, "ray.replicas=1"]) == 0
+    rc = main(["--config", "configs/tiny.yaml", "--methods", "target,lr_sync", "--verifier", "bernoulli",
+               "--out", str(tmp_path / "ray"), "--ray", *BENCH, "ray.replicas=1", f"ray.max_restarts={restarts}",
+               "bench.warmup=true"])
     assert killed, "no replica process was found to kill"  # (a finished test's replica may linger, killed too)
     report = json.loads((tmp_path / "ray" / "results.json").read_text())
-    assert "finished" not in report and len(report["problems"]) == 2
-    assert all(not r["error"] and len(r["latencies_s"]) == 2 for r in report["rows"])
+    if restarts:
+        assert rc == 0 and "finished" not in report and len(report["problems"]) == 2
+        assert all(not r["error"] and len(r["latencies_s"]) == 2 for r in report["rows"])
+    else:
+        assert rc == 2 and "could not be decoded on Ray" in capsys.readouterr().err
+        assert report["finished"] == "1 of 2 problems" and len(report["problems"]) == 1
+        assert all(not r["error"] and len(r["latencies_s"]) == 1 for r in report["rows"])
