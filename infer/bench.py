@@ -434,9 +434,8 @@ def warm_up(env: BenchEnv, specs: Sequence[MethodSpec], log: Callable[[str], Non
     results = {s.label: MethodResult(s) for s in specs}
     if env.setup.bench.warmup:
         for s in specs:
-            opts = _method_options(env, s)
-            try:
-                _run_one(env, s, WARMUP_QUESTION + env.setup.bench.prompt_suffix, opts)
+            try:  # the options too: gamma=adaptive loads its acceptance probe there
+                _run_one(env, s, WARMUP_QUESTION + env.setup.bench.prompt_suffix, _method_options(env, s))
             except (ValueError, RuntimeError) as err:
                 results[s.label].error = f"{type(err).__name__}: {err}"
                 log(f"[{s.label}] skipped: {results[s.label].error}")
