@@ -12,14 +12,12 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 
 __all__ = ["ClusterError", "INSTALL_HINT", "import_ray", "split_ray_option", "connect", "ActorDemand", "check_resources",
            "replica_demands", "actor_options", "set_actor_threads", "describe_started"]
 
 INSTALL_HINT = "Ray is not installed: pip install 'specprobe[ray]' (ray==2.60.0)"
 DEFAULT_PORT = 6379
-_REPO = str(Path(__file__).resolve().parents[1])
 
 
 class ClusterError(RuntimeError):
@@ -79,9 +77,10 @@ def connect(ray_cfg, address: str | None = None) -> str:
     address = address or ray_cfg.address
     if ray.is_initialized():
         return "the Ray instance this process is already connected to"
-    # workers must import this checkout's packages (an editable install elsewhere would shadow them)
-    path = os.pathsep.join(p for p in (_REPO, os.environ.get("PYTHONPATH", "")) if p)
-    runtime_env = {"env_vars": {"PYTHONPATH": path}}
+    # workers import specprobe as the driver does: from their node's install (README: every node needs it), plus the
+    # driver's PYTHONPATH where it sets one (a checkout run without installing, as on the GPU box)
+    path = os.environ.get("PYTHONPATH", "")
+    runtime_env = {"env_vars": {"PYTHONPATH": path}} if path else None
     if address:
         _probe(address, ray_cfg.connect_timeout_s)
         # something answered, but it may not be Ray: bound Ray's own retries (1 s each, default 20)
