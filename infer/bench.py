@@ -514,6 +514,11 @@ def start_out_dir(out: Path, specs: Sequence[MethodSpec]) -> Callable[[str, Iter
     and empty traces/<method>.jsonl; returns the writer that appends to them."""
     for old in ("results.json", "results.md"):
         (out / old).unlink(missing_ok=True)
+    return start_traces(out, specs)
+
+
+def start_traces(out: Path, specs: Sequence[MethodSpec]) -> Callable[[str, Iterable[dict]], None]:
+    """Empty traces/<method>.jsonl in `out`; returns the writer that appends to them."""
     (out / "traces").mkdir(parents=True, exist_ok=True)
     for s in specs:
         (out / "traces" / f"{_safe(s.label)}.jsonl").write_text("")

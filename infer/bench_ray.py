@@ -111,7 +111,7 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
         # one call per problem, queued on its replica, so the report grows as they return (in any order)
         calls = {replica.solve.remote(specs, position): (r, position)
                  for r, (replica, share) in enumerate(zip(replicas, shares)) for position in share}
-        parts, seconds, failure = [], [0.0] * len(shares), None
+        parts, kept_traces, seconds, failure = [], [], [0.0] * len(shares), None
         pending = list(calls)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
@@ -123,6 +123,7 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
                 failure = failure or (position, err)
                 continue
             parts.append((position, results))
+            kept_traces.append((position, traces))
             seconds[r] += took
             if write_traces is not None:
                 for label, records in traces:
@@ -133,6 +134,11 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
             report["replicas"] = len(shares)
             if out is not None:
                 bench.write_report(report, out)
+        if write_traces is not None:  # appended as problems returned: rewritten in the problems' order
+            write_traces = bench.start_traces(out, specs)
+            for _, traces in sorted(kept_traces, key=lambda kept: kept[0]):
+                for label, records in traces:
+                    write_traces(label, records)
     finally:
         for r in replicas:
             ray.kill(r, no_restart=True)
