@@ -31,6 +31,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from specprobe.infer.acceptance_estimate import LatentDifficulty, SimulatedAcceptance, load_acceptance_probe
 from specprobe.infer.answers import extract_boxed, grade, split_gsm8k, strip_thousands_separators
 from specprobe.infer.config import BenchSetup
@@ -52,7 +54,7 @@ from specprobe.infer.engines.token_spec import LookaheadConfig, TokenSpecConfig
 from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier
 from specprobe.inputs.config import ConfigError
 from specprobe.inputs.records import SourceConfig, iter_records
-from specprobe.probes.metrics import wilson_interval
+from specprobe.probes.metrics import bootstrap_ci, wilson_interval
 
 # benchmark sets by short name (kind: jsonl, name: <short name>; the hub ids are inputs.records.HUB_NAMES),
 # reachable when a hub or a datasets cache exists, and the split each is read from
@@ -296,6 +298,26 @@ class MethodResult:
     answered: int = 0
     latencies: list[float] = field(default_factory=list)
     error: str | None = None
+    # (accepted, judged, decided_accepted, decided) of each problem, in the problems' order: α's interval
+    # resamples problems (`acceptance_interval`)
+    counts: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+
+def acceptance_interval(counts: Sequence[tuple[int, int]]) -> tuple[tuple[float, float] | None, str | None]:
+    """95% interval of the pooled acceptance sum(accepted) / sum(judged) from per-problem (accepted, judged), and
+    what it resamples. Positions within one problem are not independent draws (a probe's or a judge's verdicts
+    follow the problem's difficulty; a position is judged only after the one before it passed), so with two or
+    more problems that judged something it is a percentile bootstrap over problems; with one, only the Wilson
+    interval over its judged positions is left ("positions": exact for the system-speed Bernoulli verifier, too
+    narrow for a real one)."""
+    judged = [(a, j) for a, j in counts if j > 0]
+    if not judged:
+        return None, None
+    if len(judged) == 1:
+        return wilson_interval(*judged[0]), "positions"
+    acc, jud = np.array(judged, dtype=float).T
+    ci = bootstrap_ci(lambda a, j: a.sum() / j.sum(), acc, jud, n_boot=2000, alpha=0.05)
+    return (ci.low, ci.high), "problems"
 
 
 def is_adaptive(env: BenchEnv, spec: MethodSpec) -> bool:
@@ -471,6 +493,8 @@ def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, 
             res.correct += int(ok)
             res.answered += 1
             res.latencies.append(gen.stats.latency_s)
+            st = gen.stats
+            res.counts.append((st.accepted, st.judged, st.decided_accepted, st.decided))
             log(f"[{i + 1}/{len(env.problems)}] {s.label:22s} {gen.stats.latency_s:7.2f}s "
                 f"{gen.stats.output_tokens:5d} tok  stop={gen.stop_reason:14s} answer={pred!r} gold={prob.answer!r}"
                 + (f"  accept={gen.stats.acceptance_rate:.2f}" if gen.stats.acceptance_rate is not None else ""))
@@ -506,6 +530,7 @@ def merge_results(parts: Sequence[tuple[int, dict[str, MethodResult]]]) -> dict[
             out.correct += res.correct
             out.answered += res.answered
             out.latencies += res.latencies
+            out.counts += res.counts
     return merged
 
 
@@ -608,6 +633,7 @@ def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) 
     method = REGISTRY[spec.base]
     latency = sum(res.latencies) if res.latencies else None
     base_latency = sum(base.latencies) if base.latencies else None
+    alpha_ci, alpha_over = acceptance_interval([(c[0], c[1]) for c in res.counts])
     return {"method": label, "problems": res.answered, "error": res.error,
            "pass@1": ratio(res.correct, res.answered), "correct": res.correct,
            "pass@1_ci95": wilson_interval(res.correct, res.answered),
@@ -616,11 +642,11 @@ def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) 
            "speedup": ratio(base_latency, latency) if latency and not res.error and not base.error else None,
            "output_tokens": st.output_tokens, "tokens_per_s": st.tokens_per_second,
            "acceptance": st.acceptance_rate, "acceptance_by_position": st.acceptance_by_position,
-           "acceptance_ci95": wilson_interval(st.accepted, st.judged),
+           "acceptance_ci95": alpha_ci, "acceptance_ci95_resamples": alpha_over,
            "judged": st.judged, "mean_accepted_per_cycle": st.mean_accepted_per_cycle, "ratio": st.ratio,
            # steps the verifier itself ruled on (not refused for the cap or emptiness) and their acceptance
            "decided": st.decided, "refused": st.refused, "decided_acceptance": ratio(st.decided_accepted, st.decided),
-           "decided_acceptance_ci95": wilson_interval(st.decided_accepted, st.decided),
+           "decided_acceptance_ci95": acceptance_interval([(c[2], c[3]) for c in res.counts])[0],
            "target_forward_passes": st.target_forward_passes, "draft_forward_passes": st.draft_forward_passes,
            "mean_target_rows": st.mean_target_rows, "mean_rows_per_forward": st.mean_rows_per_forward,
            "spec_acceptance": st.spec_acceptance,
@@ -743,7 +769,8 @@ def format_markdown(report: dict) -> str:
         "specs / seed_tot: meas/analytic compares their speedup over their own search baseline "
         "(beam_target / tot_target, same run) with the prediction; +lookahead: analytic = tokens per decoding "
         "iteration of a row (the paper's compression S). "
-        "pass@1 and α with 95% Wilson intervals (over problems / judged positions). decided = draft steps the "
+        "pass@1 with a 95% Wilson interval over problems; α with a 95% bootstrap interval that resamples "
+        "problems (with one problem, Wilson over its judged positions). decided = draft steps the "
         "verifier ruled on; refused = rejected before it was asked (cut by the token cap, empty); α over decided "
         "= accepted / decided, what the verifier itself did. "
         "speedup = target-only latency / method latency, same run. analytic = the paper's formula at the "

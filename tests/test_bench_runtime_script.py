@@ -12,6 +12,7 @@ import pytest
 from specprobe.infer import bench
 from specprobe.infer.decoding import RunStats
 from specprobe.infer.decoding.analytic import predict
+from specprobe.probes.metrics import wilson_interval
 from specprobe.train.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,6 +38,20 @@ def test_wilson_interval():
     n = br.positions_needed(0.6, 0.05)
     lo, hi = br.wilson_interval(round(0.6 * n), n)
     assert (hi - lo) / 2 == pytest.approx(0.05, abs=0.002)
+
+
+def test_acceptance_interval_resamples_problems():
+    # one problem: only its judged positions can be resampled (Wilson); none judged: no interval
+    assert bench.acceptance_interval([(3, 4)]) == (wilson_interval(3, 4), "positions")
+    assert bench.acceptance_interval([(0, 0), (3, 4)]) == (wilson_interval(3, 4), "positions")
+    assert bench.acceptance_interval([(0, 0)]) == (None, None)
+    # four problems, 20 of 40 positions accepted: all-or-nothing problems leave the pooled rate far less certain
+    # than 40 independent positions would; identical problems leave it at 0.5 in every resample
+    (lo, hi), over = bench.acceptance_interval([(10, 10), (0, 10), (10, 10), (0, 10)])
+    w_lo, w_hi = wilson_interval(20, 40)
+    assert over == "problems" and lo < w_lo and hi > w_hi and 0.0 <= lo < 0.5 < hi <= 1.0
+    (lo, hi), _ = bench.acceptance_interval([(5, 10)] * 4)
+    assert lo == hi == 0.5
 
 
 def test_judged_per_step_matches_simulated_sync_cycles():
