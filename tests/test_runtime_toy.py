@@ -60,9 +60,17 @@ def test_accept_all_writes_the_draft_chain():
     target, draft = ToyEngine("target"), ToyEngine("draft")
     opts = options(accept_length_cut=True)
     draft_only = decode("draft", Q, target, draft, None, opts)
-    for method in ("lr_async", "semanticspec"):
-        res = decode(method, Q, target, draft, build_verifier("accept_all"), opts)
-        assert res.text == draft_only.text and res.stats.ratio == 0.0, method
+    res = decode("semanticspec", Q, target, draft, build_verifier("accept_all"), opts)
+    assert res.text == draft_only.text and res.stats.ratio == 0.0
+    # async: the draft's chain, but the last step (at max_steps) is the target's own after it, as in sync LR
+    res = decode("lr_async", Q, target, draft, build_verifier("accept_all"), opts)
+    assert res.step_texts[:-1] == draft_only.step_texts[:-1] and len(res.steps) == opts.max_steps
+    assert [s.source for s in res.steps] == ["draft"] * (opts.max_steps - 1) + ["target"]
+    chain = []
+    for _ in range(opts.max_steps - 1):
+        chain.append(greedy_step(draft, chain))
+    assert [s.text for s in chain] == draft_only.step_texts[:-1]
+    assert res.step_texts[-1] == greedy_step(target, chain).text != draft_only.step_texts[-1]
     # sync: gamma drafts, then the target's step after them (the bonus), then the next cycle
     res = decode("lr_sync", Q, target, draft, build_verifier("accept_all"), opts)
     chain = []

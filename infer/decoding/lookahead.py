@@ -9,15 +9,17 @@ Sync cycle (their Alg. 1, with W >= 1 branches):
 3. The verifier judges every (draft child, target step at its parent) pair in one call. Walking from the
    root, the first accepted branch at each position is kept; at the first position with none, the
    target's step there is appended; when the walk reaches a leaf, that leaf's target step is a bonus.
-   A draft cut by the step-token cap is never accepted, and neither is a draft that ends the answer
-   (EOS or a boxed final answer): the answer always ends on the target's own step at that position.
+   A draft cut by the step-token cap is never accepted (unless `accept_length_cut`, which system-speed
+   runs set), nor one that ends the answer with EOS, nor, with `refuse_boxed`, one that writes a boxed
+   final answer: the answer ends on the target's own step at that position. Drafting stops one step short
+   of max_steps, so a run cut there ends on the target's step too.
    Multi-branch drafting needs a sampling draft (W greedy branches would be identical).
 
 Async (W = 1): a draft thread keeps up to γ drafts beyond the committed output; a target thread starts
 the target step for a position the moment its prefix exists and adds it to its running batch
 (continuous batching, `DecodeBatch.add`); the main thread verifies positions in order. A rejection
 commits the target's step, drops every draft and cancels every target row (an epoch counter makes late
-results harmless). Because every generation and draw is keyed by its prefix (see engines.base.seed_for), the
+results harmless). As in sync, no draft covers the last step allowed (max_steps − 1). Because every generation and draw is keyed by its prefix (see engines.base.seed_for), the
 output does not depend on thread timing — only the wall time does — up to the floating-point
 differences between batch compositions (in float32 these rarely change a token; in bfloat16 they can
 flip a near-tie, and with it the rest of the text). The two threads use one engine each. Python's
@@ -308,8 +310,8 @@ class _AsyncRun:
             return False
         if self.drafts and not st.acceptable(self.drafts[-1][0]):
             return False
-        if len(st.steps) + len(self.drafts) >= opts.max_steps:
-            return False
+        if len(st.steps) + len(self.drafts) >= opts.max_steps - 1:
+            return False  # the last step is the target's own, as in sync LR (its drafts stop one step short)
         if self.costs is not None and not opts.depth.keep(self.estimates, self.costs, opts.gamma):
             return False
         return st.cap(self._draft_tokens()) >= 1
