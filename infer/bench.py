@@ -27,6 +27,7 @@ import math
 import platform
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -448,20 +449,38 @@ WARMUP_QUESTION = "Warm-up (not timed): a shop sells 3 pens for 4 dollars. How m
 
 def warm_up(env: BenchEnv, specs: Sequence[MethodSpec], log: Callable[[str], None] = print) -> dict[str, MethodResult]:
     """Fresh results per method; with bench.warmup, each method first decodes a throwaway problem, untimed, as
-    long as a timed one (max_steps): every batch shape a cycle uses (1 to γ + 1 target rows) and every buffer
-    length the context grows through meets its lazy initialisation, kernel choice and, on the fast path, graph
-    capture there, the baseline's included (a method failing there is marked and skipped). A shorter warm-up
-    left the longer buffers' captures to the first timed problem (on an H100 its target-only run took 7.4 s
-    against 5.4 s for the next ones)."""
+    long as a timed one can be (max_steps, or max_new_tokens first: EOS does not end its steps, see
+    `_eos_ignored`): every batch shape a cycle uses (1 to γ + 1 target rows) and every buffer length the context
+    grows through meets its lazy initialisation, kernel choice and, on the fast path, graph capture there, the
+    baseline's included (a method failing there is marked and skipped). A shorter warm-up left the longer
+    buffers' captures to the first timed problem (on an H100 its target-only run took 7.4 s against 5.4 s for
+    the next ones), and to the baseline above all, which is timed first."""
     results = {s.label: MethodResult(s) for s in specs}
     if env.setup.bench.warmup:
-        for s in specs:
-            try:  # the options too: gamma=adaptive loads its acceptance probe there
-                _run_one(env, s, WARMUP_QUESTION + env.setup.bench.prompt_suffix, _method_options(env, s))
-            except (ValueError, RuntimeError) as err:
-                results[s.label].error = f"{type(err).__name__}: {err}"
-                log(f"[{s.label}] skipped: {results[s.label].error}")
+        with _eos_ignored(env):
+            for s in specs:
+                try:  # the options too: gamma=adaptive loads its acceptance probe there
+                    _run_one(env, s, WARMUP_QUESTION + env.setup.bench.prompt_suffix, _method_options(env, s))
+                except (ValueError, RuntimeError) as err:
+                    results[s.label].error = f"{type(err).__name__}: {err}"
+                    log(f"[{s.label}] skipped: {results[s.label].error}")
     return results
+
+
+@contextmanager
+def _eos_ignored(env: BenchEnv):
+    """Both engines' steps run past EOS (their `text.stop_at_eos` off, as in system-speed runs) until the block
+    ends: a real model answers the short warm-up question in a few steps, which would leave the longer buffers
+    unwarmed."""
+    texts = {id(e.text): e.text for e in (env.target, env.draft) if e is not None}.values()
+    before = [(t, t.stop_at_eos) for t in texts]
+    try:
+        for t, _ in before:
+            t.stop_at_eos = False
+        yield
+    finally:
+        for t, stop in before:
+            t.stop_at_eos = stop
 
 
 def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, MethodResult],

@@ -371,7 +371,8 @@ class BenchConfig:
     system_speed: bool = opt(False, "random-weight models and a Bernoulli verifier: measure the runtime itself")
     system_target: str = opt("random:qwen2-0.5b", "target of system-speed mode (random:<size>)")
     system_draft: str = opt("random:llama-20m", "draft of system-speed mode (random:<size>)")
-    warmup: bool = opt(True, "one untimed generation per method before timing (allocations, lazy init)")
+    warmup: bool = opt(True, "one untimed generation per method before timing (allocations, lazy init, graph "
+                               "captures), its steps run past EOS to max_steps so that it is as long as a timed one")
     trace: bool = opt(True, "write the per-cycle JSONL trace of every generation")
     out_dir: str | None = opt(None, "where results go (default <output_dir>/bench)")
 

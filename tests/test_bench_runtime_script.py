@@ -54,6 +54,36 @@ def test_acceptance_interval_resamples_problems():
     assert lo == hi == 0.5
 
 
+def test_the_warm_up_runs_past_eos_to_max_steps(monkeypatch):
+    """A real model answers the warm-up question in a few steps; its steps then run past EOS (as system-speed
+    runs do), so every buffer length a timed problem reaches is warmed; the timed run still stops at EOS."""
+    from _toy_engine import ToyEngine
+
+    class Engine(ToyEngine):  # what the bench asks of an engine beyond the toy's decoding
+        model_name = "toy"
+
+        def clear_prefix_cache(self):
+            pass
+
+        def with_token_spec(self, spec, assistant=None):
+            return self
+
+    target, draft = Engine("target", eos_weight=80), Engine("draft", eos_weight=80)
+    setup = load_config(REPO / "configs" / "tiny.yaml", ["runtime.max_steps=6", "runtime.max_new_tokens=2000", "bench.warmup=true"]).bench_setup()
+    env = bench.prepare(setup, verifier="bernoulli", engines=(target, draft),
+                        problems=[bench.Problem("p", bench.WARMUP_QUESTION, None)])
+    gens, run = [], bench._run_one
+    monkeypatch.setattr(bench, "_run_one", lambda *args: gens.append(run(*args)) or gens[-1])
+    specs = bench.method_specs(["target", "lr_sync"])
+    results = bench.warm_up(env, specs, log=lambda line: None)
+    assert not any(r.error for r in results.values())
+    assert [len(g.steps) for g in gens] == [6, 6] and all(g.stop_reason == "max_steps" for g in gens)
+    assert target.text.stop_at_eos and draft.text.stop_at_eos  # as they were
+    gens.clear()
+    bench.run_problems(env, specs, results, log=lambda line: None)  # the same question, timed: EOS ends it
+    assert [g.stop_reason for g in gens] == ["eos", "eos"] and all(len(g.steps) < 6 for g in gens)
+
+
 def test_judged_per_step_matches_simulated_sync_cycles():
     rng = random.Random(0)
     for alpha, gamma in ((0.6, 3), (0.9, 2), (0.3, 4)):
