@@ -801,6 +801,8 @@ def format_markdown(report: dict) -> str:
     for r in report["rows"]:
         if r.get("depth_kept"):  # gamma=adaptive: no fixed-γ formula; how deep its cycles went instead
             reused = f"; {r['draft_steps_reused']} drafts past a kept depth reused" if r.get("draft_steps_reused") else ""
-            notes.append(f"{r['method']}: cycles by kept depth 0.. {r['depth_kept']} (mean {fmt(r['mean_depth_kept'])}; "
+            # async LR decides at every position it verifies (`_depth_decision`), not once a cycle
+            unit = "verified positions" if r["method"].split(":")[0] == "lr_async" else "cycles"
+            notes.append(f"{r['method']}: {unit} by kept depth 0.. {r['depth_kept']} (mean {fmt(r['mean_depth_kept'])}; "
                          f"0 = the draft was dropped and the target wrote the step{reused}).")
     return "\n".join(lines + notes)

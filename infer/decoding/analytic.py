@@ -6,7 +6,8 @@ Units. T = target time per step in the target-only baseline of the same benchmar
   of the method's target batch (k rows, or k rows with speculated tokens) costs relative to one row.
   The papers' formulas assume b = 1 ("k parallel target steps cost one target step", true on a GPU far
   from saturation); on a CPU b grows with k.
-- τ = SemanticSpec's teacher-forced target pass per cycle / T.
+- τ = SemanticSpec's teacher-forced scoring per cycle / T (probe-bench measures all of it: the target's pass,
+  and the draft's own pass where the verifier reads draft features too).
 
 Two predictions per method: *ideal* (the paper's formula at the measured α, c) and *batch-adjusted*
 (the same formula with the target step costing b·T: f(α, c/b, k) / b for LR; τ included for SemanticSpec).
