@@ -120,11 +120,11 @@ def control_check(skill: dict[str, Any]) -> str:
 
 
 def control_set(ctx: EvalContext, set_name: str) -> dict[str, Any]:
-    role, kept, rows_by, tr, va, te, how, _ = _set_inputs(ctx, set_name)
+    role, kept, rows_by, tr, va, te, how, independent = _set_inputs(ctx, set_name)
     base = rows_by["mean"]
     te_t = torch.from_numpy(te)
     stride = max(1, len(kept) // 8)  # a handful of depths is enough to show the signal is there
-    out = {"set": set_name, "how": how, "n_test": int(te.sum()), "targets": {}}
+    out = {"set": set_name, "how": how, "independent": independent, "n_test": int(te.sum()), "targets": {}}
     for target, values in control_targets(ctx, base).items():
         y = torch.from_numpy(values).float()
         if float(y[tr].max()) == float(y[tr].min()):

@@ -225,10 +225,19 @@ def logistic_sweep_section(part: dict[str, Any] | None, figures) -> str:
                      num(sweep["constant_test_brier"]), f"{best['pooling']} row {best['layer']} (l2 {best['l2']})",
                      num(best["test_brier"]), ci(v["brier_delta"]), ci(v["brier_skill"]),
                      f"{len(wins)} of {len(sweep['entries'])}"])
-        words.append(f"- `{set_name}`: the reading chosen on validation {VERDICT_WORDS.get(v['verdict'], v['verdict'])} "
-                     f"the set's constant on test (Brier difference {ci(v['brier_delta'])}).")
+        if sweep.get("independent", True):
+            words.append(f"- `{set_name}`: the reading chosen on validation {VERDICT_WORDS.get(v['verdict'], v['verdict'])} "
+                         f"the set's constant on test (Brier difference {ci(v['brier_delta'])}).")
+        else:  # no validation questions apart: the choice saw the questions it is scored on
+            words.append(f"- `{set_name}`: the reading chosen and scored on the same questions "
+                         f"{VERDICT_WORDS.get(v['verdict'], v['verdict'])} the set's constant (Brier difference "
+                         f"{ci(v['brier_delta'])}); optimistic, since the choice saw these questions ({sweep['how']}).")
+    shared = sorted({sweep["how"] for sweep in part["sets"].values() if not sweep.get("independent", True)})
+    if shared:
+        out.append("**Here the reading was chosen on the questions it is scored on** (" + "; ".join(shared)
+                   + "): the verdicts below are optimistic.")
     out.append(table(["row set", "n train", "n test", "test questions", "constant", "constant test Brier",
-                      "chosen on validation", "its test Brier", f"difference ({conf:.0%} interval)" if conf else "difference",
+                      "chosen reading", "its test Brier", f"difference ({conf:.0%} interval)" if conf else "difference",
                       "Brier skill", "readings that beat the constant"], rows))
     out.append("In words:\n\n" + "\n".join(words))
     out.append(figure_links(figures, "logistic_sweep"))
@@ -247,6 +256,10 @@ def positive_control_section(part: dict[str, Any] | None) -> str:
             for set_name, s in part["sets"].items() for target, t in s["targets"].items()]
     out.append(table(["row set", "quantity", "reading", "test Brier", "Brier skill vs constant", "check"], rows))
     out.append(f"**Verdict:** {part['verdict']}.")
+    shared = sorted({s["how"] for s in part["sets"].values() if s.get("independent") is False})
+    if shared:  # the reading was chosen on the questions it is scored on: a pass is optimistic
+        out.append("The reading was chosen and scored on the same questions, so a pass is optimistic: "
+                   + "; ".join(shared) + ".")
     return "\n\n".join(out)
 
 
