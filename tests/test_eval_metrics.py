@@ -293,12 +293,21 @@ def test_subsample_and_neighbors():
 def test_compare_metrics_direction():
     a = {"p/ece_uniform": 0.10, "p/auroc": 0.80, "p/mean_pred": 0.4, "only_a": 1.0, "p/brier": None}
     b = {"p/ece_uniform": 0.05, "p/auroc": 0.70, "p/mean_pred": 0.5, "p/brier": 0.2}
-    rows = {r["metric"]: r for r in ev.compare_metrics(a, b)}
+    a_ci = {"p/ece_uniform": (0.08, 0.12), "p/auroc": (0.75, 0.85), "p/mean_pred": (0.3, 0.45)}
+    b_ci = {"p/ece_uniform": (0.03, 0.07), "p/auroc": (0.65, 0.76), "p/mean_pred": (0.46, 0.6)}
+    rows = {r["metric"]: r for r in ev.compare_metrics(a, b, a_ci, b_ci)}
     assert set(rows) == {"p/ece_uniform", "p/auroc", "p/mean_pred", "p/brier"}
     assert rows["p/ece_uniform"]["delta"] == pytest.approx(-0.05) and rows["p/ece_uniform"]["better"] == "b"
-    assert rows["p/auroc"]["better"] == "a"
+    assert rows["p/auroc"]["better"] is None  # 0.80 vs 0.70, but the intervals overlap (0.75..0.76)
     assert rows["p/mean_pred"]["better"] is None  # no direction
     assert rows["p/brier"]["delta"] is None
+    b_ci["p/auroc"] = (0.65, 0.74)
+    rows = {r["metric"]: r for r in ev.compare_metrics(a, b, a_ci, b_ci)}
+    assert rows["p/auroc"]["better"] == "a"
+    # no intervals (withheld, or a figure without one): the deltas stay, no side is named
+    assert all(r["better"] is None for r in ev.compare_metrics(a, b))
+    assert ev.interval({"metrics": {"auroc": {"estimate": 0.8, "low": None, "high": None}}}, "auroc") is None
+    assert ev.interval({"metrics": {"auroc": {"estimate": 0.8, "low": 0.7, "high": 0.9}}}, "auroc") == (0.7, 0.9)
 
 
 def test_clean_makes_json_safe():

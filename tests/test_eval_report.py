@@ -14,6 +14,7 @@ from matplotlib.image import imread
 
 from specprobe.data_gen.store import FAMILIES, MANIFEST, open_dataset, write_manifest
 from specprobe.train.eval_cli import main
+from specprobe.train.report import evaluate as ev
 from specprobe.train.report import evaluate_checkpoint
 from specprobe.train.report.evaluate import empirical_ratio
 
@@ -336,7 +337,13 @@ def test_compare_two_reports(report, trained, tmp_path):
     assert "layer_sweep/target/val_brier" not in rows  # B has no sweep
     markdown = (tmp_path / "ab" / "comparison.md").read_text()
     assert "Δ (B − A)" in markdown and "`probe_target/draft_via_target/ece_uniform`" in markdown
-    assert result["warning"] is None and ece["better"] in ("a", "b")
+    assert result["warning"] is None
+    # a side is named only where the two reports' intervals do not overlap
+    ma, mb = (json.loads((f / "metrics.json").read_text()) for f in (report.folder, other.folder))
+    ia, ib = (ev.interval(m["parts"]["probes"]["by_probe"]["probe_target"]["draft_via_target"]["probe"],
+                          "ece_uniform") for m in (ma, mb))
+    apart = ia is not None and ib is not None and (ia[1] < ib[0] or ib[1] < ia[0])
+    assert ece["better"] == (("a" if ece["a"] < ece["b"] else "b") if apart else None)
     # scored on other held-out questions (another split): the deltas stay, no side is called better
     shifted = tmp_path / "shifted"
     shutil.copytree(other.folder, shifted)

@@ -414,18 +414,33 @@ def umap_neighbors(n: int, requested: int = 15) -> int:
 
 
 # ----------------------------------------------------------------------------- comparison
-def compare_metrics(a: dict[str, float | None], b: dict[str, float | None]) -> list[dict[str, Any]]:
+def interval(block: dict[str, Any], name: str) -> tuple[float, float] | None:
+    """(low, high) of metric `name`'s interval in a calibration/acceptance block (None when absent or withheld)."""
+    entry = block.get("metrics", {}).get(name)
+    if entry is None or entry.get("low") is None or entry.get("high") is None:
+        return None
+    return entry["low"], entry["high"]
+
+
+def compare_metrics(a: dict[str, float | None], b: dict[str, float | None],
+                    a_ci: dict[str, tuple[float, float] | None] | None = None,
+                    b_ci: dict[str, tuple[float, float] | None] | None = None) -> list[dict[str, Any]]:
     """Rows {metric, a, b, delta (b - a), better} over the keys both have.
 
-    `better` is "a" or "b" for metrics with a known direction (the last path component decides), else None.
+    `better` is "a" or "b" for a metric with a known direction (the last path component decides) only where the
+    two reports' intervals (a_ci, b_ci) do not overlap, else None: a gap inside the bootstrap noise names no
+    winner (a conservative test; no interval, no verdict).
     """
     rows = []
+    a_ci, b_ci = a_ci or {}, b_ci or {}
     for key in [k for k in a if k in b]:
         va, vb = a[key], b[key]
         delta = None if va is None or vb is None else vb - va
         better = None
         name = key.rsplit("/", 1)[-1]
-        if delta is not None and delta != 0 and name in LOWER_IS_BETTER | HIGHER_IS_BETTER:
+        ia, ib = a_ci.get(key), b_ci.get(key)
+        apart = ia is not None and ib is not None and (ia[1] < ib[0] or ib[1] < ia[0])
+        if delta is not None and delta != 0 and apart and name in LOWER_IS_BETTER | HIGHER_IS_BETTER:
             better = "a" if (delta > 0) == (name in LOWER_IS_BETTER) else "b"
         rows.append({"metric": key, "a": va, "b": vb, "delta": delta, "better": better})
     return rows

@@ -344,4 +344,5 @@ def render_comparison(name_a: str, name_b: str, rows: Sequence[dict[str, Any]], 
     return ("# probe-eval comparison\n\n" + (f"**WARNING: {warning}**\n\n" if warning else "")
             + f"- A: `{name_a}`\n- B: `{name_b}`\n\n"
             "Point estimates of each report (intervals are in the reports themselves). `better` follows the "
-            "metric's direction (lower ECE/Brier/MAE, higher AUROC/Spearman/precision).\n\n" + body + "\n")
+            "metric's direction (lower ECE/Brier/MAE, higher AUROC/Spearman/precision) and names a side only where "
+            "the two reports' intervals do not overlap; blank: no clear difference.\n\n" + body + "\n")

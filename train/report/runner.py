@@ -224,24 +224,27 @@ def log_to_wandb(report: Report, ckpt: CheckpointFolder) -> None:
 
 
 # ----------------------------------------------------------------------------- comparison
-def headline(metrics: dict[str, Any]) -> dict[str, float | None]:
-    """The metrics two reports are compared on, as flat 'part/.../metric' -> point estimate."""
+def headline(metrics: dict[str, Any], intervals: bool = False) -> dict[str, Any]:
+    """The metrics two reports are compared on, as flat 'part/.../metric' -> point estimate; intervals=True:
+    -> (low, high) of its bootstrap interval instead, None where the report has none (withheld, or a figure
+    without one such as the sweep's chosen layer)."""
     parts = metrics.get("parts", {})
-    out: dict[str, float | None] = {}
+    out: dict[str, Any] = {}
+    read = ev.interval if intervals else ev.estimate
     for name, per_set in (parts.get("probes") or {}).get("by_probe", {}).items():
         for set_name, blocks in per_set.items():
             for metric in ev.CALIBRATION_METRICS:
-                out[f"{name}/{set_name}/{metric}"] = ev.estimate(blocks["probe"], metric)
+                out[f"{name}/{set_name}/{metric}"] = read(blocks["probe"], metric)
     for metric in ("mean_predicted", "mean_empirical", "mae", "rmse", "spearman", "ece_uniform"):
         if "probes" in (parts.get("acceptance") or {}):
-            out[f"acceptance/{metric}"] = ev.estimate(parts["acceptance"]["probes"], metric)
+            out[f"acceptance/{metric}"] = read(parts["acceptance"]["probes"], metric)
     for role, sweep in (parts.get("layer_sweep") or {}).items():
         if role != "settings" and sweep.get("best"):
-            out[f"layer_sweep/{role}/best_layer"] = sweep["best"]["layer"]
-            out[f"layer_sweep/{role}/val_brier"] = sweep["best"]["val_brier"]
+            out[f"layer_sweep/{role}/best_layer"] = None if intervals else sweep["best"]["layer"]
+            out[f"layer_sweep/{role}/val_brier"] = None if intervals else sweep["best"]["val_brier"]
     for name, block in (parts.get("verifiers") or {}).get("by_verifier", {}).items():
         for metric in ("auroc", "auprc", "acceptance_rate", "precision"):
-            out[f"verifiers/{name}/{metric}"] = ev.estimate(block, metric)
+            out[f"verifiers/{name}/{metric}"] = read(block, metric)
     return out
 
 
@@ -267,7 +270,7 @@ def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, data: str | 
     out.mkdir(parents=True, exist_ok=True)
     name_a, ma = load_or_evaluate(a, data, out / "A", **kw)
     name_b, mb = load_or_evaluate(b, data, out / "B", **kw)
-    rows = ev.compare_metrics(headline(ma), headline(mb))
+    rows = ev.compare_metrics(headline(ma), headline(mb), headline(ma, intervals=True), headline(mb, intervals=True))
     warning = _different_questions(ma, mb)
     if warning:  # a difference would mix the probes with the questions: no side is called better
         rows = [{**r, "better": None} for r in rows]
