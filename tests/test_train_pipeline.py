@@ -202,6 +202,25 @@ def test_model_card_carries_hub_metadata(run):
     assert {"specprobe", "speculative-decoding", "semantic-probe"} <= set(meta["tags"])
     assert meta["datasets"] == [f"reasoning_gym/{cfg.source.task}"]
     assert body.lstrip().startswith(f"# specprobe checkpoint `{cfg.name}`")
+    assert "(probe_target / probe_draft, the ones the runtime loads): 3-layer MLP" in body
+    assert "for comparison (`_logistic`): L2 logistic regression" in body
+
+
+def test_model_card_describes_the_runtime_probes_kind():
+    """A logistic run's card says its runtime probes are logistic (once it called every probe an MLP)."""
+    from dataclasses import replace
+
+    from specprobe.train.checkpoint import _training_lines
+    from specprobe.train.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml",
+                      ["probe.kind=logistic", "probe.logistic_pooling=[last]"])
+    [line] = _training_lines(cfg, ["probe_target", "probe_draft"])
+    runtime, _, beside = line.partition("; beside them")
+    assert "L2 logistic regression" in runtime and "pooling (of last)" in runtime and "MLP" not in runtime
+    assert "(`_mlp`): 3-layer MLP" in beside
+    assert _training_lines(replace(cfg, probe=replace(cfg.probe, kind="mlp")), ["probe_draft"])[0].startswith(
+        "- probes (probe_target / probe_draft, the ones the runtime loads): 3-layer MLP")
 
 
 def test_model_card_names_the_data_set_a_source_reads():

@@ -160,11 +160,18 @@ def _training_lines(cfg, components: list[str]) -> list[str]:
     p, v = cfg.probe, cfg.verifiers
     lines = []
     if "probe_target" in components or "probe_draft" in components:
-        lines.append(f"- probes: 3-layer MLP, width {p.hidden_dim}, dropout {p.dropout}, loss {p.loss}, AdamW lr {p.lr} "
-                     f"betas {tuple(p.betas)} weight decay {p.weight_decay}, ≤ {p.epochs} epochs, early stopping "
-                     f"patience {p.patience}, seed {p.seed}; features `{p.features}`, combine `{p.combine}`, pooling "
-                     f"`{p.pooling}`; target probe also on draft steps via the target: {p.target_with_draft}; "
-                     f"log-prob baseline: {p.logprob_baseline}")
+        mlp = (f"3-layer MLP, width {p.hidden_dim}, dropout {p.dropout}, loss {p.loss}, AdamW lr {p.lr} "
+               f"betas {tuple(p.betas)} weight decay {p.weight_decay}, ≤ {p.epochs} epochs, early stopping "
+               f"patience {p.patience}, seed {p.seed}; features `{p.features}`, combine `{p.combine}`, pooling "
+               f"`{p.pooling}`")
+        logistic = (f"L2 logistic regression on one hidden-state row, its row (of `{p.logistic_layers}`), pooling "
+                    f"(of {', '.join(p.logistic_pooling)}) and penalty (of {', '.join(map(str, p.logistic_l2))}) "
+                    "chosen on validation log-loss")
+        runtime, other = (logistic, mlp) if p.kind == "logistic" else (mlp, logistic)
+        lines.append(f"- probes (probe_target / probe_draft, the ones the runtime loads): {runtime}; beside them, "
+                     f"for comparison (`_{'mlp' if p.kind == 'logistic' else 'logistic'}`): {other}; target probe "
+                     f"also on draft steps via the target: {p.target_with_draft}; log-prob baseline: "
+                     f"{p.logprob_baseline}")
     if "embedding_threshold" in components:
         lines.append(f"- embedding threshold: `{v.embedding_model}`, target precision {v.target_precision}")
     if "judge" in components:

@@ -1,6 +1,6 @@
 """Semantic-probability probes: the target's p and the draft's q (SemanticSpec, papers.md §1).
 
-Three labelled row sets come out of a data folder (``load_row_sets``):
+Four labelled row sets come out of a data folder (``load_row_sets``):
 
 | set                | rows          | features            | label               | log-prob baseline input          |
 |--------------------|---------------|---------------------|---------------------|----------------------------------|
