@@ -18,15 +18,17 @@ from specprobe.train.report import evaluate as ev
 
 # ----------------------------------------------------------------------------- acceptance ratio
 def test_empirical_ratio_by_hand():
-    put = np.array([0.0, 0.2, 0.5, 0.9])
-    sp = np.array([0.5, 0.4, 0.25, 0.9])
-    np.testing.assert_allclose(ev.empirical_ratio(put, sp), [0.0, 0.5, 1.0, 1.0])
+    put = np.array([0.0, 0.2, 0.5, 0.9, 0.4, 0.0])
+    own = np.array([0.5, 0.4, 0.25, 0.9, 0.0, 0.0])
+    # a draft meaning no other draft sample shared (own_prob 0): 1 where the target said it, else 0
+    np.testing.assert_allclose(ev.empirical_ratio(put, own), [0.0, 0.5, 1.0, 1.0, 1.0, 0.0])
 
 
-@pytest.mark.parametrize("sp, match", [([0.0, 0.5], "semantic_prob <= 0"), ([np.nan, 0.5], "NaN")])
-def test_empirical_ratio_rejects_broken_labels(sp, match):
+@pytest.mark.parametrize("own, match", [([0.1, 0.5, 0.2], "differ in length"), ([np.nan, 0.5], "NaN"),
+                                        ([1.5, 0.5], "probabilities")])
+def test_empirical_ratio_rejects_broken_labels(own, match):
     with pytest.raises(ValueError, match=match):
-        ev.empirical_ratio([0.1, 0.2], sp)
+        ev.empirical_ratio([0.1, 0.2], own)
 
 
 def test_acceptance_block_exact_probes_have_zero_error():

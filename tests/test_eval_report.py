@@ -85,6 +85,15 @@ def test_without_a_test_split_the_first_lines_say_validation_chose_the_epoch(tra
     first_lines = again.markdown.read_text().splitlines()[:4]
     assert any("WARNING" in line and "VALIDATION questions" in line and "chose the probes' epoch" in line
                for line in first_lines)
+    # the acceptance ratio's empirical side on the probes' scale: the draft's leave-one-out own_prob (on these
+    # questions some draft steps' ratios differ from the |C|/N scale's)
+    ds = open_dataset(trained[0].data_dir)
+    rows = ds.rows("draft", np.isin(ds.column("question_id"), metrics["split"]["val"]))
+    put = ds.column("prob_under_target")[rows]
+    expected, old_scale = (empirical_ratio(put, ds.column(q)[rows]) for q in ("own_prob", "semantic_prob"))
+    assert (expected != old_scale).any()
+    mean = again.metrics["parts"]["acceptance"]["probes"]["metrics"]["mean_empirical"]["estimate"]
+    assert mean == pytest.approx(expected.mean()) and mean != pytest.approx(old_scale.mean())
 
 
 def test_small_heldout_set_withholds_intervals_and_says_so(report):
@@ -123,13 +132,20 @@ def test_acceptance_uses_the_empirical_ratio_of_heldout_draft_steps(report, trai
     ds = open_dataset(cfg.data_dir)
     held = set(report.metrics["heldout"]["questions"])
     rows = ds.rows("draft", np.isin(ds.column("question_id"), list(held)))
-    expected = empirical_ratio(ds.column("prob_under_target")[rows], ds.column("semantic_prob")[rows])
+    # on the scale the probes learn: the draft's leave-one-out own_prob, not |C|/N (semantic_prob)
+    expected = empirical_ratio(ds.column("prob_under_target")[rows], ds.column("own_prob")[rows])
     part = report.metrics["parts"]["acceptance"]
     assert part["probes"]["n"] == len(rows)
     assert part["probes"]["metrics"]["mean_empirical"]["estimate"] == pytest.approx(expected.mean())
     assert set(part) == {"probes", "last_layer", "logprob", "constant"}
-    # on this data the probes track the ratio far better than a constant p/q
+    # on this data the probes track the ratio far better than a constant p/q, and the words say so per baseline
     assert part["probes"]["metrics"]["mae"]["estimate"] < part["constant"]["metrics"]["mae"]["estimate"]
+    versus = part["probes"]["versus"]
+    assert set(versus) == {"last_layer", "logprob", "constant"}
+    assert versus["constant"]["brier_delta"]["estimate"] < 0  # probes' squared error minus the constant's
+    text = report.markdown.read_text()
+    assert "In words (squared error of the ratio, paired per question)" in text
+    assert "- `probes` " in text and "**constant** on `the acceptance ratio`" in text
 
 
 def test_layer_sweep_covers_every_stored_layer(report):

@@ -173,22 +173,19 @@ def estimate(block: dict[str, Any], name: str) -> float | None:
 
 
 # ----------------------------------------------------------------------------- acceptance ratio
-def empirical_ratio(prob_under_target: Any, semantic_prob: Any) -> np.ndarray:
-    """min(1, P_target(meaning of the draft step) / P_draft(its meaning)) from the empirical labels.
-
-    A stored draft sample belongs to a cluster of at least one sample, so its semantic probability is
-    positive; a zero is a data error and raises.
+def empirical_ratio(prob_under_target: Any, own_prob: Any) -> np.ndarray:
+    """min(1, P_target(meaning of the draft step) / P_draft(its meaning)) from the empirical labels, on the scale
+    the probes learn: the target's share of samples with the step's meaning over the draft's leave-one-out share
+    (`own_prob`, (|C_k| - 1)/(N - 1); both average the meaning's probability). A step no other draft sample
+    shared has own_prob 0: its ratio is 1 where the target said that meaning, else 0 (min(1, p/q)'s eps rule).
     """
     put = np.asarray(prob_under_target, dtype=np.float64).reshape(-1)
-    sp = np.asarray(semantic_prob, dtype=np.float64).reshape(-1)
-    if put.shape != sp.shape:
-        raise ValueError(f"prob_under_target and semantic_prob differ in length ({put.size}, {sp.size})")
-    if not (np.isfinite(put).all() and np.isfinite(sp).all()):
-        raise ValueError("prob_under_target / semantic_prob contain NaN (was the target sampled?)")
-    if (sp <= 0).any():
-        raise ValueError(f"{int((sp <= 0).sum())} draft rows have semantic_prob <= 0; a stored sample's "
-                         "cluster holds at least itself, so the labels are broken")
-    return semantic_accept_prob(put, sp)  # sp >= 1/N here, so its eps guard never binds
+    q = np.asarray(own_prob, dtype=np.float64).reshape(-1)
+    if put.shape != q.shape:
+        raise ValueError(f"prob_under_target and own_prob differ in length ({put.size}, {q.size})")
+    if not (np.isfinite(put).all() and np.isfinite(q).all()):
+        raise ValueError("prob_under_target / own_prob contain NaN (was the target sampled?)")
+    return semantic_accept_prob(put, q)
 
 
 def acceptance_metric_fns(n_bins: int) -> dict[str, MetricFn]:
@@ -204,7 +201,7 @@ def acceptance_metric_fns(n_bins: int) -> dict[str, MetricFn]:
     }
 
 
-def acceptance_block(p_pred: Any, q_pred: Any, prob_under_target: Any, semantic_prob: Any, groups: Any, *,
+def acceptance_block(p_pred: Any, q_pred: Any, prob_under_target: Any, own_prob: Any, groups: Any, *,
                      n_bins: int = 10, n_boot: int = 1000, alpha: float = 0.10, seed: int = 0) -> dict[str, Any]:
     """The acceptance probability min(1, p/q) the probes give each draft step, against the empirical one.
 
@@ -213,7 +210,7 @@ def acceptance_block(p_pred: Any, q_pred: Any, prob_under_target: Any, semantic_
     """
     predicted = np.asarray(semantic_accept_prob(np.asarray(p_pred, np.float64), np.asarray(q_pred, np.float64)))
     predicted = predicted.reshape(-1)
-    empirical = empirical_ratio(prob_under_target, semantic_prob)
+    empirical = empirical_ratio(prob_under_target, own_prob)
     _, _, g = _aligned(predicted, empirical, groups)
     guard = size_guard(np.unique(g).size)
     return clean_json({

@@ -172,13 +172,18 @@ def probes_section(part: dict[str, Any] | None, figures) -> str:
 def acceptance_section(part: dict[str, Any] | None, figures) -> str:
     out = ["## 2. Acceptance ratio min(1, p/q) on draft steps",
            "The probes' acceptance probability for each held-out draft step, against the ratio of its empirical "
-           "labels (prob_under_target / semantic_prob). mean_predicted vs mean_empirical is the step "
-           "acceptance rate the probes imply vs the data's."]
+           "labels on the scale the probes learn (prob_under_target / the draft's leave-one-out own_prob; a step "
+           "no other draft sample shared counts 1 where the target said its meaning, else 0). mean_predicted vs "
+           "mean_empirical is the step acceptance rate the probes imply vs the data's."]
     if not part:
         return "\n\n".join(out + ["*Not evaluated (see Skipped parts).*"])
     out.append(table(["from", "n"] + list(ACCEPTANCE_METRICS),
                      [[f"**{k}**" if k == "probes" else k, b["n"]] + [ci(b["metrics"][m]) for m in ACCEPTANCE_METRICS]
                       for k, b in part.items()]))
+    versus = (part.get("probes") or {}).get("versus")
+    if versus:  # squared error of the ratio ("Brier" on a continuous target), paired per question
+        out.append("In words (squared error of the ratio, paired per question):\n\n"
+                   + "\n".join(verdict_lines("probes", "the acceptance ratio", versus)))
     out.append(figure_links(figures, "acceptance"))
     return "\n\n".join(out)
 

@@ -224,16 +224,23 @@ def acceptance_part(ctx: EvalContext) -> PartResult:
     own = ctx.heldout_rows("draft_own", ctx.ckpt.probe("probe_draft").spec.pooling)
     if not np.array_equal(via.sample_ids, own.sample_ids):
         raise PartError("draft rows of the target and draft views are not aligned (sample ids differ)")
-    # the empirical ratio uses SemanticSpec's own q, |C_k|/N (never 0), not the probes' leave-one-out label
-    raw = dict(zip(ctx.ds.column("sample_id"), ctx.ds.column("semantic_prob")))
-    put, sp = via.y.double().numpy(), np.array([raw[s] for s in own.sample_ids], dtype=np.float64)
+    # the empirical ratio reads the labels the probes learn (one scale, see data_gen.labels): q is the draft's
+    # leave-one-out own_prob, not |C_k|/N, which counts the step itself and so would bias the ratio down
+    put, own_q = via.y.double().numpy(), own.y.double().numpy()
     c = ctx.cfg
     pairs = {"probes": (p, q), **acceptance_baselines(ctx, via, own)}
-    blocks = {label: ev.acceptance_block(pb, qb, put, sp, via.questions, n_bins=c.n_bins, n_boot=c.n_boot,
+    blocks = {label: ev.acceptance_block(pb, qb, put, own_q, via.questions, n_bins=c.n_bins, n_boot=c.n_boot,
                                          alpha=c.alpha, seed=c.seed) for label, (pb, qb) in pairs.items()}
+    empirical = ev.empirical_ratio(put, own_q)
+    predicted = np.asarray(semantic_accept_prob(p, q))
+    # in words: do the probes' ratios beat each baseline pair's (squared error, paired per question)?
+    blocks["probes"]["versus"] = {
+        label: ev.paired_comparison(predicted, np.asarray(semantic_accept_prob(pb, qb)), empirical, via.questions,
+                                    n_boot=c.n_boot, alpha=c.alpha, seed=c.seed)
+        for label, (pb, qb) in pairs.items() if label != "probes"}
     figure = Figure("acceptance_scatter.png", "Acceptance ratio min(1, p/q) on held-out draft steps: probes vs "
                     "empirical labels", "acceptance", "acceptance_scatter",
-                    {"predicted": np.asarray(semantic_accept_prob(p, q)), "empirical": ev.empirical_ratio(put, sp),
+                    {"predicted": predicted, "empirical": empirical,
                      "title": f"min(1, p/q) on held-out draft steps (n={len(via)})"})
     return PartResult(blocks, [figure])
 
