@@ -291,6 +291,22 @@ def test_subsample_and_neighbors():
         ev.umap_neighbors(2)
 
 
+def test_precision_over_accept_all_verdicts():
+    rng = np.random.default_rng(0)
+    labels = rng.random(200) < 0.3
+    groups = np.repeat(np.arange(40), 5)
+    good = np.where(labels, 0.9, 0.1) + rng.normal(scale=0.05, size=200)  # accepts the equivalent pairs
+    v = ev.precision_over_accept_all(good, labels, groups, 0.5, n_boot=200)
+    assert v["verdict"] == "better" and v["precision_minus_positive_rate"]["low"] > 0
+    assert v["precision_minus_positive_rate"]["estimate"] == pytest.approx(1.0 - labels.mean(), abs=0.02)
+    v = ev.precision_over_accept_all(1.0 - good, labels, groups, 0.5, n_boot=200)  # accepts the others
+    assert v["verdict"] == "worse" and v["precision_minus_positive_rate"]["high"] < 0
+    v = ev.precision_over_accept_all(rng.random(200), labels, groups, 0.5, n_boot=200)  # blind
+    assert v["verdict"] == "no clear difference"
+    assert ev.precision_over_accept_all(good[:10], labels[:10], groups[:10], 0.5, n_boot=20)["verdict"] == \
+        "too small to tell"
+
+
 # ----------------------------------------------------------------------------- comparison, JSON
 def test_compare_metrics_direction():
     a = {"p/ece_uniform": 0.10, "p/auroc": 0.80, "p/mean_pred": 0.4, "only_a": 1.0, "p/brier": None}

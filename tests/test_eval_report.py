@@ -191,6 +191,19 @@ def test_pair_verifier_metrics(report, trained):
     assert set(emb["by_source"]) == {"cluster", "draft_vs_target"}
     [agree] = part["agreement"]
     assert (agree["first"], agree["second"], agree["n"]) == ("label", "embedding", emb["n"])
+    # baselines on the same pairs: accepting every pair (precision = the share of equivalent pairs), the cosine at
+    # the config's fixed thresholds; and the words say whether the chosen threshold is more precise than accept-all
+    base = emb["baselines"]
+    assert set(base) == {"accept all", "cosine>=0.85", "cosine>=0.95"}
+    assert base["accept all"]["acceptance_rate"] == 1.0 and base["accept all"]["recall"] == 1.0
+    assert base["accept all"]["precision"] == pytest.approx(emb["n_positive"] / emb["n"])
+    assert base["cosine>=0.95"]["acceptance_rate"] <= base["cosine>=0.85"]["acceptance_rate"]
+    assert emb["versus_accept_all"]["verdict"] == "too small to tell"  # 2 test questions
+    gap = emb["versus_accept_all"]["precision_minus_positive_rate"]["estimate"]
+    assert gap == pytest.approx(emb["at_threshold"]["precision"] - base["accept all"]["precision"])
+    text = report.markdown.read_text()
+    assert "| embedding | accept all |" in text and "| embedding | cosine>=0.85 |" in text
+    assert "- `embedding` at its threshold cannot be compared (set too small) with accepting every pair" in text
 
 
 def test_missing_probe_skips_its_parts_and_reports_the_rest(trained, tmp_path):

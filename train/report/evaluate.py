@@ -296,6 +296,27 @@ def verifier_block(scores: Any, labels: Any, groups: Any, threshold: float, *, n
     return clean_json(out)
 
 
+def precision_over_accept_all(scores: Any, labels: Any, groups: Any, threshold: float, *, n_boot: int = 1000,
+                              alpha: float = 0.10, seed: int = 0) -> dict[str, Any]:
+    """Is the verifier at `threshold` more precise than accepting every pair (whose precision is the share of
+    equivalent pairs)? The difference precision − positive rate with a per-question paired bootstrap interval,
+    and a verdict as `paired_comparison`'s: "better" / "worse" when the interval excludes 0, else "no clear
+    difference" ("too small to tell" below the size guard)."""
+    s, yf, g = _aligned(scores, _binary_labels(labels).astype(np.float64), groups)
+    diff = bootstrap_ci(lambda p, t: _precision_at(p, t, threshold) - float(t.mean()), s, yf, n_boot=n_boot,
+                        alpha=alpha, seed=seed, groups=g).to_dict()
+    guard = size_guard(np.unique(g).size, int(yf.sum()))
+    if guard is not None:
+        verdict = "too small to tell"
+    elif diff["low"] is not None and diff["low"] > 0:
+        verdict = "better"
+    elif diff["high"] is not None and diff["high"] < 0:
+        verdict = "worse"
+    else:
+        verdict = "no clear difference"
+    return clean_json({**withhold_intervals({"precision_minus_positive_rate": diff}, guard), "verdict": verdict})
+
+
 def _precision_at(scores: np.ndarray, labels: np.ndarray, threshold: float) -> float:
     accept = scores >= threshold
     return float(labels[accept].mean()) if accept.any() else math.nan

@@ -102,6 +102,9 @@ def skipped_section(m: dict[str, Any]) -> str:
                                                              for s in skipped])
 
 
+PRECISION_WORDS = {"better": "is more precise than", "worse": "is LESS precise than",
+                   "no clear difference": "is NOT clearly more precise than",
+                   "too small to tell": "cannot be compared (set too small) with"}
 VERDICT_WORDS = {"better": "beats", "worse": "is WORSE than", "no clear difference": "does NOT clearly beat",
                  "too small to tell": "cannot be compared (set too small) with"}
 
@@ -315,6 +318,37 @@ def verifiers_section(part: dict[str, Any] | None, figures) -> str:
             out.append(f"*`{name}`: these pairs cannot evaluate its ranking ({b['ranking_not_evaluable']}); its AUROC "
                        "and AUPRC are not quoted (metrics.json keeps the raw estimates, flagged "
                        "`ranking_not_evaluable`).*")
+    base_rows = [[name, "**its chosen threshold**", num(b["at_threshold"]["threshold"]),
+                  num(b["at_threshold"]["acceptance_rate"]), num(b["at_threshold"]["precision"]),
+                  num(b["at_threshold"]["recall"]), num(b["at_threshold"]["false_accept_rate"])]
+                 for name, b in part["by_verifier"].items() if b.get("baselines")]
+    for name, b in part["by_verifier"].items():
+        for label, a in (b.get("baselines") or {}).items():
+            base_rows.append([name, label, "–" if label == "accept all" else num(a["threshold"]),
+                              num(a["acceptance_rate"]), num(a["precision"]), num(a["recall"]),
+                              num(a["false_accept_rate"])])
+    if base_rows:
+        out.append("Beside baselines on the same pairs (accepting every pair: its precision is the share of "
+                   "equivalent pairs; the embedding's cosine at the config's fixed thresholds, chosen without "
+                   "labels):\n\n" + table(["verifier", "operating point", "threshold", "acceptance", "precision",
+                                            "recall", "false accepts"], base_rows))
+    words = []
+    for name, b in part["by_verifier"].items():
+        v = b.get("versus_accept_all")
+        if v:
+            words.append(f"- `{name}` at its threshold {PRECISION_WORDS.get(v['verdict'], v['verdict'])} accepting "
+                         f"every pair: precision minus the share of equivalent pairs "
+                         f"{ci(v['precision_minus_positive_rate'])}, while it accepts "
+                         f"{num(b['at_threshold']['acceptance_rate'])} of the pairs.")
+        if name == "judge":
+            base = b.get("judge_base_at_training") or {}
+            at = base.get("p>=0.5") or {}
+            words.append("- The judge's untrained base model is not scored on these pairs (too slow on a CPU); "
+                         + (f"on the training run's balanced test pairs it had AUROC {num(base.get('auroc'))} and, at "
+                            f"p ≥ 0.5, precision {num(at.get('precision'))} (`metrics.json` of the checkpoint)."
+                            if base else "the checkpoint records no test figures for it."))
+    if words:
+        out.append("In words:\n\n" + "\n".join(words))
     src = [[name, s, num(a["acceptance_rate"]), num(a["precision"]), num(a["recall"])]
            for name, b in part["by_verifier"].items() for s, a in b["by_source"].items()]
     out.append("At the chosen threshold, by pair source:\n\n"

@@ -7,6 +7,7 @@ verifiers' decisions agree with each other and with the labels.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -71,6 +72,18 @@ def fit_info(saved: dict[str, Any]) -> dict[str, Any]:
 SCORERS = {"embedding": embedding_scores, "judge": judge_scores}
 
 
+def baselines(ctx: EvalContext, name: str, scores: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+    """Operating points to set beside a verifier's, on the same pairs: accepting every pair, and for the
+    embedding verifier the same cosines at the config's fixed thresholds (verifiers.embedding_fixed_thresholds;
+    what a threshold chosen without any labels would do). The judge's untrained base model is not scored here
+    (minutes per hundred pairs on a CPU): `judge_base_at_training` quotes the checkpoint's own test figures."""
+    out = {"accept all": ev.at_threshold(scores, labels, -math.inf)}
+    if name == "embedding":
+        fixed = ctx.ckpt.section("verifiers").get("embedding_fixed_thresholds") or []
+        out.update({f"cosine>={t:g}": ev.at_threshold(scores, labels, float(t)) for t in fixed})
+    return out
+
+
 def verifier_entry(ctx: EvalContext, name: str, pairs) -> tuple[dict[str, Any], np.ndarray, np.ndarray, dict]:
     """(metrics block, indices of the pairs scored, scores, thresholds) of one verifier."""
     idx, scores, thresholds, info = SCORERS[name](ctx, pairs)
@@ -81,7 +94,14 @@ def verifier_entry(ctx: EvalContext, name: str, pairs) -> tuple[dict[str, Any], 
     block.update(info=info, thresholds=thresholds,
                  other_thresholds={k: ev.at_threshold(scores, labels, t) for k, t in thresholds.items() if k != "chosen"},
                  by_source={str(s): ev.at_threshold(scores[source == s], labels[source == s], thresholds["chosen"])
-                            for s in sorted(set(source.tolist()))})
+                            for s in sorted(set(source.tolist()))},
+                 baselines=baselines(ctx, name, scores, labels),
+                 versus_accept_all=ev.precision_over_accept_all(scores, labels, pairs.questions[idx],
+                                                                thresholds["chosen"], n_boot=c.n_boot, alpha=c.alpha,
+                                                                seed=c.seed))
+    if name == "judge":  # the base model on the training run's test pairs (balanced), as probe-train scored it
+        base = ((ctx.ckpt.metrics.get("judge") or {}).get("test") or {}).get("base")
+        block["judge_base_at_training"] = base
     return block, idx, scores, thresholds
 
 
