@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -558,15 +559,23 @@ def start_out_dir(out: Path, specs: Sequence[MethodSpec]) -> Callable[[str, Iter
     and empty traces/<method>.jsonl; returns the writer that appends to them."""
     for old in ("results.json", "results.md"):
         (out / old).unlink(missing_ok=True)
-    return start_traces(out, specs)
-
-
-def start_traces(out: Path, specs: Sequence[MethodSpec]) -> Callable[[str, Iterable[dict]], None]:
-    """Empty traces/<method>.jsonl in `out`; returns the writer that appends to them."""
     (out / "traces").mkdir(parents=True, exist_ok=True)
     for s in specs:
         (out / "traces" / f"{_safe(s.label)}.jsonl").write_text("")
     return lambda label, records: write_trace(out / "traces" / f"{_safe(label)}.jsonl", records, mode="a")
+
+
+def rewrite_traces(out: Path, specs: Sequence[MethodSpec], records: Iterable[tuple[str, Iterable[dict]]]) -> None:
+    """Replace traces/<method>.jsonl in `out` with `records` ((label, records) in the order wanted), each file
+    written aside first and moved into place, so that an interrupted rewrite leaves the old file whole."""
+    by_label: dict[str, list[dict]] = {s.label: [] for s in specs}
+    for label, recs in records:
+        by_label[label].extend(recs)
+    for label, recs in by_label.items():
+        path = out / "traces" / f"{_safe(label)}.jsonl"
+        aside = path.with_name(path.name + ".tmp")
+        write_trace(aside, recs)
+        os.replace(aside, path)
 
 
 def report_so_far(env: BenchEnv, results: dict[str, MethodResult], done: Sequence[Problem], wall_s: float) -> dict:
@@ -802,7 +811,7 @@ def format_markdown(report: dict) -> str:
         if r.get("depth_kept"):  # gamma=adaptive: no fixed-γ formula; how deep its cycles went instead
             reused = f"; {r['draft_steps_reused']} drafts past a kept depth reused" if r.get("draft_steps_reused") else ""
             # async LR decides at every position it verifies (`_depth_decision`), not once a cycle
-            unit = "verified positions" if r["method"].split(":")[0] == "lr_async" else "cycles"
+            unit = "verified positions" if parse_method(r["method"]).base == "lr_async" else "cycles"
             notes.append(f"{r['method']}: {unit} by kept depth 0.. {r['depth_kept']} (mean {fmt(r['mean_depth_kept'])}; "
                          f"0 = the draft was dropped and the target wrote the step{reused}).")
     return "\n".join(lines + notes)

@@ -4,8 +4,9 @@ The problems are dealt round-robin to ``ray.replicas`` actors; each loads its ow
 verifier and decodes ITS problems with EVERY method, interleaved as in a single-process run. So each
 speedup (target-only latency / method latency) sums latencies measured on the same hardware in the
 same run, whatever the replicas' hardware. Each problem is one call; as each returns, the driver merges the
-per-method results (`infer.bench.merge_results`, latencies in the problems' order) into the usual table,
-results.json and traces, rewritten after every problem, so a run stopped midway keeps what it finished.
+per-method results (`infer.bench.merge_results`, latencies in the problems' order) into the usual table and
+results.json, rewritten after every problem, and appends its traces, so a run stopped midway keeps what it
+finished; at the end the traces are rewritten in the problems' order.
 """
 from __future__ import annotations
 
@@ -135,10 +136,8 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
             if out is not None:
                 bench.write_report(report, out)
         if write_traces is not None:  # appended as problems returned: rewritten in the problems' order
-            write_traces = bench.start_traces(out, specs)
-            for _, traces in sorted(kept_traces, key=lambda kept: kept[0]):
-                for label, records in traces:
-                    write_traces(label, records)
+            bench.rewrite_traces(out, specs, (item for _, traces in sorted(kept_traces, key=lambda kept: kept[0])
+                                              for item in traces))
     finally:
         for r in replicas:
             ray.kill(r, no_restart=True)

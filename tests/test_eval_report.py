@@ -14,7 +14,6 @@ from matplotlib.image import imread
 
 from specprobe.data_gen.store import FAMILIES, MANIFEST, open_dataset, write_manifest
 from specprobe.train.eval_cli import main
-from specprobe.train.report import evaluate as ev
 from specprobe.train.report import evaluate_checkpoint
 from specprobe.train.report.evaluate import empirical_ratio
 
@@ -368,11 +367,24 @@ def test_compare_two_reports(report, trained, tmp_path):
     assert "Δ (B − A)" in markdown and "`probe_target/draft_via_target/ece_uniform`" in markdown
     assert result["warning"] is None
     # a side is named only where the two reports' intervals do not overlap
-    ma, mb = (json.loads((f / "metrics.json").read_text()) for f in (report.folder, other.folder))
-    ia, ib = (ev.interval(m["parts"]["probes"]["by_probe"]["probe_target"]["draft_via_target"]["probe"],
-                          "ece_uniform") for m in (ma, mb))
-    apart = ia is not None and ib is not None and (ia[1] < ib[0] or ib[1] < ia[0])
-    assert ece["better"] == (("a" if ece["a"] < ece["b"] else "b") if apart else None)
+    assert ece["better"] in (None, "a" if ece["a"] < ece["b"] else "b")  # never the worse side
+    # acceptance rows against different empirical ratios (a report from before the probes' scale): none better
+    for name, older in (("same", False), ("older", True)):
+        copies = [tmp_path / f"{name}-a", tmp_path / f"{name}-b"]
+        for folder, mae in zip(copies, (0.5, 0.01)):  # intervals far apart (the fixture's are withheld)
+            shutil.copytree(other.folder, folder)
+            metrics = json.loads((folder / "metrics.json").read_text())
+            block = metrics["parts"]["acceptance"]["probes"]
+            block["metrics"]["mae"] = {"estimate": mae, "low": mae * 0.9, "high": mae * 1.1}
+            if older and folder == copies[1]:
+                del block["empirical_q"]
+            (folder / "metrics.json").write_text(json.dumps(metrics))
+        assert main(["--compare", *map(str, copies), "--out", str(tmp_path / f"c-{name}")]) == 0
+        result = json.loads((tmp_path / f"c-{name}" / "comparison.json").read_text())
+        mae = next(r for r in result["rows"] if r["metric"] == "acceptance/mae")
+        assert mae["better"] == (None if older else "b")
+        assert (result["warning"] is not None and "divides by own_prob and B's by semantic_prob" in result["warning"]) \
+            == older
     # scored on other held-out questions (another split): the deltas stay, no side is called better
     shifted = tmp_path / "shifted"
     shutil.copytree(other.folder, shifted)

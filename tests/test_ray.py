@@ -23,7 +23,6 @@ from specprobe.data_gen.store import read_manifest  # noqa: E402
 
 from _data_fixtures import assert_same_data, dataset_arrays, write_config  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("one_thread")]
 # 4 problems x 1 context, N = 4, one context per shard: 4 shards to spread, kill and resume between
 SMALL = {"source": {"size": 4}, "sampling": {"max_step_tokens": 10}}
@@ -34,7 +33,7 @@ def small_config(folder: Path, **ray_settings):
 
 
 def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def _free_port() -> int:
@@ -297,6 +296,10 @@ def test_bench_on_two_replicas_gives_the_single_process_table(local_ray, tmp_pat
         assert a["problems"] == 2 and not a["error"]
         assert (a["output_tokens"], a["judged"], a["correct"]) == (b["output_tokens"], b["judged"], b["correct"])
         assert a["speedup"] is not None and a["speedup"] > 0
+        # α's interval from the per-problem counts, merged in the problems' order: a bootstrap over the 2 problems
+        assert (a["acceptance_ci95"], a["acceptance_ci95_resamples"]) == (b["acceptance_ci95"],
+                                                                          b["acceptance_ci95_resamples"])
+        assert a["acceptance_ci95_resamples"] == (None if a["method"] == "target" else "problems")
     def traced(run):  # the problem of each trace record, in the file's order
         return [json.loads(line)["problem"] for line in (tmp_path / run / "traces" / "lr_sync.jsonl").open()]
 

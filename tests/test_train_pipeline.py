@@ -210,16 +210,21 @@ def test_model_card_describes_the_runtime_probes_kind():
     """A logistic run's card says its runtime probes are logistic (once it called every probe an MLP)."""
     from dataclasses import replace
 
-    from specprobe.train.checkpoint import _training_lines
+    from specprobe.train.checkpoint import model_card
     from specprobe.train.config import load_config
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml",
                       ["probe.kind=logistic", "probe.logistic_pooling=[last]"])
-    [line] = _training_lines(cfg, ["probe_target", "probe_draft"])
-    runtime, _, beside = line.partition("; beside them")
+    engines = {role: {"model_id": f"toy/{role}", "num_layers": 2, "hidden_size": 8} for role in ("target", "draft")}
+
+    def probes_line(cfg) -> str:
+        card = model_card(cfg, {}, ["probe_target", "probe_draft"], {"engines": engines}, "")
+        return next(line for line in card.splitlines() if line.startswith("- probes"))
+
+    runtime, _, beside = probes_line(cfg).partition("; beside them")
     assert "L2 logistic regression" in runtime and "pooling (of last)" in runtime and "MLP" not in runtime
     assert "(`_mlp`): 3-layer MLP" in beside
-    assert _training_lines(replace(cfg, probe=replace(cfg.probe, kind="mlp")), ["probe_draft"])[0].startswith(
+    assert probes_line(replace(cfg, probe=replace(cfg.probe, kind="mlp"))).startswith(
         "- probes (probe_target / probe_draft, the ones the runtime loads): 3-layer MLP")
 
 

@@ -17,6 +17,7 @@ from specprobe.inputs.config import to_dict
 from specprobe.inputs.records import HUB_NAMES
 from specprobe.inputs.versions import package_versions
 from specprobe.probes.io import front_matter
+from specprobe.train.probes_train import other_kind
 from specprobe.train.tracking import format_metrics
 
 LOGPROB_INPUTS = {"target_own": "mean_logprob", "draft_via_target": "target_logprob / target_num_tokens",
@@ -167,11 +168,11 @@ def _training_lines(cfg, components: list[str]) -> list[str]:
         logistic = (f"L2 logistic regression on one hidden-state row, its row (of `{p.logistic_layers}`), pooling "
                     f"(of {', '.join(p.logistic_pooling)}) and penalty (of {', '.join(map(str, p.logistic_l2))}) "
                     "chosen on validation log-loss")
-        runtime, other = (logistic, mlp) if p.kind == "logistic" else (mlp, logistic)
-        lines.append(f"- probes (probe_target / probe_draft, the ones the runtime loads): {runtime}; beside them, "
-                     f"for comparison (`_{'mlp' if p.kind == 'logistic' else 'logistic'}`): {other}; target probe "
-                     f"also on draft steps via the target: {p.target_with_draft}; log-prob baseline: "
-                     f"{p.logprob_baseline}")
+        kinds = {"mlp": mlp, "logistic": logistic}
+        other = other_kind(p.kind)
+        lines.append(f"- probes (probe_target / probe_draft, the ones the runtime loads): {kinds[p.kind]}; beside "
+                     f"them, for comparison (`_{other}`): {kinds[other]}; target probe also on draft steps via the "
+                     f"target: {p.target_with_draft}; log-prob baseline: {p.logprob_baseline}")
     if "embedding_threshold" in components:
         lines.append(f"- embedding threshold: `{v.embedding_model}`, target precision {v.target_precision}")
     if "judge" in components:

@@ -9,8 +9,9 @@ Four labelled row sets come out of a data folder (``load_row_sets``):
 | `draft_own`        | draft steps   | draft's own         | `own_prob`          | `mean_logprob`                   |
 | `draft_accept`     | draft steps   | draft's own         | `prob_under_target` | `mean_logprob`                   |
 
-All three labels are on one scale: the share of a model's N samples (the other N - 1 for its own steps)
-that mean the same as the step, averaging the meaning's probability pi (see `data_gen.labels`). `draft_accept`
+Both labels (`own_prob`, `prob_under_target`) are on one scale: the share of a model's N samples (the other
+N - 1 for its own steps) that mean the same as the step, averaging the meaning's probability pi (see
+`data_gen.labels`). `draft_accept`
 feeds the acceptance probe (`probe_acceptance`, logistic): the target-side label from features the draft has
 before the target runs, what an adaptive drafting depth needs.
 
@@ -142,11 +143,16 @@ class ProbePlan:
     model: str = "mlp"  # mlp | logistic
 
 
+def other_kind(kind: str) -> str:
+    """The probe kind trained beside the runtime's (probe.kind) for comparison."""
+    return "logistic" if kind == "mlp" else "mlp"
+
+
 def plan_probes(probe_cfg, models: Sequence[str]) -> list[ProbePlan]:
     """The probes `probe-train` trains for the sampled models: main probes (of kind probe.kind), the other kind
     on the same sets, the target-steps-only variant and the last-layer baselines."""
     main_kind = getattr(probe_cfg, "kind", "mlp")
-    other = "logistic" if main_kind == "mlp" else "mlp"
+    other = other_kind(main_kind)
     plans: list[ProbePlan] = []
 
     def with_other(role: str, sets: list[str], evals: list[str], what: str) -> None:

@@ -154,16 +154,21 @@ def paired_comparison(pred: Any, reference: Any, label: Any, groups: Any, *, n_b
                          groups=g).to_dict()
     skill = bootstrap_ci(brier_skill, p, y, r, n_boot=n_boot, alpha=alpha, seed=seed, groups=g).to_dict()
     guard = size_guard(np.unique(g).size)
-    if guard is not None:
-        verdict = "too small to tell"
-    elif delta["high"] is not None and delta["high"] < 0:
-        verdict = "better"
-    elif delta["low"] is not None and delta["low"] > 0:
-        verdict = "worse"
-    else:
-        verdict = "no clear difference"
     out = withhold_intervals({"brier_delta": delta, "brier_skill": skill}, guard)
-    return clean_json({**out, "verdict": verdict})
+    return clean_json({**out, "verdict": interval_verdict(delta, guard, higher_is_better=False)})
+
+
+def interval_verdict(diff: dict[str, Any], guard: str | None, *, higher_is_better: bool) -> str:
+    """A paired difference's verdict from its interval (a `BootstrapCI.to_dict()`): "better" / "worse" when the
+    interval excludes 0 on the side that is good / bad, else "no clear difference"; "too small to tell" when the
+    size guard withholds intervals."""
+    if guard is not None:
+        return "too small to tell"
+    above = diff["low"] is not None and diff["low"] > 0
+    below = diff["high"] is not None and diff["high"] < 0
+    if above or below:
+        return "better" if above == higher_is_better else "worse"
+    return "no clear difference"
 
 
 def estimate(block: dict[str, Any], name: str) -> float | None:
@@ -173,6 +178,11 @@ def estimate(block: dict[str, Any], name: str) -> float | None:
 
 
 # ----------------------------------------------------------------------------- acceptance ratio
+# the draft-side label the empirical ratio divides by (recorded in each acceptance block: reports made before
+# 2026-11-28 divided by semantic_prob, |C|/N, and their acceptance figures are not comparable with today's)
+EMPIRICAL_Q = "own_prob"
+
+
 def empirical_ratio(prob_under_target: Any, own_prob: Any) -> np.ndarray:
     """min(1, P_target(meaning of the draft step) / P_draft(its meaning)) from the empirical labels, on the scale
     the probes learn: the target's share of samples with the step's meaning over the draft's leave-one-out share
@@ -217,6 +227,7 @@ def acceptance_block(p_pred: Any, q_pred: Any, prob_under_target: Any, own_prob:
         "n": predicted.size,
         "n_questions": np.unique(g).size,
         "too_small": guard,
+        "empirical_q": EMPIRICAL_Q,
         "saturated_predicted": (predicted >= 1.0).mean(),
         "saturated_empirical": (empirical >= 1.0).mean(),
         "metrics": withhold_intervals(metrics_with_ci(acceptance_metric_fns(n_bins), predicted, empirical, g,
@@ -306,15 +317,8 @@ def precision_over_accept_all(scores: Any, labels: Any, groups: Any, threshold: 
     diff = bootstrap_ci(lambda p, t: _precision_at(p, t, threshold) - float(t.mean()), s, yf, n_boot=n_boot,
                         alpha=alpha, seed=seed, groups=g).to_dict()
     guard = size_guard(np.unique(g).size, int(yf.sum()))
-    if guard is not None:
-        verdict = "too small to tell"
-    elif diff["low"] is not None and diff["low"] > 0:
-        verdict = "better"
-    elif diff["high"] is not None and diff["high"] < 0:
-        verdict = "worse"
-    else:
-        verdict = "no clear difference"
-    return clean_json({**withhold_intervals({"precision_minus_positive_rate": diff}, guard), "verdict": verdict})
+    return clean_json({**withhold_intervals({"precision_minus_positive_rate": diff}, guard),
+                       "verdict": interval_verdict(diff, guard, higher_is_better=True)})
 
 
 def _precision_at(scores: np.ndarray, labels: np.ndarray, threshold: float) -> float:

@@ -274,12 +274,30 @@ def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, data: str | 
     warning = _different_questions(ma, mb)
     if warning:  # a difference would mix the probes with the questions: no side is called better
         rows = [{**r, "better": None} for r in rows]
+    scales = _acceptance_scales(ma, mb)
+    if scales:  # the acceptance rows measure against different empirical ratios
+        rows = [{**r, "better": None} if r["metric"].startswith("acceptance/") else r for r in rows]
+        warning = f"{warning} {scales}" if warning else scales
     result = clean_json({"format": "specprobe-eval-comparison", "a": {"name": name_a, "path": str(a)},
                        "b": {"name": name_b, "path": str(b)}, "warning": warning, "rows": rows})
     (out / "comparison.json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     (out / "comparison.md").write_text(render.render_comparison(f"{name_a} ({a})", f"{name_b} ({b})", rows,
                                                                 warning), encoding="utf-8")
     return result
+
+
+def _acceptance_scales(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
+    """Why the two reports' acceptance rows are not comparable (their empirical ratios divide by different draft
+    labels: a report without the record predates it and used semantic_prob), or None."""
+    def scale(m: dict[str, Any]) -> str | None:
+        block = ((m.get("parts") or {}).get("acceptance") or {}).get("probes")
+        return None if block is None else block.get("empirical_q", "semantic_prob")
+
+    a, b = scale(ma), scale(mb)
+    if a is None or b is None or a == b:
+        return None
+    return (f"A's acceptance ratio divides by {a} and B's by {b} (an older probe-eval): the acceptance/* rows "
+            "measure against different empirical ratios, so neither is called better there.")
 
 
 def _different_questions(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
