@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -300,9 +300,15 @@ class MethodResult:
     answered: int = 0
     latencies: list[float] = field(default_factory=list)
     error: str | None = None
-    # (accepted, judged, decided_accepted, decided) of each problem, in the problems' order: α's interval
-    # resamples problems (`acceptance_interval`)
-    counts: list[tuple[int, int, int, int]] = field(default_factory=list)
+    counts: list[ProblemCounts] = field(default_factory=list)  # each problem's, in the problems' order
+
+
+class ProblemCounts(NamedTuple):
+    """One problem's judged positions and acceptances, which α's interval resamples (`acceptance_interval`)."""
+    accepted: int
+    judged: int
+    decided_accepted: int
+    decided: int
 
 
 def acceptance_interval(counts: Sequence[tuple[int, int]]) -> tuple[tuple[float, float] | None, str | None]:
@@ -514,7 +520,7 @@ def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, 
             res.answered += 1
             res.latencies.append(gen.stats.latency_s)
             st = gen.stats
-            res.counts.append((st.accepted, st.judged, st.decided_accepted, st.decided))
+            res.counts.append(ProblemCounts(st.accepted, st.judged, st.decided_accepted, st.decided))
             log(f"[{i + 1}/{len(env.problems)}] {s.label:22s} {gen.stats.latency_s:7.2f}s "
                 f"{gen.stats.output_tokens:5d} tok  stop={gen.stop_reason:14s} answer={pred!r} gold={prob.answer!r}"
                 + (f"  accept={gen.stats.acceptance_rate:.2f}" if gen.stats.acceptance_rate is not None else ""))
@@ -561,18 +567,26 @@ def start_out_dir(out: Path, specs: Sequence[MethodSpec]) -> Callable[[str, Iter
         (out / old).unlink(missing_ok=True)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     for s in specs:
-        (out / "traces" / f"{_safe(s.label)}.jsonl").write_text("")
-    return lambda label, records: write_trace(out / "traces" / f"{_safe(label)}.jsonl", records, mode="a")
+        _trace_file(out, s.label).write_text("")
+    return lambda label, records: write_trace(_trace_file(out, label), records, mode="a")
 
 
-def rewrite_traces(out: Path, specs: Sequence[MethodSpec], records: Iterable[tuple[str, Iterable[dict]]]) -> None:
-    """Replace traces/<method>.jsonl in `out` with `records` ((label, records) in the order wanted), each file
-    written aside first and moved into place, so that an interrupted rewrite leaves the old file whole."""
+def _trace_file(out: Path, label: str) -> Path:
+    return out / "traces" / f"{_safe(label)}.jsonl"
+
+
+def rewrite_traces(out: Path, specs: Sequence[MethodSpec],
+                   parts: Sequence[tuple[int, Sequence[tuple[str, Iterable[dict]]]]]) -> None:
+    """Replace traces/<method>.jsonl in `out` with the traces of single problems, each with its problem's place in
+    the run ((position, [(label, records), ...]), in any order, as Ray replicas return them): written in the
+    problems' order, each file aside first and moved into place, so that an interrupted rewrite leaves the old
+    file whole."""
     by_label: dict[str, list[dict]] = {s.label: [] for s in specs}
-    for label, recs in records:
-        by_label[label].extend(recs)
+    for _, traces in sorted(parts, key=lambda part: part[0]):
+        for label, recs in traces:
+            by_label[label].extend(recs)
     for label, recs in by_label.items():
-        path = out / "traces" / f"{_safe(label)}.jsonl"
+        path = _trace_file(out, label)
         aside = path.with_name(path.name + ".tmp")
         write_trace(aside, recs)
         os.replace(aside, path)
@@ -661,7 +675,7 @@ def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) 
     method = REGISTRY[spec.base]
     latency = sum(res.latencies) if res.latencies else None
     base_latency = sum(base.latencies) if base.latencies else None
-    alpha_ci, alpha_over = acceptance_interval([(c[0], c[1]) for c in res.counts])
+    alpha_ci, alpha_over = acceptance_interval([(c.accepted, c.judged) for c in res.counts])
     return {"method": label, "problems": res.answered, "error": res.error,
            "pass@1": ratio(res.correct, res.answered), "correct": res.correct,
            "pass@1_ci95": wilson_interval(res.correct, res.answered),
@@ -674,7 +688,7 @@ def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) 
            "judged": st.judged, "mean_accepted_per_cycle": st.mean_accepted_per_cycle, "ratio": st.ratio,
            # steps the verifier itself ruled on (not refused for the cap or emptiness) and their acceptance
            "decided": st.decided, "refused": st.refused, "decided_acceptance": ratio(st.decided_accepted, st.decided),
-           "decided_acceptance_ci95": acceptance_interval([(c[2], c[3]) for c in res.counts])[0],
+           "decided_acceptance_ci95": acceptance_interval([(c.decided_accepted, c.decided) for c in res.counts])[0],
            "target_forward_passes": st.target_forward_passes, "draft_forward_passes": st.draft_forward_passes,
            "mean_target_rows": st.mean_target_rows, "mean_rows_per_forward": st.mean_rows_per_forward,
            "spec_acceptance": st.spec_acceptance,

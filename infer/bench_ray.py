@@ -136,8 +136,7 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
             if out is not None:
                 bench.write_report(report, out)
         if write_traces is not None:  # appended as problems returned: rewritten in the problems' order
-            bench.rewrite_traces(out, specs, (item for _, traces in sorted(kept_traces, key=lambda kept: kept[0])
-                                              for item in traces))
+            bench.rewrite_traces(out, specs, kept_traces)
     finally:
         for r in replicas:
             ray.kill(r, no_restart=True)

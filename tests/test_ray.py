@@ -208,7 +208,7 @@ def test_driver_killed_mid_run_then_the_same_command_finishes(reference, tmp_pat
 
 # ----------------------------------------------------------------------------- probe-bench --ray
 def test_problems_are_dealt_round_robin_and_results_merge():
-    from specprobe.infer.bench import MethodResult, merge_results, parse_method
+    from specprobe.infer.bench import MethodResult, ProblemCounts, merge_results, parse_method
     from specprobe.infer.bench_ray import dealt_positions
     from specprobe.infer.decoding import RunStats
 
@@ -218,7 +218,7 @@ def test_problems_are_dealt_round_robin_and_results_merge():
 
     def timed(spec, latency, correct=1):
         return MethodResult(spec, RunStats(problems=1, output_tokens=10), correct=correct, answered=1,
-                            latencies=[latency], counts=[(int(latency), 20, 0, 0)])
+                            latencies=[latency], counts=[ProblemCounts(int(latency), 20, 0, 0)])
 
     def failed(spec):
         return MethodResult(spec, error="RuntimeError: boom")
@@ -238,6 +238,23 @@ def test_problems_are_dealt_round_robin_and_results_merge():
     # as in one process: the problems before the first failure, and its error
     assert merged["target"].latencies == [20.0, 21.0] and merged["target"].answered == 2
     assert merged["target"].error == "RuntimeError: boom"
+
+
+def test_traces_are_rewritten_in_the_problems_order(tmp_path):
+    import json
+
+    from specprobe.infer.bench import parse_method, rewrite_traces, start_out_dir
+
+    specs = [parse_method("target"), parse_method("lr_sync")]
+    start_out_dir(tmp_path, specs)("lr_sync", [{"problem": "stale"}])
+    # problems as replicas returned them: 2, 0, 1
+    parts = [(p, [("target", [{"problem": p}]), ("lr_sync", [{"problem": p, "cycle": c} for c in range(2)])])
+             for p in (2, 0, 1)]
+    rewrite_traces(tmp_path, specs, parts)
+    read = {s.label: [json.loads(line) for line in (tmp_path / "traces" / f"{s.label}.jsonl").open()] for s in specs}
+    assert [r["problem"] for r in read["target"]] == [0, 1, 2]
+    assert [(r["problem"], r["cycle"]) for r in read["lr_sync"]] == [(p, c) for p in range(3) for c in range(2)]
+    assert not list((tmp_path / "traces").glob("*.tmp"))  # moved into place
 
 
 def _descendants_titled(word: str) -> list[int]:

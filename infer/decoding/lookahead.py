@@ -19,12 +19,13 @@ Async (W = 1): a draft thread keeps up to γ drafts beyond the committed output;
 the target step for a position the moment its prefix exists and adds it to its running batch
 (continuous batching, `DecodeBatch.add`); the main thread verifies positions in order. A rejection
 commits the target's step, drops every draft and cancels every target row (an epoch counter makes late
-results harmless). As in sync, no draft covers the last step allowed (max_steps − 1). Because every generation and draw is keyed by its prefix (see engines.base.seed_for), the
-output does not depend on thread timing — only the wall time does — up to the floating-point
-differences between batch compositions (in float32 these rarely change a token; in bfloat16 they can
-flip a near-tie, and with it the rest of the text). The two threads use one engine each. Python's
-thread switch interval is left alone; `fast_thread_switching()` is a context manager a benchmark or CLI
-may use around async runs (the draft thread's Python holds the GIL between torch kernels).
+results harmless). As in sync, no draft covers the last step allowed (max_steps − 1). Because every
+generation and draw is keyed by its prefix (see engines.base.seed_for), the output does not depend on thread
+timing — only the wall time does — up to the floating-point differences between batch compositions (in
+float32 these rarely change a token; in bfloat16 they can flip a near-tie, and with it the rest of the text).
+The two threads use one engine each. Python's thread switch interval is left alone; `fast_thread_switching()`
+is a context manager a benchmark or CLI may use around async runs (the draft thread's Python holds the GIL
+between torch kernels).
 
 Target-only and draft-only baselines run through the same sync loop with γ = 0 (one target row per
 cycle, no drafts).

@@ -240,7 +240,7 @@ def logistic_sweep_section(part: dict[str, Any] | None, figures) -> str:
             words.append(f"- `{set_name}`: the reading chosen and scored on the same questions "
                          f"{VERDICT_WORDS.get(v['verdict'], v['verdict'])} the set's constant (Brier difference "
                          f"{ci(v['brier_delta'])}); optimistic, since the choice saw these questions ({sweep['how']}).")
-    shared = sorted({sweep["how"] for sweep in part["sets"].values() if not sweep.get("independent", True)})
+    shared = chosen_on_scored(part["sets"])
     if shared:
         out.append("**Here the reading was chosen on the questions it is scored on** (" + "; ".join(shared)
                    + "): the verdicts below are optimistic.")
@@ -250,6 +250,12 @@ def logistic_sweep_section(part: dict[str, Any] | None, figures) -> str:
     out.append("In words:\n\n" + "\n".join(words))
     out.append(figure_links(figures, "logistic_sweep"))
     return "\n\n".join(out)
+
+
+def chosen_on_scored(sets: dict[str, Any]) -> list[str]:
+    """How the questions were split (`sweep_split`'s words) for the row sets whose reading was chosen on the questions
+    it is scored on, so that their verdicts are optimistic; [] when every set had validation questions apart."""
+    return sorted({s["how"] for s in sets.values() if not s.get("independent", True)})
 
 
 def positive_control_section(part: dict[str, Any] | None) -> str:
@@ -264,7 +270,7 @@ def positive_control_section(part: dict[str, Any] | None) -> str:
             for set_name, s in part["sets"].items() for target, t in s["targets"].items()]
     out.append(table(["row set", "quantity", "reading", "test Brier", "Brier skill vs constant", "check"], rows))
     out.append(f"**Verdict:** {part['verdict']}.")
-    shared = sorted({s["how"] for s in part["sets"].values() if s.get("independent") is False})
+    shared = chosen_on_scored(part["sets"])
     if shared:  # the reading was chosen on the questions it is scored on: a pass is optimistic
         out.append("The reading was chosen and scored on the same questions, so a pass is optimistic: "
                    + "; ".join(shared) + ".")
