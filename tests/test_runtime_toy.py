@@ -4,7 +4,7 @@ The toy engines decide every token with integer arithmetic, so these relations h
 reject-all = target-only (greedy and sampling, every method), accept-all = the draft's chain (+ the
 target's bonus step in sync LR), LR's pairing of draft j with the target step after the same prefix,
 a capped step continued as written (target-only = plain autoregressive output), the answer ending on
-the target's own step, and multi-branch drafting refusing a greedy draft.
+the target's own step (and where the target ends it), and multi-branch drafting refusing a greedy draft.
 """
 from __future__ import annotations
 
@@ -125,6 +125,42 @@ def test_the_answer_ends_on_the_targets_own_step():
     # draft = target: the EOS step the draft proposes is the target's own, so the output is target-only's
     same = decode("lr_sync", Q, target, ToyEngine("target", eos_weight=41), build_verifier("accept_all"), opts)
     assert same.text == base.text and same.stop_reason == "eos"
+
+
+def _positions_judged_after_target_eos(res) -> int:
+    """Positions of `res`'s trace whose drafts were judged although the target's step there ended the answer."""
+    judged = 0
+    for cycle in res.trace:
+        targets = cycle["targets"]
+        if "depth" not in targets[0]:  # async: one target row, the step at the cycle's judged position
+            judged += sum(1 for _ in cycle["positions"]) if targets[0]["stop"] == "eos" else 0
+            continue
+        path: list[int] = []  # sync: the walk's branches so far name the node (and its target row) at each position
+        for p in cycle["positions"]:
+            row = next(t for t in targets if t["depth"] == p["position"] and t["path"] == path)
+            judged += row["stop"] == "eos"
+            if p["accepted"]:
+                path = path + [p["branch"]]
+    return judged
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_target_step_that_ends_the_answer_is_never_replaced_by_a_draft(temperature):
+    """Where the target's step ends the answer (EOS), it is committed and the answer ends, whatever the verifier
+    would say of the drafts there (LR's public run_problem stops on the target's EOS before reading a verdict).
+    With accept-all, judging them let a draft replace the target's last step and the answer go on."""
+    target, draft = ToyEngine("target", eos_weight=50), ToyEngine("draft")
+    opts = options(temperature, accept_length_cut=True, max_steps=40, seed=1)
+    wide = opts.replace(width=2, draft_params=SamplingParams(temperature=0.8, max_step_tokens=6))
+    ended = 0
+    for method, o in (("lr_sync", opts), ("lr_async", opts), ("lr_sync", wide)):
+        res = decode(method, Q, target, draft, build_verifier("accept_all"), o)
+        assert _positions_judged_after_target_eos(res) == 0, method
+        eos_rows = [t for c in res.trace for t in c["targets"] if t["stop"] == "eos"]
+        assert res.stop_reason == "eos" and eos_rows, method  # the target ended it, and the answer ended
+        assert res.steps[-1].source == "target" and res.steps[-1].stop_reason == "eos", method
+        ended += 1
+    assert ended == 3
 
 
 def test_multi_branch_needs_a_sampling_draft():

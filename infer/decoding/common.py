@@ -222,11 +222,19 @@ class GenState:
         if (self.committed and self.committed[-1].stop_reason == "length" and not opts.judge_after_cut
                 and not opts.accept_length_cut):
             return "after cut step"
-        if step.stop_reason == "eos":
+        if self.ends_answer(step):
             return "ends answer"
         if opts.refuse_boxed and extract_boxed(step.text) is not None:
             return "boxed answer"
         return None
+
+    @staticmethod
+    def ends_answer(step: Step | None) -> bool:
+        """The step ends the answer (EOS). Only the target ends it: a draft that would is refused ("ends answer"),
+        and a target step that does is committed without judging the drafts at its position (LR's public
+        run_problem stops on the target's EOS before it reads a verdict), so the answer ends where the target
+        ended it."""
+        return step is not None and step.stop_reason == "eos"
 
     def acceptable(self, step: Step) -> bool:
         return self.unacceptable(step) is None

@@ -11,8 +11,10 @@ Sync cycle (their Alg. 1, with W >= 1 branches):
    target's step there is appended; when the walk reaches a leaf, that leaf's target step is a bonus.
    A draft cut by the step-token cap is never accepted (unless `accept_length_cut`, which system-speed
    runs set), nor one that ends the answer with EOS, nor, with `refuse_boxed`, one that writes a boxed
-   final answer: the answer ends on the target's own step at that position. Drafting stops one step short
-   of max_steps, so a run cut there ends on the target's step too.
+   final answer: the answer ends on the target's own step at that position. Where the target's step itself
+   ends the answer (EOS), it is committed without judging the drafts there, as LR's public code stops on
+   the target's EOS before it reads a verdict. Drafting stops one step short of max_steps, so a run cut
+   there ends on the target's step too.
    Multi-branch drafting needs a sampling draft (W greedy branches would be identical).
 
 Async (W = 1): a draft thread keeps up to γ drafts beyond the committed output; a target thread starts
@@ -152,6 +154,8 @@ def _probe_features(state: GenState, target, draft, verifier, root: _Node, nodes
     """Teacher-forced hidden states of every draft node under both models (probe verifier)."""
     parents = [root] + [n for n in nodes if n.children]
     for parent in parents:
+        if state.ends_answer(parent.target):  # no draft is judged there
+            continue
         kids = [c for c in parent.children if state.acceptable(c.draft) and c.draft.text]
         if not kids:
             continue
@@ -168,7 +172,7 @@ def _probe_features(state: GenState, target, draft, verifier, root: _Node, nodes
 def _verify_tree(state: GenState, verifier: Verifier, root: _Node, nodes: list[_Node]) -> None:
     items, owners = [], []
     for parent in [root] + nodes:
-        if parent.target is None:
+        if parent.target is None or state.ends_answer(parent.target):  # the target's EOS step is committed
             continue
         ctx = StepContext(state.question, tuple(state.texts(parent.path)))
         for child in parent.children:
@@ -227,7 +231,7 @@ def _sync_cycle(state: GenState, target, draft, verifier: Verifier | None, gamma
     committed, positions = [], []
     node = root
     while True:
-        if node.children:
+        if node.children and not state.ends_answer(node.target):
             chosen = next((c for c in node.children if c.verdict is not None and c.verdict.accepted), None)
             positions.append({"position": node.depth, "accepted": chosen is not None,
                               "branch": None if chosen is None else chosen.branch})
@@ -250,7 +254,7 @@ def _sync_cycle(state: GenState, target, draft, verifier: Verifier | None, gamma
         "cycle": cycle, "start_step": len(state.steps) - len(committed),
         "drafts": [step_record(n.draft, n.draft_tokens, depth=n.depth - 1, branch=n.branch, path=n.branches,
                                verdict=None if n.verdict is None else n.verdict.to_dict()) for n in nodes],
-        "targets": [step_record(n.target, depth=n.depth) for n in rows],
+        "targets": [step_record(n.target, depth=n.depth, path=n.branches) for n in rows],
         "positions": positions, "committed": committed,
         **({} if depth_record is None else {"depth": depth_record}),
     })
@@ -440,9 +444,10 @@ class _AsyncRun:
                 context = StepContext(st.question, tuple(st.texts()))
                 seed_key = self.keys[key]
                 position = self.stage_position
-                depth = self._depth_decision() if d is not None else None
+                judged = d is not None and not st.ends_answer(s)  # the target's EOS step is committed unjudged
+                depth = self._depth_decision() if judged else None
             verdict = None
-            if d is not None and not (depth is not None and depth["skipped"]):
+            if judged and not (depth is not None and depth["skipped"]):
                 verdict = self._judge(d[0], s, context, seed_key, position)
             with self.cond:
                 record = {"cycle": st.stats.cycles, "start_step": n, "positions": [], "targets": [step_record(s)],
