@@ -63,6 +63,8 @@ from specprobe.data_gen.store import (
     FolderLock,
     ShardData,
     check_same_data,
+    check_same_judge,
+    check_some_contexts,
     clean_temporaries,
     file_digests,
     fingerprint,
@@ -522,10 +524,12 @@ def _planned_contexts(job: DataJob, traces: Sequence | None) -> tuple[list[Conte
     return contexts, question_families(usable, {c.question_id for c in contexts})
 
 
-def _check_resumable(folder: Path, manifest: dict, cfg_dict: dict, engine_infos: dict, plan: dict) -> None:
+def _check_resumable(folder: Path, manifest: dict, cfg_dict: dict, engine_infos: dict, judge_name: str,
+                     plan: dict) -> None:
     """A started folder continues only with the same settings, models and contexts; broken shards are dropped."""
     check_same_data(folder, manifest, cfg_dict)
     _check_engines(folder, manifest, engine_infos)
+    check_same_judge(folder, manifest, judge_name)
     if manifest["plan"] != plan:
         raise DataFolderError(f"{folder}: the context plan changed since this folder was started "
                               f"({manifest['plan']} vs {plan}); the source data differ. Use another output_dir.")
@@ -541,12 +545,18 @@ def _plan(contexts: list[Context], per_shard: int) -> tuple[list[list[Context]],
                     "context_ids_sha256": ids_hash}
 
 
-def _reuse(folder: Path, cfg_dict: dict) -> DataResult | None:
+def _reuse(folder: Path, cfg_dict: dict, judge_name: str | None) -> DataResult | None:
+    """The folder's data when it is complete and made with these settings (and `judge_name`'s judge, when a judge
+    object was passed in: a configured judge's settings are in `cfg_dict`); None when there is work to do."""
     manifest = read_manifest(folder)
     if manifest is None or _nothing_finished(manifest):
         return None  # (nothing finished: the run starts over with these settings)
     check_same_data(folder, manifest, cfg_dict)
+    if judge_name is not None:
+        check_same_judge(folder, manifest, judge_name)
     if manifest["status"] == "complete" and not verify_shards(folder, manifest):
+        if manifest.get("part") is None:  # an empty data set is an error on every call, not once
+            check_some_contexts(folder, manifest)
         return DataResult(folder, manifest, True, DataGenStats())
     return None  # unfinished, or a shard broke since: generate_dataset redoes what is missing
 
@@ -566,16 +576,6 @@ def _drop_broken_shards(folder: Path, manifest: dict) -> None:
     manifest["shards"] = [s for s in manifest["shards"] if s["index"] not in bad]
     manifest["status"], manifest["completed"] = "in_progress", None
     write_manifest(folder, manifest)
-
-
-def _check_some_contexts(folder: Path, manifest: dict) -> None:
-    """A finished run whose every context was skipped has nothing to train on: an error, not "complete"."""
-    if manifest["status"] != "complete" or any(s["contexts"] for s in manifest["shards"]):
-        return
-    skipped = [x for s in manifest["shards"] for x in s["skipped"]]
-    first = f" First: {skipped[0]['context_id']}: {skipped[0]['reason']}." if skipped else ""
-    raise DataFolderError(f"{folder}: all {len(skipped)} contexts were skipped, so the data set is empty.{first} "
-                          "Fix the source records or the limits named there (see the warnings above)")
 
 
 def _check_no_orphan_shards(folder: Path) -> None:
@@ -607,7 +607,8 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
     root = Path(job.folder)
     folder = root if part is None else part_dir(root, *part)
     # a part run has nothing to do once the joined folder is complete
-    reused = _reuse(folder, cfg_dict) or (_reuse(root, cfg_dict) if part is not None else None)
+    judge_name = None if judge is None else judge.name
+    reused = _reuse(folder, cfg_dict, judge_name) or (_reuse(root, cfg_dict, judge_name) if part is not None else None)
     if reused is not None:
         return reused
     if part is None and read_manifest(folder) is None and any(root.glob("part-*-of-*")):
@@ -616,7 +617,7 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
     # the lock first: a second launch must not open (and repair) the judge cache or load models for nothing
     with FolderLock(folder):
         cache = folder / JUDGE_CACHE
-        if workers is None:
+        if workers is None:  # the judge first: a bad NLI model fails before the source is read
             device = job.models.resolved_device()
             judge = build_judge(job.data, cache, device) if judge is None else (
                 judge if isinstance(judge, CachedJudge) else CachedJudge(judge, cache))
@@ -624,6 +625,11 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
         contexts, families = _planned_contexts(job, traces)
         shards, plan = _plan(contexts, job.data.contexts_per_shard)
         my_shards = list(range(len(shards))) if part is None else part_shards(len(shards), *part)
+        if not my_shards:  # (before the language models load)
+            raise DataFolderError(
+                f"part {part[0]} of {part[1]} has no shard: the plan has {len(shards)} shard(s) ({len(contexts)} "
+                f"contexts, data.contexts_per_shard={job.data.contexts_per_shard}); split into at most "
+                f"{len(shards)} parts, or lower data.contexts_per_shard")
         started_workers = workers.start(cache)
         engine_infos = started_workers["engines"]
         layers = {r: layer_rows(job.data.layers, info["num_layers"]) for r, info in engine_infos.items()}
@@ -637,7 +643,7 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
             manifest = _new_manifest(cfg_dict, job, engine_infos, layers, started_workers["judge"], plan, part,
                                      my_shards)
         else:
-            _check_resumable(folder, manifest, cfg_dict, engine_infos, plan)
+            _check_resumable(folder, manifest, cfg_dict, engine_infos, started_workers["judge"], plan)
         manifest[FAMILIES] = families  # (a folder started before families were recorded gets them now)
         # written before any shard: a run killed between a shard's files and its manifest entry then leaves a
         # folder that resumes (the unlisted files are removed here and their shards redone), not one refused as
@@ -656,7 +662,8 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
             manifest["status"], manifest["completed"] = "complete", now()
             write_manifest(folder, manifest)
         write_card(folder, manifest)
-        _check_some_contexts(folder, manifest)
+        if part is None:  # a part's contexts may all be skipped where the whole set's are not: merge_parts checks
+            check_some_contexts(folder, manifest)
     run.wall_seconds = time.perf_counter() - started
     return DataResult(folder, manifest, False, run)
 

@@ -37,6 +37,7 @@ from specprobe.probes.io import open_tensors, stage_file, write_text
 
 __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "FolderLock", "shard_path",
            "file_digests", "shard_problem", "verify_shards", "clean_temporaries", "remove_unlisted_shards",
+           "check_same_data", "check_same_judge", "check_some_contexts",
            "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
            "fingerprint", "fingerprint_diff", "summarize_shards", "ProbeDataset", "open_dataset",
            "merge_parts", "SAMPLES_SCHEMA", "CONTEXTS_SCHEMA", "PAIRS_SCHEMA", "FAMILIES"]
@@ -158,6 +159,26 @@ def check_same_data(folder: Path, manifest: dict, cfg_dict: dict) -> None:
         f"the data folder {folder} was made with {what}:\n  " + "\n  ".join(models or diffs)
         + ("\n  (also: " + "; ".join(d for d in diffs if d not in models) + ")" if models and len(diffs) > len(models) else "")
         + f"\nUse another output_dir, or delete {folder} to generate it again.")
+
+
+def check_same_judge(folder: Path, manifest: dict, judge_name: str) -> None:
+    """DataMismatchError when `folder`'s clusters were made by another judge than `judge_name` (a judge object
+    passed in from code is not in the settings' fingerprint; its name says what it decides)."""
+    old = manifest.get("judge")
+    if old is not None and old != judge_name:
+        raise DataMismatchError(f"the data folder {folder} was clustered by the judge {old!r}, not by {judge_name!r}: "
+                                "its labels would mix two judges' clusters. Pass the same judge, use another "
+                                f"output_dir, or delete {folder} to generate it again.")
+
+
+def check_some_contexts(folder: Path, manifest: dict) -> None:
+    """A finished data set whose every context was skipped has nothing to train on: an error, not "complete"."""
+    if manifest["status"] != "complete" or any(s["contexts"] for s in manifest["shards"]):
+        return
+    skipped = [x for s in manifest["shards"] for x in s["skipped"]]
+    first = f" First: {skipped[0]['context_id']}: {skipped[0]['reason']}." if skipped else ""
+    raise DataFolderError(f"{folder}: all {len(skipped)} contexts were skipped, so the data set is empty.{first} "
+                          "Fix the source records or the limits named there (see the warnings above)")
 
 
 # ----------------------------------------------------------------------------- lock
@@ -565,6 +586,8 @@ def _read_parts(data_dir: Path) -> list[tuple[Path, dict]]:
         if diffs or m["engines"] != base["engines"]:
             raise DataMismatchError(f"{path} was made with other settings than {parts[0][0]}: "
                                     + ("; ".join(diffs) or "different models (engines)"))
+        if base.get("judge") is not None:
+            check_same_judge(path, m, base["judge"])
         _check_same_source(path, m, parts[0][0], base)
     return parts
 
@@ -595,6 +618,8 @@ def merge_parts(data_dir: str | os.PathLike) -> dict:
                                     + "; ".join(fingerprint_diff(main["fingerprint"], base["fingerprint"])))
         else:
             _check_same_source(data_dir, main, parts[0][0], base)
+            if base.get("judge") is not None:
+                check_same_judge(data_dir, main, base["judge"])
         # every part records the families of the whole plan; a part finished before they were recorded has none
         recorded = [m[FAMILIES] for _, m in parts if FAMILIES in m]
         if recorded and FAMILIES not in main:
@@ -615,4 +640,5 @@ def merge_parts(data_dir: str | os.PathLike) -> dict:
             main["status"], main["completed"] = "complete", now()
         write_manifest(data_dir, main)
         write_card(data_dir, main)
+    check_some_contexts(data_dir, main)  # (after writing: the joined folder is kept, and says why it is empty)
     return main

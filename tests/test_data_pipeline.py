@@ -366,7 +366,7 @@ def test_complete_folder_is_reused_and_other_models_are_refused(tiny, monkeypatc
     def no_loading(*a, **k):
         raise AssertionError("models must not be loaded")
 
-    monkeypatch.setattr("specprobe.infer.engines.build_engine_pair", no_loading)
+    monkeypatch.setattr("specprobe.data_gen.pipeline.build_engine_pair", no_loading)  # (the name the pipeline calls)
     again = generate_dataset(cfg.data_job(), progress=False)
     assert again.reused and again.manifest["counts"] == result.manifest["counts"]
     other = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, draft="random:llama-tiny"))
@@ -529,6 +529,65 @@ def test_shard_parts_then_merge_equals_single_run(tiny, tmp_path, engines, judge
     assert_same_data(dataset_arrays(cfg.data_dir), dataset_arrays(reference.data_dir))
 
 
+class _OtherJudge:
+    """A judge known only by its name (never asked: every check refuses it before a pair is judged)."""
+
+    name = "other-judge"
+
+    def judge(self, items):
+        raise AssertionError("not to be called")
+
+
+def _copy_folder(src: Path, dst: Path, **manifest_fields) -> Path:
+    """A copy of the data folder `src` at `dst` with `manifest_fields` set in its manifest."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest.update(manifest_fields)
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+def test_data_made_by_one_judge_is_not_reused_resumed_or_merged_with_another(tiny, tmp_path, engines):
+    """The clusters (and so every label) are the judge's: a folder is reused, resumed and merged only with the judge
+    that made it. A judge passed from code is not in the settings' fingerprint; its recorded name is compared."""
+    cfg, reference = tiny
+    made_by = reference.manifest["judge"]
+    with pytest.raises(DataMismatchError, match=f"clustered by the judge '{made_by}', not by 'other-judge'"):
+        generate_dataset(cfg.data_job(), engines=engines, judge=_OtherJudge(), progress=False)
+    # resumed with the configured judge a folder that another judge started (its last shard not yet finished)
+    _, other = write_config(tmp_path, tmp_path / "run")
+    shards = reference.manifest["shards"]
+    _copy_folder(reference.data_dir, other.data_dir, judge="other-judge", shards=shards[:-1], status="in_progress",
+                 completed=None)
+    with pytest.raises(DataMismatchError, match=f"clustered by the judge 'other-judge', not by '{made_by}'"):
+        generate_dataset(other.data_job(), engines=engines, progress=False)
+    assert len(read_manifest(other.data_dir)["shards"]) == len(shards) - 1  # nothing was redone or dropped
+    # parts made by two judges are not joined
+    _, merged = write_config(tmp_path, tmp_path / "merged")
+    for i, mine, judge_name in ((0, [0, 2], made_by), (1, [1], "other-judge")):
+        _copy_folder(reference.data_dir, merged.data_dir / f"part-{i}-of-2", judge=judge_name,
+                     part={"index": i, "count": 2, "shards": mine}, shards=[s for s in shards if s["index"] in mine])
+    with pytest.raises(DataMismatchError, match="part-1-of-2 was clustered by the judge 'other-judge'"):
+        merge_parts(merged.data_dir)
+    assert not (merged.data_dir / "manifest.json").exists()
+
+
+def test_a_part_with_no_shard_is_an_error_before_the_models_load(tiny, tmp_path, monkeypatch, judge):
+    cfg, reference = tiny
+
+    def no_loading(*a, **k):
+        raise AssertionError("models must not be loaded")
+
+    monkeypatch.setattr("specprobe.data_gen.pipeline.build_engine_pair", no_loading)
+    _, fresh = write_config(tmp_path, tmp_path / "run")
+    n = reference.manifest["plan"]["num_shards"]
+    with pytest.raises(DataFolderError, match=rf"part {n} of {n + 1} has no shard: the plan has {n} shard\(s\)"):
+        generate_dataset(fresh.data_job(), part=(n, n + 1), judge=judge, progress=False)
+    assert read_manifest(fresh.data_dir / f"part-{n}-of-{n + 1}") is None
+
+
 @pytest.mark.slow
 def test_bad_traces_and_empty_contexts_are_skipped_with_warnings(tmp_path, engines, judge):
     from specprobe.data_gen.sources import load_traces
@@ -576,7 +635,7 @@ def test_nli_model_without_entailment_label_fails_before_any_work(tmp_path, monk
     folder = tmp_path / "nli"
     DebertaV2ForSequenceClassification(config).save_pretrained(folder)
     tok.save_pretrained(folder)
-    monkeypatch.setattr("specprobe.infer.engines.build_engine_pair",
+    monkeypatch.setattr("specprobe.data_gen.pipeline.build_engine_pair",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("no model may load first")))
     monkeypatch.setattr("specprobe.data_gen.pipeline.load_source_traces",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("no trace may load first")))
@@ -627,6 +686,9 @@ def test_a_run_that_skips_every_context_is_an_error_and_bad_text_is_cleaned(tmp_
     _, cfg = write_config(tmp_path, tmp_path / "run")
     wrapped = tuple(BlankingEngine(e) for e in engines)
     with pytest.warns(DataWarning), pytest.raises(DataFolderError, match="all 1 contexts were skipped.*all-empty@0"):
+        generate_dataset(cfg.data_job(), traces=[empty], engines=wrapped, judge=judge, progress=False)
+    # the folder is finished (its shards are kept), and asking for it again is the same error, not an empty data set
+    with pytest.raises(DataFolderError, match="all 1 contexts were skipped.*all-empty@0"):
         generate_dataset(cfg.data_job(), traces=[empty], engines=wrapped, judge=judge, progress=False)
     # a record far larger than the context window (the 5 MB case): skipped, and the empty run is an error
     huge = Trace("huge", "math", good.question + " 12 apples." * 9000, good.steps, good.answer)
