@@ -14,7 +14,16 @@ from typing import Literal
 
 from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER
 from specprobe.infer.models import DTYPE_NAMES, OFFLINE_PREFIX, check_model_name, offline_model_folder
-from specprobe.inputs.config import ConfigError, check_folder, check_positive, load_yaml, opt, section, to_dict
+from specprobe.inputs.config import (
+    ConfigError,
+    check_device,
+    check_folder,
+    check_positive,
+    load_yaml,
+    opt,
+    section,
+    to_dict,
+)
 from specprobe.inputs.records import SourceConfig
 from specprobe.probes.acceptance import DEFAULT_EPS
 
@@ -110,15 +119,13 @@ class ModelsConfig:
     vllm: VLLMConfig = section(VLLMConfig, "settings of the models served by vLLM")
 
     def __post_init__(self) -> None:
-        import re
-
         check_positive(self, "max_batch_rows")
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
             raise ConfigError(f"models.dtype: unknown dtype {self.dtype!r}; use auto or one of {sorted(DTYPE_NAMES)}")
         for key in ("device", "draft_device"):
             value = getattr(self, key)
-            if (value is not None or key == "device") and not re.fullmatch(r"auto|cpu|mps|cuda(:(0|[1-9]\d*))?", str(value)):
-                raise ConfigError(f"models.{key}: {value!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
+            if value is not None or key == "device":
+                check_device(value, f"models.{key}")
         if self.draft_device is not None and self.engine_of("draft") == "vllm":
             raise ConfigError("models.draft_device places a transformers draft; vLLM places its models itself "
                               "(CUDA_VISIBLE_DEVICES, models.vllm.tensor_parallel_size): unset models.draft_device "

@@ -11,6 +11,7 @@ they read.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -34,6 +35,12 @@ def opt(default: Any, help: str, **kw) -> Any:
 
 def section(cls: type, help: str) -> Any:
     return field(default_factory=cls, metadata={"help": help})
+
+
+def check_device(value: Any, key: str) -> None:
+    """ConfigError unless `value` names a torch device the way the configs do."""
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:(0|[1-9]\d*))?", str(value)):
+        raise ConfigError(f"{key}: {value!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
 
 
 def check_positive(obj: Any, name: str) -> None:
@@ -85,6 +92,11 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as text
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if tp is bool and not isinstance(value, bool) or tp is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} (in {where})")
     if not isinstance(value, tp):

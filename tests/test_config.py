@@ -141,7 +141,9 @@ def test_inputs_are_checked_before_any_model_loads(tmp_path, monkeypatch, capsys
                             ("models.draft_device=gpu1", "models.draft_device: 'gpu1' is not a device"),
                             ("models.target=offline:nope", "models.target: unknown offline model 'offline:nope'"),
                             ("models.draft=./no-such-folder", "models.draft: local model path ./no-such-folder does not"),
-                            ("source.kind=jsonl", "source.kind is jsonl but neither source.path nor source.name is set")]:
+                            ("source.kind=jsonl", "source.kind is jsonl but neither source.path nor source.name is set"),
+                            ("probe.device=cude", "probe.device: 'cude' is not a device"),
+                            ("verifiers.judge_dtype=bf17", "verifiers.judge_dtype: unknown dtype 'bf17'")]:
         with pytest.raises(ConfigError, match=match):
             load_config("configs/tiny.yaml", [override])
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
@@ -155,6 +157,18 @@ def test_inputs_are_checked_before_any_model_loads(tmp_path, monkeypatch, capsys
         assert re.search(match, capsys.readouterr().err), match
     out = tmp_path / "o"
     assert not out.exists()
+    # the verifiers' models are checked before the data stage when the run trains them (`all`, `train`), not
+    # for the data stage alone; the data stage's own work would otherwise be done first
+    for key, name in (("judge_base", "./no-judge-base"), ("embedding_model", "offline:nope")):
+        bad = [f"verifiers.{key}={name}", f"output_dir={tmp_path}/v"]
+        assert cli.main(["--config", "configs/tiny.yaml", *bad]) == 1
+        assert f"verifiers.{key}: " in capsys.readouterr().err, key
+        load_config("configs/tiny.yaml", bad).check_before_loading(sources=False)  # training=False: not checked
+    assert not (tmp_path / "v").exists()
+    # YAML 1.1 reads 1e-4 as text: a float field takes it as the number it names
+    assert load_config("configs/tiny.yaml", ["probe.lr=1e-4"]).probe.lr == 1e-4
+    with pytest.raises(ConfigError, match="probe.lr: expected float, got str 'fast'"):
+        load_config("configs/tiny.yaml", ["probe.lr=fast"])
 
 
 def test_the_draft_can_have_its_own_device(monkeypatch):

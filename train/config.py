@@ -14,8 +14,9 @@ from typing import Literal
 
 from specprobe.data_gen.config import DataConfig, DataJob, check_layer_option
 from specprobe.infer.config import InferenceConfig
+from specprobe.infer.models import DTYPE_NAMES, check_model_name
 from specprobe.inputs import config as base
-from specprobe.inputs.config import ConfigError, check_positive, opt, section
+from specprobe.inputs.config import ConfigError, check_device, check_positive, opt, section
 
 
 @dataclass
@@ -78,6 +79,7 @@ class ProbeConfig:
         if not self.lr > 0 or self.weight_decay < 0:
             raise ConfigError(f"probe.lr must be > 0 and probe.weight_decay >= 0, got {self.lr}, {self.weight_decay}")
         check_layer_option(self.features, "probe.features")
+        check_device(self.device, "probe.device")
 
 
 _VERIFIERS = ("probes", "embedding", "judge")
@@ -126,6 +128,16 @@ class VerifiersConfig:
             raise ConfigError(f"verifiers.judge_lr must be > 0, got {self.judge_lr}")
         if not self.judge_target_modules:
             raise ConfigError("verifiers.judge_target_modules must name at least one module")
+        if self.judge_dtype != "auto" and self.judge_dtype not in DTYPE_NAMES:
+            raise ConfigError(f"verifiers.judge_dtype: unknown dtype {self.judge_dtype!r}; use auto or one of "
+                              f"{sorted(DTYPE_NAMES)}")
+
+    def check_available(self) -> None:
+        """The models the verifiers to train load, named well (offline packages, local paths), before any loads."""
+        for verifier, key in (("embedding", "embedding_model"), ("judge", "judge_base")):
+            why = check_model_name(getattr(self, key)) if verifier in self.train else None
+            if why is not None:
+                raise ConfigError(f"verifiers.{key}: {why}")
 
 
 @dataclass
@@ -198,6 +210,13 @@ class ExperimentConfig(InferenceConfig):
     @property
     def data_dir(self) -> Path:
         return Path(self.output_dir) / "data"
+
+    def check_before_loading(self, *, sources: bool = True, ray: bool = False, training: bool = False) -> None:
+        """InferenceConfig's checks, and with `training` the verifiers' models and settings (a typo found after the
+        data stage and the probes' training would cost them: the checkpoint is written at the end)."""
+        super().check_before_loading(sources=sources, ray=ray)
+        if training:
+            self.verifiers.check_available()
 
     def data_job(self) -> DataJob:
         """The data stage's sections and folder (`data_gen.generate_dataset` takes this, not the whole config)."""
