@@ -26,6 +26,7 @@ from specprobe.probes.io import clean_json, model_paths, read_json, write_json
 
 FORMAT = "specprobe-checkpoint"
 FORMAT_VERSION = 1
+COMPONENT_VERSION = 1  # of baselines.json, embedding_threshold.json and judge.json
 CHECKPOINT_JSON = "checkpoint.json"
 METRICS_JSON = "metrics.json"
 MODEL_CARD = "README.md"
@@ -86,11 +87,16 @@ def _read(path: Path, what: str) -> dict:
     return data
 
 
-def _check_format(data: dict, path: Path, expected: str) -> None:
-    """Files written before format tags existed carry none and are accepted; another tag is an error."""
-    found = data.get("format")
-    if found is not None and found != expected:
+def _check_format(data: dict, path: Path, expected: str, *, required: bool = False) -> None:
+    """A component file's format tag and version. Files written before tags existed carry none and are accepted
+    (unless `required`); another tag, or a version this specprobe does not read, is an error."""
+    found, version = data.get("format"), data.get("format_version")
+    if (found is not None or required) and found != expected:
         raise CheckpointError(f"{path}: format {found!r}, expected {expected!r}")
+    if version is not None and version != COMPONENT_VERSION:
+        raise CheckpointError(f"{path}: field 'format_version' is {version!r}; this specprobe reads version "
+                              f"{COMPONENT_VERSION} of {expected!r}: use the specprobe that wrote it, or re-run "
+                              "`probe-train`")
 
 
 def read_meta(path: str | os.PathLike) -> dict:
@@ -204,7 +210,7 @@ def write_model_card(folder: Path, text: str) -> None:
 def write_baselines(folder: Path, per_role: dict[str, dict], per_set: dict[str, dict] | None = None) -> str:
     """baselines.json: per role the constant and log-prob baselines' own dicts plus what they read (fitted on
     the role's main training sets together) and, under "sets", each row set's own (fitted on that set)."""
-    payload = {"format": BASELINES_FORMAT, "format_version": 1, **per_role}
+    payload = {"format": BASELINES_FORMAT, "format_version": COMPONENT_VERSION, **per_role}
     if per_set:
         payload["sets"] = per_set
     write_json(folder / BASELINES_JSON, clean_json(payload))
@@ -216,7 +222,7 @@ def write_embedding(folder: Path, *, model: str, model_id: str, threshold: float
                     fit_error: str | None = None) -> str:
     """embedding_threshold.json. fit_on: the pairs the threshold was fitted on; fit_error: why none could be
     fitted (then `threshold` is the configured default)."""
-    payload = {"format": EMBEDDING_FORMAT, "format_version": 1, "kind": "embedding_threshold",
+    payload = {"format": EMBEDDING_FORMAT, "format_version": COMPONENT_VERSION, "kind": "embedding_threshold",
                "embedding_model": model, "embedding_model_id": model_id, "score": score,
                "threshold": threshold, "fit": fit, "fit_on": fit_on, "fit_error": fit_error,
                "validation": validation}
@@ -227,7 +233,7 @@ def write_embedding(folder: Path, *, model: str, model_id: str, threshold: float
 def write_judge_meta(adapter_dir: Path, *, base_model: str, threshold: float, prompt_version: int,
                      answer_tokens: dict[str, int], **details: Any) -> None:
     """judge.json beside a PEFT adapter (the adapter itself is written by PEFT's save_pretrained)."""
-    meta = {"format": JUDGE_FORMAT, "format_version": 1, "base_model": base_model, "threshold": threshold,
+    meta = {"format": JUDGE_FORMAT, "format_version": COMPONENT_VERSION, "base_model": base_model, "threshold": threshold,
             "prompt_version": prompt_version, "answer_tokens": dict(answer_tokens), **details}
     write_json(Path(adapter_dir) / JUDGE_JSON, clean_json(meta))
 
@@ -237,8 +243,7 @@ def read_baselines(path: str | os.PathLike) -> dict[str, dict]:
     """baselines.json as {role: entry} (entries are the baselines' own dicts; `Checkpoint` rebuilds them)."""
     file = checkpoint_folder(path) / BASELINES_JSON
     data = _read(file, "baselines")
-    if data.get("format") != BASELINES_FORMAT:
-        raise CheckpointError(f"{file}: format {data.get('format')!r}, expected {BASELINES_FORMAT!r}")
+    _check_format(data, file, BASELINES_FORMAT, required=True)
     roles = data.get("roles") if isinstance(data.get("roles"), dict) else {}
     return {role: data.get(role) or roles[role] for role in ("target", "draft") if role in data or role in roles}
 
@@ -247,8 +252,7 @@ def read_set_baselines(path: str | os.PathLike) -> dict[str, dict]:
     """The per-row-set baselines of baselines.json ({} for a checkpoint written before they existed)."""
     file = checkpoint_folder(path) / BASELINES_JSON
     data = _read(file, "baselines")
-    if data.get("format") != BASELINES_FORMAT:
-        raise CheckpointError(f"{file}: format {data.get('format')!r}, expected {BASELINES_FORMAT!r}")
+    _check_format(data, file, BASELINES_FORMAT, required=True)
     sets = data.get("sets") or {}
     if not isinstance(sets, dict):
         raise CheckpointError(f"{file}: field 'sets' must be an object of row sets, got {type(sets).__name__}")

@@ -161,6 +161,13 @@ def test_embedding_threshold_from_checkpoint(tmp_path):
     (tmp_path / "embedding_threshold.json").write_text(json.dumps({"threshold": 0.9}))
     with pytest.raises(CheckpointError, match="embedding model"):
         load_verifier(tmp_path, "embedding")
+    # a file of a later format version is refused by name, not read as if it were this one
+    (tmp_path / "embedding_threshold.json").write_text(json.dumps(
+        {"format": "specprobe.embedding_threshold", "format_version": 2, "embedding_model": "offline:minilm",
+         "threshold": 0.9}))
+    with pytest.raises(CheckpointError, match=r"embedding_threshold.json: field 'format_version' is 2; this "
+                                              r"specprobe reads version 1"):
+        load_verifier(tmp_path, "embedding")
 
 
 # ----------------------------------------------------------------------------- judges
@@ -220,4 +227,7 @@ def test_judge_lora_checkpoint_round_trip(tmp_path, tiny):
         load_verifier(tmp_path, "judge")
     (folder / "judge.json").write_text(json.dumps({**meta, "answer_tokens": {"yes": 1, "no": 2}}))
     with pytest.raises(CheckpointError, match="answer tokens"):
+        load_verifier(tmp_path, "judge")
+    (folder / "judge.json").write_text(json.dumps({**meta, "format": "specprobe.judge_lora", "format_version": 2}))
+    with pytest.raises(CheckpointError, match="judge.json: field 'format_version' is 2"):
         load_verifier(tmp_path, "judge")
