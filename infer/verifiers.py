@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -357,22 +357,29 @@ def load_probe_pair(path: str | Path, *, target_engine=None, draft_engine=None, 
     return ProbePairVerifier(probes[0], probes[1], eps, target_engine, draft_engine, allow_model_mismatch)
 
 
-def load_embedding_threshold(path: str | Path, *, device: str | None = None, embedder=None) -> EmbeddingThreshold:
+def load_embedding_threshold(path: str | Path, *, device: str | None = None, embedder=None,
+                             model: str | None = None) -> EmbeddingThreshold:
+    """The embedding-threshold verifier of a checkpoint; `model`: the embedder to load instead of the one the
+    file names (the same model, where this machine has it)."""
     entry = ckpt.Checkpoint(path, strict=False).embedding()
     if embedder is None:
         from specprobe.infer.embedder import SentenceEmbedder
 
-        embedder = SentenceEmbedder(entry.model, device=device)
+        embedder = SentenceEmbedder(entry.model if model is None else model, device=device)
     return EmbeddingThreshold(embedder, entry.threshold)
 
 
 def load_judge_lora(path: str | Path, *, device: str | None = None, threshold: float | None = None,
-                    cache_dir: str | None = None, vllm_engine=None) -> JudgeVerifier:
+                    cache_dir: str | None = None, vllm_engine=None, base_model: str | None = None) -> JudgeVerifier:
     """The judge-LoRA verifier of a checkpoint: PEFT on transformers, or, with `vllm_engine` (a vLLM engine on
-    the adapter's base model, started with enable_lora), the adapter served by vLLM."""
+    the adapter's base model, started with enable_lora), the adapter served by vLLM. `base_model`: the base to
+    load instead of the one judge.json names (the same model where this machine has it; its tokenizer must give
+    the adapter's answer tokens)."""
     from peft import PeftModel
 
     entry = ckpt.read_judge(path)
+    if base_model is not None:
+        entry = replace(entry, base_model=base_model)
     if entry.prompt_version is not None and entry.prompt_version != PROMPT_VERSION:
         raise CheckpointError(f"the judge adapter was trained with judge prompt version {entry.prompt_version}, "
                               f"this runtime builds version {PROMPT_VERSION}; retrain the judge or use a matching "
@@ -412,8 +419,10 @@ def load_verifier(path: str | Path, kind: str = "probe", **kw) -> Verifier:
 def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_engine=None, draft_engine=None,
                    alpha: float = 0.6, llm_judge_model: str | None = None, llm_judge_engine=None,
                    device: str | None = None, eps: float = DEFAULT_EPS, threshold: float | None = None,
-                   allow_model_mismatch: bool = False, difficulty: LatentDifficulty | None = None) -> Verifier:
-    """Any verifier by name (`VERIFIER_KINDS`); checkpoint kinds read `checkpoint`.
+                   allow_model_mismatch: bool = False, difficulty: LatentDifficulty | None = None,
+                   verifier_model: str | None = None) -> Verifier:
+    """Any verifier by name (`VERIFIER_KINDS`); checkpoint kinds read `checkpoint` (`verifier_model`: the
+    model the judge or embedding verifier loads instead of the one its file names).
 
     llm_judge: `llm_judge_model` names any instruct causal LM (or pass a loaded engine whose model is
     reused, e.g. the target itself, as `llm_judge_engine`). bernoulli: `difficulty` makes α depend on the
@@ -429,11 +438,11 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
             return load_probe_pair(checkpoint, target_engine=target_engine, draft_engine=draft_engine, eps=eps,
                                    allow_model_mismatch=allow_model_mismatch)
         if kind == "embedding":
-            verifier = load_embedding_threshold(checkpoint, device=device)
+            verifier = load_embedding_threshold(checkpoint, device=device, model=verifier_model)
         else:
             # a vLLM target started with LoRA on serves the adapter itself (when it is the adapter's base)
             lora_engine = target_engine if _is_vllm(target_engine) and target_engine.capabilities.lora else None
-            verifier = load_judge_lora(checkpoint, device=device, vllm_engine=lora_engine)
+            verifier = load_judge_lora(checkpoint, device=device, vllm_engine=lora_engine, base_model=verifier_model)
         if threshold is not None:
             verifier.threshold = float(threshold)
         return verifier

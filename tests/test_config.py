@@ -143,7 +143,8 @@ def test_inputs_are_checked_before_any_model_loads(tmp_path, monkeypatch, capsys
                             ("models.draft=./no-such-folder", "models.draft: local model path ./no-such-folder does not"),
                             ("source.kind=jsonl", "source.kind is jsonl but neither source.path nor source.name is set"),
                             ("probe.device=cude", "probe.device: 'cude' is not a device"),
-                            ("verifiers.judge_dtype=bf17", "verifiers.judge_dtype: unknown dtype 'bf17'")]:
+                            ("verifiers.judge_dtype=bf17", "verifiers.judge_dtype: unknown dtype 'bf17'"),
+                            ("runtime.verifier_model=./no-base", "runtime.verifier_model: local model path ./no-base")]:
         with pytest.raises(ConfigError, match=match):
             load_config("configs/tiny.yaml", [override])
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
