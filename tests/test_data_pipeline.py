@@ -510,6 +510,13 @@ def test_train_refuses_data_whose_recorded_model_differs_in_any_field(tiny):
     edited["engines"]["target"]["model_id"] = "someone/other-model"  # name and config entry still match
     with pytest.raises(TrainingDataError, match=r"fields that differ: engines\.target\.model_id"):
         check_data_models(edited, cfg)
+    model_id = manifest["engines"]["target"]["model_id"]
+    assert "/" in model_id  # an org/name hub id
+    edited["engines"]["target"]["model_id"] = "other-org/" + model_id.rsplit("/", 1)[-1]  # same name, other org
+    with pytest.raises(TrainingDataError, match=r"fields that differ: engines\.target\.model_id"):
+        check_data_models(edited, cfg)
+    edited["engines"]["target"]["model_id"] = "/models/" + model_id.rsplit("/", 1)[-1]  # a local copy of it
+    check_data_models(edited, cfg)
 
 
 @pytest.mark.slow

@@ -34,10 +34,16 @@ SIDES = ("train", "val", "test")
 
 # ----------------------------------------------------------------------------- checks and split
 def _same_name(a: str | None, b: str | None) -> bool:
+    """The same model: equal names (hub ids are case-insensitive), or a local copy and a name of it with the same
+    last path component (/models/Qwen2-7B, Qwen/Qwen2-7B). Two hub ids of other organisations (org-a/X, org-b/X)
+    are other weights, as the runtime's probe check (`infer.verifiers.check_probe_model`) says."""
     if not a or not b:
         return False
     a, b = a.strip().rstrip("/").lower(), b.strip().rstrip("/").lower()
-    return a == b or a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+    if a == b:
+        return True
+    local = any(n.startswith(("/", "./", "../", "~")) for n in (a, b))
+    return local and a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
 
 
 def check_data_models(manifest: dict, cfg, folder: Path | str = "the data folder") -> None:
