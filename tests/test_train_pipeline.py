@@ -288,6 +288,31 @@ def test_target_probe_without_draft_rows(tmp_path, embedder):
     assert not (Path(cfg.checkpoint_dir) / "embedding_threshold.json").exists()
 
 
+def test_a_late_failure_keeps_what_trained_beside_the_checkpoint(tmp_path, embedder):
+    """The judge fails after the probes and the embedding threshold trained: they are written to
+    <checkpoint>-partial (loadable, its card and metrics saying what failed), the error is raised, and an earlier
+    complete checkpoint stays as it was."""
+    write_synthetic_data(tmp_path, questions=6)
+    cfg = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2}, verifiers={"train": ["probes", "embedding", "judge"]})
+    earlier = Path(cfg.checkpoint_dir)
+    earlier.mkdir(parents=True)
+    (earlier / "checkpoint.json").write_text('{"from": "an earlier run"}')
+    lines: list[str] = []
+    broken = (None, None)  # a judge model that fails on its first use
+    with pytest.raises((AttributeError, TypeError)):
+        train_all(cfg, print_fn=lines.append, embedder=embedder, judge_model=broken)
+    assert (earlier / "checkpoint.json").read_text() == '{"from": "an earlier run"}'
+    partial = pipeline.partial_checkpoint_dir(cfg)
+    assert partial == earlier.with_name(earlier.name + "-partial")
+    ckpt = Checkpoint(partial)
+    assert ckpt.has_probe("probe_target") and "embedding_threshold" in ckpt.components and "judge" not in ckpt.components
+    assert ckpt.embedding().threshold == pytest.approx(ckpt.embedding().raw["threshold"])
+    failed = json.loads((partial / "metrics.json").read_text())["failed"]
+    assert failed["stage"] == "judge" and failed["error"].startswith(("AttributeError", "TypeError"))
+    assert "**partial**: the judge step failed" in (partial / "README.md").read_text()
+    assert any("the judge step failed" in line and str(partial) in line for line in lines)
+
+
 def test_cli_train_stage(tmp_path, capsys):
     from specprobe.train.cli import main
 

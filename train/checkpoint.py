@@ -137,6 +137,8 @@ def model_card(cfg, metrics: dict, components: list[str], manifest: dict, table:
         _split_line(split, rows),
         "", "## Components", "",
         *(f"- `{c}`" for c in components),
+        *([f"- **partial**: the {metrics['failed']['stage']} step failed ({metrics['failed']['error']}); the verifiers "
+           "after it in verifiers.train are missing"] if metrics.get("failed") else []),
         "", "## Training", "",
         *_training_lines(cfg, components),
         "", "## Validation metrics", "", "```", table, "```", "",

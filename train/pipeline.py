@@ -240,21 +240,27 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
                 for name, reason in prepared.skipped.items():
                     tracker.message(f"  {name} skipped: {reason}")
             result.seconds["probes"] = time.perf_counter() - start
-        if "embedding" in cfg.verifiers.train:
-            tracker.message(f"embedding threshold verifier ({cfg.verifiers.embedding_model}) ...")
-            result.embedding = pair_verifiers.train_embedding(
-                prepared.pairs["train"], prepared.pairs["val"], cfg.verifiers, cfg.models.resolved_device(),
-                embedder, test=prepared.pairs["test"])
-            metrics["embedding"] = result.embedding.metrics
-            result.seconds["embedding"] = result.embedding.seconds
-        if "judge" in cfg.verifiers.train:
-            tracker.message(f"judge LoRA on {cfg.verifiers.judge_base} ...")
-            result.judge = pair_verifiers.train_judge(
-                prepared.pairs["train"], prepared.pairs["val"], cfg.verifiers, _device("auto", cfg),
-                log_fn=tracker.curve("judge", "step"), model=judge_model, test=prepared.pairs["test"],
-                progress=progress)
-            metrics["judge"] = result.judge.metrics
-            result.seconds["judge"] = result.judge.seconds
+        stage = "embedding"
+        try:
+            if "embedding" in cfg.verifiers.train:
+                tracker.message(f"embedding threshold verifier ({cfg.verifiers.embedding_model}) ...")
+                result.embedding = pair_verifiers.train_embedding(
+                    prepared.pairs["train"], prepared.pairs["val"], cfg.verifiers, cfg.models.resolved_device(),
+                    embedder, test=prepared.pairs["test"])
+                metrics["embedding"] = result.embedding.metrics
+                result.seconds["embedding"] = result.embedding.seconds
+            stage = "judge"
+            if "judge" in cfg.verifiers.train:
+                tracker.message(f"judge LoRA on {cfg.verifiers.judge_base} ...")
+                result.judge = pair_verifiers.train_judge(
+                    prepared.pairs["train"], prepared.pairs["val"], cfg.verifiers, _device("auto", cfg),
+                    log_fn=tracker.curve("judge", "step"), model=judge_model, test=prepared.pairs["test"],
+                    progress=progress)
+                metrics["judge"] = result.judge.metrics
+                result.seconds["judge"] = result.judge.seconds
+        except BaseException as err:
+            _keep_finished(cfg, result, metrics, ds, stage, err, tracker.message)
+            raise
         result.seconds["total"] = time.perf_counter() - t0
         metrics["seconds"] = dict(result.seconds)
         result.metrics = metrics
@@ -263,6 +269,34 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
         tracker.message(result.summary())
         tracker.message(f"checkpoint: {cfg.checkpoint_dir}")
     return result
+
+
+def partial_checkpoint_dir(cfg) -> Path:
+    """Where a train stage that failed after some verifiers finished keeps them (beside the checkpoint, which
+    it leaves as it was)."""
+    folder = Path(cfg.checkpoint_dir)
+    return folder.with_name(folder.name + "-partial")
+
+
+def _keep_finished(cfg, result: TrainResult, metrics: dict, ds, stage: str, err: BaseException,
+                   message: Callable[[str], None]) -> None:
+    """A verifier failed (or the run was stopped) after others trained: write those to the partial checkpoint
+    folder, so minutes of training are not lost with the error, and say so. The checkpoint itself is untouched
+    (a complete one from an earlier run stays)."""
+    if result.probes is None and result.embedding is None:
+        return
+    metrics["failed"] = {"stage": stage, "error": f"{type(err).__name__}: {err}"}
+    result.metrics = metrics
+    folder = partial_checkpoint_dir(cfg)
+    try:
+        write_checkpoint(folder, cfg, result, ds.manifest, ds.folder)
+    except Exception as write_err:  # noqa: BLE001 (the training error is the one to raise)
+        message(f"the {stage} step failed, and keeping what had trained failed too: {write_err}")
+        return
+    kept = [name for name, part in (("probes", result.probes), ("embedding", result.embedding)) if part is not None]
+    message(f"the {stage} step failed ({type(err).__name__}); what had trained ({', '.join(kept)}) is in {folder}, "
+            f"a checkpoint without the {stage} verifier (runtime.checkpoint={folder} uses it); "
+            f"{cfg.checkpoint_dir} is unchanged")
 
 
 def _open(cfg):
