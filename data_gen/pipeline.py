@@ -289,6 +289,9 @@ class _ShardRunner:
                     return f"all {self.n} {role} samples are empty"
         except PromptTooLongError as err:
             return f"prompt too long: {err}"
+        except Exception as err:
+            _name_context(err, ctx, "sampling")
+            raise
         finally:
             timing["sampling"] += time.perf_counter() - start
         return work
@@ -306,6 +309,9 @@ class _ShardRunner:
                 work.own_draft = self._score("draft", work.context, work.texts("draft"), timing)
         except PromptTooLongError as err:
             return f"prompt and step too long to score: {err}"
+        except Exception as err:
+            _name_context(err, work.context, "recording hidden states")
+            raise
         finally:
             timing["recording"] = timing.get("recording", 0.0) + time.perf_counter() - start
         return None
@@ -489,6 +495,13 @@ class ShardWorkers:
 
 
 # ----------------------------------------------------------------------------- the stage
+def _name_context(err: Exception, ctx: Context, what: str) -> None:
+    """Add to an unexpected error which context it came from (its shard's finished contexts are redone on the
+    next run; the judge's decisions so far are kept in its cache)."""
+    if hasattr(err, "add_note"):  # Python >= 3.11; the CLIs print notes
+        err.add_note(f"while {what} for context {ctx.id} (question {ctx.question_id})")
+
+
 def _new_manifest(cfg_dict: dict, job: DataJob, engines: dict[str, dict], layers: dict, judge_name: str, plan: dict,
                   part: tuple[int, int] | None, my_shards: list[int]) -> dict:
     return {"format": FORMAT, "status": "in_progress", "created": now(), "updated": now(), "completed": None,

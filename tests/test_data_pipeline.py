@@ -581,6 +581,38 @@ def test_data_made_by_one_judge_is_not_reused_resumed_or_merged_with_another(tin
     assert not (merged.data_dir / "manifest.json").exists()
 
 
+class _FailingEngine:
+    """A real engine that fails (as a driver or an out-of-memory error would) for prompts holding "FAIL-HERE"."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, requests, params):
+        if any("FAIL-HERE" in r.prefix.question for r in requests):
+            raise RuntimeError("device lost")
+        return self.engine.generate(requests, params)
+
+
+def test_an_unexpected_engine_error_names_its_context(tmp_path, engines, judge, monkeypatch, capsys):
+    from specprobe.data_gen.sources import load_traces
+    from specprobe.train import cli
+
+    good = load_traces("reasoning_gym", name="gsm_symbolic", size=1, seed=5)[0]
+    bad = Trace("failing", "math", "FAIL-HERE " + good.question, good.steps, good.answer)
+    _, cfg = write_config(tmp_path, tmp_path / "run")
+    wrapped = tuple(_FailingEngine(e) for e in engines)
+    with pytest.raises(RuntimeError, match="device lost") as info:
+        generate_dataset(cfg.data_job(), traces=[bad], engines=wrapped, judge=judge, progress=False)
+    assert any("while sampling for context failing@0 (question failing)" in n for n in info.value.__notes__)
+    # probe-train prints the note with the error
+    monkeypatch.setattr(cli, "run_data_stage", lambda *a, **k: (_ for _ in ()).throw(info.value))
+    assert cli.main(["--config", str(tmp_path / "tiny-test.yaml"), "--stage", "data"]) == 1
+    assert "RuntimeError: device lost\n  (while sampling for context failing@0" in capsys.readouterr().err
+
+
 def test_a_part_with_no_shard_is_an_error_before_the_models_load(tiny, tmp_path, monkeypatch, judge):
     cfg, reference = tiny
 

@@ -109,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_train_stage(cfg, progress=not args.no_progress)
         return 0
     except (ConfigError, ValueError, RuntimeError, FileNotFoundError) as err:
-        print(f"probe-train: error: {type(err).__name__}: {err}", file=sys.stderr)
+        notes = "".join(f"\n  ({note})" for note in getattr(err, "__notes__", ()))
+        print(f"probe-train: error: {type(err).__name__}: {err}{notes}", file=sys.stderr)
         return 1
 
 
