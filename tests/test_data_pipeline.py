@@ -596,6 +596,7 @@ class _FailingEngine:
         return self.engine.generate(requests, params)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes need Python 3.11")
 def test_an_unexpected_engine_error_names_its_context(tmp_path, engines, judge, monkeypatch, capsys):
     from specprobe.data_gen.sources import load_traces
     from specprobe.train import cli
