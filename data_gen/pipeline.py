@@ -71,6 +71,7 @@ from specprobe.data_gen.store import (
     now,
     open_dataset,
     part_dir,
+    plan_changes,
     read_manifest,
     remove_unlisted_shards,
     summarize_shards,
@@ -518,6 +519,11 @@ def _check_engines(folder: Path, manifest: dict, engines: dict[str, dict]) -> No
     for role, new in engines.items():
         old = manifest["engines"][role]
         keys = ("model_id", "num_layers", "hidden_size", "vocab_size")
+        if old.get("revision") and new.get("revision") and old["revision"] != new["revision"]:
+            raise DataFolderError(f"{folder} was made with {role} {old['model_id']} at revision {old['revision']}, but "
+                                  f"the loaded one is at revision {new['revision']}: its shards would mix two sets "
+                                  f"of weights. Pin the revision ({old['model_id']}@{old['revision']}) or use "
+                                  "another output_dir")
         if any(old[k] != new[k] for k in keys):
             raise DataFolderError(f"{folder} was made with {role} {old['model_id']} ({old['num_layers']} layers, "
                                   f"hidden {old['hidden_size']}), but the loaded {role} is {new['model_id']} "
@@ -543,9 +549,10 @@ def _check_resumable(folder: Path, manifest: dict, cfg_dict: dict, engine_infos:
     check_same_data(folder, manifest, cfg_dict)
     _check_engines(folder, manifest, engine_infos)
     check_same_judge(folder, manifest, judge_name)
-    if manifest["plan"] != plan:
-        raise DataFolderError(f"{folder}: the context plan changed since this folder was started "
-                              f"({manifest['plan']} vs {plan}); the source data differ. Use another output_dir.")
+    changed = plan_changes(manifest["plan"], plan)
+    if changed:
+        raise DataFolderError(f"{folder}: the context plan changed since this folder was started ({', '.join(changed)} "
+                              "differ); the source data differ. Use another output_dir.")
     _drop_broken_shards(folder, manifest)
 
 
@@ -554,8 +561,12 @@ def _plan(contexts: list[Context], per_shard: int) -> tuple[list[list[Context]],
 
     shards = plan_shards(contexts, per_shard)
     ids_hash = hashlib.sha256("\n".join(c.id for c in contexts).encode("utf-8")).hexdigest()
+    # the texts too: a source record edited under the same id would otherwise mix old and new contexts
+    texts = hashlib.sha256()
+    for c in contexts:
+        texts.update(c.text.encode("utf-8", errors="surrogatepass") + b"\0")
     return shards, {"num_contexts": len(contexts), "num_shards": len(shards), "contexts_per_shard": per_shard,
-                    "context_ids_sha256": ids_hash}
+                    "context_ids_sha256": ids_hash, "context_texts_sha256": texts.hexdigest()}
 
 
 def _reuse(folder: Path, cfg_dict: dict, judge_name: str | None) -> DataResult | None:

@@ -37,7 +37,7 @@ from specprobe.probes.io import open_tensors, stage_file, write_text
 
 __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "FolderLock", "shard_path",
            "file_digests", "shard_problem", "verify_shards", "clean_temporaries", "remove_unlisted_shards",
-           "check_same_data", "check_same_judge", "check_some_contexts",
+           "check_same_data", "check_same_judge", "check_some_contexts", "plan_changes",
            "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
            "fingerprint", "fingerprint_diff", "summarize_shards", "ProbeDataset", "open_dataset",
            "merge_parts", "SAMPLES_SCHEMA", "CONTEXTS_SCHEMA", "PAIRS_SCHEMA", "FAMILIES"]
@@ -592,13 +592,21 @@ def _read_parts(data_dir: Path) -> list[tuple[Path, dict]]:
     return parts
 
 
+def plan_changes(old: dict, new: dict) -> list[str]:
+    """The fields of two context plans that differ (a field only one records, from an older version, is not
+    compared)."""
+    return [k for k in sorted(set(old) & set(new)) if old[k] != new[k]]
+
+
 def _check_same_source(path: Path, manifest: dict, base_path: Path, base: dict) -> None:
     """The same settings read from a source that changed (a local file edited between parts) plan other
     contexts: shard k would mean different contexts in the two folders."""
-    for key in ("plan", FAMILIES):
-        if key in manifest and key in base and manifest[key] != base[key]:  # (older folders record no families)
-            raise DataMismatchError(f"{path} and {base_path} were made from different source data (their {key} "
-                                    "differ): regenerate the stale part folders from the same source")
+    if "plan" in manifest and "plan" in base and plan_changes(manifest["plan"], base["plan"]):
+        raise DataMismatchError(f"{path} and {base_path} were made from different source data (their plan "
+                                "differs): regenerate the stale part folders from the same source")
+    if FAMILIES in manifest and FAMILIES in base and manifest[FAMILIES] != base[FAMILIES]:  # (older: none)
+        raise DataMismatchError(f"{path} and {base_path} were made from different source data (their {FAMILIES} "
+                                "differ): regenerate the stale part folders from the same source")
 
 
 def merge_parts(data_dir: str | os.PathLike) -> dict:

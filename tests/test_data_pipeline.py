@@ -614,6 +614,43 @@ def test_an_unexpected_engine_error_names_its_context(tmp_path, engines, judge, 
     assert "RuntimeError: device lost\n  (while sampling for context failing@0" in capsys.readouterr().err
 
 
+class _AtRevision:
+    """A real engine that reports another revision of its weights."""
+
+    def __init__(self, engine, revision):
+        self.engine, self.info = engine, dataclasses.replace(engine.info, revision=revision)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_a_resume_refuses_edited_source_texts_and_other_weights(tiny, tmp_path, engines, judge):
+    """A started folder resumes only on the same contexts (texts, not only ids) and the same revision of each
+    model; an older folder whose plan lacks the texts' hash still resumes."""
+    from specprobe.data_gen.pipeline import load_source_traces
+
+    cfg, reference = tiny
+    shards = reference.manifest["shards"]
+    _, started = write_config(tmp_path, tmp_path / "run")
+    _copy_folder(reference.data_dir, started.data_dir, shards=shards[:-1], status="in_progress", completed=None)
+    traces = load_source_traces(cfg.source)
+    edited = [dataclasses.replace(traces[0], question=traces[0].question + " (edited)"), *traces[1:]]
+    with pytest.raises(DataFolderError, match=r"the context plan changed .*\(context_texts_sha256 differ\)"):
+        generate_dataset(started.data_job(), traces=edited, engines=engines, judge=judge, progress=False)
+    manifest = read_manifest(started.data_dir)
+    manifest["engines"]["target"]["revision"] = "abc123"
+    (started.data_dir / "manifest.json").write_text(json.dumps(manifest))
+    moved = (_AtRevision(engines[0], "def456"), engines[1])
+    with pytest.raises(DataFolderError, match="at revision abc123, but the loaded one is at revision def456"):
+        generate_dataset(started.data_job(), engines=moved, judge=judge, progress=False)
+    # a folder started before the texts were hashed (and at an unknown revision) resumes and completes
+    manifest["engines"]["target"]["revision"] = None
+    manifest["plan"].pop("context_texts_sha256")
+    (started.data_dir / "manifest.json").write_text(json.dumps(manifest))
+    result = generate_dataset(started.data_job(), engines=engines, judge=judge, progress=False)
+    assert result.complete and len(result.manifest["shards"]) == len(shards)
+
+
 def test_a_part_with_no_shard_is_an_error_before_the_models_load(tiny, tmp_path, monkeypatch, judge):
     cfg, reference = tiny
 

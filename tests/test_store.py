@@ -93,7 +93,7 @@ def _manifest(num_shards: int, cfg_dict: dict | None = None, part=None) -> dict:
     return {"format": FORMAT, "status": "in_progress", "created": "t", "completed": None,
             "config": cfg_dict, "fingerprint": fingerprint(cfg_dict), "engines": {"target": info, "draft": info},
             "layers": {"target": [2, 3, 4], "draft": [2, 3, 4]}, "store_last_token": True, "num_samples": 2,
-            "models": ["target", "draft"], "judge": "j", "plan": {"num_shards": num_shards}, "part": part,
+            "models": ["target", "draft"], "judge": "j", "plan": {"num_shards": num_shards, "context_ids_sha256": "a source"}, "part": part,
             "shards": []}
 
 
