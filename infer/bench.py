@@ -53,7 +53,7 @@ from specprobe.infer.decoding.seed import SeedConfig, seed_predicted_speedup
 from specprobe.infer.decoding.specs import SpecSConfig, specs_predicted_speedup
 from specprobe.infer.engines import build_engine_pair, sampling_params
 from specprobe.infer.engines.token_spec import LookaheadConfig, TokenSpecConfig
-from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier
+from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier, check_checkpoint
 from specprobe.inputs.config import ConfigError
 from specprobe.inputs.records import SourceConfig, iter_records
 from specprobe.probes.metrics import bootstrap_ci, wilson_interval
@@ -270,6 +270,17 @@ def prepare(setup: BenchSetup, *, checkpoint: str | None = None, verifier: str |
             problems: Sequence[Problem] | None = None) -> BenchEnv:
     """Load models, problems and the verifier a benchmark needs (engines=(target, draft) reuses loaded ones)."""
     system = setup.bench.system_speed if system_speed is None else system_speed
+    # what fails without a model is checked before the models load (minutes for a 32B)
+    kind = "bernoulli" if system else (verifier or setup.runtime.verifier)
+    if kind not in VERIFIER_KINDS:
+        raise ConfigError(f"unknown verifier {kind!r}; choose one of {', '.join(VERIFIER_KINDS)}")
+    ckpt = checkpoint or setup.runtime.checkpoint
+    if ckpt is None and setup.checkpoint_dir is not None and Path(setup.checkpoint_dir).is_dir():
+        ckpt = str(setup.checkpoint_dir)
+    check_checkpoint(kind, ckpt)
+    probs = list(problems) if problems is not None else load_problems(setup.bench.source, setup.bench.num_problems)
+    if not probs:
+        raise ConfigError("no problems to benchmark")
     if engines is not None:
         target, draft = engines
     else:
@@ -277,15 +288,6 @@ def prepare(setup: BenchSetup, *, checkpoint: str | None = None, verifier: str |
         names = (setup.bench.system_target, setup.bench.system_draft) if system else (models.target, models.draft)
         target, draft = build_engine_pair(models, names, token_spec=start_token_spec(setup.runtime),
                                           stop_at_eos=not system)
-    kind = "bernoulli" if system else (verifier or setup.runtime.verifier)
-    if kind not in VERIFIER_KINDS:
-        raise ConfigError(f"unknown verifier {kind!r}; choose one of {', '.join(VERIFIER_KINDS)}")
-    ckpt = checkpoint or setup.runtime.checkpoint
-    if ckpt is None and setup.checkpoint_dir is not None and Path(setup.checkpoint_dir).is_dir():
-        ckpt = str(setup.checkpoint_dir)
-    probs = list(problems) if problems is not None else load_problems(setup.bench.source, setup.bench.num_problems)
-    if not probs:
-        raise ConfigError("no problems to benchmark")
     env = BenchEnv(setup, target, draft, probs, options_from_config(setup, system), system, kind, ckpt)
     if kind != "bernoulli" or system:
         env.verifier()  # load now: a missing or mismatched checkpoint fails before any decoding

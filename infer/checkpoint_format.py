@@ -72,6 +72,11 @@ def checkpoint_folder(path: str | os.PathLike) -> Path:
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist; train one with `probe-train` "
                               "or choose a verifier that needs none (exact, bernoulli, llm_judge, ...)")
+    if (folder / "manifest.json").is_file() and not (folder / CHECKPOINT_JSON).is_file():
+        sibling = folder.parent / "checkpoint"
+        raise CheckpointError(f"{folder} is a data folder (probe-train's data stage: manifest.json), not a checkpoint"
+                              + (f"; did you mean {sibling}?" if (sibling / CHECKPOINT_JSON).is_file() else
+                                 "; train one from it with `probe-train --stage train`"))
     return folder
 
 

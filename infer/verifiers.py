@@ -416,6 +416,17 @@ def load_verifier(path: str | Path, kind: str = "probe", **kw) -> Verifier:
     raise ValueError(f"load_verifier: kind must be one of {CHECKPOINT_KINDS}, got {kind!r}")
 
 
+def check_checkpoint(kind: str, checkpoint: str | Path | None) -> None:
+    """Without loading anything: a verifier of `kind` that reads a checkpoint has one, a folder that exists and
+    is not a data folder (CheckpointError saying what to pass)."""
+    if kind not in CHECKPOINT_KINDS:
+        return
+    if checkpoint is None:
+        raise CheckpointError(f"the {kind} verifier is loaded from a checkpoint: pass --checkpoint "
+                              "(or runtime.checkpoint), or use exact / bernoulli / llm_judge")
+    ckpt.checkpoint_folder(checkpoint)
+
+
 def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_engine=None, draft_engine=None,
                    alpha: float = 0.6, llm_judge_model: str | None = None, llm_judge_engine=None,
                    device: str | None = None, eps: float = DEFAULT_EPS, threshold: float | None = None,
@@ -431,9 +442,7 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
     if kind not in VERIFIER_KINDS:
         raise ValueError(f"unknown verifier {kind!r}; choose one of {', '.join(VERIFIER_KINDS)}")
     if kind in CHECKPOINT_KINDS:
-        if checkpoint is None:
-            raise CheckpointError(f"the {kind} verifier is loaded from a checkpoint: pass --checkpoint "
-                                  "(or runtime.checkpoint), or use exact / bernoulli / llm_judge")
+        check_checkpoint(kind, checkpoint)
         if kind == "probe":
             return load_probe_pair(checkpoint, target_engine=target_engine, draft_engine=draft_engine, eps=eps,
                                    allow_model_mismatch=allow_model_mismatch)

@@ -215,7 +215,7 @@ class SourceConfig:
                               ".jsonl/.parquet file (source.path=...) or a hub data set (source.name=..., e.g. "
                               f"one of {sorted(HUB_NAMES)} or org/name)")
 
-    def check_available(self) -> None:
-        """Before any model loads: a local source file exists."""
+    def check_available(self, key: str = "source") -> None:
+        """Before any model loads: a local source file exists (`key`: the section's name in the config)."""
         if self.path and not Path(self.path).expanduser().exists():
-            raise ConfigError(f"source.path: {self.path} does not exist (source.kind={self.kind})")
+            raise ConfigError(f"{key}.path: {self.path} does not exist ({key}.kind={self.kind})")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -105,6 +106,24 @@ def test_cli_rejects_a_checkpoint_for_other_models(tmp_path, capsys):
     assert main(["--config", "configs/tiny.yaml", "--methods", "lr_warp", "--verifier", "exact", *TINY_MODELS]) == 2
     assert main(["--config", "configs/tiny.yaml", "runtime.gamma=0"]) == 2
     assert "runtime.gamma" in capsys.readouterr().err
+
+
+def test_cli_input_mistakes_fail_before_the_models_load(tmp_path, capsys, monkeypatch):
+    """A misspelt method, a missing problems file, a missing checkpoint, or the data folder given as the
+    checkpoint: exit 2 naming it, before any model loads (minutes for a full-size pair)."""
+    monkeypatch.setattr(bench, "build_engine_pair", lambda *a, **k: pytest.fail("the models were loaded"))
+    data = tmp_path / "run" / "data"
+    data.mkdir(parents=True)
+    (data / "manifest.json").write_text("{}")
+    for argv, message in [
+            (["--methods", "target,lr_snyc"], "lr_snyc"),
+            (["bench.source.kind=jsonl", f"bench.source.path={tmp_path}/none.jsonl"],
+             "bench.source.path: .*none.jsonl does not exist"),
+            (["--checkpoint", str(tmp_path / "nope")], "checkpoint folder .*nope does not exist"),
+            (["--checkpoint", str(data)], "is a data folder .*not a checkpoint"),
+            (["--verifier", "probe", f"runtime.checkpoint={data}"], "is a data folder")]:
+        assert main(["--config", "configs/tiny.yaml", *argv, *TINY_MODELS]) == 2, argv
+        assert re.search(message, capsys.readouterr().err), message
 
 
 def test_system_speed_mode(tmp_path, capsys):
