@@ -350,6 +350,14 @@ def test_cli_report_and_errors(trained, tmp_path, capsys):
     assert "no checkpoint.json" in capsys.readouterr().err
     assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "y"), "eval.alpha=3"]) == 1
     assert "eval.alpha must be in (0, 1)" in capsys.readouterr().err
+    # a --data that is not there, or not a data folder: an error, not a report with every data part skipped
+    assert main(["--checkpoint", str(ckpt), "--data", str(tmp_path / "nosuch"), "--out", str(tmp_path / "z")]) == 1
+    assert "--data " in capsys.readouterr().err and not (tmp_path / "z").exists()
+    (tmp_path / "not-data").mkdir()
+    assert main(["--checkpoint", str(ckpt), "--data", str(tmp_path / "not-data"), "--out", str(tmp_path / "w"),
+                 *QUICK]) == 1
+    err = capsys.readouterr().err
+    assert "skipped data" in err and "could not be read" in err
 
 
 def test_compare_two_reports(report, trained, tmp_path):

@@ -17,6 +17,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from specprobe.inputs.config import ConfigError, check_folder
 from specprobe.train.report import CheckpointError, compare_checkpoints, evaluate_checkpoint
@@ -48,6 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.out:
             check_folder(args.out, "--out")
+        if args.data and not Path(args.data).exists():
+            raise FileNotFoundError(f"--data {args.data} does not exist (a data folder written by probe-train's "
+                                    "data stage; without --data the checkpoint's own training data is read)")
         if args.compare:
             result = compare_checkpoints(*args.compare, data=args.data, out=args.out, overrides=args.overrides,
                                          wandb=args.wandb, device=args.device)
@@ -61,6 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     for s in report.skipped:
         print(f"  skipped {s['part']}: {s['reason']}", file=sys.stderr)
+    if args.data and any(s["part"] == "data" for s in report.skipped):
+        print(f"probe-eval: error: the data folder given (--data {args.data}) could not be read; the report holds "
+              "only what needs no data", file=sys.stderr)
+        return 1
     return 0
 
 
