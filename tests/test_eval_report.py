@@ -360,6 +360,24 @@ def test_cli_report_and_errors(trained, tmp_path, capsys):
     assert "skipped data" in err and "could not be read" in err
 
 
+def test_a_checkpoint_whose_embedder_moved_is_evaluated_with_verifier_model(trained, tmp_path, capsys):
+    """The embedding verifier's JSON names a local path this machine lacks: its part is skipped, saying so, until
+    --verifier-model names where the same embedder is."""
+    import shutil
+
+    cfg, ckpt = trained
+    moved = tmp_path / "checkpoint"
+    shutil.copytree(ckpt, moved)
+    entry = json.loads((moved / "embedding_threshold.json").read_text())
+    (moved / "embedding_threshold.json").write_text(json.dumps({**entry, "embedding_model": str(tmp_path / "gone")}))
+    args = ["--checkpoint", str(moved), "--data", str(cfg.data_dir), *QUICK, "eval.umap=false"]
+    assert main([*args, "--out", str(tmp_path / "r1")]) == 0
+    assert "skipped verifiers/embedding" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "r2"), "--verifier-model", "offline:minilm"]) == 0
+    metrics = json.loads((tmp_path / "r2" / "metrics.json").read_text())
+    assert "embedding" in metrics["parts"]["verifiers"]["by_verifier"]
+
+
 def test_compare_two_reports(report, trained, tmp_path):
     _, ckpt = trained
     other = evaluate_checkpoint(ckpt, out=tmp_path / "b", overrides=QUICK + ["eval.n_bins=5"], print_fn=quiet)

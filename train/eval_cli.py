@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wandb", action="store_true", help="log metrics and figures to wandb (offline by default)")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two checkpoints or report folders")
     parser.add_argument("--device", help="device of the embedding model and judge (default: theirs)")
+    parser.add_argument("--verifier-model", help="the model the judge (its LoRA's base) or the embedding verifier "
+                                                 "loads instead of the one its file names (where this machine "
+                                                 "has it elsewhere; as runtime.verifier_model in probe-bench)")
     parser.add_argument("overrides", nargs="*", metavar="eval.key=value", help="eval settings, e.g. eval.n_boot=200")
     return parser
 
@@ -54,12 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     "data stage; without --data the checkpoint's own training data is read)")
         if args.compare:
             result = compare_checkpoints(*args.compare, data=args.data, out=args.out, overrides=args.overrides,
-                                         wandb=args.wandb, device=args.device)
+                                         wandb=args.wandb, device=args.device, verifier_model=args.verifier_model)
             print(f"probe-eval: comparison of {result['a']['name']} and {result['b']['name']} in "
                   f"{args.out or 'probe-eval-comparison'}/comparison.md")
             return 0
         report = evaluate_checkpoint(args.checkpoint, args.data, args.out, overrides=args.overrides,
-                                     wandb=args.wandb, device=args.device)
+                                     wandb=args.wandb, device=args.device, verifier_model=args.verifier_model)
     except (CheckpointError, ConfigError, ValueError, FileNotFoundError) as err:
         print(f"probe-eval: error: {err}", file=sys.stderr)
         return 1

@@ -104,7 +104,8 @@ def default_out(checkpoint: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- evaluation
-def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list) -> tuple[EvalContext | None, dict]:
+def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list,
+             verifier_model: str | None = None) -> tuple[EvalContext | None, dict]:
     """Open the data and pick the held-out questions; None (and a skip) when that is impossible."""
     holder = EvalContext(ckpt, None, HeldOut([], [], "none"), cfg, device, skipped)
     opened = guarded(holder, "data", lambda: open_data(ckpt, data))
@@ -117,7 +118,7 @@ def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list) -> tuple[
     held = guarded(holder, "heldout", lambda: heldout_questions(ckpt, ds, same, cfg.split))
     if held is None:
         return None, info
-    return EvalContext(ckpt, ds, held, cfg, device, skipped), info
+    return EvalContext(ckpt, ds, held, cfg, device, skipped, verifier_model=verifier_model), info
 
 
 def _run_parts(ctx: EvalContext, cfg, print_fn) -> tuple[dict[str, Any], list, dict[str, float]]:
@@ -151,14 +152,16 @@ def _draw(figures: list, out: Path, skipped: list) -> list[dict[str, Any]]:
 
 def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike | None = None,
                         out: str | os.PathLike | None = None, *, eval_cfg: Any = None, overrides: Sequence[str] = (),
-                        wandb: bool = False, device: str | None = None,
+                        wandb: bool = False, device: str | None = None, verifier_model: str | None = None,
                         print_fn: Callable[[str], None] = print) -> Report:
     """Evaluate a probe-train checkpoint and write the report folder; returns the Report.
 
     data: a data folder (default: the checkpoint's training data, evaluated on its held-out questions);
     out: the report folder (default: see `default_out`); eval_cfg: an EvalConfig or dict (default: the
     checkpoint's `eval` section); overrides: ``eval.key=value`` strings; wandb: also log to Weights &
-    Biases (offline unless the checkpoint's wandb section says online), files under <out>/wandb.
+    Biases (offline unless the checkpoint's wandb section says online), files under <out>/wandb;
+    verifier_model: the model the judge (its base) or embedding verifier loads instead of the one its file names
+    (as runtime.verifier_model in probe-bench).
     """
     start = time.perf_counter()
     ckpt = open_checkpoint(checkpoint)
@@ -166,7 +169,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
     out = Path(out) if out is not None else default_out(ckpt.path)
     out.mkdir(parents=True, exist_ok=True)
     skipped: list[dict[str, str]] = []
-    ctx, data_info = _context(ckpt, data, cfg, device, skipped)
+    ctx, data_info = _context(ckpt, data, cfg, device, skipped, verifier_model)
     results, figures, seconds = _run_parts(ctx, cfg, print_fn) if ctx is not None else ({}, [], {})
     metrics = {
         "format": REPORT_FORMAT, "format_version": REPORT_VERSION,
