@@ -299,9 +299,8 @@ class DifficultySettings:
 class RuntimeConfig:
     method: Literal["target", "draft", "semanticspec", "lr_sync", "lr_async", "specs", "beam_target", "seed_tot",
                     "tot_target"] = opt(
-        "lr_sync", "decoding method: target / draft (baselines), semanticspec, lr_sync, lr_async, specs "
-                   "(SpecS), beam_target (its target beam-search baseline), seed_tot (SEED tree of thoughts), "
-                   "tot_target (target-only tree of thoughts)")
+        "lr_sync", "not read by probe-bench, which runs bench.methods (or --methods); kept so that older configs "
+                   "load. Only its check remains: lr_async with runtime.width > 1 is refused")
     gamma: int = opt(3, "draft steps per cycle (lookahead depth γ); sync LR runs γ+1 target steps in one batch")
     gamma_policy: Literal["fixed", "adaptive"] = opt(
         "fixed", "fixed: every cycle drafts gamma steps; adaptive: each cycle drafts as far as the predicted acceptance "
