@@ -147,6 +147,9 @@ def test_inputs_are_checked_before_any_model_loads(tmp_path, monkeypatch, capsys
                             ("runtime.verifier_model=./no-base", "runtime.verifier_model: local model path ./no-base")]:
         with pytest.raises(ConfigError, match=match):
             load_config("configs/tiny.yaml", [override])
+    with pytest.raises(ConfigError, match="data.nli_model: local model path /no/nli does not"):  # (a path, not an id)
+        load_config("configs/tiny.yaml", ["data.judge=nli", "data.nli_model=/no/nli"])
+    load_config("configs/tiny.yaml", ["data.nli_model=/no/nli"])  # not the configured judge's: not read
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     a_file = tmp_path / "taken"
     a_file.write_text("x")
