@@ -267,8 +267,10 @@ class BenchEnv:
 
 def prepare(setup: BenchSetup, *, checkpoint: str | None = None, verifier: str | None = None,
             system_speed: bool | None = None, engines: tuple | None = None,
-            problems: Sequence[Problem] | None = None) -> BenchEnv:
-    """Load models, problems and the verifier a benchmark needs (engines=(target, draft) reuses loaded ones)."""
+            problems: Sequence[Problem] | None = None, methods: Sequence[str] | None = None) -> BenchEnv:
+    """Load models, problems and the verifier a benchmark needs (engines=(target, draft) reuses loaded ones).
+    methods: what will run (default bench.methods): the run's verifier is checked and loaded only when one of them
+    judges with it (target and draft alone need none)."""
     system = setup.bench.system_speed if system_speed is None else system_speed
     # what fails without a model is checked before the models load (minutes for a 32B)
     kind = "bernoulli" if system else (verifier or setup.runtime.verifier)
@@ -277,7 +279,10 @@ def prepare(setup: BenchSetup, *, checkpoint: str | None = None, verifier: str |
     ckpt = checkpoint or setup.runtime.checkpoint
     if ckpt is None and setup.checkpoint_dir is not None and Path(setup.checkpoint_dir).is_dir():
         ckpt = str(setup.checkpoint_dir)
-    check_checkpoint(kind, ckpt)
+    specs = method_specs(methods or setup.bench.methods)
+    judges = any(REGISTRY[s.base].needs_verifier and "verifier" not in s.overrides for s in specs)
+    if judges:
+        check_checkpoint(kind, ckpt)
     probs = list(problems) if problems is not None else load_problems(setup.bench.source, setup.bench.num_problems)
     if not probs:
         raise ConfigError("no problems to benchmark")
@@ -289,7 +294,7 @@ def prepare(setup: BenchSetup, *, checkpoint: str | None = None, verifier: str |
         target, draft = build_engine_pair(models, names, token_spec=start_token_spec(setup.runtime),
                                           stop_at_eos=not system)
     env = BenchEnv(setup, target, draft, probs, options_from_config(setup, system), system, kind, ckpt)
-    if kind != "bernoulli" or system:
+    if judges and (kind != "bernoulli" or system):
         env.verifier()  # load now: a missing or mismatched checkpoint fails before any decoding
     return env
 

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                                           address=args.ray or None, out_dir=out,
                                           log=lambda s: print(s, file=sys.stderr))
         else:
-            env = bench.prepare(cfg.bench_setup(), checkpoint=args.checkpoint, verifier=args.verifier)
+            env = bench.prepare(cfg.bench_setup(), checkpoint=args.checkpoint, verifier=args.verifier, methods=methods)
             report = bench.run_benchmark(env, methods, out_dir=out, log=lambda s: print(s, file=sys.stderr))
     except (ConfigError, ValueError, FileNotFoundError, ModelUnavailableError, RuntimeError) as err:
         print(f"probe-bench: error: {err}", file=sys.stderr)

@@ -48,9 +48,10 @@ def _log(line: str) -> None:
 class _BenchReplica:
     """Target, draft and verifier on one actor, decoding problems one call each, with every method."""
 
-    def __init__(self, setup: BenchSetup, checkpoint: str | None, verifier: str | None, problems: list):
+    def __init__(self, setup: BenchSetup, checkpoint: str | None, verifier: str | None, problems: list,
+                 methods: list[str] | None = None):
         set_actor_threads(setup.ray.cpus_per_replica, setup.ray.gpus_per_replica)
-        self.env = bench.prepare(setup, checkpoint=checkpoint, verifier=verifier, problems=problems)
+        self.env = bench.prepare(setup, checkpoint=checkpoint, verifier=verifier, problems=problems, methods=methods)
         self.failed: dict[str, str | None] | None = None  # per method, once warmed up: its error, if it failed
 
     def describe(self) -> dict:
@@ -98,7 +99,7 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
     rc = setup.ray
     replica_cls = ray.remote(_BenchReplica).options(**actor_options(rc.cpus_per_replica, rc.gpus_per_replica,
                                                                     rc.max_restarts))
-    replicas = [replica_cls.remote(setup, checkpoint, verifier, problems) for _ in shares]
+    replicas = [replica_cls.remote(setup, checkpoint, verifier, problems, [s.label for s in specs]) for _ in shares]
     try:
         # a missing model or bad checkpoint fails here, before any decoding (and before the last report is cleared)
         info = describe_started(ray, replicas, "a bench replica")[0]

@@ -126,6 +126,19 @@ def test_cli_input_mistakes_fail_before_the_models_load(tmp_path, capsys, monkey
         assert re.search(message, capsys.readouterr().err), message
 
 
+def test_methods_that_judge_nothing_need_no_checkpoint(tmp_path, capsys):
+    """target and draft alone run before any training: the run's verifier (probe) is neither checked nor loaded."""
+    out = tmp_path / "out"
+    code = main(["--config", "configs/tiny.yaml", "--methods", "target,draft", "--num-problems", "1", "--out", str(out),
+                 f"output_dir={tmp_path / 'untrained'}", "bench.warmup=false", *TINY_MODELS])
+    assert code == 0, capsys.readouterr().err
+    assert {r["method"] for r in json.loads((out / "results.json").read_text())["rows"]} == {"target", "draft"}
+    # a method that judges still needs the checkpoint, before the models load
+    assert main(["--config", "configs/tiny.yaml", "--methods", "target,lr_sync", f"output_dir={tmp_path / 'untrained'}",
+                 *TINY_MODELS]) == 2
+    assert "the probe verifier is loaded from a checkpoint" in capsys.readouterr().err
+
+
 def test_system_speed_mode(tmp_path, capsys):
     code = main(["--config", "configs/tiny.yaml", "--system-speed", "--num-problems", "1",
                  "--methods", "target,lr_sync,lr_async,semanticspec", "--out", str(tmp_path),
