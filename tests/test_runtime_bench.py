@@ -35,13 +35,14 @@ def test_short_names_load_the_hub_sets_they_name(monkeypatch):
         return iter([records.Record(0, f"{name}[{split}] row 0", {"question": "Q?", "answer": "7"})])
 
     monkeypatch.setattr(records, "iter_hub", hub)
-    for name, split in (("gsm8k", "train"), ("aime24", "validation"), ("org/other", "validation")):
+    for name, split in (("gsm8k", "train"), ("aime24", "validation"), ("org/other", "validation"),
+                        ("openai/gsm8k", "train")):  # the hub id reads the set's own split too
         assert bench.load_problems(SourceConfig(kind="jsonl", name=name, split=split), 1)[0].answer == "7"
     bench.load_problems(SourceConfig(kind="gsm8k"), 1)
     list(iter_gsm8k())
     list(iter_s1k())
     assert asked == [("openai/gsm8k", "main", "test"), ("HuggingFaceH4/aime_2024", None, "train"),
-                     ("org/other", None, "validation"), ("openai/gsm8k", "main", "test"),
+                     ("org/other", None, "validation"), ("openai/gsm8k", "main", "test"), ("openai/gsm8k", "main", "test"),
                      ("openai/gsm8k", "main", "train"), ("simplescaling/s1K-1.1", None, "train")]
 
 
