@@ -70,6 +70,11 @@ def checkpoint_folder(path: str | os.PathLike) -> Path:
     if folder.name == CHECKPOINT_JSON:
         folder = folder.parent
     if not folder.is_dir():
+        old = _previous(folder)
+        if old is not None:
+            raise CheckpointError(f"checkpoint folder {folder} does not exist: a probe-train run stopped while "
+                                  f"replacing it, and the previous checkpoint is {old}; rename it back to {folder} "
+                                  "(the next probe-train run does so itself)")
         raise CheckpointError(f"checkpoint folder {folder} does not exist; train one with `probe-train` "
                               "or choose a verifier that needs none (exact, bernoulli, llm_judge, ...)")
     if (folder / "manifest.json").is_file() and not (folder / CHECKPOINT_JSON).is_file():
@@ -136,6 +141,9 @@ def assemble(folder: str | os.PathLike) -> Iterator[Path]:
     """
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
+    old = _previous(folder)
+    if old is not None and not folder.exists():  # a run stopped between _swap_in's two renames: undo the first
+        os.replace(old, folder)
     tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -154,6 +162,13 @@ def _make_readable(folder: Path) -> None:
     """Files 0644, folders 0755: checkpoints are meant to be shared (temporary files are created 0600)."""
     for path in [folder, *folder.rglob("*")]:
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
+def _previous(folder: Path) -> Path | None:
+    """The newest checkpoint `_swap_in` moved aside for `folder` and did not remove (a run stopped between its
+    renames), or None."""
+    olds = sorted(folder.parent.glob(f".{folder.name}.old*"), key=lambda p: p.stat().st_mtime)
+    return olds[-1] if olds else None
 
 
 def _swap_in(tmp: Path, folder: Path) -> None:

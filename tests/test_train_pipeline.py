@@ -248,6 +248,24 @@ def test_model_card_names_the_data_set_a_source_reads():
         assert meta.get("datasets") == want, source
 
 
+def test_a_run_stopped_between_the_swaps_renames_leaves_a_checkpoint_to_find(run, tmp_path):
+    """Killed after the old checkpoint was moved aside and before the new one was renamed in: readers name the
+    moved one, and the next write puts it back first (so a failing write still leaves a checkpoint)."""
+    import shutil
+
+    from specprobe.infer.checkpoint_format import CheckpointError, assemble
+
+    cfg, _, _ = run
+    folder = tmp_path / "checkpoint"
+    aside = tmp_path / ".checkpoint.old12345"
+    shutil.copytree(cfg.checkpoint_dir, aside)
+    with pytest.raises(CheckpointError, match=r"stopped while replacing it, and the previous checkpoint is .*old12345"):
+        Checkpoint(folder)
+    with pytest.raises(RuntimeError, match="the new one failed"), assemble(folder):
+        raise RuntimeError("the new one failed")
+    assert Checkpoint(folder).components == Checkpoint(cfg.checkpoint_dir).components and not aside.exists()
+
+
 def test_find_pickles_flags_torch_save(tmp_path):
     torch.save({"w": torch.ones(2)}, tmp_path / "weights.safetensors")  # a pickle under a safe name
     (tmp_path / "ok.json").write_text("{}")
