@@ -56,10 +56,7 @@ class DataConfig:
             check_positive(self, name)
         if self.max_capped_share is not None and not 0 <= self.max_capped_share <= 1:
             raise ConfigError(f"data.max_capped_share must be in [0, 1] or null, got {self.max_capped_share}")
-        key = "nli_model" if self.judge == "nli" else "embedding_model"  # the judge's model, named well
-        problem = check_model_name(getattr(self, key))
-        if problem:
-            raise ConfigError(f"data.{key}: {problem}")
+
         if self.max_context_steps is not None and self.max_context_steps < 0:
             raise ConfigError(f"data.max_context_steps must be >= 0, got {self.max_context_steps}")
         bad = [m for m in self.models if m not in ("target", "draft")]
@@ -67,6 +64,14 @@ class DataConfig:
             raise ConfigError(f"data.models must be a non-empty subset of [target, draft] without repeats, "
                               f"got {self.models}")
         check_layer_option(self.layers, "data.layers")
+
+    def check_available(self) -> None:
+        """Before the data stage loads anything (not at config load: the train stage does not read it): the
+        configured judge's model is named well (a local path exists)."""
+        key = "nli_model" if self.judge == "nli" else "embedding_model"
+        problem = check_model_name(getattr(self, key))
+        if problem:
+            raise ConfigError(f"data.{key}: {problem}")
 
 
 @dataclass

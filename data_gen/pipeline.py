@@ -578,6 +578,10 @@ def _reuse(folder: Path, cfg_dict: dict, judge_name: str | None) -> DataResult |
     check_same_data(folder, manifest, cfg_dict)
     if judge_name is not None:
         check_same_judge(folder, manifest, judge_name)
+    elif manifest.get("judge_passed") and manifest["status"] == "complete":
+        # the configured judge is not built to reuse a folder, so it cannot be compared: say whose clusters these are
+        _warn(f"reusing {folder}, clustered by the judge {manifest.get('judge')!r} that was passed from code, not "
+              "built from the config (data.judge); delete the folder to cluster with the configured one")
     if manifest["status"] == "complete" and not verify_shards(folder, manifest):
         if manifest.get("part") is None:  # an empty data set is an error on every call, not once
             check_some_contexts(folder, manifest)
@@ -666,6 +670,7 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
             # whatever settings are given now; the files it left are unlisted, so they are removed below)
             manifest = _new_manifest(cfg_dict, job, engine_infos, layers, started_workers["judge"], plan, part,
                                      my_shards)
+            manifest["judge_passed"] = judge_name is not None  # not the configured judge: _reuse checks it
         else:
             _check_resumable(folder, manifest, cfg_dict, engine_infos, started_workers["judge"], plan)
         manifest[FAMILIES] = families  # (a folder started before families were recorded gets them now)

@@ -266,7 +266,7 @@ class BenchEnv:
                 llm_judge_model=None if judge_engine is not None else rt.llm_judge_model,
                 llm_judge_engine=judge_engine, device=self.setup.models.resolved_device(), eps=rt.probe_eps,
                 threshold=rt.judge_threshold, allow_model_mismatch=rt.allow_model_mismatch,
-                verifier_model=rt.verifier_model,
+                judge_base=rt.checkpoint_judge_base, embedding_model=rt.checkpoint_embedding_model,
                 difficulty=self.difficulty(alpha) if kind == "bernoulli" and rt.difficulty.hard_share > 0 else None)
         return self._verifiers[key]
 

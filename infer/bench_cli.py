@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         methods = [m for m in args.methods.split(",") if m.strip()] if args.methods else None
         bench.method_specs(methods or cfg.bench.methods)  # a misspelt method fails before the models load
         cfg.bench.source.check_available("bench.source")
+        cfg.runtime.check_available()
         out = Path(args.out) if args.out else cfg.bench_out_dir
         if args.ray is not None:
             from specprobe.infer.bench_ray import run_benchmark_on_ray

@@ -177,7 +177,10 @@ def _swap_in(tmp: Path, folder: Path) -> None:
     if folder.exists():
         os.replace(folder, old)
     os.replace(tmp, folder)
-    shutil.rmtree(old, ignore_errors=True)
+    if old.exists():  # renamed before removal: a .old folder is always a whole checkpoint (`_previous` restores it)
+        trash = folder.with_name(f".{folder.name}.trash{os.getpid()}")
+        os.replace(old, trash)
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def find_pickles(folder: str | os.PathLike) -> list[str]:

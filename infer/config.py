@@ -316,10 +316,13 @@ class RuntimeConfig:
     llm_judge_model: str | None = opt(None, "instruct model for the prompted llm_judge verifier "
                                             "('target' reuses the target model)")
     allow_model_mismatch: bool = opt(False, "accept probes trained on a model of the same shape under another name")
-    verifier_model: str | None = opt(
-        None, "the model a checkpoint's judge (its LoRA's base) or embedding verifier loads, in place of the one its "
-              "file names: the same model where this machine has it (a local copy, or the hub id of a local path "
-              "that was used in training); the judge's answer tokens are checked against it")
+    checkpoint_judge_base: str | None = opt(
+        None, "the base model the checkpoint's judge-LoRA loads instead of the one judge.json names: the same model "
+              "where this machine has it (a local copy, or the hub id of a local path used in training); its "
+              "tokenizer must give the adapter's answer tokens")
+    checkpoint_embedding_model: str | None = opt(
+        None, "the embedder the checkpoint's embedding verifier loads instead of the one embedding_threshold.json "
+              "names (the same model where this machine has it)")
     max_new_tokens: int = opt(512, "token limit of one generation (target tokens); stop reason max_new_tokens")
     max_steps: int = opt(40, "step limit of one generation; stop reason max_steps")
     accept_length_cut: bool = opt(False, "allow accepting a draft step cut by the step-token cap (LR never does; "
@@ -365,9 +368,14 @@ class RuntimeConfig:
             raise ConfigError(f"runtime.verifier {self.verifier!r} is not one of {list(kinds)}")
         if self.method == "lr_async" and self.width != 1:
             raise ConfigError("runtime.width > 1 (multi-branch) needs method lr_sync")
-        problem = None if self.verifier_model is None else check_model_name(self.verifier_model)
-        if problem:
-            raise ConfigError(f"runtime.verifier_model: {problem}")
+
+    def check_available(self) -> None:
+        """Before any model loads (probe-bench; not at config load: a machine that trains need not have them): the
+        checkpoint's model overrides are named well (a local path exists)."""
+        for key in ("checkpoint_judge_base", "checkpoint_embedding_model"):
+            problem = None if getattr(self, key) is None else check_model_name(getattr(self, key))
+            if problem:
+                raise ConfigError(f"runtime.{key}: {problem}")
 
 
 @dataclass

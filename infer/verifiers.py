@@ -431,9 +431,9 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
                    alpha: float = 0.6, llm_judge_model: str | None = None, llm_judge_engine=None,
                    device: str | None = None, eps: float = DEFAULT_EPS, threshold: float | None = None,
                    allow_model_mismatch: bool = False, difficulty: LatentDifficulty | None = None,
-                   verifier_model: str | None = None) -> Verifier:
-    """Any verifier by name (`VERIFIER_KINDS`); checkpoint kinds read `checkpoint` (`verifier_model`: the
-    model the judge or embedding verifier loads instead of the one its file names).
+                   judge_base: str | None = None, embedding_model: str | None = None) -> Verifier:
+    """Any verifier by name (`VERIFIER_KINDS`); checkpoint kinds read `checkpoint` (`judge_base` /
+    `embedding_model`: the model the judge / embedding verifier loads instead of the one its file names).
 
     llm_judge: `llm_judge_model` names any instruct causal LM (or pass a loaded engine whose model is
     reused, e.g. the target itself, as `llm_judge_engine`). bernoulli: `difficulty` makes α depend on the
@@ -447,11 +447,11 @@ def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_en
             return load_probe_pair(checkpoint, target_engine=target_engine, draft_engine=draft_engine, eps=eps,
                                    allow_model_mismatch=allow_model_mismatch)
         if kind == "embedding":
-            verifier = load_embedding_threshold(checkpoint, device=device, model=verifier_model)
+            verifier = load_embedding_threshold(checkpoint, device=device, model=embedding_model)
         else:
             # a vLLM target started with LoRA on serves the adapter itself (when it is the adapter's base)
             lora_engine = target_engine if _is_vllm(target_engine) and target_engine.capabilities.lora else None
-            verifier = load_judge_lora(checkpoint, device=device, vllm_engine=lora_engine, base_model=verifier_model)
+            verifier = load_judge_lora(checkpoint, device=device, vllm_engine=lora_engine, base_model=judge_base)
         if threshold is not None:
             verifier.threshold = float(threshold)
         return verifier

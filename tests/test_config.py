@@ -143,13 +143,20 @@ def test_inputs_are_checked_before_any_model_loads(tmp_path, monkeypatch, capsys
                             ("models.draft=./no-such-folder", "models.draft: local model path ./no-such-folder does not"),
                             ("source.kind=jsonl", "source.kind is jsonl but neither source.path nor source.name is set"),
                             ("probe.device=cude", "probe.device: 'cude' is not a device"),
-                            ("verifiers.judge_dtype=bf17", "verifiers.judge_dtype: unknown dtype 'bf17'"),
-                            ("runtime.verifier_model=./no-base", "runtime.verifier_model: local model path ./no-base")]:
+                            ("verifiers.judge_dtype=bf17", "verifiers.judge_dtype: unknown dtype 'bf17'")]:
         with pytest.raises(ConfigError, match=match):
             load_config("configs/tiny.yaml", [override])
+    # model paths that one tool reads are checked by that tool before it loads anything, not when any tool loads
+    # the config (a machine that only trains need not have the data stage's NLI model)
+    nli = load_config("configs/tiny.yaml", ["data.judge=nli", "data.nli_model=/no/nli", f"output_dir={tmp_path}/n"])
     with pytest.raises(ConfigError, match="data.nli_model: local model path /no/nli does not"):  # (a path, not an id)
-        load_config("configs/tiny.yaml", ["data.judge=nli", "data.nli_model=/no/nli"])
-    load_config("configs/tiny.yaml", ["data.nli_model=/no/nli"])  # not the configured judge's: not read
+        nli.check_before_loading(sources=True)
+    nli.check_before_loading(sources=False)  # the train stage alone
+    load_config("configs/tiny.yaml", ["data.nli_model=/no/nli", f"output_dir={tmp_path}/n"]).check_before_loading(
+        sources=True)  # not the configured judge's model: not read
+    moved = load_config("configs/tiny.yaml", ["runtime.checkpoint_judge_base=./no-base"])
+    with pytest.raises(ConfigError, match="runtime.checkpoint_judge_base: local model path ./no-base"):
+        moved.runtime.check_available()
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     a_file = tmp_path / "taken"
     a_file.write_text("x")

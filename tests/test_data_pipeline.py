@@ -367,7 +367,8 @@ def test_complete_folder_is_reused_and_other_models_are_refused(tiny, monkeypatc
         raise AssertionError("models must not be loaded")
 
     monkeypatch.setattr("specprobe.data_gen.pipeline.build_engine_pair", no_loading)  # (the name the pipeline calls)
-    again = generate_dataset(cfg.data_job(), progress=False)
+    with pytest.warns(DataWarning, match="clustered by the judge .* passed from code, not built from the config"):
+        again = generate_dataset(cfg.data_job(), progress=False)  # (the fixture passed its judge in)
     assert again.reused and again.manifest["counts"] == result.manifest["counts"]
     other = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, draft="random:llama-tiny"))
     with pytest.raises(DataMismatchError, match=r"different models:\n  models.draft: .*random:llama-tiny"):

@@ -360,9 +360,9 @@ def test_cli_report_and_errors(trained, tmp_path, capsys):
     assert "skipped data" in err and "could not be read" in err
 
 
-def test_a_checkpoint_whose_embedder_moved_is_evaluated_with_verifier_model(trained, tmp_path, capsys):
+def test_a_checkpoint_whose_embedder_moved_is_evaluated_with_embedding_model(trained, tmp_path, capsys):
     """The embedding verifier's JSON names a local path this machine lacks: its part is skipped, saying so, until
-    --verifier-model names where the same embedder is."""
+    --embedding-model names where the same embedder is (--judge-base is the judge's alone)."""
     import shutil
 
     cfg, ckpt = trained
@@ -371,9 +371,9 @@ def test_a_checkpoint_whose_embedder_moved_is_evaluated_with_verifier_model(trai
     entry = json.loads((moved / "embedding_threshold.json").read_text())
     (moved / "embedding_threshold.json").write_text(json.dumps({**entry, "embedding_model": str(tmp_path / "gone")}))
     args = ["--checkpoint", str(moved), "--data", str(cfg.data_dir), *QUICK, "eval.umap=false"]
-    assert main([*args, "--out", str(tmp_path / "r1")]) == 0
+    assert main([*args, "--out", str(tmp_path / "r1"), "--judge-base", "offline:minilm"]) == 0
     assert "skipped verifiers/embedding" in capsys.readouterr().err
-    assert main([*args, "--out", str(tmp_path / "r2"), "--verifier-model", "offline:minilm"]) == 0
+    assert main([*args, "--out", str(tmp_path / "r2"), "--embedding-model", "offline:minilm"]) == 0
     metrics = json.loads((tmp_path / "r2" / "metrics.json").read_text())
     assert "embedding" in metrics["parts"]["verifiers"]["by_verifier"]
 

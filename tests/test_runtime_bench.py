@@ -122,7 +122,8 @@ def test_cli_input_mistakes_fail_before_the_models_load(tmp_path, capsys, monkey
              "bench.source.path: .*none.jsonl does not exist"),
             (["--checkpoint", str(tmp_path / "nope")], "checkpoint folder .*nope does not exist"),
             (["--checkpoint", str(data)], "is a data folder .*not a checkpoint"),
-            (["--verifier", "probe", f"runtime.checkpoint={data}"], "is a data folder")]:
+            (["--verifier", "probe", f"runtime.checkpoint={data}"], "is a data folder"),
+            (["runtime.checkpoint_judge_base=./no-base"], "runtime.checkpoint_judge_base: local model path")]:
         assert main(["--config", "configs/tiny.yaml", *argv, *TINY_MODELS]) == 2, argv
         assert re.search(message, capsys.readouterr().err), message
 

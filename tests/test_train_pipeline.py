@@ -329,6 +329,10 @@ def test_a_late_failure_keeps_what_trained_beside_the_checkpoint(tmp_path, embed
     assert failed["stage"] == "judge" and failed["error"].startswith(("AttributeError", "TypeError"))
     assert "**partial**: the judge step failed" in (partial / "README.md").read_text()
     assert any("the judge step failed" in line and str(partial) in line for line in lines)
+    # a later run that trains everything replaces the checkpoint and removes the stale partial one
+    done = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2}, verifiers={"train": ["probes", "embedding"]})
+    train_all(done, print_fn=lines.append, embedder=embedder)
+    assert Checkpoint(earlier).has_probe("probe_target") and not partial.exists()
 
 
 def test_cli_train_stage(tmp_path, capsys):

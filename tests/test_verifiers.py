@@ -161,10 +161,11 @@ def test_embedding_threshold_from_checkpoint(tmp_path):
     (tmp_path / "embedding_threshold.json").write_text(json.dumps({"threshold": 0.9}))
     with pytest.raises(CheckpointError, match="embedding model"):
         load_verifier(tmp_path, "embedding")
-    # fitted with an embedder at a local path this machine lacks: runtime.verifier_model names where it is
+    # fitted with an embedder at a local path this machine lacks: runtime.checkpoint_embedding_model names it
     (tmp_path / "embedding_threshold.json").write_text(json.dumps(
         {"embedding_model": str(tmp_path / "gone" / "minilm"), "threshold": 0.9}))
-    moved = build_verifier("embedding", checkpoint=tmp_path, verifier_model="offline:minilm")
+    moved = build_verifier("embedding", checkpoint=tmp_path, embedding_model="offline:minilm",
+                           judge_base="random:llama-tiny")  # (the judge's override is not the embedder's)
     assert [g.accepted for g in moved.verify([VerifyItem(CTX, "So 6 times 7 is 42.", "So 6 times 7 is 42.")])] == [True]
     # a file of a later format version is refused by name, not read as if it were this one
     (tmp_path / "embedding_threshold.json").write_text(json.dumps(
@@ -233,11 +234,12 @@ def test_judge_lora_checkpoint_round_trip(tmp_path, tiny):
     (folder / "judge.json").write_text(json.dumps({**meta, "answer_tokens": {"yes": 1, "no": 2}}))
     with pytest.raises(CheckpointError, match="answer tokens"):
         load_verifier(tmp_path, "judge")
-    # trained on a base at a local path this machine lacks: runtime.verifier_model names where the same base is
+    # trained on a base at a local path this machine lacks: runtime.checkpoint_judge_base names where it is
     (folder / "judge.json").write_text(json.dumps({**meta, "base_model": str(tmp_path / "gone" / "base")}))
     with pytest.raises(Exception, match="gone"):
         load_verifier(tmp_path, "judge")
-    moved = build_verifier("judge", checkpoint=tmp_path, verifier_model="random:llama-tiny")
+    moved = build_verifier("judge", checkpoint=tmp_path, judge_base="random:llama-tiny",
+                           embedding_model="offline:nope")  # (the embedder's override is not the judge's)
     assert moved.verify([VerifyItem(StepContext("ctx"), "42", "6*7 = 42")])[0].score == pytest.approx(
         float(expected[0]), abs=1e-5)
     (folder / "judge.json").write_text(json.dumps({**meta, "format": "specprobe.judge_lora", "format_version": 2}))

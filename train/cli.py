@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(args.config, args.overrides)
-        cfg.check_before_loading(sources=args.stage in ("data", "all"), ray=args.ray is not None,
+        cfg.check_before_loading(sources=args.stage in ("data", "all") and not args.merge, ray=args.ray is not None,
                                  training=args.stage in ("train", "all") and not (args.merge or args.shard))
         if args.merge:
             return run_merge(cfg)

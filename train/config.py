@@ -215,6 +215,8 @@ class ExperimentConfig(InferenceConfig):
         """InferenceConfig's checks, and with `training` the verifiers' models and settings (a typo found after the
         data stage and the probes' training would cost them: the checkpoint is written at the end)."""
         super().check_before_loading(sources=sources, ray=ray)
+        if sources and not data_complete(self.data_dir):  # the data stage will generate (and load its judge)
+            self.data.check_available()
         if training:
             self.verifiers.check_available()
 
@@ -222,6 +224,17 @@ class ExperimentConfig(InferenceConfig):
         """The data stage's sections and folder (`data_gen.generate_dataset` takes this, not the whole config)."""
         return DataJob(self.data, self.source, self.models, self.sampling, self.data_dir, self.ray,
                        record=base.to_dict(self))
+
+
+def data_complete(folder: Path) -> bool:
+    """A finished data folder (the data stage reuses it, loading no judge)."""
+    from specprobe.data_gen.store import read_manifest
+
+    try:
+        manifest = read_manifest(folder)
+    except Exception:  # noqa: BLE001 (a broken manifest: the data stage says what is wrong)
+        return False
+    return manifest is not None and manifest.get("status") == "complete"
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:

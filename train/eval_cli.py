@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from specprobe.infer.models import check_model_name
 from specprobe.inputs.config import ConfigError, check_folder
 from specprobe.train.report import CheckpointError, compare_checkpoints, evaluate_checkpoint
 
@@ -33,9 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wandb", action="store_true", help="log metrics and figures to wandb (offline by default)")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two checkpoints or report folders")
     parser.add_argument("--device", help="device of the embedding model and judge (default: theirs)")
-    parser.add_argument("--verifier-model", help="the model the judge (its LoRA's base) or the embedding verifier "
-                                                 "loads instead of the one its file names (where this machine "
-                                                 "has it elsewhere; as runtime.verifier_model in probe-bench)")
+    parser.add_argument("--judge-base", help="the base model the judge-LoRA loads instead of the one judge.json "
+                                             "names (where this machine has it elsewhere; as "
+                                             "runtime.checkpoint_judge_base in probe-bench)")
+    parser.add_argument("--embedding-model", help="the embedder the embedding verifier loads instead of the one "
+                                                  "embedding_threshold.json names (runtime.checkpoint_embedding_model)")
     parser.add_argument("overrides", nargs="*", metavar="eval.key=value", help="eval settings, e.g. eval.n_boot=200")
     return parser
 
@@ -52,17 +55,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.out:
             check_folder(args.out, "--out")
+        for flag, name in (("--judge-base", args.judge_base), ("--embedding-model", args.embedding_model)):
+            problem = None if name is None else check_model_name(name)
+            if problem:
+                raise ConfigError(f"{flag}: {problem}")
         if args.data and not Path(args.data).exists():
             raise FileNotFoundError(f"--data {args.data} does not exist (a data folder written by probe-train's "
                                     "data stage; without --data the checkpoint's own training data is read)")
         if args.compare:
             result = compare_checkpoints(*args.compare, data=args.data, out=args.out, overrides=args.overrides,
-                                         wandb=args.wandb, device=args.device, verifier_model=args.verifier_model)
+                                         wandb=args.wandb, device=args.device, judge_base=args.judge_base,
+                                         embedding_model=args.embedding_model)
             print(f"probe-eval: comparison of {result['a']['name']} and {result['b']['name']} in "
                   f"{args.out or 'probe-eval-comparison'}/comparison.md")
             return 0
         report = evaluate_checkpoint(args.checkpoint, args.data, args.out, overrides=args.overrides,
-                                     wandb=args.wandb, device=args.device, verifier_model=args.verifier_model)
+                                     wandb=args.wandb, device=args.device, judge_base=args.judge_base,
+                                     embedding_model=args.embedding_model)
     except (CheckpointError, ConfigError, ValueError, FileNotFoundError) as err:
         print(f"probe-eval: error: {err}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ written at the end, in one rename (a failed run never leaves a half checkpoint b
 """
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ SIDES = ("train", "val", "test")
 def _same_name(a: str | None, b: str | None) -> bool:
     """The same model: equal names (hub ids are case-insensitive), or a local copy and a name of it with the same
     last path component (/models/Qwen2-7B, Qwen/Qwen2-7B). Two hub ids of other organisations (org-a/X, org-b/X)
-    are other weights, as the runtime's probe check (`infer.verifiers.check_probe_model`) says."""
+    are other weights. (The runtime's probe check, `infer.verifiers.check_probe_model`, is stricter: it wants the
+    full id the data recorded, so probes trained on a local copy need allow_model_mismatch beside the hub id.)"""
     if not a or not b:
         return False
     a, b = a.strip().rstrip("/").lower(), b.strip().rstrip("/").lower()
@@ -265,6 +267,10 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
         metrics["seconds"] = dict(result.seconds)
         result.metrics = metrics
         write_checkpoint(cfg.checkpoint_dir, cfg, result, ds.manifest, ds.folder)
+        partial = partial_checkpoint_dir(cfg)
+        if partial.is_dir():  # an earlier failed run's: this checkpoint has everything it had
+            shutil.rmtree(partial, ignore_errors=True)
+            tracker.message(f"removed {partial} (an earlier run's partial checkpoint)")
         tracker.final(metrics)
         tracker.message(result.summary())
         tracker.message(f"checkpoint: {cfg.checkpoint_dir}")

@@ -105,7 +105,7 @@ def default_out(checkpoint: Path) -> Path:
 
 # ----------------------------------------------------------------------------- evaluation
 def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list,
-             verifier_model: str | None = None) -> tuple[EvalContext | None, dict]:
+             models: dict | None = None) -> tuple[EvalContext | None, dict]:
     """Open the data and pick the held-out questions; None (and a skip) when that is impossible."""
     holder = EvalContext(ckpt, None, HeldOut([], [], "none"), cfg, device, skipped)
     opened = guarded(holder, "data", lambda: open_data(ckpt, data))
@@ -118,7 +118,7 @@ def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list,
     held = guarded(holder, "heldout", lambda: heldout_questions(ckpt, ds, same, cfg.split))
     if held is None:
         return None, info
-    return EvalContext(ckpt, ds, held, cfg, device, skipped, verifier_model=verifier_model), info
+    return EvalContext(ckpt, ds, held, cfg, device, skipped, **(models or {})), info
 
 
 def _run_parts(ctx: EvalContext, cfg, print_fn) -> tuple[dict[str, Any], list, dict[str, float]]:
@@ -152,7 +152,8 @@ def _draw(figures: list, out: Path, skipped: list) -> list[dict[str, Any]]:
 
 def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike | None = None,
                         out: str | os.PathLike | None = None, *, eval_cfg: Any = None, overrides: Sequence[str] = (),
-                        wandb: bool = False, device: str | None = None, verifier_model: str | None = None,
+                        wandb: bool = False, device: str | None = None, judge_base: str | None = None,
+                        embedding_model: str | None = None,
                         print_fn: Callable[[str], None] = print) -> Report:
     """Evaluate a probe-train checkpoint and write the report folder; returns the Report.
 
@@ -160,8 +161,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
     out: the report folder (default: see `default_out`); eval_cfg: an EvalConfig or dict (default: the
     checkpoint's `eval` section); overrides: ``eval.key=value`` strings; wandb: also log to Weights &
     Biases (offline unless the checkpoint's wandb section says online), files under <out>/wandb;
-    verifier_model: the model the judge (its base) or embedding verifier loads instead of the one its file names
-    (as runtime.verifier_model in probe-bench).
+    judge_base / embedding_model: the model the judge (its base) / the embedding verifier loads instead of the one
+    its file names (as runtime.checkpoint_judge_base / checkpoint_embedding_model in probe-bench).
     """
     start = time.perf_counter()
     ckpt = open_checkpoint(checkpoint)
@@ -169,7 +170,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
     out = Path(out) if out is not None else default_out(ckpt.path)
     out.mkdir(parents=True, exist_ok=True)
     skipped: list[dict[str, str]] = []
-    ctx, data_info = _context(ckpt, data, cfg, device, skipped, verifier_model)
+    ctx, data_info = _context(ckpt, data, cfg, device, skipped,
+                              {"judge_base": judge_base, "embedding_model": embedding_model})
     results, figures, seconds = _run_parts(ctx, cfg, print_fn) if ctx is not None else ({}, [], {})
     metrics = {
         "format": REPORT_FORMAT, "format_version": REPORT_VERSION,

@@ -67,7 +67,8 @@ class EvalContext:
     cfg: Any  # infer.config.EvalConfig
     device: str | None = None  # for the embedding model and the judge (None: their default)
     skipped: list[dict[str, str]] = field(default_factory=list)
-    verifier_model: str | None = None  # loaded by the judge / embedding verifier instead of the one its file names
+    judge_base: str | None = None  # loaded by the judge instead of the base judge.json names
+    embedding_model: str | None = None  # loaded by the embedding verifier instead of the one its file names
     _rows: dict[tuple[str, str], RowSet] = field(default_factory=dict)
     predictions: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
 

@@ -38,7 +38,7 @@ def embedding_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, d
     if not (ctx.ckpt.folder / fmt.EMBEDDING_JSON).is_file():
         raise PartError(f"the checkpoint has no {fmt.EMBEDDING_JSON}; was 'embedding' in verifiers.train?")
     info = ctx.ckpt.part(ctx.ckpt.embedding).raw
-    verifier = load_embedding_threshold(ctx.ckpt.folder, device=ctx.device, model=ctx.verifier_model)
+    verifier = load_embedding_threshold(ctx.ckpt.folder, device=ctx.device, model=ctx.embedding_model)
     scores = verifier.embedder.cosine(list(pairs.a), list(pairs.b)).double().numpy()
     thresholds = {"chosen": verifier.threshold}
     f1 = ((info.get("fit") or {}).get("f1_optimal") or {}).get("threshold")
@@ -53,7 +53,7 @@ def judge_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[
     if not (ctx.ckpt.folder / fmt.JUDGE_DIR / fmt.JUDGE_JSON).is_file():
         raise PartError(f"the checkpoint has no {fmt.JUDGE_DIR}/{fmt.JUDGE_JSON}; was 'judge' in verifiers.train?")
     meta = ctx.ckpt.part(ctx.ckpt.judge).raw
-    judge = load_judge_lora(ctx.ckpt.folder, device=ctx.device, base_model=ctx.verifier_model)
+    judge = load_judge_lora(ctx.ckpt.folder, device=ctx.device, base_model=ctx.judge_base)
     idx = ev.stratified_subsample(pairs.labels, ctx.cfg.judge_max_pairs, ctx.cfg.seed + 1)
     items = [(pairs.context_of(i), pairs.a[i], pairs.b[i]) for i in idx]
     scores = judge_probability(judge.model, judge.tokenizer, items, batch_size=judge.batch_size).double().numpy()
