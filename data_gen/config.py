@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from specprobe.infer.config import ModelsConfig, RayConfig, SamplingConfig
-from specprobe.infer.models import check_model_name
+from specprobe.infer.config import ModelsConfig, RayConfig, SamplingConfig, check_model_option
 from specprobe.inputs.config import ConfigError, check_positive, opt, to_dict
 from specprobe.inputs.records import SourceConfig
 from specprobe.probes.features import parse_layer_option
@@ -56,7 +55,6 @@ class DataConfig:
             check_positive(self, name)
         if self.max_capped_share is not None and not 0 <= self.max_capped_share <= 1:
             raise ConfigError(f"data.max_capped_share must be in [0, 1] or null, got {self.max_capped_share}")
-
         if self.max_context_steps is not None and self.max_context_steps < 0:
             raise ConfigError(f"data.max_context_steps must be >= 0, got {self.max_context_steps}")
         bad = [m for m in self.models if m not in ("target", "draft")]
@@ -69,9 +67,7 @@ class DataConfig:
         """Before the data stage loads anything (not at config load: the train stage does not read it): the
         configured judge's model is named well (a local path exists)."""
         key = "nli_model" if self.judge == "nli" else "embedding_model"
-        problem = check_model_name(getattr(self, key))
-        if problem:
-            raise ConfigError(f"data.{key}: {problem}")
+        check_model_option(getattr(self, key), f"data.{key}")
 
 
 @dataclass

@@ -86,7 +86,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             check_folder(args.out, "--out")
         methods = [m for m in args.methods.split(",") if m.strip()] if args.methods else None
-        bench.method_specs(methods or cfg.bench.methods)  # a misspelt method fails before the models load
         cfg.bench.source.check_available("bench.source")
         cfg.runtime.check_available()
         out = Path(args.out) if args.out else cfg.bench_out_dir

@@ -28,6 +28,20 @@ from specprobe.inputs.records import SourceConfig
 from specprobe.probes.acceptance import DEFAULT_EPS
 
 
+def check_model_option(name: str | None, key: str) -> None:
+    """ConfigError naming `key` when model `name` cannot be found without loading it (`infer.models.check_model_name`:
+    an unknown offline/random name, a missing local path); None (unset) passes."""
+    problem = None if name is None else check_model_name(name)
+    if problem:
+        raise ConfigError(f"{key}: {problem}")
+
+
+def check_dtype_option(value: str, key: str) -> None:
+    """ConfigError naming `key` unless `value` is auto or a dtype name `infer.models.parse_dtype` reads."""
+    if value != "auto" and value not in DTYPE_NAMES:
+        raise ConfigError(f"{key}: unknown dtype {value!r}; use auto or one of {sorted(DTYPE_NAMES)}")
+
+
 # ----------------------------------------------------------------------------- sections
 @dataclass
 class VLLMConfig:
@@ -120,8 +134,7 @@ class ModelsConfig:
 
     def __post_init__(self) -> None:
         check_positive(self, "max_batch_rows")
-        if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
-            raise ConfigError(f"models.dtype: unknown dtype {self.dtype!r}; use auto or one of {sorted(DTYPE_NAMES)}")
+        check_dtype_option(self.dtype, "models.dtype")
         for key in ("device", "draft_device"):
             value = getattr(self, key)
             if value is not None or key == "device":
@@ -144,9 +157,7 @@ class ModelsConfig:
             raise ConfigError("models.merged_linear merges the linear layers of transformers models; vLLM merges its "
                               "own: unset it or use models.engine=hf")
         for role in ("target", "draft"):
-            problem = check_model_name(getattr(self, role))
-            if problem:
-                raise ConfigError(f"models.{role}: {problem}")
+            check_model_option(getattr(self, role), f"models.{role}")
 
     def check_available(self, replica_gpus: float | None = None) -> None:
         """Before any model loads: the devices exist and the models can be found (offline packages installed,
@@ -373,9 +384,7 @@ class RuntimeConfig:
         """Before any model loads (probe-bench; not at config load: a machine that trains need not have them): the
         checkpoint's model overrides are named well (a local path exists)."""
         for key in ("checkpoint_judge_base", "checkpoint_embedding_model"):
-            problem = None if getattr(self, key) is None else check_model_name(getattr(self, key))
-            if problem:
-                raise ConfigError(f"runtime.{key}: {problem}")
+            check_model_option(getattr(self, key), f"runtime.{key}")
 
 
 @dataclass

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from specprobe.data_gen.config import DataConfig, DataJob, check_layer_option
-from specprobe.infer.config import InferenceConfig
-from specprobe.infer.models import DTYPE_NAMES, check_model_name
+from specprobe.infer.config import InferenceConfig, check_dtype_option, check_model_option
 from specprobe.inputs import config as base
 from specprobe.inputs.config import ConfigError, check_device, check_positive, opt, section
 
@@ -128,16 +127,13 @@ class VerifiersConfig:
             raise ConfigError(f"verifiers.judge_lr must be > 0, got {self.judge_lr}")
         if not self.judge_target_modules:
             raise ConfigError("verifiers.judge_target_modules must name at least one module")
-        if self.judge_dtype != "auto" and self.judge_dtype not in DTYPE_NAMES:
-            raise ConfigError(f"verifiers.judge_dtype: unknown dtype {self.judge_dtype!r}; use auto or one of "
-                              f"{sorted(DTYPE_NAMES)}")
+        check_dtype_option(self.judge_dtype, "verifiers.judge_dtype")
 
     def check_available(self) -> None:
         """The models the verifiers to train load, named well (offline packages, local paths), before any loads."""
         for verifier, key in (("embedding", "embedding_model"), ("judge", "judge_base")):
-            why = check_model_name(getattr(self, key)) if verifier in self.train else None
-            if why is not None:
-                raise ConfigError(f"verifiers.{key}: {why}")
+            if verifier in self.train:
+                check_model_option(getattr(self, key), f"verifiers.{key}")
 
 
 @dataclass

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from specprobe.infer.models import check_model_name
+from specprobe.infer.config import check_model_option
 from specprobe.inputs.config import ConfigError, check_folder
 from specprobe.train.report import CheckpointError, compare_checkpoints, evaluate_checkpoint
 
@@ -55,10 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.out:
             check_folder(args.out, "--out")
-        for flag, name in (("--judge-base", args.judge_base), ("--embedding-model", args.embedding_model)):
-            problem = None if name is None else check_model_name(name)
-            if problem:
-                raise ConfigError(f"{flag}: {problem}")
+        check_model_option(args.judge_base, "--judge-base")
+        check_model_option(args.embedding_model, "--embedding-model")
         if args.data and not Path(args.data).exists():
             raise FileNotFoundError(f"--data {args.data} does not exist (a data folder written by probe-train's "
                                     "data stage; without --data the checkpoint's own training data is read)")

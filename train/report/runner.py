@@ -104,8 +104,8 @@ def default_out(checkpoint: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- evaluation
-def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list,
-             models: dict | None = None) -> tuple[EvalContext | None, dict]:
+def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list, judge_base: str | None = None,
+             embedding_model: str | None = None) -> tuple[EvalContext | None, dict]:
     """Open the data and pick the held-out questions; None (and a skip) when that is impossible."""
     holder = EvalContext(ckpt, None, HeldOut([], [], "none"), cfg, device, skipped)
     opened = guarded(holder, "data", lambda: open_data(ckpt, data))
@@ -118,7 +118,8 @@ def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list,
     held = guarded(holder, "heldout", lambda: heldout_questions(ckpt, ds, same, cfg.split))
     if held is None:
         return None, info
-    return EvalContext(ckpt, ds, held, cfg, device, skipped, **(models or {})), info
+    return EvalContext(ckpt, ds, held, cfg, device, skipped, judge_base=judge_base,
+                       embedding_model=embedding_model), info
 
 
 def _run_parts(ctx: EvalContext, cfg, print_fn) -> tuple[dict[str, Any], list, dict[str, float]]:
@@ -170,8 +171,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
     out = Path(out) if out is not None else default_out(ckpt.path)
     out.mkdir(parents=True, exist_ok=True)
     skipped: list[dict[str, str]] = []
-    ctx, data_info = _context(ckpt, data, cfg, device, skipped,
-                              {"judge_base": judge_base, "embedding_model": embedding_model})
+    ctx, data_info = _context(ckpt, data, cfg, device, skipped, judge_base, embedding_model)
     results, figures, seconds = _run_parts(ctx, cfg, print_fn) if ctx is not None else ({}, [], {})
     metrics = {
         "format": REPORT_FORMAT, "format_version": REPORT_VERSION,
