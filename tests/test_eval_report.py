@@ -358,6 +358,10 @@ def test_cli_report_and_errors(trained, tmp_path, capsys):
                  *QUICK]) == 1
     err = capsys.readouterr().err
     assert "skipped data" in err and "could not be read" in err
+    # the same folder for a comparison: an error too, and no comparison that holds only the data-free parts
+    assert main(["--compare", str(ckpt), str(ckpt), "--data", str(tmp_path / "not-data"), "--out",
+                 str(tmp_path / "v"), *QUICK]) == 1
+    assert "could not be read" in capsys.readouterr().err and not (tmp_path / "v" / "comparison.md").exists()
 
 
 def test_a_checkpoint_whose_embedder_moved_is_evaluated_with_embedding_model(trained, tmp_path, capsys):

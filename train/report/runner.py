@@ -274,7 +274,9 @@ def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, data: str | 
     out = Path(out) if out is not None else Path("probe-eval-comparison")
     out.mkdir(parents=True, exist_ok=True)
     name_a, ma = load_or_evaluate(a, data, out / "A", **kw)
+    _check_data_read(ma, data, out / "A")
     name_b, mb = load_or_evaluate(b, data, out / "B", **kw)
+    _check_data_read(mb, data, out / "B")
     rows = ev.compare_metrics(headline(ma), headline(mb), headline(ma, intervals=True), headline(mb, intervals=True))
     warning = _different_questions(ma, mb)
     if warning:  # a difference would mix the probes with the questions: no side is called better
@@ -289,6 +291,17 @@ def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, data: str | 
     (out / "comparison.md").write_text(render.render_comparison(f"{name_a} ({a})", f"{name_b} ({b})", rows,
                                                                 warning), encoding="utf-8")
     return result
+
+
+def _check_data_read(metrics: dict[str, Any], data, out: Path) -> None:
+    """A comparison on a data folder that could not be read would compare only what needs no data: an error
+    (the side's report stays in `out`)."""
+    if data is None:
+        return
+    for s in metrics.get("skipped", []):
+        if s.get("part") == "data":
+            raise ValueError(f"the data folder given (--data {data}) could not be read ({s.get('reason')}); "
+                             f"no comparison written (the report in {out} holds only what needs no data)")
 
 
 def _acceptance_scales(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
