@@ -55,7 +55,7 @@ from specprobe.infer.engines import build_engine_pair, sampling_params
 from specprobe.infer.engines.token_spec import LookaheadConfig, TokenSpecConfig
 from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier, check_checkpoint
 from specprobe.inputs.config import ConfigError
-from specprobe.inputs.records import HUB_NAMES, SourceConfig, iter_records
+from specprobe.inputs.records import HUB_NAMES, BenchSourceConfig, iter_records
 from specprobe.probes.metrics import bootstrap_ci, wilson_interval
 
 # benchmark sets by short name (kind: jsonl, name: <short name>; the hub ids are inputs.records.HUB_NAMES),
@@ -116,7 +116,7 @@ def _records(path: str | None, name: str | None, config: str | None, split: str)
                           ".jsonl/.parquet file (kind: jsonl).") from None
 
 
-def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
+def load_problems(src: BenchSourceConfig, limit: int) -> list[Problem]:
     """Problems for the benchmark: reasoning-gym (offline), GSM8K, or any jsonl/parquet/hub data set."""
     if src.kind == "reasoning_gym":
         import reasoning_gym
@@ -126,16 +126,17 @@ def load_problems(src: SourceConfig, limit: int) -> list[Problem]:
                 for i, item in zip(range(limit), data)]
     if src.kind in ("gsm8k", "jsonl"):
         if src.path:
-            return _from_records(_records(src.path, None, None, src.split), Path(src.path).stem, limit)
-        name = src.name or "gsm8k"  # (SourceConfig refuses kind jsonl with neither a path nor a name)
-        split = _bench_split(name, src.split)
+            return _from_records(_records(src.path, None, None, src.split or "train"), Path(src.path).stem, limit)
+        name = src.name or "gsm8k"  # (the config refuses kind jsonl with neither a path nor a name)
+        split = src.split or _bench_split(name, "train")  # a split set in the config wins
         return _from_records(_records(None, name, None, split), name.replace("/", "_"), limit)
     raise ConfigError(f"probe-bench reads reasoning_gym, gsm8k or jsonl problems, not {src.kind!r} "
                       f"(MATH-500 / AIME24 / AMC23: kind jsonl with a local path or name {sorted(BENCH_SPLITS)})")
 
 
 def _bench_split(name: str, default: str) -> str:
-    """The split a benchmark set is read from, named by its short name or its hub id (openai/gsm8k is gsm8k)."""
+    """The split a benchmark set is read from unless the config names one, the set named by its short name or its
+    hub id (openai/gsm8k is gsm8k)."""
     by_hub = {HUB_NAMES[k].lower(): v for k, v in BENCH_SPLITS.items() if k in HUB_NAMES}
     return BENCH_SPLITS.get(name) or by_hub.get(name.rstrip("/").lower(), default)
 

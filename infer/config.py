@@ -24,7 +24,7 @@ from specprobe.inputs.config import (
     section,
     to_dict,
 )
-from specprobe.inputs.records import SourceConfig
+from specprobe.inputs.records import BenchSourceConfig, SourceConfig
 from specprobe.probes.acceptance import DEFAULT_EPS
 
 
@@ -389,8 +389,9 @@ class RuntimeConfig:
 
 @dataclass
 class BenchConfig:
-    source: SourceConfig = section(SourceConfig, "problems to decode: kind reasoning_gym (offline), gsm8k, or jsonl "
-                                                 "(a local file, or a hub name: math500, aime24, amc23, ...)")
+    source: BenchSourceConfig = section(BenchSourceConfig, "problems to decode: kind reasoning_gym (offline), gsm8k, "
+                                                           "or jsonl (a local file, or a hub name: math500, aime24, "
+                                                           "amc23, ...)")
     num_problems: int = opt(4, "problems per method")
     methods: list[str] = opt(["target", "draft", "semanticspec", "lr_sync", "lr_async", "lr_sync+ngram"],
                              "methods run in one benchmark, each over the same problems; a method may carry "

@@ -219,3 +219,12 @@ class SourceConfig:
         """Before any model loads: a local source file exists (`key`: the section's name in the config)."""
         if self.path and not Path(self.path).expanduser().exists():
             raise ConfigError(f"{key}.path: {self.path} does not exist ({key}.kind={self.kind})")
+
+
+@dataclass
+class BenchSourceConfig(SourceConfig):
+    """probe-bench's problems (`bench.source`): a source whose split, unless set, is the named benchmark set's
+    evaluation split (`infer.bench.BENCH_SPLITS`), else train."""
+
+    split: str | None = opt(None, "dataset split; unset: the named benchmark set's evaluation split (gsm8k, "
+                                  "math500, amc23: test; aime24: train), else train")

@@ -11,7 +11,7 @@ from specprobe.infer import bench
 from specprobe.infer.bench_cli import main
 from specprobe.infer.decoding import read_trace, replay_text
 from specprobe.inputs.config import ConfigError
-from specprobe.inputs.records import SourceConfig
+from specprobe.inputs.records import BenchSourceConfig
 from specprobe.probes.adaptive_gamma import CycleCosts, forecast_pays
 from specprobe.probes.features import FeatureSpec
 from specprobe.probes.metrics import wilson_interval
@@ -24,8 +24,10 @@ TINY_MODELS = ["models.target=random:llama-20m", "models.draft=random:llama-tiny
 
 def test_short_names_load_the_hub_sets_they_name(monkeypatch):
     """A short name (probe-bench's `name: gsm8k`, a data source's default) is resolved in one table
-    (inputs.records.HUB_NAMES) to its hub id and default config; probe-bench reads each set's own split."""
+    (inputs.records.HUB_NAMES) to its hub id and default config; probe-bench reads each set's own split unless
+    bench.source.split names one (the traces' source keeps train)."""
     from specprobe.data_gen.sources import iter_gsm8k, iter_s1k
+    from specprobe.infer.config import load_inference_config
     from specprobe.inputs import records
 
     asked = []
@@ -35,14 +37,20 @@ def test_short_names_load_the_hub_sets_they_name(monkeypatch):
         return iter([records.Record(0, f"{name}[{split}] row 0", {"question": "Q?", "answer": "7"})])
 
     monkeypatch.setattr(records, "iter_hub", hub)
-    for name, split in (("gsm8k", "train"), ("aime24", "validation"), ("org/other", "validation"),
-                        ("openai/gsm8k", "train")):  # the hub id reads the set's own split too
-        assert bench.load_problems(SourceConfig(kind="jsonl", name=name, split=split), 1)[0].answer == "7"
-    bench.load_problems(SourceConfig(kind="gsm8k"), 1)
+    for name in ("gsm8k", "aime24", "org/other", "openai/gsm8k"):  # the hub id reads the set's own split too
+        assert bench.load_problems(BenchSourceConfig(kind="jsonl", name=name), 1)[0].answer == "7"
+    bench.load_problems(BenchSourceConfig(kind="gsm8k"), 1)
+    for name, split in (("gsm8k", "train"), ("openai/gsm8k", "train"), ("aime24", "validation")):
+        bench.load_problems(BenchSourceConfig(kind="jsonl", name=name, split=split), 1)  # a split set wins
     list(iter_gsm8k())
     list(iter_s1k())
+    cfg = load_inference_config(None, ["bench.source.kind=gsm8k"])
+    assert cfg.bench.source.split is None and cfg.source.split == "train"
+    assert load_inference_config(None, ["bench.source.split=train"]).bench.source.split == "train"
     assert asked == [("openai/gsm8k", "main", "test"), ("HuggingFaceH4/aime_2024", None, "train"),
-                     ("org/other", None, "validation"), ("openai/gsm8k", "main", "test"), ("openai/gsm8k", "main", "test"),
+                     ("org/other", None, "train"), ("openai/gsm8k", "main", "test"), ("openai/gsm8k", "main", "test"),
+                     ("openai/gsm8k", "main", "train"), ("openai/gsm8k", "main", "train"),
+                     ("HuggingFaceH4/aime_2024", None, "validation"),
                      ("openai/gsm8k", "main", "train"), ("simplescaling/s1K-1.1", None, "train")]
 
 
@@ -51,17 +59,17 @@ def test_load_problems_local_files(tmp_path):
     math.write_text("\n".join(json.dumps(r) for r in [
         {"problem": "What is 1+1?", "answer": "2", "unique_id": "a"},
         {"problem": "Simplify 2/4.", "solution": r"We get \boxed{\frac{1}{2}}."}]))
-    probs = bench.load_problems(SourceConfig(kind="jsonl", path=str(math)), 5)
+    probs = bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(math)), 5)
     assert [(p.id, p.answer) for p in probs] == [("a", "2"), ("math500-1", r"\frac{1}{2}")]
     gsm = tmp_path / "gsm.jsonl"
     gsm.write_text(json.dumps({"question": "Q?", "answer": "3 + 4 = 7\n#### 7"}))
-    assert bench.load_problems(SourceConfig(kind="gsm8k", path=str(gsm)), 5)[0].answer == "7"
-    rg = bench.load_problems(SourceConfig(kind="reasoning_gym", task="gsm_symbolic", size=2, seed=3), 3)
+    assert bench.load_problems(BenchSourceConfig(kind="gsm8k", path=str(gsm)), 5)[0].answer == "7"
+    rg = bench.load_problems(BenchSourceConfig(kind="reasoning_gym", task="gsm_symbolic", size=2, seed=3), 3)
     assert len(rg) == 3 and all(p.question and p.answer for p in rg)
     with pytest.raises(ConfigError, match="reasoning_gym, gsm8k or jsonl"):
-        bench.load_problems(SourceConfig(kind="champ"), 2)
+        bench.load_problems(BenchSourceConfig(kind="champ"), 2)
     with pytest.raises(ConfigError, match="not found"):
-        bench.load_problems(SourceConfig(kind="jsonl", path=str(tmp_path / "none.jsonl")), 2)
+        bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(tmp_path / "none.jsonl")), 2)
 
 
 def _write_probes(folder, target_name, draft_name):
