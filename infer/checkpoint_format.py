@@ -37,6 +37,7 @@ EMBEDDING_FORMAT = "specprobe.embedding_threshold"
 JUDGE_DIR = "judge_lora"
 JUDGE_JSON = "judge.json"
 JUDGE_FORMAT = "specprobe.judge_lora"
+JUDGE_DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names a judge.json may record
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's file: its presence marks a LoRA adapter folder
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # PEFT's weights file of that folder
 # names in checkpoint.json's `components`
@@ -309,6 +310,7 @@ class JudgeEntry:
     prompt_version: int | None
     answer_tokens: tuple[int, int] | None  # (yes, no) token ids the adapter was trained with
     raw: dict
+    dtype: str | None = None  # the base model's dtype when the threshold was fitted (None: not recorded)
 
 
 def judge_dir(path: str | os.PathLike) -> Path:
@@ -340,7 +342,10 @@ def read_judge(path: str | os.PathLike) -> JudgeEntry:
     threshold = meta.get("threshold", 0.5)
     if not isinstance(threshold, (int, float)):
         raise CheckpointError(f"{file}: 'threshold' must be a number, got {threshold!r}")
-    return JudgeEntry(adapter, base, float(threshold), None if version is None else int(version), tokens, meta)
+    dtype = meta.get("dtype")
+    if dtype is not None and dtype not in JUDGE_DTYPES:
+        raise CheckpointError(f"{file}: 'dtype' must be one of {list(JUDGE_DTYPES)}, got {dtype!r}")
+    return JudgeEntry(adapter, base, float(threshold), None if version is None else int(version), tokens, meta, dtype)
 
 
 def has_probe(path: str | os.PathLike, name: str) -> bool:

@@ -393,7 +393,8 @@ def load_judge_lora(path: str | Path, *, device: str | None = None, threshold: f
                                   f"{vllm_engine.info.model_id}; LoRA adapters only apply to their own base model")
         return VLLMJudgeVerifier(VLLMJudge(vllm_engine, str(entry.adapter_dir)), thr, name="judge",
                                  model_id=f"{entry.base_model} + LoRA {entry.adapter_dir} (vLLM)")
-    model, tok = load_model(entry.base_model, device=device, cache_dir=cache_dir)
+    # the dtype the threshold was fitted in: bf16 probabilities differ from fp32 ones near the threshold
+    model, tok = load_model(entry.base_model, device=device, cache_dir=cache_dir, dtype=entry.dtype)
     model = PeftModel.from_pretrained(model, str(entry.adapter_dir)).eval()
     if entry.answer_tokens is not None and entry.answer_tokens != tuple(answer_token_ids(tok)):
         raise CheckpointError(f"judge.json records answer tokens {list(entry.answer_tokens)}, but the base tokenizer "

@@ -130,3 +130,23 @@ def test_adapter_reloads_with_identical_probabilities(trained):
     torch.testing.assert_close(judge_probability(runtime.model, runtime.tokenizer, items), want, rtol=0, atol=1e-5)
     verdicts = runtime.verify([VerifyItem(StepContext(CONTEXT), draft=b, target=a) for a, b, _ in PAIRS])
     np.testing.assert_allclose([v.score for v in verdicts], want.numpy(), atol=1e-5)
+
+
+def test_the_base_loads_in_the_dtype_its_threshold_was_fitted_in(trained, tmp_path):
+    """judge.json records the base's dtype; the runtime loads the base in it, not in the device's default (a
+    threshold fitted on fp32 probabilities is not applied to bf16 ones), and refuses a dtype it cannot read."""
+    import shutil
+
+    from specprobe.infer.checkpoint_format import CheckpointError
+    from specprobe.infer.verifiers import load_judge_lora
+
+    _, folder = trained
+    assert json.loads((folder / "judge_lora" / "judge.json").read_text())["dtype"] == "float32"
+    copy = tmp_path / "judge_lora"
+    shutil.copytree(folder / "judge_lora", copy)
+    meta = json.loads((copy / "judge.json").read_text())
+    (copy / "judge.json").write_text(json.dumps({**meta, "dtype": "bfloat16"}))
+    assert next(load_judge_lora(copy, device="cpu").model.parameters()).dtype == torch.bfloat16
+    (copy / "judge.json").write_text(json.dumps({**meta, "dtype": "bf-16"}))
+    with pytest.raises(CheckpointError, match="'dtype' must be one of"):
+        load_judge_lora(copy, device="cpu")

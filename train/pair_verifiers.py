@@ -285,7 +285,7 @@ class JudgeResult:
             answer_words=[YES_WORD, NO_WORD],
             probability="softmax over the logits of the two answer tokens after the prefill; P(yes)",
             fit=None if self.fit is None else self.fit.to_dict(), fit_on=self.fitted.fit_on,
-            fit_error=self.fitted.error,
+            fit_error=self.fitted.error, dtype=self.metrics.get("dtype"),
             lora={"r": v.judge_lora_r, "alpha": v.judge_lora_alpha, "dropout": v.judge_lora_dropout,
                   "target_modules": list(v.judge_target_modules), "last_layers": v.judge_lora_layers},
             training={"steps": v.judge_steps, "lr": v.judge_lr, "batch_size": v.judge_batch_size,
@@ -370,6 +370,7 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
         fitted = FittedThreshold(None, "validation pairs", "no validation pairs")
     threshold = fitted.fit.threshold if fitted.fit is not None else 0.5
     metrics: dict[str, Any] = {"n_train": len(items), "threshold_fit": fitted.to_dict(),
+                               "dtype": str(base.dtype).removeprefix("torch."),  # the scale the threshold is on
                                "loss_first": losses[0], "loss_last": losses[-1],
                                "loss_first_10": float(np.mean(losses[:10])), "loss_last_10": float(np.mean(losses[-10:]))}
     for split, (_, split_labels) in evals.items():
