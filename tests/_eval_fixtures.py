@@ -172,8 +172,12 @@ def make_checkpoint(tmp: Path, **sections):
     """Synthetic data + a checkpoint trained on it by train.pipeline.train_all: returns (config, checkpoint dir)."""
     from specprobe.train.pipeline import train_all
 
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
-    _, cfg = write_config(tmp, tmp / "run", **sections)
-    make_data(cfg)
-    train_all(cfg, print_fn=lambda _: None)
+    try:
+        _, cfg = write_config(tmp, tmp / "run", **sections)
+        make_data(cfg)
+        train_all(cfg, print_fn=lambda _: None)
+    finally:
+        torch.set_num_threads(before)
     return cfg, Path(cfg.checkpoint_dir)

@@ -349,10 +349,14 @@ def test_manifest_card_datasets_and_splits(tiny, tmp_path):
     loaded = datasets.load_dataset(str(result.data_dir), split="train", cache_dir=str(tmp_path / "hf"))  # card configs
     assert loaded.num_rows == len(ds) and "prob_under_target" in loaded.column_names
     questions = ds.question_ids()
-    # reasoning-gym's templates are the questions' families (seed 0's first items: templates 81, 70, 38)
-    assert m["question_families"] == ds.question_families() == {
-        q: f"gsm_symbolic/template-{k}" for q, k in zip(questions, (81, 70, 38))}
-    assert "come from 3 templates" in card
+    # reasoning-gym's templates are the questions' families (its own record of the items it generated)
+    import reasoning_gym
+
+    src = cfg.source
+    templates = reasoning_gym.create_dataset(src.task, size=src.size, seed=src.seed).task_indices[:len(questions)]
+    assert len(questions) == 3 and m["question_families"] == ds.question_families() == {
+        q: f"gsm_symbolic/template-{k}" for q, k in zip(questions, templates)}
+    assert f"come from {len(set(templates))} templates" in card
     mask = ds.question_mask(questions[:1])
     assert 0 < mask.sum() < len(ds)
     assert set(ds.samples.filter(mask).column("question_id").to_pylist()) == {questions[0]}
@@ -597,7 +601,6 @@ class _FailingEngine:
         return self.engine.generate(requests, params)
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes need Python 3.11")
 def test_an_unexpected_engine_error_names_its_context(tmp_path, engines, judge, monkeypatch, capsys):
     from specprobe.data_gen.sources import load_traces
     from specprobe.train import cli
@@ -608,11 +611,16 @@ def test_an_unexpected_engine_error_names_its_context(tmp_path, engines, judge, 
     wrapped = tuple(_FailingEngine(e) for e in engines)
     with pytest.raises(RuntimeError, match="device lost") as info:
         generate_dataset(cfg.data_job(), traces=[bad], engines=wrapped, judge=judge, progress=False)
-    assert any("while sampling for context failing@0 (question failing)" in n for n in info.value.__notes__)
+    notes = sys.version_info >= (3, 11)  # exception notes need Python 3.11; the error and exit code do not
+    if notes:
+        assert any("while sampling for context failing@0 (question failing)" in n for n in info.value.__notes__)
     # probe-train prints the note with the error
     monkeypatch.setattr(cli, "run_data_stage", lambda *a, **k: (_ for _ in ()).throw(info.value))
     assert cli.main(["--config", str(tmp_path / "tiny-test.yaml"), "--stage", "data"]) == 1
-    assert "RuntimeError: device lost\n  (while sampling for context failing@0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "RuntimeError: device lost" in err
+    if notes:
+        assert "RuntimeError: device lost\n  (while sampling for context failing@0" in err
 
 
 class _AtRevision:

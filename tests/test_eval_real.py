@@ -42,6 +42,7 @@ def real_checkpoint(tmp_path_factory):
     from specprobe.data_gen.pipeline import generate_dataset
     from specprobe.train.pipeline import train_all
 
+    before = torch.get_num_threads()
     torch.set_num_threads(2)
     root = tmp_path_factory.mktemp("eval-real")
     path = root / "tiny.yaml"
@@ -49,7 +50,8 @@ def real_checkpoint(tmp_path_factory):
     cfg = load_config(path)
     generate_dataset(cfg.data_job(), progress=False)
     train_all(cfg, print_fn=lambda _: None)
-    return cfg
+    yield cfg
+    torch.set_num_threads(before)  # later modules keep their own thread count
 
 
 def test_real_tiny_checkpoint_report_has_every_part(real_checkpoint, tmp_path):

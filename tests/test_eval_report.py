@@ -31,8 +31,7 @@ def quiet(_):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    torch.set_num_threads(1)
+def trained(one_thread, tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("eval-ckpt"))
 
 

@@ -487,16 +487,31 @@ def test_captures_take_turns_across_threads(monkeypatch):
             with lock:
                 opened[0] -= 1
 
+    asked = threading.Semaphore(0)
+
+    class SeenLock:  # the capture lock, which also says when a thread has come to it
+        def __init__(self, real):
+            self.real = real
+
+        def __enter__(self):
+            asked.release()
+            return self.real.__enter__()
+
+        def __exit__(self, *exc):
+            return self.real.__exit__(*exc)
+
     monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
     monkeypatch.setattr(torch.cuda, "graph", FakeCapture)
+    monkeypatch.setattr(decode_step, "_CAPTURE_LOCK", SeenLock(decode_step._CAPTURE_LOCK))
     outs = []
     threads = [threading.Thread(target=lambda i=i: outs.append(decode_step.capture_graph(lambda: i, None)[1]))
                for i in range(2)]
     threads[0].start()
-    assert inside.wait(5)
+    assert inside.wait(5) and asked.acquire(timeout=5)
+    inside.clear()
     threads[1].start()
-    threads[1].join(0.3)  # time for the second capture to open, were it not waiting for the first
-    assert most[0] == 1
+    assert asked.acquire(timeout=5)  # the second thread has come to the lock ...
+    assert not inside.wait(0.3) and most[0] == 1  # ... and waits there while the first captures
     release.set()
     for t in threads:
         t.join(5)

@@ -6,10 +6,17 @@ from specprobe.infer import models
 from specprobe.infer.models import ModelUnavailableError, load_model, resolve_model_folder
 
 
-def test_offline_smollm2_is_converted_once_and_cached(tmp_path):
+def test_offline_smollm2_is_converted_once_and_cached(monkeypatch):
+    import transformers
+
     folder, rev = resolve_model_folder("offline:smollm2-135m-instruct")
     assert rev is None and (models.Path(folder) / "DONE").exists()
     assert any(p.suffix == ".safetensors" for p in models.Path(folder).iterdir())
+
+    def convert_again(*args, **kwargs):
+        raise AssertionError("the GGUF file was read again: the converted folder was not reused")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", convert_again)
     again, _ = resolve_model_folder("offline:smollm2-135m-instruct")
     assert again == folder
 
@@ -23,8 +30,11 @@ def test_offline_models_load_with_expected_shapes():
     assert enc.config.hidden_size == 384 and enc_tok("hello")["input_ids"]
 
 
-def test_uncached_hub_model_gives_an_actionable_error(monkeypatch):
+def test_uncached_hub_model_gives_an_actionable_error(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # uncached whatever this machine's cache holds
     with pytest.raises(ModelUnavailableError) as info:
         load_model("microsoft/deberta-large-mnli", kind="seq_cls", device="cpu")
     text = str(info.value)

@@ -208,3 +208,32 @@ def test_boxed_drafts_are_refused_only_when_asked():
     assert GenState(Q, target, draft, options(), "lr_sync").unacceptable(boxed) is None
     strict = GenState(Q, target, draft, options(refuse_boxed=True), "lr_sync")
     assert strict.unacceptable(boxed) == "boxed answer" and strict.unacceptable(plain) is None
+
+
+@pytest.mark.parametrize("method", SPEC)
+def test_each_judged_draft_carries_the_features_of_its_own_step(method):
+    """A probe verifier reads, for each draft it judges, the hidden states of that draft's own tokens under both
+    models (not a neighbour's: the toy's features are its step's length and token sum mod 7, so a shifted
+    attachment shows)."""
+    from specprobe.infer.verifiers import ProbePairVerifier
+
+    from _probe_fixtures import make_input_probe
+
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    seen = []
+
+    class Spy(ProbePairVerifier):
+        def _score(self, items):
+            seen.extend(items)
+            return super()._score(items)
+
+    verifier = Spy(make_input_probe(target, 0.0, 1), make_input_probe(draft, 0.5, 2))
+    decode(method, Q, target, draft, verifier, options(0.8, cap=12, max_steps=10, accept_length_cut=True))
+    assert len(seen) >= 5
+    own = set()
+    for item in seen:
+        ids = target.text.text_ids(item.draft)
+        want = [float(sum(ids) % 7), float(len(ids))]
+        assert item.target_features[0, :2].tolist() == want == item.draft_features[0, :2].tolist(), item.draft
+        own.add(tuple(want))
+    assert len(own) > 1  # the drafts' features differ, so a draft given another's would be seen
