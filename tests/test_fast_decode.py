@@ -764,3 +764,31 @@ def test_models_capture_joins_reaches_the_decode_step(monkeypatch, one_thread):
                                                        draft="random:llama-tiny", capture_joins=joins))
         assert not target.decode_step.bucket_chunks  # the CPU captures nothing: exact-width eager joins
     assert seen == [False, False, None, None]  # the target and the draft (on the same weights), per setting
+
+
+def test_a_finished_rows_slot_stays_inside_a_learned_position_table(one_thread):
+    """Every fast decode step advances every slot's position; a row that finishes near the end of a GPT-2-style
+    learned position table must not carry its slot past it while another row decodes on (it raised IndexError)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from specprobe.infer.models import load_tokenizer
+
+    tok = load_tokenizer("random:llama-tiny")
+    torch.manual_seed(0)
+    table = 96
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=table, vocab_size=len(tok),
+                                       bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)).eval()
+    prefixes = [Prefix("word " * 30), Prefix("Hi")]
+    steps = {}
+    for decode in ("eager", "fast"):
+        engine = HFStepEngine("random:llama-tiny", model=model, tokenizer=tok, device="cpu", decode=decode,
+                              stop_at_eos=False)
+        prompts = [engine.prefix_ids(p) for p in prefixes]
+        caps = [table - len(prompts[0]) - 1, table - len(prompts[1]) - 2]  # the first ends at the table's end
+        assert caps[1] > caps[0] + 8  # the second decodes on well after it
+        out = engine.generate([StepRequest(p, 1, i, c) for i, (p, c) in enumerate(zip(prefixes, caps))],
+                              SamplingParams(temperature=0.0, max_step_tokens=table)).steps
+        steps[decode] = [row[0] for row in out]
+    for prompt, eager, fast in zip(prompts, steps["eager"], steps["fast"]):
+        assert fast.stop_reason == eager.stop_reason
+        assert_same_greedy(model, prompt, fast.token_ids, eager.token_ids, at_least=4)

@@ -224,7 +224,11 @@ class StaticKV:
             layer.values[dst_slot, :, idx] = layer.values[src_slot, :, idx]
 
     def clear_slot(self, slot: int) -> None:
+        """A slot left free: nothing visible, and its position back to 0. Every decode step advances every slot's
+        position, so a free one counts up from 0 and stays below the live rows' positions (a finished row's slot
+        would pass the position table of a model with learned positions, GPT-2 or OPT)."""
         self.mask[slot].zero_()
+        self.pos[slot].zero_()
 
     def export(self, slot: int, cols: Sequence[int]):
         """A 1-row DynamicCache of one slot's `cols` (the engine's prefix cache keeps those)."""
