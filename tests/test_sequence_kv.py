@@ -142,8 +142,12 @@ def test_a_sequence_outgrowing_its_buffers_keeps_its_columns():
 
 def test_models_without_plain_full_attention_layers_are_refused_with_the_reason():
     """Tree attention runs on static full-attention buffers: a sliding-window model is refused when its
-    SequenceKV is made (not half-way through a decode), the engine says it has no tree attention, and SEED on
-    it is refused before anything runs."""
+    SequenceKV is made (not half-way through a decode); the transformers engine refuses it when built (its first
+    step failed: it crops, joins and keeps rows' caches); SEED on an engine without tree attention is refused
+    before anything runs."""
+    import copy
+    import dataclasses
+
     from transformers import MistralConfig, MistralForCausalLM
 
     from specprobe.infer.engines import HFStepEngine
@@ -156,10 +160,13 @@ def test_models_without_plain_full_attention_layers_are_refused_with_the_reason(
     with pytest.raises(NotImplementedError, match="plain full-attention"):
         SequenceKV(model)
     plain = HFStepEngine("random:llama-tiny", device="cpu")
-    windowed = HFStepEngine("random:llama-tiny", model=model, tokenizer=plain.tokenizer, device="cpu")
-    assert plain.capabilities.tree_attention and not windowed.capabilities.tree_attention
+    with pytest.raises(ValueError, match=r"DynamicSlidingWindowLayer caches .* Use models.engine: vllm"):
+        HFStepEngine("mistral-windowed", model=model, tokenizer=plain.tokenizer, device="cpu")
+    flat = copy.copy(plain)
+    flat.capabilities = dataclasses.replace(plain.capabilities, tree_attention=False)
+    assert plain.capabilities.tree_attention
     with pytest.raises(ValueError, match="tree attention"):
-        SeedGenerator.from_engines(windowed, plain, (2, 1))
+        SeedGenerator.from_engines(flat, plain, (2, 1))
 
 
 @torch.no_grad()

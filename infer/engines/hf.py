@@ -30,7 +30,7 @@ from specprobe.infer.engines.base import (
 )
 from specprobe.infer.engines.decode_step import DecodeStep
 from specprobe.infer.engines.fused_norm import fused_norm_count, set_fused_norms, wants_fused_norms
-from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec, packing_pays
+from specprobe.infer.engines.hf_kv import DecodeBatch, ModelRunner, RowSpec, check_plain_attention, packing_pays
 from specprobe.infer.engines.lookahead_decoding import JacobiProposer
 from specprobe.infer.engines.merged_linear import merged_linear_count, set_merged_linear, wants_merged_linear
 from specprobe.infer.engines.sequence_kv import SequenceKV
@@ -112,6 +112,7 @@ class HFStepEngine(TokenizedText):
         check_stream_priority(stream_priority)  # before the model loads
         if model is None:
             model, tokenizer = load_model(model_name, device=device, dtype=dtype, cache_dir=cache_dir)
+        check_plain_attention(model, model_name)
         self.model, self.tokenizer = model, tokenizer
         set_fused_norms(model, wants_fused_norms(fused_norm, model))  # before any decode step is captured
         set_merged_linear(model, wants_merged_linear(merged_linear, model))

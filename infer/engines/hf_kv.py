@@ -87,12 +87,37 @@ def packing_pays(prefix_len: int, lengths: Sequence[int]) -> bool:
     return total * (prefix_len + total) <= rows * width * (prefix_len + width)
 
 
-def check_plain_cache(cache, what: str) -> None:
-    """Cropping and custom column layouts need plain full-attention DynamicCache layers."""
+def _not_plain(cache) -> str | None:
+    """The first cache layer that is not a plain full-attention DynamicCache layer, by type name, or None."""
     for layer in getattr(cache, "layers", []):
         if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
-            raise NotImplementedError(f"{what}: only plain DynamicCache layers are supported; this model uses "
-                                      f"{type(layer).__name__} layers (sliding-window or compressed caches)")
+            return type(layer).__name__
+    return None
+
+
+def check_plain_cache(cache, what: str) -> None:
+    """Cropping and custom column layouts need plain full-attention DynamicCache layers."""
+    layer = _not_plain(cache)
+    if layer is not None:
+        raise NotImplementedError(f"{what}: only plain DynamicCache layers are supported; this model uses "
+                                  f"{layer} layers (sliding-window or compressed caches)")
+
+
+def check_plain_attention(model, name: str) -> None:
+    """ValueError, when the engine is built, for a model whose KV cache is not plain full attention (Mistral's or
+    Gemma-2's sliding window): the engine crops, joins and keeps rows' caches, which such layers do not allow, so
+    its first step would fail."""
+    from transformers import DynamicCache
+
+    try:
+        layer = _not_plain(DynamicCache(config=model.config))
+    except Exception:  # noqa: BLE001 - a config DynamicCache cannot read: left to the first forward
+        return
+    if layer is not None:
+        raise ValueError(f"{name}: its attention keeps {layer} caches (a sliding window); the transformers engine "
+                         "runs only models with plain full-attention layers. Use models.engine: vllm for it (with a "
+                         "verifier that reads no hidden states: those come from a transformers engine), or a model "
+                         "without a sliding window")
 
 
 def clone_cache(cache):
