@@ -56,6 +56,20 @@ def ids_of(result):
     return [t for s in result.steps for t in s.token_ids]
 
 
+def test_the_answer_ends_on_every_eos_id_vllm_stops_on(vllm_pair, hf_pair, monkeypatch):
+    """vLLM stops on the generation config's EOS ids as well as the tokenizer's; the engine's step rule reads the
+    same set as the transformers engine's (a Qwen3-like config adding an id is read too)."""
+    from specprobe.infer.engines.vllm_engine import VLLMStepEngine
+
+    target, _ = vllm_pair
+    assert target.text.eos_ids == hf_pair[0].text.eos_ids
+    model_config = target.llm.llm_engine.model_config
+    eos = target.tokenizer.eos_token_id
+    monkeypatch.setattr(model_config, "try_get_generation_config", lambda: {"eos_token_id": [eos, 7]})
+    other = VLLMStepEngine(SMOL, dtype="float32", share=target)
+    assert other.text.eos_ids == {eos, 7}
+
+
 def test_greedy_steps_equal_the_transformers_engine(vllm_pair, hf_pair):
     (vt, vd), (ht, hd) = vllm_pair, hf_pair
     assert vt.info.tokenizer_id == ht.info.tokenizer_id  # steps of one are ids to the other

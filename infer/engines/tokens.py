@@ -40,9 +40,12 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def eos_token_ids(tokenizer, generation_config=None) -> set[int]:
-    """The ids that end an answer: the tokenizer's EOS and the model's generation-config EOS ids."""
+    """The ids that end an answer: the tokenizer's EOS and the model's generation-config EOS ids (a
+    GenerationConfig, or its dict as vLLM reads it)."""
     ids: set[int] = set()
-    for value in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+    config_eos = (generation_config.get("eos_token_id") if isinstance(generation_config, dict)
+                  else getattr(generation_config, "eos_token_id", None))
+    for value in (config_eos, tokenizer.eos_token_id):
         if value is None:
             continue
         ids.update(value if isinstance(value, (list, tuple)) else [value])

@@ -62,7 +62,7 @@ from specprobe.infer.engines.base import (
     sample_seed,
 )
 from specprobe.infer.engines.token_spec import TokenSpecConfig
-from specprobe.infer.engines.tokens import StepTokenizer, TokenizedText
+from specprobe.infer.engines.tokens import StepTokenizer, TokenizedText, eos_token_ids
 from specprobe.infer.judge_prompt import answer_token_ids, build_judge_prompt, uses_chat_template
 from specprobe.infer.models import RANDOM_PREFIX, describe_source, load_tokenizer, parse_dtype, resolve_model_folder
 
@@ -214,8 +214,11 @@ class VLLMStepEngine(TokenizedText):
             self._core = _Core(model_name, folder, revision, str(torch_dtype).removeprefix("torch."),
                                settings or VLLMSettings(), token_spec, device=device, cache_dir=cache_dir)
         self.tokenizer = load_tokenizer(model_name, cache_dir)
+        # vLLM stops on the generation config's EOS ids too (Qwen3's <|endoftext|> beside <|im_end|>): the step rule
+        # must read them as the end of the answer, not as a step to continue
+        generation = self._core.llm.llm_engine.model_config.try_get_generation_config()
         self.text = StepTokenizer(self.tokenizer, use_chat_template=use_chat_template, system_prompt=system_prompt,
-                                    stop_at_eos=stop_at_eos)
+                                  eos_ids=eos_token_ids(self.tokenizer, generation), stop_at_eos=stop_at_eos)
         self.info = self._make_info(folder, revision)
 
     def _make_info(self, folder: str, revision: str | None) -> EngineInfo:
