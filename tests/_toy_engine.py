@@ -105,6 +105,9 @@ class ToyEngine:
     def format_prefix(self, question, steps=(), delimiter="\n\n") -> str:
         return self.text.format_prefix(question, steps, delimiter)
 
+    def prefix_ids(self, prefix: Prefix) -> list[int]:
+        return self.text.prefix_ids(prefix)
+
     def check_fits(self, prefix: Prefix, extra_tokens: int = 0) -> None:
         n = len(self.text.prefix_ids(prefix)) + extra_tokens
         if self.info.max_length and n > self.info.max_length:

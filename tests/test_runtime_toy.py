@@ -237,3 +237,28 @@ def test_each_judged_draft_carries_the_features_of_its_own_step(method):
         assert item.target_features[0, :2].tolist() == want == item.draft_features[0, :2].tolist(), item.draft
         own.add(tuple(want))
     assert len(own) > 1  # the drafts' features differ, so a draft given another's would be seen
+
+
+@pytest.mark.parametrize("method", ["target", *SPEC])
+@pytest.mark.parametrize("window", ["target", "draft"])
+def test_an_answer_that_fills_a_context_window_ends_there(method, window):
+    """A window smaller than the prompt plus max_new_tokens: the answer ends with stop reason max_length when a
+    model's window is full, every engine call fits (the toy raises PromptTooLongError otherwise), and the output
+    up to there is the unlimited run's (greedy: the caps only shorten the last step)."""
+    prompt = len(ToyEngine().prefix_ids(Prefix(Q)))
+    engines = {"target": ToyEngine("target"), "draft": ToyEngine("draft")}
+    windowed = {**engines, window: ToyEngine(window, max_length=prompt + 40)}
+    opts = options(0.0, max_steps=40, accept_length_cut=True)
+
+    def run(pair):
+        if method == "target":
+            return decode("target", Q, pair["target"], None, None, opts)
+        return decode(method, Q, pair["target"], pair["draft"], BernoulliVerifier(0.5), opts)
+
+    res, unlimited = run(windowed), run(engines)
+    assert unlimited.stop_reason == "max_steps" and unlimited.stats.output_tokens > 60
+    if method == "target" and window == "draft":  # the draft takes no part
+        assert res.text == unlimited.text
+        return
+    assert res.stop_reason == "max_length" and prompt + res.stats.output_tokens == prompt + 40
+    assert unlimited.text.startswith(res.text)

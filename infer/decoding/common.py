@@ -10,9 +10,9 @@ steps target-only asks for (same prefix token ids, same seed), under sampling as
 outputs are then equal up to the floating-point differences of an engine's batched kernels (exactly
 equal on an engine whose rows do not depend on their batch; tests/test_runtime_toy.py).
 
-Limits. A step is cut at min(max_step_tokens, tokens left), so no output exceeds max_new_tokens
-(counted in target tokens); after max_steps steps the generation stops. The stop reason is "eos",
-"max_new_tokens" or "max_steps".
+Limits. A step is cut at min(max_step_tokens, tokens left, room left in the models' context windows), so no
+output exceeds max_new_tokens (counted in target tokens) and no prefix outgrows a window; after max_steps steps
+the generation stops. The stop reason is "eos", "max_new_tokens", "max_steps" or "max_length" (a window is full).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from specprobe.infer.decoding.metrics import RunStats, join_steps
 from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER, EngineStats, Prefix, SamplingParams, Step, StepRequest
 from specprobe.infer.verifiers import Verdict
 
-STOP_REASONS = ("eos", "max_new_tokens", "max_steps")
+STOP_REASONS = ("eos", "max_new_tokens", "max_steps", "max_length")  # max_length: a model's context window is full
 ACCEPT_DRAWS = ("prefix", "position")
 
 
@@ -146,6 +146,7 @@ class GenState:
         # skipped cycle (see forecast_skip); a refused draft's 0 says nothing about how hard the position is
         self.forecast: float | None = None
         self._same_tok = draft is None or draft.info.tokenizer_id == target.info.tokenizer_id
+        self._room = self._window_room()
         self._t0 = time.perf_counter()
 
     # ------------------------------------------------------------------ views
@@ -175,8 +176,18 @@ class GenState:
         return self.opts.max_steps - len(self.steps)
 
     def cap(self, extra_tokens: int = 0) -> int:
-        """Token cap of a step written after the committed output plus `extra_tokens` more."""
-        return min(self.opts.target_params.max_step_tokens, self.opts.max_new_tokens - self.tokens_used - extra_tokens)
+        """Token cap of a step written after the committed output plus `extra_tokens` more: the step cap, what is
+        left of max_new_tokens, and what is left of the models' context windows."""
+        cap = min(self.opts.target_params.max_step_tokens, self.opts.max_new_tokens - self.tokens_used - extra_tokens)
+        return cap if self._room is None else min(cap, self._room - extra_tokens)
+
+    def _window_room(self) -> int | None:
+        """Tokens that still fit after the committed output in the smaller context window of the two models
+        (None: no window known). Each engine counts its own prefix; a draft with another tokenizer counts the
+        steps after it in target tokens, an estimate."""
+        rooms = [e.info.max_length - len(e.prefix_ids(self.prefix())) for e in (self.target, self.draft)
+                 if e is not None and e.info.max_length]
+        return min(rooms) if rooms else None
 
     def count_tokens(self, step: Step, engine) -> int:
         """A step's length in target tokens."""
@@ -205,6 +216,10 @@ class GenState:
             self.stop_reason = "max_new_tokens"
         elif len(self.steps) >= self.opts.max_steps:
             self.stop_reason = "max_steps"
+        else:
+            self._room = self._window_room()
+            if self._room is not None and self._room < 1:  # the answer fills a context window: it ends here
+                self.stop_reason = "max_length"
         return out
 
     def unacceptable(self, step: Step) -> str | None:
