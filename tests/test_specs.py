@@ -189,3 +189,29 @@ def test_loop_scores_with_target_minus_generator_and_draws_the_pick(engines, mon
                                                                                                    beta=0.0))
     assert all(c["scores"] == [0.0] * 4 for c in res.trace)
     assert len({c["picked"] for c in res.trace}) > 1
+
+
+def test_a_candidate_that_ends_the_answer_is_scored_on_the_same_tokens_under_both_models(monkeypatch):
+    """A draft candidate ending on EOS: its sampled log-probability counts the EOS token, the target's teacher-
+    forced score of its text does not; the ratio compares the text's tokens under both (toy engines whose draft
+    often ends the answer)."""
+    from _toy_engine import ToyEngine
+
+    from specprobe.infer.decoding import specs as specs_module
+
+    target, draft = ToyEngine("target"), ToyEngine("draft", eos_weight=800)
+    calls, generated = [], []
+    real_scores, real_generate = specs_module.specs_scores, draft.generate
+    monkeypatch.setattr(specs_module, "specs_scores", lambda *a: calls.append(a) or real_scores(*a))
+    monkeypatch.setattr(draft, "generate", lambda *a: generated.append(a[0][0]) or real_generate(*a))
+    opts = options(max_steps=5, target_params=SamplingParams(temperature=0.8, max_step_tokens=6))
+    specs(Q, target, draft, ScriptedReward([[0.9] * 8] * 5), opts, SpecSConfig(n=8, tau=0.8))
+    checked = 0
+    for request, (lt, lg, _, _) in zip(generated, calls[1:]):  # round 1 is the target's
+        for c, t, g in zip(real_generate([request], opts.draft_params).steps[0], lt, lg):
+            if c.stop_reason == "eos" and c.text:
+                assert g == pytest.approx(draft.score(request.prefix, [c.text]).steps[0].logprob)
+                assert g != pytest.approx(c.logprob)  # the sampled sum, EOS included, is not what is compared
+                assert t == pytest.approx(target.score(request.prefix, [c.text]).steps[0].logprob)
+                checked += 1
+    assert checked >= 1

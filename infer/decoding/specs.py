@@ -14,7 +14,9 @@ Defaults are the paper's robust choice (its Table 5): β = 2·L with L the step-
 (its smallest beam of Tables 1–3). The reward r is any step reward in [0, 1]: a specprobe probe (the target
 probe's semantic probability of the candidate, read from the same teacher-forced target pass that gives
 π_target), or any verifier's acceptance probability. Log-probabilities are those of the models'
-unmodified distributions (Step.logprob, Scoring), as the score's KL reading requires.
+unmodified distributions (Step.logprob, Scoring), as the score's KL reading requires; a draft candidate that
+ends the answer is rescored by the draft on its text, since its Step.logprob counts the EOS token that the
+target's teacher-forced score of the text leaves out.
 
 The pure rules (`specs_scores`, `subsample`, `next_generator`) are unit-tested on tiny arrays; `specs`
 is the loop over the step-engine interface (`generate`, `score`).
@@ -194,6 +196,11 @@ def _round(state, target, draft, reward: StepReward, cfg: SpecSConfig, beta: flo
     ratio_known = [role == DRAFT and s is not None for s in scored]
     logp_target = [s.logprob if k else 0.0 for s, k in zip(scored, ratio_known)]
     logp_gen = [c.logprob if k else 0.0 for c, k in zip(cands, ratio_known)]
+    ended = [i for i, (c, k) in enumerate(zip(cands, ratio_known)) if k and c.stop_reason == "eos"]
+    if ended:  # Step.logprob counts the EOS token, the target's score of the text does not: score the same tokens
+        again = state.score(draft, DRAFT, prefix, [texts[i] for i in ended], hidden=False)
+        for i, s in zip(ended, again):
+            logp_gen[i] = s.logprob
     t0 = time.perf_counter()
     r = reward.rewards(prefix, cands, scored, seed_for(opts.seed, "reward", key))
     stats.verify_time_s += time.perf_counter() - t0
