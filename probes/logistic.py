@@ -94,8 +94,10 @@ def newton_logistic(z: torch.Tensor, y: torch.Tensor, l2: float, init: torch.Ten
         while True:
             trial = w - scale * step
             trial_loss = loss_of(trial)
-            if trial_loss <= loss or scale < 1e-6:
+            if trial_loss <= loss:
                 break
+            if scale < 1e-6:  # no step lowers the loss (rounding at the optimum): keep the weights we have
+                return w, it
             scale *= 0.5
         decrease = float(loss - trial_loss)
         w, loss = trial, trial_loss

@@ -264,5 +264,9 @@ def _train_loop(probe: SemanticProbe, x: torch.Tensor, y: torch.Tensor, vx: torc
         if stale >= cfg.patience:
             history.stopped_early = True
             break
+    if history.best_epoch < 0:  # no finite validation loss: returning the untrained weights would pass as a probe
+        raise ValueError(f"the probe's validation loss was never finite in {len(history.val_loss)} epochs (last: "
+                         f"{history.val_loss[-1] if history.val_loss else 'none'}): training diverged; lower "
+                         "probe.lr or check the features for extreme values")
     probe.load_state_dict(best_state)
     return history

@@ -556,3 +556,18 @@ def test_positive_control_recovers_the_token_probability(report):
     assert part["verdict"].startswith("too small to tell")
     assert control_check({"estimate": 0.2, "low": 0.05, "high": 0.3}) == "passed"
     assert control_check({"estimate": 0.02, "low": -0.01, "high": 0.05}) == "FAILED"
+
+
+def test_a_positive_control_with_nothing_to_check_says_not_tested(trained, tmp_path, monkeypatch):
+    """Every known quantity constant on the training rows: nothing was checked, and the verdict says so (it said
+    FAILED, as if the pipeline had missed them)."""
+    from specprobe.train.report import classic
+
+    _, ckpt = trained
+    monkeypatch.setattr(classic, "control_targets", lambda ctx, rows: {"token_prob": np.full(len(rows.sample_ids), 0.5)})
+    report = evaluate_checkpoint(ckpt, out=tmp_path / "r", overrides=["eval.n_boot=30", "eval.layer_sweep=false"],
+                                 print_fn=lambda _: None)
+    part = report.metrics["parts"]["positive_control"]
+    assert not any(s["targets"] for s in part["sets"].values())
+    assert part["verdict"].startswith("not tested") and "FAILED" not in part["verdict"]
+    assert "**Verdict:** not tested" in (tmp_path / "r" / "report.md").read_text()

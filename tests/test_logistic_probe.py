@@ -44,6 +44,17 @@ def test_newton_matches_scikit_learn_on_rows_entered_twice():
     assert np.isclose(float(w[-1]), float(ref.intercept_[0]), atol=1e-4)
 
 
+def test_a_step_that_raises_the_loss_is_never_taken(monkeypatch):
+    """When no halving of the Newton step lowers the loss, the solver keeps its weights (a step that only
+    climbs stands for rounding at the optimum); it took the last, worse trial."""
+    x, y, _ = soft_rows(200, 4, seed=2)
+    z, start = x.squeeze(1).double(), torch.full((5,), 0.3, dtype=torch.float64)
+    solve = torch.cholesky_solve
+    monkeypatch.setattr(torch, "cholesky_solve", lambda *a: -solve(*a))  # every direction climbs
+    w, iterations = newton_logistic(z, y.double(), l2=0.05, init=start)
+    assert iterations == 1 and torch.equal(w, start)
+
+
 def test_path_is_ordered_like_the_grid_and_stronger_penalties_shrink():
     x, y, _ = soft_rows(400, 10, seed=2)
     l2s = [0.01, 1.0, 0.1]

@@ -152,6 +152,17 @@ def test_early_stopping_restores_best_weights(data):
     assert restored == pytest.approx(history.best_val_loss, rel=1e-5)
 
 
+def test_a_probe_whose_validation_loss_is_never_finite_is_an_error(data, monkeypatch):
+    """Diverged training (NaN validation loss every epoch) never improves on the start: the initial weights would
+    come back as a trained probe, so fitting fails and says what to change."""
+    from specprobe.probes import mlp
+
+    tx, ty, vx, vy = data
+    monkeypatch.setattr(mlp, "_eval_loss", lambda *a: float("nan"))
+    with pytest.raises(ValueError, match=r"never finite in 3 epochs .* lower probe.lr"):
+        fit_probe(tx[:64], ty[:64], vx[:32], vy[:32], make_spec(), ProbeMLPConfig(hidden_dim=8, epochs=3))
+
+
 def test_mean_combine_learns_a_layer_average_relation(data):
     tx, _, vx, _ = data
     w = torch.zeros(HIDDEN)

@@ -138,10 +138,9 @@ def probes_section(part: dict[str, Any] | None, figures) -> str:
            "(constant = mean training label, logprob = the step's mean token log-probability mapped to a "
            "probability, last_layer = the same MLP on the final layer only). Intervals in brackets. The label "
            "noise floor is the Brier score a perfect predictor of the true probability would still get, because "
-           "each label is a frequency over N samples (the mean of each label's unbiased binomial variance: y(1−y)/(N−1) "
-           "for a draft step counted against the target's N samples; for a model's own sample, which is one of "
-           "the N, m(N−1−m)/(N²(N−2)) with m = Ny − 1 others in its cluster): no predictor can be expected to go "
-           "below it."]
+           "each label is a frequency of d draws (the mean of each label's unbiased binomial variance, y(1−y)/(d−1): "
+           "d = N for a draft step counted against the target's N samples, d = N − 1 for a model's own step, "
+           "whose label counts the N − 1 other samples): no predictor can be expected to go below it."]
     if not part:
         return "\n\n".join(out + ["*Not evaluated (see Skipped parts).*"])
     summary = summary_lines(part.get("versus") or {})
