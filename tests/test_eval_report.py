@@ -571,3 +571,30 @@ def test_a_positive_control_with_nothing_to_check_says_not_tested(trained, tmp_p
     assert not any(s["targets"] for s in part["sets"].values())
     assert part["verdict"].startswith("not tested") and "FAILED" not in part["verdict"]
     assert "**Verdict:** not tested" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_a_bad_held_out_label_is_named_by_sample_and_field(trained, tmp_path, monkeypatch):
+    """A held-out label that is not a probability: the parts that read it are skipped with the sample and the field
+    named (as probe-train's checks name them), not 'pred and label must be finite'; the others go on."""
+    import dataclasses
+
+    from specprobe.train.report import sections
+
+    _, ckpt = trained
+    real = sections.EvalContext.rows
+
+    def rows(self, set_name, pooling="mean"):
+        got = real(self, set_name, pooling)
+        if set_name != "target_own":
+            return got
+        y = got.y.clone()
+        y[int(np.flatnonzero(self.heldout.mask(got.questions))[0])] = float("nan")
+        return dataclasses.replace(got, y=y)
+
+    monkeypatch.setattr(sections.EvalContext, "rows", rows)
+    report = evaluate_checkpoint(ckpt, out=tmp_path / "r", overrides=QUICK, print_fn=quiet)
+    reasons = [s["reason"] for s in report.skipped]
+    assert any("held-out rows of target_own: field 'own_prob' must be a probability" in r and "first sample_id" in r
+               for r in reasons), reasons
+    assert not any("must be finite" in r for r in reasons)
+    assert "draft_via_target" in report.metrics["parts"]["probes"]["by_probe"]["probe_target"]  # the rest goes on

@@ -23,7 +23,7 @@ from specprobe.probes.mlp import fit_probe
 from specprobe.probes.splits import group_split
 from specprobe.train.config import ProbeConfig
 from specprobe.train.pipeline import split_groups
-from specprobe.train.probes_train import ROW_SETS, RowSet, load_row_set, torch_threads
+from specprobe.train.probes_train import ROW_SETS, RowSet, check_row_set, load_row_set, torch_threads
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report.inputs import CheckpointFolder, HeldOut, PartError, check_probe_fits_data, predict
 
@@ -90,6 +90,7 @@ class EvalContext:
         held = rows.take(self.heldout.mask(rows.questions))
         if len(held) == 0:
             raise PartError(f"no held-out rows in {set_name} ({len(self.heldout.questions)} held-out questions)")
+        check_row_set(held, "held-out")  # a bad label or feature is named by sample and field, as in training
         return held
 
 
