@@ -124,6 +124,30 @@ def test_size_guard_withholds_intervals_below_20_questions_or_10_positives():
     assert small_pairs["too_small"] and small_pairs["metrics"]["auroc"]["low"] is None
 
 
+def test_a_ranking_on_a_class_from_a_few_questions_gets_no_interval():
+    """30 questions of 10 rows, one class only in 3 rows of one question: AUROC's resamples either lack that class
+    (undefined) or hold that one question, so an interval from them looks precise and is not; it is withheld, with
+    the reason, while the soft-label metrics keep theirs. The same holds for a verifier with few pairs of a kind."""
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(30), 10).astype(str)
+    label = np.full(300, 0.9)
+    label[:3] = 0.1
+    block = ev.calibration_block(rng.random(300), label, groups, n_boot=300)
+    assert block["too_small"] is None and block["questions_by_class"] == {"positive": 30, "negative": 1}
+    for name in ("auroc", "auprc"):
+        entry = block["metrics"][name]
+        assert entry["estimate"] is not None and entry["low"] is None and entry["high"] is None
+        assert "negative labels in 1 question(s) < 5" in entry["withheld"]
+    assert block["metrics"]["brier"]["low"] is not None
+    # apart from the class count, a metric defined on too few resamples has no interval either
+    undefined = ev.metrics_with_ci({"auroc": lambda p, y: ev.auroc(p, y, 0.5)}, rng.random(300), label, groups,
+                                   n_boot=300)["auroc"]
+    assert undefined["n_valid"] < 0.9 * 300 and undefined["low"] is None and "of 300 resamples" in undefined["withheld"]
+    pairs = np.r_[np.ones(200, bool), np.zeros(20, bool)]
+    few_others = ev.verifier_block(rng.random(220), pairs, np.arange(220) // 5, 0.5, n_boot=20)
+    assert "200 equivalent and 20 other pairs" in few_others["ranking_not_evaluable"]
+
+
 def test_paired_comparison_says_whether_the_probe_beats_the_baseline():
     rng = np.random.default_rng(8)
     groups = np.repeat(np.arange(40), 5).astype(str)

@@ -49,7 +49,9 @@ LOWER_IS_BETTER = {"ece_uniform", "ece_quantile", "mce", "brier", "log_loss", "m
 # questions, not the uncertainty of the estimate, so they are withheld and the report says why.
 MIN_QUESTIONS = 20
 MIN_POSITIVES = 10
-MIN_RANKING_POSITIVES = 50  # below this many equivalent pairs a verifier's AUROC / AUPRC is not reported as a number
+MIN_RANKING_POSITIVES = 50  # below this many equivalent (or other) pairs a verifier's AUROC / AUPRC is not reported
+MIN_CLASS_QUESTIONS = 5  # a ranking interval needs each class (label >= / < the threshold) in this many questions
+MIN_VALID_SHARE = 0.9  # an interval needs the metric defined on this share of the resamples
 HIGHER_IS_BETTER = {"spearman", "auroc", "auprc", "precision", "cohen_kappa", "agreement"}
 
 
@@ -73,11 +75,19 @@ def metrics_with_ci(fns: dict[str, MetricFn], pred: Any, label: Any, groups: Any
                     alpha: float = 0.10, seed: int = 0) -> dict[str, dict[str, Any]]:
     """{name: {estimate, low, high, alpha, n_boot, n_valid}}, resampling whole groups (questions).
 
-    Every metric sees the same resamples (one seed), so their intervals are comparable.
+    Every metric sees the same resamples (one seed), so their intervals are comparable. A metric undefined on more
+    than a tenth of the resamples (AUROC where a resample lacks a class) gets no interval: the defined ones are the
+    resamples that happened to keep the rare class, so their spread understates it.
     """
     p, y, g = _aligned(pred, label, groups)
-    return {name: bootstrap_ci(fn, p, y, n_boot=n_boot, alpha=alpha, seed=seed, groups=g).to_dict()
-            for name, fn in fns.items()}
+    out = {}
+    for name, fn in fns.items():
+        entry = bootstrap_ci(fn, p, y, n_boot=n_boot, alpha=alpha, seed=seed, groups=g).to_dict()
+        if entry.get("low") is not None and entry["n_valid"] < MIN_VALID_SHARE * n_boot:
+            entry = {**entry, "low": None, "high": None,
+                     "withheld": f"defined on {entry['n_valid']} of {n_boot} resamples (the others lack a class)"}
+        out[name] = entry
+    return out
 
 
 def _aligned(pred: Any, label: Any, groups: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -122,10 +132,17 @@ def calibration_block(pred: Any, label: Any, groups: Any, *, n_bins: int = 10, n
     n_questions, n_positive = np.unique(g).size, int((y >= threshold).sum())
     guard = size_guard(n_questions, n_positive)
     metrics = metrics_with_ci(calibration_metric_fns(n_bins, threshold), p, y, g, n_boot=n_boot, alpha=alpha, seed=seed)
+    by_class = {"positive": np.unique(g[y >= threshold]).size, "negative": np.unique(g[y < threshold]).size}
+    rare = [f"{k} labels in {v} question(s)" for k, v in by_class.items() if v < MIN_CLASS_QUESTIONS]
+    if rare:  # the ranking rests on a few questions' rows, however many rows there are
+        ranking = withhold_intervals({k: metrics[k] for k in ("auroc", "auprc")},
+                                     "; ".join(rare) + f" < {MIN_CLASS_QUESTIONS}: too few to rank on")
+        metrics = {**metrics, **ranking}
     return clean_json({
         "n": p.size,
         "n_questions": n_questions,
         "n_positive": n_positive,
+        "questions_by_class": by_class,
         "mean_pred": p.mean(),
         "mean_label": y.mean(),
         "positive_rate": (y >= threshold).mean(),
@@ -294,10 +311,12 @@ def verifier_block(scores: Any, labels: Any, groups: Any, threshold: float, *, n
            "acceptance_rate": lambda p, t: float(np.mean(p >= threshold)),
            "precision": lambda p, t: _precision_at(p, t, threshold)}
     guard = size_guard(np.unique(g).size, int(y.sum()))
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
     out: dict[str, Any] = {
-        "n": s.size, "n_positive": int(y.sum()), "n_questions": np.unique(g).size, "too_small": guard,
-        "ranking_not_evaluable": (f"{int(y.sum())} equivalent pairs < {MIN_RANKING_POSITIVES}: too few to rank on"
-                                  if int(y.sum()) < MIN_RANKING_POSITIVES else None),
+        "n": s.size, "n_positive": n_pos, "n_questions": np.unique(g).size, "too_small": guard,
+        "ranking_not_evaluable": (f"{n_pos} equivalent and {n_neg} other pairs, fewer than {MIN_RANKING_POSITIVES} "
+                                  "of one kind: too few to rank on" if min(n_pos, n_neg) < MIN_RANKING_POSITIVES
+                                  else None),
         "metrics": withhold_intervals(metrics_with_ci(fns, s, yf, g, n_boot=n_boot, alpha=alpha, seed=seed), guard),
         "at_threshold": at_threshold(s, y, threshold),
     }

@@ -82,7 +82,9 @@ def header(m: dict[str, Any]) -> str:
               f"({'the training data' if (m.get('data') or {}).get('is_training_data') else 'another data folder'})",
               f"- held out: {held.get('n_questions', '–')} questions — {held.get('how', 'none')}",
               f"- confidence intervals: {int(100 * (1 - s.get('alpha', 0.1)))}% percentile bootstrap, "
-              f"{s.get('n_boot')} resamples of whole questions, withheld below 20 questions or 10 positives; "
+              f"{s.get('n_boot')} resamples of whole questions, withheld below 20 questions or 10 positives (AUROC, "
+              "AUPRC: also below 5 questions holding each class; any metric: when under 90% of the resamples "
+              "define it); "
               f"calibration bins: {s.get('n_bins')} (equal-width: left-closed at exact k/n edges; equal-mass: by "
               "rank, ties split); 'majority meaning' = label ≥ 0.5 (AUROC, AUPRC). Percentile intervals of ECE/MCE "
               "can sit above the estimate: binned errors are biased upward on resamples with repeated rows",
