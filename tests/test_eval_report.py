@@ -135,11 +135,12 @@ def test_acceptance_uses_the_empirical_ratio_of_heldout_draft_steps(report, trai
     part = report.metrics["parts"]["acceptance"]
     assert part["probes"]["n"] == len(rows)
     assert part["probes"]["metrics"]["mean_empirical"]["estimate"] == pytest.approx(expected.mean())
-    assert set(part) == {"probes", "last_layer", "logprob", "constant"}
+    assert set(part) == {"probes", "logistic", "last_layer", "logprob", "constant"}  # logistic: the classic pair
     # on this data the probes track the ratio far better than a constant p/q, and the words say so per baseline
     assert part["probes"]["metrics"]["mae"]["estimate"] < part["constant"]["metrics"]["mae"]["estimate"]
     versus = part["probes"]["versus"]
-    assert set(versus) == {"last_layer", "logprob", "constant"}
+    assert set(versus) == {"logistic", "last_layer", "logprob", "constant"}
+    assert part["logistic"]["n"] == part["probes"]["n"]  # the same draft steps
     assert versus["constant"]["brier_delta"]["estimate"] < 0  # probes' squared error minus the constant's
     text = report.markdown.read_text()
     assert "In words (squared error of the ratio, paired per question)" in text
@@ -172,6 +173,22 @@ def test_layer_sweep_chooses_on_validation_and_reports_on_test(report, trained):
     entries = sweep["entries"]
     assert sweep["best"]["layer"] == min(entries, key=lambda e: (e["val_brier"], e["layer"]))["layer"]
     assert all(e["test_brier"] is not None for e in entries)
+    # the target sweep pools two row sets: its constant is each set's own mean training label, not one mean
+    target = report.metrics["parts"]["layer_sweep"]["target"]
+    train_q = np.isin(questions, split["train"])
+    own = ds.column("own_prob")[(models == "target") & train_q]
+    via = ds.column("prob_under_target")[(models == "draft") & train_q]
+    assert target["constant_by_set"] == {"target_own": pytest.approx(np.mean(own)),
+                                         "draft_via_target": pytest.approx(np.mean(via))}
+    test_q = np.isin(questions, split["test"])
+    errors = np.r_[(ds.column("own_prob")[(models == "target") & test_q] - np.mean(own)) ** 2,
+                   (ds.column("prob_under_target")[(models == "draft") & test_q] - np.mean(via)) ** 2]
+    assert target["constant_test_brier"] == pytest.approx(errors.mean())
+    versus = target["best"]["versus_constant"]
+    assert versus["verdict"] in ("better", "worse", "no clear difference", "too small to tell")
+    assert versus["brier_delta"]["estimate"] == pytest.approx(target["best"]["test_brier"]
+                                                              - target["constant_test_brier"])
+    assert "- target: the chosen layer " in report.markdown.read_text()
 
 
 def test_pair_verifier_metrics(report, trained):

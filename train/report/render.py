@@ -196,7 +196,8 @@ def sweep_section(part: dict[str, Any] | None, figures) -> str:
     out = ["## 3. Per-layer sweep",
            "One small probe per hidden-state row (quick settings below), fitted on training questions; its epoch "
            "and the best layer are chosen on the validation questions, and the chosen layer's Brier score is "
-           "reported on the held-out test questions. The constant predictor is the mean training label."]
+           "reported on the held-out test questions (the table's split column says where there were no separate "
+           "validation questions). The constant predictor is each row set's mean training label."]
     if not part:
         return "\n\n".join(out + ["*Not evaluated or disabled (eval.layer_sweep).*"])
     s = part["settings"]
@@ -211,6 +212,17 @@ def sweep_section(part: dict[str, Any] | None, figures) -> str:
                      num(best.get("test_brier")), num(sweep.get("constant_test_brier")), sweep["how"]])
     out.append(table(["model", "rows", "n train", "n val", "n test", "layers", "chosen layer", "its val Brier",
                       "its test Brier", "constant test Brier", "split"], rows))
+    words = []
+    for role, sweep in part.items():
+        v = (sweep.get("best") or {}).get("versus_constant") if role != "settings" else None
+        if v:
+            said = {"better": "beats", "worse": "is worse than", "no clear difference": "does not clearly beat",
+                    "too small to tell": "cannot be compared (set too small) with"}.get(v["verdict"], v["verdict"])
+            shared = "" if sweep.get("independent") else " (chosen on the same questions: optimistic)"
+            words.append(f"- {role}: the chosen layer {said} the per-set constant on test, Brier difference "
+                         f"{ci(v['brier_delta'])}{shared}.")
+    if words:
+        out.append("In words (paired per question):\n\n" + "\n".join(words))
     out.append(figure_links(figures, "layer_sweep"))
     return "\n\n".join(out)
 

@@ -249,8 +249,16 @@ def acceptance_part(ctx: EvalContext) -> PartResult:
 
 
 def acceptance_baselines(ctx: EvalContext, via: RowSet, own: RowSet) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """(p, q) pairs of the baselines on the same draft steps: last-layer probes, log-prob, constant."""
+    """(p, q) pairs of the baselines on the same draft steps: the other kind of probe beside the main pair (the
+    classic logistic one beside MLPs, the MLPs beside logistic ones), last-layer probes, log-prob, constant."""
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for kind in ("logistic", "mlp"):
+        target, draft = f"probe_target_{kind}", f"probe_draft_{kind}"
+        if ctx.ckpt.has_probe(target) and ctx.ckpt.has_probe(draft):
+            pair = guarded(ctx, f"acceptance/{kind}", lambda t=target, d=draft: (
+                probe_predictions(ctx, t, "target", "draft_via_target"), probe_predictions(ctx, d, "draft", "draft_own")))
+            if pair is not None:
+                out[kind] = pair
     if ctx.ckpt.has_probe("baseline_last_layer_target") and ctx.ckpt.has_probe("baseline_last_layer_draft"):
         pair = guarded(ctx, "acceptance/last_layer", lambda: (
             probe_predictions(ctx, "baseline_last_layer_target", "target", "draft_via_target"),
@@ -333,6 +341,7 @@ def sweep_role(ctx: EvalContext, role: str) -> dict[str, Any]:
     sets = [ctx.rows(s) for s in sweep_sets(ctx, role)]
     x, y = torch.cat([s.x for s in sets]), torch.cat([s.y for s in sets])
     questions = np.concatenate([s.questions for s in sets])
+    which = np.concatenate([np.full(len(s), i) for i, s in enumerate(sets)])  # each row's set
     split = sweep_split(ctx, questions)
     tr, va, te = (torch.from_numpy(np.flatnonzero(m)) for m in (split.train, split.select, split.report))
     if float(y[tr].max()) == float(y[tr].min()):
@@ -342,7 +351,7 @@ def sweep_role(ctx: EvalContext, role: str) -> dict[str, Any]:
     kept = list(ctx.ds.layers(role))
     cfg = sweep_config(ctx, len(tr))
     y_val, y_test = y[va].double().numpy(), y[te].double().numpy()
-    entries = []
+    entries, test_preds = [], {}
     for row in ev.sweep_rows(kept, ctx.cfg.sweep_max_layers):
         col = slice(kept.index(row), kept.index(row) + 1)
         spec = FeatureSpec(model_id=engine["model_id"], num_layers=num_layers,
@@ -350,14 +359,27 @@ def sweep_role(ctx: EvalContext, role: str) -> dict[str, Any]:
         probe, history = fit_probe(x[tr][:, col], y[tr], x[va][:, col], y[va], spec, cfg)
         entry = ev.sweep_entry(row, num_layers, probe.predict_proba(x[va][:, col]).double().numpy(), y_val,
                                history.epochs_run)
-        entry["test_brier"] = brier(probe.predict_proba(x[te][:, col]).double().numpy(), y_test)
+        test_preds[row] = probe.predict_proba(x[te][:, col]).double().numpy()
+        entry["test_brier"] = brier(test_preds[row], y_test)
         entries.append(entry)
-    mean = float(y[tr].double().mean())
+    # the constant is each set's own mean training label: over pooled sets, one mean would let a probe that only
+    # tells the sets apart look better than the baseline
+    y_np, train_mask = y.double().numpy(), split.train
+    means = [float(y_np[train_mask & (which == i)].mean()) if (train_mask & (which == i)).any()
+             else float(y_np[train_mask].mean()) for i in range(len(sets))]
+    constant = np.asarray(means)[which]
+    best = ev.best_layer(entries)
+    c = ctx.cfg
+    if best is not None:
+        best = {**best, "versus_constant": ev.paired_comparison(
+            test_preds[best["layer"]], constant[split.report], y_test, questions[split.report], n_boot=c.n_boot,
+            alpha=c.alpha, seed=c.seed)}
     return {"sets": [s.name for s in sets], "how": split.how, "independent": split.independent,
             "num_layers": num_layers, "n_train": len(tr), "n_val": len(va), "n_test": len(te),
-            "constant_val_brier": brier(np.full(len(va), mean), y_val),
-            "constant_test_brier": brier(np.full(len(te), mean), y_test),
-            "entries": entries, "best": ev.best_layer(entries)}
+            "constant_by_set": dict(zip([s.name for s in sets], means)),
+            "constant_val_brier": brier(constant[split.select], y_val),
+            "constant_test_brier": brier(constant[split.report], y_test),
+            "entries": entries, "best": best}
 
 
 def layer_sweep_part(ctx: EvalContext) -> PartResult:
