@@ -32,6 +32,7 @@ from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER, Prefix, context
 from specprobe.infer.judge_prompt import PROMPT_VERSION, answer_token_ids, judge_probability
 from specprobe.infer.models import describe_source, load_model
 from specprobe.probes.acceptance import DEFAULT_EPS, bernoulli, make_rng, semantic_accept_prob
+from specprobe.probes.features import same_model_name
 
 VERIFIER_KINDS = ("probe", "embedding", "judge", "llm_judge", "exact", "accept_all", "reject_all", "bernoulli")
 CHECKPOINT_KINDS = ("probe", "embedding", "judge")
@@ -248,18 +249,15 @@ def _is_vllm(engine) -> bool:
 
 
 # ----------------------------------------------------------------------------- model identity
-def _model_key(model_id: str) -> str:
-    return model_id.strip().rstrip("/").lower()  # hub ids are case-insensitive
-
-
 def check_probe_model(spec, model_id: str, revision: str | None, name: str = "probe") -> None:
-    """CheckpointError unless `model_id` is the FULL id the probe was trained on (not just the same last
-    path component: org-a/model and org-b/model are different weights) and, when both revisions are
-    known, the same revision. `spec` is a probes.features.FeatureSpec."""
-    if _model_key(model_id) != _model_key(spec.model_id):
+    """CheckpointError unless `model_id` names the model the probe was trained on (`same_model_name`: the same id,
+    or a local copy of it; org-a/model and org-b/model are different weights) and, when both revisions are known,
+    the same revision. `spec` is a probes.features.FeatureSpec."""
+    if not same_model_name(model_id, spec.model_id):
         raise CheckpointError(f"{name} was trained on {spec.model_id!r}, but the engine runs {model_id!r}: a different "
-                              "model id (only an identical full id counts). Load that model, retrain the probe, or "
-                              "pass allow_model_mismatch=True if it is the same weights under another name")
+                              "model id (the full id counts, or a local folder of the same name). Load that model, "
+                              "retrain the probe, or pass allow_model_mismatch=True if it is the same weights under "
+                              "another name")
     if spec.revision and revision and spec.revision != revision:
         raise CheckpointError(f"{name} was trained on {spec.model_id!r} at revision {spec.revision}, but the engine "
                               f"runs revision {revision}; load that revision or retrain the probe "

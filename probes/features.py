@@ -77,10 +77,18 @@ def _check_rows(rows: list[int], num_layers: int, source: str) -> None:
         )
 
 
-def _same_model(a: str, b: str) -> bool:
-    """Loose identity of model names: a local folder and its hub id share the last path component."""
-    a_norm, b_norm = a.strip().rstrip("/").lower(), b.strip().rstrip("/").lower()
-    return a_norm == b_norm or a_norm.rsplit("/", 1)[-1] == b_norm.rsplit("/", 1)[-1]
+def same_model_name(a: str | None, b: str | None) -> bool:
+    """Whether two names name the same model (the one rule probe-train, probe-eval and the runtime share): equal
+    names (hub ids are case-insensitive; a trailing slash does not count), or a local folder and a name with the
+    same last path component (/models/Qwen2-7B is a copy of Qwen/Qwen2-7B). Two ids of other organisations
+    (org-a/X, org-b/X) are other weights."""
+    if not a or not b:
+        return False
+    a, b = a.strip().rstrip("/").lower(), b.strip().rstrip("/").lower()
+    if a == b:
+        return True
+    local = any(n.startswith(("/", "./", "../", "~")) for n in (a, b))
+    return local and a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
 
 
 @dataclass
@@ -156,7 +164,7 @@ class FeatureSpec:
                 f"{trained}, but {engine} has {num_layers} layers / hidden size {hidden_size}. "
                 f"Load {self.model_id!r} in the engine, or retrain the probe on features from the engine's model."
             )
-        if model_id is not None and not allow_model_mismatch and not _same_model(model_id, self.model_id):
+        if model_id is not None and not allow_model_mismatch and not same_model_name(model_id, self.model_id):
             raise ValueError(
                 f"{trained}, but {engine} is a different model (shapes match, representations need not). "
                 f"Load {self.model_id!r}, retrain the probe on this model, or pass allow_model_mismatch=True "

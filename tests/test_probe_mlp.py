@@ -82,7 +82,20 @@ def test_check_compatible_messages():
     assert "retrain" in msg
     with pytest.raises(ValueError, match="different model"):
         spec.check_compatible(NUM_LAYERS, HIDDEN, "other/model2")
+    with pytest.raises(ValueError, match="different model"):  # another organisation's model of the same name
+        spec.check_compatible(NUM_LAYERS, HIDDEN, "other/model")
     spec.check_compatible(NUM_LAYERS, HIDDEN, "other/model2", allow_model_mismatch=True)
+
+
+def test_one_rule_names_the_same_model():
+    """Equal ids (case, a trailing slash aside), or a local folder and a name with its last path component; two
+    organisations' models of one name are different weights."""
+    from specprobe.probes.features import same_model_name
+
+    assert same_model_name("Qwen/Qwen2-7B", "qwen/qwen2-7b/")
+    assert same_model_name("/models/Qwen2-7B", "Qwen/Qwen2-7B") and same_model_name("Qwen/Qwen2-7B", "./Qwen2-7B")
+    assert not same_model_name("org-a/Qwen2-7B", "org-b/Qwen2-7B")
+    assert not same_model_name("/models/Qwen2-7B", "Qwen/Qwen2-1.5B") and not same_model_name(None, "Qwen/Qwen2-7B")
 
 
 def test_select_rows_and_shape_checks():

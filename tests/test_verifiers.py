@@ -121,7 +121,8 @@ def test_probe_checkpoint_for_another_model_is_a_clear_error(tmp_path, tiny, sma
 
 
 def test_probe_for_another_org_with_the_same_model_name_is_refused(tmp_path, tiny):
-    """Identity is the full model id (and revision), not the last path component."""
+    """Identity is the full model id (and revision), or a local folder of the same name, never only the last path
+    component of another organisation's id."""
     from dataclasses import replace
 
     from specprobe.infer.verifiers import check_probe_model
@@ -131,11 +132,14 @@ def test_probe_for_another_org_with_the_same_model_name_is_refused(tmp_path, tin
     spec_key = next(k for k in meta if isinstance(meta[k], dict) and "model_id" in meta[k])
     meta[spec_key]["model_id"] = "other-org/" + tiny.info.model_id  # same last component, other weights
     (tmp_path / "probe_target.json").write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match=r"probe_target was trained on 'other-org/random:llama-tiny'.*full id"):
+    with pytest.raises(CheckpointError, match=r"probe_target does not fit .*trained on 'other-org/random:llama-tiny'.* is a different model"):
         load_verifier(tmp_path, "probe", target_engine=tiny, draft_engine=tiny)
     assert load_verifier(tmp_path, "probe", target_engine=tiny, draft_engine=tiny, allow_model_mismatch=True)
     spec = make_probe(tiny, 0.0).spec
     check_probe_model(spec, tiny.info.model_id.upper() + "/", None)  # case and a trailing slash do not matter
+    check_probe_model(spec, "/models/" + tiny.info.model_id, None)  # a local copy of it, as probe-train accepts
+    with pytest.raises(CheckpointError, match="the full id counts, or a local folder of the same name"):
+        check_probe_model(spec, "other-org/" + tiny.info.model_id, None)
     pinned = replace(spec, revision="abc123")
     check_probe_model(pinned, tiny.info.model_id, None)  # unknown engine revision: nothing to compare
     check_probe_model(pinned, tiny.info.model_id, "abc123")

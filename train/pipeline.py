@@ -24,6 +24,7 @@ import numpy as np
 from specprobe.data_gen.store import DataFolderError, open_dataset
 from specprobe.infer.models import default_device, describe_source
 from specprobe.inputs.config import to_dict
+from specprobe.probes.features import same_model_name
 from specprobe.probes.splits import group_split
 from specprobe.train import pair_verifiers, probes_train
 from specprobe.train.checkpoint import write_checkpoint
@@ -34,20 +35,6 @@ SIDES = ("train", "val", "test")
 
 
 # ----------------------------------------------------------------------------- checks and split
-def _same_name(a: str | None, b: str | None) -> bool:
-    """The same model: equal names (hub ids are case-insensitive), or a local copy and a name of it with the same
-    last path component (/models/Qwen2-7B, Qwen/Qwen2-7B). Two hub ids of other organisations (org-a/X, org-b/X)
-    are other weights. (The runtime's probe check, `infer.verifiers.check_probe_model`, is stricter: it wants the
-    full id the data recorded, so probes trained on a local copy need allow_model_mismatch beside the hub id.)"""
-    if not a or not b:
-        return False
-    a, b = a.strip().rstrip("/").lower(), b.strip().rstrip("/").lower()
-    if a == b:
-        return True
-    local = any(n.startswith(("/", "./", "../", "~")) for n in (a, b))
-    return local and a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
-
-
 def check_data_models(manifest: dict, cfg, folder: Path | str = "the data folder") -> None:
     """TrainingDataError when the data was made with other models than `cfg.models` names. Every identity the
     manifest records (the config's model name, the engine's name, its resolved model id) must match."""
@@ -57,7 +44,7 @@ def check_data_models(manifest: dict, cfg, folder: Path | str = "the data folder
         made_with = manifest.get("config", {}).get("models", {}).get(role)
         recorded = {f"config.models.{role}": (made_with, want), f"engines.{role}.name": (engine.get("name"), want),
                     f"engines.{role}.model_id": (engine.get("model_id"), describe_source(want))}
-        differ = [key for key, (have, expected) in recorded.items() if have and not _same_name(expected, have)]
+        differ = [key for key, (have, expected) in recorded.items() if have and not same_model_name(expected, have)]
         if not differ:
             continue
         raise TrainingDataError(
