@@ -262,3 +262,13 @@ def test_an_answer_that_fills_a_context_window_ends_there(method, window):
         return
     assert res.stop_reason == "max_length" and prompt + res.stats.output_tokens == prompt + 40
     assert unlimited.text.startswith(res.text)
+
+
+def test_a_thought_search_stays_inside_the_context_window():
+    """Tree of thoughts caps each beam's next thought by its own room in the window, and the answer it commits
+    ends at max_length (a thought past the window raised PromptTooLongError)."""
+    prompt = len(ToyEngine().prefix_ids(Prefix(Q)))
+    target = ToyEngine("target", max_length=prompt + 20)
+    res = decode("tot_target", Q, target, None, BernoulliVerifier(0.5), options(0.8, max_steps=10,
+                                                                               accept_length_cut=True))
+    assert res.stop_reason == "max_length" and res.stats.output_tokens == 20

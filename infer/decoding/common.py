@@ -182,10 +182,13 @@ class GenState:
         return cap if self._room is None else min(cap, self._room - extra_tokens)
 
     def _window_room(self) -> int | None:
-        """Tokens that still fit after the committed output in the smaller context window of the two models
-        (None: no window known). Each engine counts its own prefix; a draft with another tokenizer counts the
-        steps after it in target tokens, an estimate."""
-        rooms = [e.info.max_length - len(e.prefix_ids(self.prefix())) for e in (self.target, self.draft)
+        return self.room(self.prefix())
+
+    def room(self, prefix: Prefix) -> int | None:
+        """Tokens that still fit after `prefix` in the smaller context window of the two models (None: no window
+        known). Each engine counts its own prefix; a draft with another tokenizer counts the steps after it in
+        target tokens, an estimate."""
+        rooms = [e.info.max_length - len(e.prefix_ids(prefix)) for e in (self.target, self.draft)
                  if e is not None and e.info.max_length]
         return min(rooms) if rooms else None
 

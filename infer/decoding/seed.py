@@ -78,12 +78,16 @@ def tot_search(question: str, target, draft, reward, opts, cfg: SeedConfig | Non
     beams: list[tuple[list, int, float]] = [([], 0, 0.0)]  # (steps, tokens, value)
     depth = min(cfg.depth, opts.max_steps)
     for level in range(depth):
-        open_beams = [b for b in beams if not (b[0] and b[0][-1].stop_reason == "eos")
-                      and opts.max_new_tokens - b[1] > 0]
+        def cap(beam) -> int:  # the step cap, what is left of max_new_tokens and of the context windows
+            room = state.room(state.prefix(beam[0]))
+            left = min(opts.target_params.max_step_tokens, opts.max_new_tokens - beam[1])
+            return left if room is None else min(left, room)
+
+        open_beams = [b for b in beams if not (b[0] and b[0][-1].stop_reason == "eos") and cap(b) > 0]
         if not open_beams:
             break
         prefixes = [state.prefix(b[0]) for b in open_beams]
-        caps = [min(opts.target_params.max_step_tokens, opts.max_new_tokens - b[1]) for b in open_beams]
+        caps = [cap(b) for b in open_beams]
         seeds = [seed_for(opts.seed, "thought", state.key(p)) for p in prefixes]
         thoughts = write(prefixes, cfg.thoughts, caps, seeds)
         if not use_seed:
