@@ -792,3 +792,33 @@ def test_a_finished_rows_slot_stays_inside_a_learned_position_table(one_thread):
     for prompt, eager, fast in zip(prompts, steps["eager"], steps["fast"]):
         assert fast.stop_reason == eager.stop_reason
         assert_same_greedy(model, prompt, fast.token_ids, eager.token_ids, at_least=4)
+
+
+def test_a_stream_that_never_empties_keeps_its_free_slots_inside_the_position_table(one_thread):
+    """In a stream whose rows come and go (async LR's target stream), a padding slot no row uses advances with
+    every step for the stream's whole life: its position is held inside a learned table (it raised IndexError
+    after a table's worth of steps)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from specprobe.infer.models import load_tokenizer
+
+    tok = load_tokenizer("random:llama-tiny")
+    torch.manual_seed(0)
+    table = 64
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=table, vocab_size=len(tok),
+                                       bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)).eval()
+    engine = HFStepEngine("random:llama-tiny", model=model, tokenizer=tok, device="cpu", decode="fast",
+                          stop_at_eos=False)
+    stream = engine.open_stream(SamplingParams(temperature=0.0, max_step_tokens=table))
+    live, finished, added = set(), [], 0
+    for _ in range(4 * table):  # three rows at a time (four slots: one never used), each 12 tokens
+        if len(live) < 3:
+            out = stream.add([(added, StepRequest(Prefix("Hi" + " x" * (added % 3)), 1, added, 12))])
+            live.add(added)
+            added += 1
+        else:
+            out = []
+        for key, step in out + stream.step():
+            live.discard(key)
+            finished.append(step)
+    assert len(finished) > 40 and all(s.num_tokens == 12 for s in finished)

@@ -154,6 +154,8 @@ class StaticKV:
         # buffers and the mask they are all a captured decode step reads (`DecodeStep`)
         self.ids = torch.full((slots, 1), pad_id, dtype=torch.long, device=device)
         self.pos = torch.zeros((slots, 1), dtype=torch.long, device=device)
+        # the last position the model has (a learned table: GPT-2, OPT); 0: none known
+        self.last_pos = int(getattr(cfg, "max_position_embeddings", 0) or 0) - 1
         self.graph: Any = None  # the decode step captured on these buffers (owned by `DecodeStep`)
         # a chunk forward's inputs per width (`chunk_inputs`) and its captures per width (owned by `DecodeStep`)
         self.chunks: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -224,11 +226,18 @@ class StaticKV:
             layer.values[dst_slot, :, idx] = layer.values[src_slot, :, idx]
 
     def clear_slot(self, slot: int) -> None:
-        """A slot left free: nothing visible, and its position back to 0. Every decode step advances every slot's
-        position, so a free one counts up from 0 and stays below the live rows' positions (a finished row's slot
-        would pass the position table of a model with learned positions, GPT-2 or OPT)."""
+        """A slot left free: nothing visible, and its position back to 0 (see `advance`)."""
         self.mask[slot].zero_()
         self.pos[slot].zero_()
+
+    def advance(self) -> None:
+        """Every slot's position one on, after a decode step. Free slots advance too (one kernel, no host work),
+        so a free slot's position is kept inside the model's position table: a finished row's slot, or a padding
+        slot in a stream that never empties, would pass the table of a model with learned positions (GPT-2, OPT).
+        A live row never gets there (the engine checks that its prompt and cap fit)."""
+        self.pos += 1
+        if self.last_pos > 0:
+            self.pos.clamp_(max=self.last_pos)
 
     def export(self, slot: int, cols: Sequence[int]):
         """A 1-row DynamicCache of one slot's `cols` (the engine's prefix cache keeps those)."""
@@ -391,7 +400,7 @@ class FastDecodeBatch(RowBatch):
             self._ensure_columns(1)
             kv, c = self.kv, self.kv.col
             logits = self._decode_forward()
-            kv.pos += 1
+            kv.advance()
             for r in self.rows:
                 r.gen_cols.append(c)
                 r.pos += 1
