@@ -18,6 +18,7 @@ draws happened before it (the async runtime verifies in a timing-dependent order
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,8 @@ from specprobe.infer.judge_prompt import PROMPT_VERSION, answer_token_ids, judge
 from specprobe.infer.models import describe_source, load_model
 from specprobe.probes.acceptance import DEFAULT_EPS, bernoulli, make_rng, semantic_accept_prob
 from specprobe.probes.features import same_model_name
+
+log = logging.getLogger(__name__)
 
 VERIFIER_KINDS = ("probe", "embedding", "judge", "llm_judge", "exact", "accept_all", "reject_all", "bernoulli")
 CHECKPOINT_KINDS = ("probe", "embedding", "judge")
@@ -389,6 +392,11 @@ def load_judge_lora(path: str | Path, *, device: str | None = None, threshold: f
         if describe_source(entry.base_model) != vllm_engine.info.model_id:
             raise CheckpointError(f"the judge adapter's base model is {entry.base_model}, but the vLLM engine serves "
                                   f"{vllm_engine.info.model_id}; LoRA adapters only apply to their own base model")
+        served = str(vllm_engine.info.extra.get("dtype", "")).removeprefix("torch.")
+        if entry.dtype and served and served != entry.dtype:
+            log.warning("the judge's threshold was fitted on %s probabilities; the vLLM engine serves %s, so "
+                        "P(aligned) near the threshold may differ (start the engine with models.dtype=%s)",
+                        entry.dtype, served, entry.dtype)
         return VLLMJudgeVerifier(VLLMJudge(vllm_engine, str(entry.adapter_dir)), thr, name="judge",
                                  model_id=f"{entry.base_model} + LoRA {entry.adapter_dir} (vLLM)")
     # the dtype the threshold was fitted in: bf16 probabilities differ from fp32 ones near the threshold

@@ -300,7 +300,7 @@ def torch_allclose(a, b, tol):
     return bool((a - b).abs().max() <= tol)
 
 
-def test_judge_lora_served_by_vllm_equals_peft_on_transformers(hf_pair, tmp_path):
+def test_judge_lora_served_by_vllm_equals_peft_on_transformers(hf_pair, tmp_path, caplog):
     """A PEFT LoRA adapter (the judge-LoRA checkpoint's format) served per request by vLLM gives the judge
     probabilities PEFT gives on transformers, and differs from the base model (so the adapter is applied).
     Its own engine, started with LoRA on (~40-90 s on 2 cores)."""
@@ -331,6 +331,16 @@ def test_judge_lora_served_by_vllm_equals_peft_on_transformers(hf_pair, tmp_path
         got = VLLMJudge(engine, str(tmp_path / "judge_lora")).probability(batch)
         assert torch_allclose(got, want, 2e-3), (got, want)
         assert torch_allclose(VLLMJudge(engine).probability(batch), base, 2e-3)  # no adapter: the base model
+        # a judge whose threshold was fitted on bf16 probabilities, served in fp32: loaded, with a warning
+        from specprobe.infer.checkpoint_format import write_judge_meta
+        from specprobe.infer.judge_prompt import PROMPT_VERSION
+        from specprobe.infer.verifiers import load_judge_lora
+
+        write_judge_meta(tmp_path / "judge_lora", base_model=SMOL, threshold=0.5, prompt_version=PROMPT_VERSION,
+                         answer_tokens={"yes": 1, "no": 2}, dtype="bfloat16")
+        with caplog.at_level("WARNING", logger="specprobe.infer.verifiers"):
+            load_judge_lora(tmp_path / "judge_lora", vllm_engine=engine)
+        assert "fitted on bfloat16 probabilities; the vLLM engine serves float32" in caplog.text
     finally:
         running = len(multiprocessing.active_children())
         engine.close()

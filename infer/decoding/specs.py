@@ -16,7 +16,8 @@ probe's semantic probability of the candidate, read from the same teacher-forced
 π_target), or any verifier's acceptance probability. Log-probabilities are those of the models'
 unmodified distributions (Step.logprob, Scoring), as the score's KL reading requires; a draft candidate that
 ends the answer is rescored by the draft on its text, since its Step.logprob counts the EOS token that the
-target's teacher-forced score of the text leaves out.
+target's teacher-forced score of the text leaves out. The ratio of such a candidate is thus over its text alone:
+how likely each model is to end the answer there is not in it (the step-scoring interface has no EOS term).
 
 The pure rules (`specs_scores`, `subsample`, `next_generator`) are unit-tested on tiny arrays; `specs`
 is the loop over the step-engine interface (`generate`, `score`).

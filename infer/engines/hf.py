@@ -291,8 +291,8 @@ class HFStepEngine(TokenizedText):
               layers: Sequence[int] | None = None) -> Scoring:
         """Each step teacher-forced after `prefix` independently; the prefix is encoded once and every step
         reads its KV: the steps are packed in one row under a 4-D mask (`ModelRunner.score_packed`) when that
-        costs no more attention (`packing_pays`), else (and on a model whose cache layers cannot take a 4-D mask:
-        sliding windows) the prefix's cache is repeated across a batch of right-padded rows (`score_rows`)."""
+        costs no more attention (`packing_pays`), else (and on a model whose cache layers cannot take a 4-D mask)
+        the prefix's cache is repeated across a batch of right-padded rows (`score_rows`)."""
         t0, stats = time.perf_counter(), EngineStats()
         if not steps:
             return Scoring([], stats)

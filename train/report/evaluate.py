@@ -85,7 +85,7 @@ def metrics_with_ci(fns: dict[str, MetricFn], pred: Any, label: Any, groups: Any
         entry = bootstrap_ci(fn, p, y, n_boot=n_boot, alpha=alpha, seed=seed, groups=g).to_dict()
         if entry.get("low") is not None and entry["n_valid"] < MIN_VALID_SHARE * n_boot:
             entry = {**entry, "low": None, "high": None,
-                     "withheld": f"defined on {entry['n_valid']} of {n_boot} resamples (the others lack a class)"}
+                     "withheld": f"defined on {entry['n_valid']} of {n_boot} resamples"}
         out[name] = entry
     return out
 

@@ -254,7 +254,8 @@ def headline(metrics: dict[str, Any], intervals: bool = False) -> dict[str, Any]
 
 
 def load_or_evaluate(path: str | os.PathLike, data, out: Path, **kw) -> tuple[str, dict[str, Any]]:
-    """(name, metrics) of a report folder, or of a checkpoint evaluated into `out`."""
+    """(name, metrics) of a report folder, or of a checkpoint evaluated into `out` (on `data`: an error when that
+    folder cannot be read, the report in `out` kept; a report folder is read as it is, `data` unused)."""
     path = Path(path)
     metrics_file = path / REPORT_METRICS
     if metrics_file.is_file():
@@ -262,6 +263,7 @@ def load_or_evaluate(path: str | os.PathLike, data, out: Path, **kw) -> tuple[st
         if metrics.get("format") == REPORT_FORMAT:
             return metrics["checkpoint"]["name"], metrics
     report = evaluate_checkpoint(path, data, out, **kw)
+    _check_data_read(report.metrics, data, out)
     return report.metrics["checkpoint"]["name"], report.metrics
 
 
@@ -274,9 +276,7 @@ def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, data: str | 
     out = Path(out) if out is not None else Path("probe-eval-comparison")
     out.mkdir(parents=True, exist_ok=True)
     name_a, ma = load_or_evaluate(a, data, out / "A", **kw)
-    _check_data_read(ma, data, out / "A")
     name_b, mb = load_or_evaluate(b, data, out / "B", **kw)
-    _check_data_read(mb, data, out / "B")
     rows = ev.compare_metrics(headline(ma), headline(mb), headline(ma, intervals=True), headline(mb, intervals=True))
     warning = _different_questions(ma, mb)
     if warning:  # a difference would mix the probes with the questions: no side is called better
