@@ -22,6 +22,7 @@ from pathlib import Path
 from specprobe.infer.config import check_model_option
 from specprobe.inputs.config import ConfigError, check_folder
 from specprobe.train.report import CheckpointError, compare_checkpoints, evaluate_checkpoint
+from specprobe.train.report.runner import data_unread
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     for s in report.skipped:
         print(f"  skipped {s['part']}: {s['reason']}", file=sys.stderr)
-    if args.data and any(s["part"] == "data" for s in report.skipped):
+    if args.data and data_unread(report.metrics) is not None:
         print(f"probe-eval: error: the data folder given (--data {args.data}) could not be read; the report holds "
               "only what needs no data", file=sys.stderr)
         return 1

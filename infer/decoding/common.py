@@ -146,7 +146,7 @@ class GenState:
         # skipped cycle (see forecast_skip); a refused draft's 0 says nothing about how hard the position is
         self.forecast: float | None = None
         self._same_tok = draft is None or draft.info.tokenizer_id == target.info.tokenizer_id
-        self._room = self._window_room()
+        self._room = self.room(self.prefix())
         self._t0 = time.perf_counter()
 
     # ------------------------------------------------------------------ views
@@ -180,9 +180,6 @@ class GenState:
         left of max_new_tokens, and what is left of the models' context windows."""
         cap = min(self.opts.target_params.max_step_tokens, self.opts.max_new_tokens - self.tokens_used - extra_tokens)
         return cap if self._room is None else min(cap, self._room - extra_tokens)
-
-    def _window_room(self) -> int | None:
-        return self.room(self.prefix())
 
     def room(self, prefix: Prefix) -> int | None:
         """Tokens that still fit after `prefix` in the smaller context window of the two models (None: no window
@@ -220,7 +217,7 @@ class GenState:
         elif len(self.steps) >= self.opts.max_steps:
             self.stop_reason = "max_steps"
         else:
-            self._room = self._window_room()
+            self._room = self.room(self.prefix())
             if self._room is not None and self._room < 1:  # the answer fills a context window: it ends here
                 self.stop_reason = "max_length"
         return out

@@ -293,15 +293,18 @@ def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, data: str | 
     return result
 
 
+def data_unread(metrics: dict[str, Any]) -> str | None:
+    """Why a report could not read its data folder (its skipped "data" part), or None."""
+    return next((s.get("reason") or "" for s in metrics.get("skipped", []) if s.get("part") == "data"), None)
+
+
 def _check_data_read(metrics: dict[str, Any], data, out: Path) -> None:
     """A comparison on a data folder that could not be read would compare only what needs no data: an error
     (the side's report stays in `out`)."""
-    if data is None:
-        return
-    for s in metrics.get("skipped", []):
-        if s.get("part") == "data":
-            raise ValueError(f"the data folder given (--data {data}) could not be read ({s.get('reason')}); "
-                             f"no comparison written (the report in {out} holds only what needs no data)")
+    reason = None if data is None else data_unread(metrics)
+    if reason is not None:
+        raise ValueError(f"the data folder given (--data {data}) could not be read ({reason}); "
+                         f"no comparison written (the report in {out} holds only what needs no data)")
 
 
 def _acceptance_scales(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
