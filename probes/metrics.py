@@ -14,7 +14,8 @@ Binning conventions:
   which torchmetrics puts in an extra bin of its own).
 - equal mass ("quantile"): rows are ranked by prediction (ties broken by row order) and cut into
   ``n_bins`` runs of equal size (sizes differ by at most one), so tied predictions cannot merge bins
-  or leave some empty. The reported edges are each bin's smallest prediction (0 and 1 at the ends).
+  or leave some empty. The reported edges are each bin's smallest prediction (0 and 1 at the ends; an empty bin, possible only
+  with more bins than rows, repeats the next edge).
 
 Labels must lie in [0, 1] (semantic probabilities or 0/1); predictions too, for calibration.
 
@@ -64,8 +65,10 @@ def bin_edges(pred: Any, n_bins: int = 15, strategy: BinStrategy = "uniform") ->
     if strategy == "quantile":
         p = np.asarray(pred, dtype=np.float64).reshape(-1)
         ids = _rank_bin_ids(p, n_bins)
-        lows = [p[ids == k].min() if np.any(ids == k) else np.nan for k in range(n_bins)]
-        edges = np.r_[lows, 1.0]
+        edges = np.ones(n_bins + 1)
+        # An empty bin (only when n_bins > n) takes the next bin's edge, so edges never decrease or go NaN.
+        for k in range(n_bins - 1, -1, -1):
+            edges[k] = p[ids == k].min() if np.any(ids == k) else edges[k + 1]
         edges[0] = min(edges[0], 0.0)
         return edges
     raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")

@@ -190,6 +190,15 @@ def test_equal_mass_bins_stay_equal_when_predictions_tie():
     assert uneven.count.max() - uneven.count.min() <= 1 and uneven.count.sum() == 97
 
 
+def test_equal_mass_edges_with_more_bins_than_rows_never_decrease():
+    # 3 rows in 5 bins leaves 2 bins empty; their edges repeat the next one (they were NaN)
+    bins = reliability_bins([0.8, 0.2, 0.5], [1, 0, 1], n_bins=5, strategy="quantile")
+    assert bins.count.sum() == 3 and (bins.count == 0).sum() == 2
+    assert np.isfinite(bins.edges).all() and (np.diff(bins.edges) >= 0).all()
+    assert bins.edges[0] == 0.0 and bins.edges[-1] == 1.0
+    assert None not in bins.to_dict()["edges"]
+
+
 @pytest.mark.parametrize("bad", [1.5, -0.2])
 def test_labels_outside_unit_interval_are_refused(bad):
     with pytest.raises(ValueError, match="label must lie in"):
