@@ -191,6 +191,29 @@ def test_layer_sweep_chooses_on_validation_and_reports_on_test(report, trained):
     assert "- target: the chosen layer " in report.markdown.read_text()
 
 
+def test_layer_sweep_keeps_the_layers_that_fit_when_one_fails(trained, tmp_path, monkeypatch):
+    from specprobe.train.report import sections
+
+    real = sections.fit_probe
+
+    def fails_on_layer_2(x, y, xv, yv, spec, cfg):  # say, a layer whose activations overflowed
+        if spec.layers == [2]:
+            raise ValueError("train features contain NaN/inf in 3 of 40 rows")
+        return real(x, y, xv, yv, spec, cfg)
+
+    monkeypatch.setattr(sections, "fit_probe", fails_on_layer_2)
+    _, ckpt = trained
+    report = evaluate_checkpoint(ckpt, out=tmp_path / "r", print_fn=quiet,
+                                 overrides=["eval.n_boot=30", "eval.logistic_sweep=false"])
+    sweep = report.metrics["parts"]["layer_sweep"]
+    for role in ("target", "draft"):
+        assert [e["layer"] for e in sweep[role]["entries"]] == [0, 1, 3, 4]
+        assert sweep[role]["failed"] == [{"layer": 2, "error": "train features contain NaN/inf in 3 of 40 rows"}]
+        assert sweep[role]["best"]["layer"] != 2
+    assert "no probe could be fitted on layer(s) 2" in report.markdown.read_text()
+    assert (report.folder / "layer_sweep.png").exists()
+
+
 def test_pair_verifier_metrics(report, trained):
     _, ckpt = trained
     part = report.metrics["parts"]["verifiers"]

@@ -221,6 +221,12 @@ def sweep_section(part: dict[str, Any] | None, figures) -> str:
             shared = "" if sweep.get("independent") else " (chosen on the same questions: optimistic)"
             words.append(f"- {role}: the chosen layer {said} the per-set constant on test, Brier difference "
                          f"{ci(v['brier_delta'])}{shared}.")
+    for role, sweep in part.items():
+        failed = sweep.get("failed") if role != "settings" else None
+        if failed:
+            words.append(f"- {role}: no probe could be fitted on layer(s) "
+                         f"{', '.join(str(f['layer']) for f in failed)} (left out of the table and the figure): "
+                         f"{failed[0]['error']}")
     if words:
         out.append("In words (paired per question):\n\n" + "\n".join(words))
     out.append(figure_links(figures, "layer_sweep"))

@@ -351,17 +351,24 @@ def sweep_role(ctx: EvalContext, role: str) -> dict[str, Any]:
     kept = list(ctx.ds.layers(role))
     cfg = sweep_config(ctx, len(tr))
     y_val, y_test = y[va].double().numpy(), y[te].double().numpy()
-    entries, test_preds = [], {}
+    entries, test_preds, failed = [], {}, []
     for row in ev.sweep_rows(kept, ctx.cfg.sweep_max_layers):
         col = slice(kept.index(row), kept.index(row) + 1)
         spec = FeatureSpec(model_id=engine["model_id"], num_layers=num_layers,
                            hidden_size=int(engine["hidden_size"]), layers=[row])
-        probe, history = fit_probe(x[tr][:, col], y[tr], x[va][:, col], y[va], spec, cfg)
+        try:
+            probe, history = fit_probe(x[tr][:, col], y[tr], x[va][:, col], y[va], spec, cfg)
+        except ValueError as err:  # one layer that diverges (say, huge activations) leaves the others' points
+            failed.append({"layer": row, "error": str(err)})
+            continue
         entry = ev.sweep_entry(row, num_layers, probe.predict_proba(x[va][:, col]).double().numpy(), y_val,
                                history.epochs_run)
         test_preds[row] = probe.predict_proba(x[te][:, col]).double().numpy()
         entry["test_brier"] = brier(test_preds[row], y_test)
         entries.append(entry)
+    if not entries:
+        raise PartError(f"{role}: no layer's probe could be fitted; first error (layer {failed[0]['layer']}): "
+                        f"{failed[0]['error']}")
     # the constant is each set's own mean training label: over pooled sets, one mean would let a probe that only
     # tells the sets apart look better than the baseline
     y_np, train_mask = y.double().numpy(), split.train
@@ -379,7 +386,7 @@ def sweep_role(ctx: EvalContext, role: str) -> dict[str, Any]:
             "constant_by_set": dict(zip([s.name for s in sets], means)),
             "constant_val_brier": brier(constant[split.select], y_val),
             "constant_test_brier": brier(constant[split.report], y_test),
-            "entries": entries, "best": best}
+            "entries": entries, "failed": failed, "best": best}
 
 
 def layer_sweep_part(ctx: EvalContext) -> PartResult:
