@@ -293,6 +293,17 @@ def load_tokenizer(name: str, cache_dir: str | Path | None = None):
     return tok
 
 
+def load_model_config(name: str, cache_dir: str | Path | None = None):
+    """The transformers config of a causal LM `load_model` would load, without its weights (a check that needs
+    only the architecture runs before minutes of loading)."""
+    from transformers import AutoConfig
+
+    if name.startswith(RANDOM_PREFIX):
+        return random_config(name, len(load_tokenizer(name, cache_dir)))
+    folder, revision = resolve_model_folder(name, cache_dir)
+    return _from_pretrained(AutoConfig, folder, revision)
+
+
 def load_model(
     name: str,
     *,

@@ -140,7 +140,7 @@ def test_a_sequence_outgrowing_its_buffers_keeps_its_columns():
     assert torch.allclose(block[2], _plain_last(model, longer + [2]), atol=1e-4)
 
 
-def test_models_without_plain_full_attention_layers_are_refused_with_the_reason():
+def test_models_without_plain_full_attention_layers_are_refused_with_the_reason(tmp_path):
     """Tree attention runs on static full-attention buffers: a sliding-window model is refused when its
     SequenceKV is made (not half-way through a decode); the transformers engine refuses it when built (its first
     step failed: it crops, joins and keeps rows' caches); SEED on an engine without tree attention is refused
@@ -162,6 +162,10 @@ def test_models_without_plain_full_attention_layers_are_refused_with_the_reason(
     plain = HFStepEngine("random:llama-tiny", device="cpu")
     with pytest.raises(ValueError, match=r"DynamicSlidingWindowLayer caches .* Use models.engine: vllm"):
         HFStepEngine("mistral-windowed", model=model, tokenizer=plain.tokenizer, device="cpu")
+    folder = tmp_path / "mistral-config-only"  # by name: refused from its config, before weights or tokenizer load
+    model.config.save_pretrained(folder)
+    with pytest.raises(ValueError, match=r"mistral-config-only: its attention keeps DynamicSlidingWindowLayer"):
+        HFStepEngine(str(folder), device="cpu")
     flat = copy.copy(plain)
     flat.capabilities = dataclasses.replace(plain.capabilities, tree_attention=False)
     assert plain.capabilities.tree_attention

@@ -37,7 +37,7 @@ from specprobe.infer.engines.sequence_kv import SequenceKV
 from specprobe.infer.engines.static_kv import FastDecodeBatch, StaticKVPool, static_cache_supported
 from specprobe.infer.engines.token_spec import AssistantProposer, LookaheadConfig, NgramProposer, TokenSpecConfig
 from specprobe.infer.engines.tokens import StepTokenizer, TokenizedText, eos_token_ids
-from specprobe.infer.models import describe_source, load_model
+from specprobe.infer.models import describe_source, load_model, load_model_config
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,10 @@ class HFStepEngine(TokenizedText):
             raise ValueError(f"decode must be 'auto', 'fast' or 'eager', got {decode!r}")
         check_stream_priority(stream_priority)  # before the model loads
         if model is None:
+            check_plain_attention(load_model_config(model_name, cache_dir), model_name)  # before the weights load
             model, tokenizer = load_model(model_name, device=device, dtype=dtype, cache_dir=cache_dir)
-        check_plain_attention(model, model_name)
+        else:
+            check_plain_attention(model.config, model_name)
         self.model, self.tokenizer = model, tokenizer
         set_fused_norms(model, wants_fused_norms(fused_norm, model))  # before any decode step is captured
         set_merged_linear(model, wants_merged_linear(merged_linear, model))

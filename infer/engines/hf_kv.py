@@ -103,14 +103,14 @@ def check_plain_cache(cache, what: str) -> None:
                                   f"{layer} layers (sliding-window or compressed caches)")
 
 
-def check_plain_attention(model, name: str) -> None:
-    """ValueError, when the engine is built, for a model whose KV cache is not plain full attention (Mistral's or
-    Gemma-2's sliding window): the engine crops, joins and keeps rows' caches, which such layers do not allow, so
-    its first step would fail."""
+def check_plain_attention(config, name: str) -> None:
+    """ValueError, when the engine is built (from the model's config, before its weights load), for a model whose KV
+    cache is not plain full attention (Mistral's or Gemma-2's sliding window): the engine crops, joins and keeps
+    rows' caches, which such layers do not allow, so its first step would fail."""
     from transformers import DynamicCache
 
     try:
-        layer = _not_plain(DynamicCache(config=model.config))
+        layer = _not_plain(DynamicCache(config=config))
     except Exception:  # noqa: BLE001 - a config DynamicCache cannot read: left to the first forward
         return
     if layer is not None:
