@@ -161,6 +161,16 @@ def check_same_data(folder: Path, manifest: dict, cfg_dict: dict) -> None:
         + f"\nUse another output_dir, or delete {folder} to generate it again.")
 
 
+def settings_diff(manifest: dict, cfg_dict: dict) -> list[str]:
+    """`section.key: data's -> config's` for each data setting (source, sampling, data; not models) in which the
+    config differs from the one the folder was made with. Keys the manifest lacks (settings added since it was
+    made) do not count."""
+    old = {sec: v for sec, v in (manifest.get("fingerprint") or {}).items() if sec != "models"}
+    new = fingerprint(cfg_dict)
+    return fingerprint_diff(old, {sec: {k: v for k, v in new.get(sec, {}).items() if k in keys}
+                                  for sec, keys in old.items()})
+
+
 def check_same_judge(folder: Path, manifest: dict, judge_name: str) -> None:
     """DataMismatchError when `folder`'s clusters were made by another judge than `judge_name` (a judge object
     passed in from code is not in the settings' fingerprint; its name says what it decides)."""

@@ -335,6 +335,26 @@ def test_a_late_failure_keeps_what_trained_beside_the_checkpoint(tmp_path, embed
     assert Checkpoint(earlier).has_probe("probe_target") and not partial.exists()
 
 
+def test_training_on_data_made_with_other_settings_says_so_and_names_the_datas_source(tmp_path):
+    write_synthetic_data(tmp_path, questions=6)  # made with data.num_samples 6 from reasoning-gym's gsm_symbolic
+    cfg = synthetic_config(tmp_path, tmp_path, data={"num_samples": 20}, source={"kind": "gsm8k"},
+                           probe={"epochs": 2}, verifiers={"train": ["probes"]})
+    lines: list[str] = []
+    train_all(cfg, print_fn=lines.append)
+    differ = json.loads((Path(cfg.checkpoint_dir) / "metrics.json").read_text())["data"]["config_differs"]
+    assert differ == ["data.num_samples: 6 -> 20", "source.kind: 'reasoning_gym' -> 'gsm8k'"]
+    assert any(line.startswith("WARNING: ") and "data.num_samples: 6 -> 20" in line for line in lines)
+    card = (Path(cfg.checkpoint_dir) / "README.md").read_text()
+    assert "reasoning_gym/gsm_symbolic" in card and "gsm8k" not in card.split("## Data")[0]
+    assert "- source: `reasoning_gym` (gsm_symbolic)" in card and "data.num_samples: 6 -> 20" in card
+    same = synthetic_config(tmp_path, tmp_path / "same", probe={"epochs": 2}, verifiers={"train": ["probes"]})
+    write_synthetic_data(tmp_path / "same", questions=6)
+    quiet: list[str] = []
+    train_all(same, print_fn=quiet.append)
+    assert "config_differs" not in json.loads((Path(same.checkpoint_dir) / "metrics.json").read_text())["data"]
+    assert not any("other data settings" in line for line in quiet)
+
+
 def test_cli_train_stage(tmp_path, capsys):
     from specprobe.train.cli import main
 

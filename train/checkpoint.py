@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timezone
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.models import describe_source
 from specprobe.inputs.config import to_dict
-from specprobe.inputs.records import HUB_NAMES
+from specprobe.inputs.records import HUB_NAMES, SourceConfig
 from specprobe.inputs.versions import package_versions
 from specprobe.probes.io import front_matter
 from specprobe.train.probes_train import other_kind
@@ -81,6 +82,19 @@ def write_checkpoint(folder: str | os.PathLike, cfg, result, manifest: dict,
 CARD_TAGS = ("specprobe", "speculative-decoding", "speculative-reasoning", "verifier")
 
 
+def data_source(cfg, manifest: dict) -> SourceConfig:
+    """The source the data folder was made from (its manifest's config), else the config's own (`--stage train`
+    on data made with another source must not name the config's)."""
+    recorded = (manifest.get("config") or {}).get("source")
+    if not isinstance(recorded, dict):
+        return cfg.source
+    known = {f.name for f in fields(SourceConfig)}
+    try:
+        return SourceConfig(**{k: v for k, v in recorded.items() if k in known})
+    except (TypeError, ValueError):  # a manifest of an older format: the config's is the best guess
+        return cfg.source
+
+
 def card_metadata(cfg, components: list[str], manifest: dict) -> dict[str, Any]:
     """The Hub's YAML metadata for the model card: the models the verifiers read, the data they were
     trained on (hub names where the source is a hub data set), tags the Hub can filter on."""
@@ -92,7 +106,7 @@ def card_metadata(cfg, components: list[str], manifest: dict) -> dict[str, Any]:
     if fmt.JUDGE in components:
         bases.append(describe_source(cfg.verifiers.judge_base))
         tags += ["lora", "peft"]
-    src = cfg.source
+    src = data_source(cfg, manifest)
     if src.kind == "reasoning_gym":
         dataset = f"reasoning_gym/{src.task}"
     elif src.path:
@@ -122,6 +136,7 @@ def model_card(cfg, metrics: dict, components: list[str], manifest: dict, table:
     data = metrics.get("data", {})
     rows = data.get("rows", {})
     split = metrics.get("split", {})
+    src = data_source(cfg, manifest)
     lines = [
         front_matter(card_metadata(cfg, components, manifest)),
         f"# specprobe checkpoint `{cfg.name}`", "",
@@ -133,8 +148,10 @@ def model_card(cfg, metrics: dict, components: list[str], manifest: dict, table:
         "", "## Data", "",
         f"- folder: `{data.get('folder')}`; {data.get('num_samples_per_context')} samples per context and model, "
         f"meaning clusters by the `{data.get('judge')}` judge",
-        f"- source: `{cfg.source.kind}` ({cfg.source.task if cfg.source.kind == 'reasoning_gym' else cfg.source.name or cfg.source.path})",
+        f"- source: `{src.kind}` ({src.task if src.kind == 'reasoning_gym' else src.name or src.path})",
         _split_line(split, rows),
+        *([f"- made with other data settings than this checkpoint's config (data's -> config's): "
+           f"{'; '.join(data['config_differs'])}"] if data.get("config_differs") else []),
         "", "## Components", "",
         *(f"- `{c}`" for c in components),
         *([f"- **partial**: the {metrics['failed']['stage']} step failed ({metrics['failed']['error']}); the verifiers "

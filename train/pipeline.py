@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from specprobe.data_gen.store import DataFolderError, open_dataset
+from specprobe.data_gen.store import DataFolderError, open_dataset, settings_diff
 from specprobe.infer.models import default_device, describe_source
 from specprobe.inputs.config import to_dict
 from specprobe.probes.features import same_model_name
@@ -212,6 +212,9 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
     caveat = unrecorded_families(ds)
     if caveat:
         metrics["split"]["warning"] = caveat
+    differ = settings_diff(ds.manifest, to_dict(cfg))
+    if differ:  # the data is what it is: the checkpoint records its settings, and the run says so
+        metrics["data"]["config_differs"] = differ
     with Tracker(cfg.wandb, run_name=cfg.name, output_dir=cfg.output_dir, config=to_dict(cfg), print_fn=print_fn) as tracker:
         tracker.message(f"probe-train: {len(ds)} samples from {ds.folder}; questions train/val/test = "
                         + "/".join(str(len(split.questions(s))) for s in SIDES)
@@ -219,6 +222,11 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
                            if split.family_of else ""))
         if caveat:
             tracker.message(f"WARNING: {caveat}")
+        if differ:
+            tracker.message(f"WARNING: {ds.folder} was made with other data settings than this config (data's -> "
+                            f"config's): {'; '.join(differ)}. The verifiers train on the data as it is; the "
+                            "checkpoint's card names the data's source. To train on data of this config, use another "
+                            "output_dir (the data stage generates it)")
         if prepared.plans:
             start = time.perf_counter()
             result.probes = probes_train.train_probes(prepared.plans, prepared.specs, prepared.sets, cfg.probe,
