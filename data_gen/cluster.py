@@ -242,7 +242,10 @@ class _AssignState:
     """Rounds of `assign_many` for one context: round r compares every unmatched query with cluster r."""
 
     def __init__(self, context: str, queries: Sequence[str], reference_samples: Sequence[str],
-                 reference_ids: Sequence[int]):
+                 reference_ids: Sequence[int], scheme: Scheme = "reference"):
+        if scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+        self.last_match = scheme == "reference"  # every representative is asked; the last match wins
         self.context = context
         self.queries = list(queries)
         self.reps = _representatives(reference_samples, reference_ids)
@@ -271,7 +274,7 @@ class _AssignState:
         for u, same in zip(self.unmatched, decisions):
             if same:
                 self.unique_cluster[u] = cid
-            else:
+            if not same or self.last_match:
                 left.append(u)
         self.unmatched = left
         self.next_rep += 1
@@ -283,24 +286,27 @@ class _AssignState:
 def assign_many(contexts: Sequence[str], queries_per_context: Sequence[Sequence[str]],
                 reference_samples_per_context: Sequence[Sequence[str]],
                 reference_ids_per_context: Sequence[Sequence[int]], judge: Judge,
-                max_pairs_per_call: int | None = None) -> list[list[int | None]]:
+                max_pairs_per_call: int | None = None, scheme: Scheme = "reference") -> list[list[int | None]]:
     """`assign_to_clusters` for many contexts, rounds in lockstep (one judge call per round)."""
     n = len(contexts)
     if not (len(queries_per_context) == len(reference_samples_per_context) == len(reference_ids_per_context) == n):
         raise ValueError("assign_many needs one query list, reference list and id list per context")
-    states = [_AssignState(*args) for args in zip(contexts, queries_per_context, reference_samples_per_context,
-                                                   reference_ids_per_context)]
+    states = [_AssignState(*args, scheme) for args in zip(contexts, queries_per_context,
+                                                           reference_samples_per_context, reference_ids_per_context)]
     _lockstep(states, lambda s: bool(s.active), lambda s: s.round_queries(), judge, max_pairs_per_call)
     return [s.result() for s in states]
 
 
 def assign_to_clusters(context: str, queries: Sequence[str], reference_samples: Sequence[str],
-                       reference_ids: Sequence[int], judge: Judge) -> list[int | None]:
+                       reference_ids: Sequence[int], judge: Judge, scheme: Scheme = "reference") -> list[int | None]:
     """For each query (e.g. a draft sample), the reference (target) cluster it means the same as, or None.
 
-    Queries are compared with each reference cluster's first member in id order; the first match wins.
-    A query equal (after normalisation) to any reference sample takes its cluster with no judge call.
-    The draft sample's probability under the target's meaning distribution is then |C_k| / N_ref
-    (0 for None).
+    Queries are compared with each reference cluster's first member in id order, by the scheme that clustered
+    the references: "reference" asks every representative and the LAST match wins, the cluster
+    ``get_semantic_ids`` gives the query appended to the reference samples (so a draft step gets the cluster a
+    target sample of the same text would, also with a non-transitive judge, and every draft-representative pair
+    is judged); "first_match" stops at the first match (fewer pairs). A query equal (after normalisation) to any
+    reference sample takes its cluster with no judge call. The draft sample's probability under the target's
+    meaning distribution is then |C_k| / N_ref (0 for None).
     """
-    return assign_many([context], [queries], [reference_samples], [reference_ids], judge)[0]
+    return assign_many([context], [queries], [reference_samples], [reference_ids], judge, scheme=scheme)[0]

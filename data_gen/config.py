@@ -31,7 +31,8 @@ class DataConfig:
                      "representative is compared with every later sample, placed ones included, so a later "
                      "equivalent representative takes a sample over); first_match = each sample joins the first "
                      "cluster whose representative is equivalent (fewer judge pairs; same clusters when the "
-                     "judge is transitive)")
+                     "judge is transitive). Draft steps are placed among the target's clusters by the same "
+                     "rule (reference: the last equivalent target representative)")
     embedding_model: str = opt("offline:minilm", "sentence embedder of the embedding judge")
     embedding_threshold: float = opt(0.8, "cosine threshold of the embedding judge (numbers must also match)")
     layers: str = opt("all", "hidden-state rows to store: all, last, range:a-b or a comma list (0 = embeddings)")

@@ -7,7 +7,8 @@ sample of cluster k: semantic probability = |C_k| / N, and the stored cluster si
 its ``num_empty`` sum to N; ``num_clusters`` and the entropy include the empty group when present.
 
 A draft sample's probability under the TARGET's meaning distribution is |C_t| / N_target for the
-target cluster C_t it was assigned to (compared with each target cluster's first member), else 0.
+target cluster C_t it was assigned to (compared with each target cluster's first member by the clustering's
+scheme: `cluster.assign_to_clusters`), else 0.
 
 One scale for training and scoring: |C_k| / N counts the sample itself (it is at least 1 / N and, for a
 meaning said with probability pi, averages pi + (1 - pi) / N), while a draft step is not among the target's

@@ -342,7 +342,8 @@ class _ShardRunner:
         matches: list = [None] * len(works)
         if "target" in self.models and "draft" in self.models:
             matches = assign_many(contexts, [w.texts("draft") for w in works], [w.texts("target") for w in works],
-                                  [c.cluster_ids for c in clusterings["target"]], recorder, per_call)
+                                  [c.cluster_ids for c in clusterings["target"]], recorder, per_call,
+                                  scheme=self.job.data.cluster_scheme)
         timing["clustering"] += time.perf_counter() - start
         counts = {"cluster_pairs": cluster_pairs, "assign_pairs": recorder.pairs_asked - cluster_pairs,
                   "model_calls": self.judge.model_calls - calls_before,

@@ -324,23 +324,49 @@ def test_assign_to_clusters():
     assert ref_ids == [0, 1, 0, 2]
     judge = FirstWordJudge()
     queries = ["c new", "A THREE", "d none", "b other", "c new", "a  three"]
-    got = assign_to_clusters("c", queries, refs, ref_ids, judge)
+    got = assign_to_clusters("c", queries, refs, ref_ids, judge, scheme="first_match")
     assert got == [2, 0, None, 1, 2, 0]
     # "a  three" matched a reference sample textually: no call; "A THREE" differs in case, so it is asked.
     # Distinct unmatched queries: c new, A THREE, d none, b other -> vs "a one" (4 pairs; A THREE
     # matches), vs "b two" (3; b other matches), vs "c four" (2; c new matches).
     assert judge.model_calls == 4 + 3 + 2
     assert all(q.a in ("a one", "b two", "c four") for c in judge.calls for q in c)
+    # the reference scheme asks every representative about every unmatched distinct query (same clusters here:
+    # the judge is transitive)
+    every = FirstWordJudge()
+    assert assign_to_clusters("c", queries, refs, ref_ids, every) == got and every.model_calls == 4 * 3
 
 
 def test_assign_stops_when_all_matched_and_handles_empty():
     judge = FirstWordJudge()
-    assert assign_to_clusters("c", ["a x", "a y"], ["a 1", "b 2"], [0, 1], judge) == [0, 0]
+    assert assign_to_clusters("c", ["a x", "a y"], ["a 1", "b 2"], [0, 1], judge, scheme="first_match") == [0, 0]
     assert len(judge.calls) == 1  # both matched cluster 0; cluster 1 is never asked
     assert assign_to_clusters("c", ["a x"], [], [], judge) == [None]
     assert assign_to_clusters("c", [], ["a 1"], [0], judge) == []
     with pytest.raises(ValueError, match="reference"):
         assign_to_clusters("c", ["a"], ["a 1", "b 2"], [0], judge)
+
+
+def test_reference_assignment_is_get_semantic_ids_with_the_query_appended():
+    """With a non-transitive judge the reference scheme places a draft step where get_semantic_ids would place it
+    among the target's samples (the last equivalent representative); first_match can differ."""
+    differs = 0
+    for seed in range(300):
+        rng = random.Random(5000 + seed)
+        refs = [f"s{i}" for i in range(rng.randint(1, 10))]
+        queries = [f"q{i}" for i in range(rng.randint(1, 4))]
+        related = random_relation(refs + queries, rng, rng.choice([0.2, 0.4, 0.6]))
+        ref_ids, _ = reference_semantic_ids(refs, lambda a, b: (a, b) in related)
+        got = assign_to_clusters("c", queries, refs, ref_ids, RelationJudge(related))
+        for query, cid in zip(queries, got):
+            appended, _ = reference_semantic_ids(refs + [query], lambda a, b: (a, b) in related)
+            assert appended[:-1] == ref_ids  # a later sample never moves an earlier one
+            assert cid == (appended[-1] if appended[-1] in ref_ids else None), seed
+        first = assign_to_clusters("c", queries, refs, ref_ids, RelationJudge(related), scheme="first_match")
+        differs += first != got
+    assert differs > 20
+    with pytest.raises(ValueError, match="scheme"):
+        assign_to_clusters("c", ["a"], ["a 1"], [0], FirstWordJudge(), scheme="last")
 
 
 def test_assign_many_equals_per_context():
