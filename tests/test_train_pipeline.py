@@ -329,6 +329,11 @@ def test_a_late_failure_keeps_what_trained_beside_the_checkpoint(tmp_path, embed
     assert failed["stage"] == "judge" and failed["error"].startswith(("AttributeError", "TypeError"))
     assert "**partial**: the judge step failed" in (partial / "README.md").read_text()
     assert any("the judge step failed" in line and str(partial) in line for line in lines)
+    # a later run without the embedding verifier leaves the partial checkpoint, which holds one
+    fewer = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2}, verifiers={"train": ["probes"]})
+    train_all(fewer, print_fn=lines.append)
+    assert partial.is_dir() and any(line.startswith(f"kept {partial}") and "embedding_threshold" in line
+                                    for line in lines)
     # a later run that trains everything replaces the checkpoint and removes the stale partial one
     done = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2}, verifiers={"train": ["probes", "embedding"]})
     train_all(done, print_fn=lines.append, embedder=embedder)
@@ -353,6 +358,42 @@ def test_training_on_data_made_with_other_settings_says_so_and_names_the_datas_s
     train_all(same, print_fn=quiet.append)
     assert "config_differs" not in json.loads((Path(same.checkpoint_dir) / "metrics.json").read_text())["data"]
     assert not any("other data settings" in line for line in quiet)
+
+
+def test_sigterm_during_training_keeps_the_finished_verifiers(tmp_path, capsys, monkeypatch):
+    """A batch scheduler's time limit (SIGTERM) while the embedding verifier trains: the probes already trained are
+    kept in <checkpoint>-partial, the CLI says so and exits 143, and SIGTERM's handler is restored."""
+    import os
+    import signal
+    import time
+
+    from specprobe.train.cli import main
+
+    def killed(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises here
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(pipeline.pair_verifiers, "train_embedding", killed)
+    cfg = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2})
+    write_synthetic_data(tmp_path, questions=6)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["--config", str(tmp_path / "synthetic.yaml"), "--stage", "train", "--no-progress"]) == 143
+    assert "stopped by SIGTERM" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before
+    kept = Checkpoint(pipeline.partial_checkpoint_dir(cfg))
+    assert kept.has_probe("probe_target") and "embedding_threshold" not in kept.components
+    assert json.loads((kept.folder / "metrics.json").read_text())["failed"]["stage"] == "embedding"
+    assert not Path(cfg.checkpoint_dir).exists()
+
+
+def test_merge_refuses_shard_and_ray(tmp_path, capsys):
+    from specprobe.train.cli import main
+
+    for extra in (["--shard", "0/2"], ["--ray"]):
+        with pytest.raises(SystemExit):
+            main(["--config", "configs/tiny.yaml", "--merge", *extra])
+        assert "--merge joins the finished part folders" in capsys.readouterr().err
 
 
 def test_cli_train_stage(tmp_path, capsys):

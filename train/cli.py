@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from specprobe.data_gen.contexts import parse_part
 from specprobe.data_gen.pipeline import DataGenStats, DataResult, generate_dataset
@@ -83,6 +86,28 @@ def run_train_stage(cfg, progress: bool = True) -> int:
     return 0
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (a batch scheduler's time limit, `kill`), raised where the run is, as Ctrl-C is: the train stage
+    keeps its finished verifiers (<checkpoint>-partial), the data stage its finished shards."""
+
+
+@contextmanager
+def sigterm_stops() -> Iterator[None]:
+    """SIGTERM raises `Stopped` while the block runs (main thread only; the old handler comes back after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.ray, args.overrides = split_ray_option(args.ray, args.overrides)
@@ -94,24 +119,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().error("--config is required (e.g. --config configs/tiny.yaml)")
     if (args.shard or args.merge or args.ray is not None) and args.stage == "train":
         build_parser().error("--shard, --merge and --ray belong to the data stage")
+    if args.merge and (args.shard or args.ray is not None):
+        build_parser().error("--merge joins the finished part folders; it takes no --shard or --ray")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.config, args.overrides)
-        cfg.check_before_loading(sources=args.stage in ("data", "all") and not args.merge, ray=args.ray is not None,
-                                 training=args.stage in ("train", "all") and not (args.merge or args.shard))
-        if args.merge:
-            return run_merge(cfg)
-        if args.stage in ("data", "all"):
-            run_data_stage(cfg, args.shard, progress=not args.no_progress, ray_address=args.ray)
-            if args.shard:
-                return 0
-        if args.stage in ("train", "all"):
-            return run_train_stage(cfg, progress=not args.no_progress)
-        return 0
+        with sigterm_stops():
+            return _run(args)
+    except Stopped:
+        print("probe-train: stopped by SIGTERM; what had finished is kept (the data stage's shards, the train "
+              "stage's verifiers in <checkpoint>-partial): the same command resumes the data stage", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except (ConfigError, ValueError, RuntimeError, FileNotFoundError) as err:
         notes = "".join(f"\n  ({note})" for note in getattr(err, "__notes__", ()))
         print(f"probe-train: error: {type(err).__name__}: {err}{notes}", file=sys.stderr)
         return 1
+
+
+def _run(args) -> int:
+    """The stages `args` asks for."""
+    cfg = load_config(args.config, args.overrides)
+    cfg.check_before_loading(sources=args.stage in ("data", "all") and not args.merge, ray=args.ray is not None,
+                             training=args.stage in ("train", "all") and not (args.merge or args.shard))
+    if args.merge:
+        return run_merge(cfg)
+    if args.stage in ("data", "all"):
+        run_data_stage(cfg, args.shard, progress=not args.no_progress, ray_address=args.ray)
+        if args.shard:
+            return 0
+    if args.stage in ("train", "all"):
+        return run_train_stage(cfg, progress=not args.no_progress)
+    return 0
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from specprobe.data_gen.store import DataFolderError, open_dataset, settings_diff
+from specprobe.infer.checkpoint_format import Checkpoint
 from specprobe.infer.models import default_device, describe_source
 from specprobe.inputs.config import to_dict
 from specprobe.probes.features import same_model_name
@@ -262,10 +263,7 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
         metrics["seconds"] = dict(result.seconds)
         result.metrics = metrics
         write_checkpoint(cfg.checkpoint_dir, cfg, result, ds.manifest, ds.folder)
-        partial = partial_checkpoint_dir(cfg)
-        if partial.is_dir():  # an earlier failed run's: this checkpoint has everything it had
-            shutil.rmtree(partial, ignore_errors=True)
-            tracker.message(f"removed {partial} (an earlier run's partial checkpoint)")
+        _drop_covered_partial(cfg, tracker.message)
         tracker.final(metrics)
         tracker.message(result.summary())
         tracker.message(f"checkpoint: {cfg.checkpoint_dir}")
@@ -277,6 +275,24 @@ def partial_checkpoint_dir(cfg) -> Path:
     it leaves as it was)."""
     folder = Path(cfg.checkpoint_dir)
     return folder.with_name(folder.name + "-partial")
+
+
+def _drop_covered_partial(cfg, message: Callable[[str], None]) -> None:
+    """Remove an earlier failed run's partial checkpoint once the new checkpoint holds every component it held; one
+    with a verifier this run did not train (say, a judge, when verifiers.train is now [probes]) stays."""
+    partial = partial_checkpoint_dir(cfg)
+    if not partial.is_dir():
+        return
+    try:
+        left = set(Checkpoint(partial).components) - set(Checkpoint(cfg.checkpoint_dir).components)
+    except (OSError, ValueError):  # unreadable: nothing in it can be loaded
+        left = set()
+    if left:
+        message(f"kept {partial} (an earlier run's partial checkpoint): it holds {', '.join(sorted(left))}, which "
+                f"{cfg.checkpoint_dir} does not")
+        return
+    shutil.rmtree(partial, ignore_errors=True)
+    message(f"removed {partial} (an earlier run's partial checkpoint; {cfg.checkpoint_dir} holds all it held)")
 
 
 def _keep_finished(cfg, result: TrainResult, metrics: dict, ds, stage: str, err: BaseException,
