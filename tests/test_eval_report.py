@@ -16,6 +16,7 @@ from specprobe.data_gen.store import FAMILIES, MANIFEST, open_dataset, write_man
 from specprobe.train.eval_cli import main
 from specprobe.train.report import evaluate_checkpoint
 from specprobe.train.report.evaluate import empirical_ratio
+from specprobe.train.report.runner import headline
 
 from _eval_fixtures import make_checkpoint, make_data, write_config
 
@@ -434,9 +435,16 @@ def test_compare_two_reports(report, trained, tmp_path):
     assert "layer_sweep/target/val_brier" not in rows  # B has no sweep
     markdown = (tmp_path / "ab" / "comparison.md").read_text()
     assert "Δ (B − A)" in markdown and "`probe_target/draft_via_target/ece_uniform`" in markdown
-    assert result["warning"] is None
-    # a side is named only where the two reports' intervals do not overlap
-    assert ece["better"] in (None, "a" if ece["a"] < ece["b"] else "b")  # never the worse side
+    # evaluated with other settings (bins, resamples): the deltas stay, no side is called better
+    assert "different settings (n_boot " in result["warning"] and "; n_bins 10 and 5)" in result["warning"]
+    assert all(r["better"] is None for r in result["rows"])
+    # a verifier whose ranking the report does not quote (too few pairs of a class) is not compared on it
+    verifiers = other.metrics["parts"]["verifiers"]["by_verifier"]
+    verifiers["embedding"].pop("ranking_not_evaluable", None)  # (the fixture's few pairs: withheld already)
+    assert "verifiers/embedding/auroc" in headline(other.metrics)
+    verifiers["embedding"]["ranking_not_evaluable"] = "3 equivalent pairs"
+    ranked = headline(other.metrics)
+    assert "verifiers/embedding/auroc" not in ranked and "verifiers/embedding/precision" in ranked
     # acceptance rows against different empirical ratios (a report from before the probes' scale): none better
     for name, older in (("same", False), ("older", True)):
         copies = [tmp_path / f"{name}-a", tmp_path / f"{name}-b"]

@@ -248,7 +248,8 @@ def headline(metrics: dict[str, Any], intervals: bool = False) -> dict[str, Any]
             out[f"layer_sweep/{role}/best_layer"] = None if intervals else sweep["best"]["layer"]
             out[f"layer_sweep/{role}/val_brier"] = None if intervals else sweep["best"]["val_brier"]
     for name, block in (parts.get("verifiers") or {}).get("by_verifier", {}).items():
-        for metric in ("auroc", "auprc", "acceptance_rate", "precision"):
+        ranks = () if block.get("ranking_not_evaluable") else ("auroc", "auprc")  # too few of a class: not quoted
+        for metric in (*ranks, "acceptance_rate", "precision"):
             out[f"verifiers/{name}/{metric}"] = read(block, metric)
     return out
 
@@ -271,15 +272,17 @@ def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, data: str | 
                         out: str | os.PathLike | None = None, **kw) -> dict[str, Any]:
     """Two checkpoints (or report folders) side by side: comparison.json and comparison.md in `out`.
 
-    Checkpoints are evaluated into <out>/A and <out>/B (same data and settings for both).
+    Checkpoints are evaluated into <out>/A and <out>/B on the same data, each with its own eval section plus the
+    overrides; when the two differ in a setting the intervals depend on (`COMPARED_SETTINGS`) no side is called
+    better.
     """
     out = Path(out) if out is not None else Path("probe-eval-comparison")
     out.mkdir(parents=True, exist_ok=True)
     name_a, ma = load_or_evaluate(a, data, out / "A", **kw)
     name_b, mb = load_or_evaluate(b, data, out / "B", **kw)
     rows = ev.compare_metrics(headline(ma), headline(mb), headline(ma, intervals=True), headline(mb, intervals=True))
-    warning = _different_questions(ma, mb)
-    if warning:  # a difference would mix the probes with the questions: no side is called better
+    warning = _different_questions(ma, mb) or _different_settings(ma, mb)
+    if warning:  # a difference would mix the probes with the questions or settings: no side is called better
         rows = [{**r, "better": None} for r in rows]
     scales = _acceptance_scales(ma, mb)
     if scales:  # the acceptance rows measure against different empirical ratios
@@ -319,6 +322,21 @@ def _acceptance_scales(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
         return None
     return (f"A's acceptance ratio divides by {a} and B's by {b} (an older probe-eval): the acceptance/* rows "
             "measure against different empirical ratios, so neither is called better there.")
+
+
+COMPARED_SETTINGS = ("alpha", "n_boot", "n_bins", "seed")  # what intervals and calibration numbers depend on
+
+
+def _different_settings(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
+    """Why two reports' intervals are not comparable (other eval settings: each checkpoint's own eval section, or a
+    report folder made with other overrides), or None."""
+    sa, sb = ma.get("settings") or {}, mb.get("settings") or {}
+    differ = [f"{k} {sa.get(k)} and {sb.get(k)}" for k in COMPARED_SETTINGS if sa.get(k) != sb.get(k)]
+    if not differ:
+        return None
+    return (f"A and B were evaluated with different settings ({'; '.join(differ)}): their intervals are not of one "
+            "kind, so neither is called better. Give the same values on the command line (eval.alpha=... "
+            "eval.n_boot=...) to evaluate both alike.")
 
 
 def _different_questions(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
