@@ -327,6 +327,21 @@ def test_data_from_another_model_skips_the_probes_but_not_the_verifiers(trained,
     assert "another target model" in report.markdown.read_text()
 
 
+def test_a_data_folder_made_again_with_other_settings_is_not_the_training_data(trained, tmp_path):
+    """The checkpoint's data folder, found where it was, but generated again with other settings since (here: the
+    checkpoint's record edited): other data, whose trained questions are not held out."""
+    _, ckpt = trained
+    copy = tmp_path / "ckpt"
+    shutil.copytree(ckpt, copy)  # the recorded relative path breaks; found by the config's output_dir
+    meta = json.loads((copy / "checkpoint.json").read_text())
+    assert evaluate_checkpoint(copy, out=tmp_path / "same", overrides=QUICK, print_fn=quiet
+                               ).metrics["data"]["is_training_data"] is True
+    meta["data"]["fingerprint"] = {**meta["data"]["fingerprint"], "data": {"num_samples": 99}}
+    (copy / "checkpoint.json").write_text(json.dumps(meta))
+    report = evaluate_checkpoint(copy, out=tmp_path / "other", overrides=QUICK, print_fn=quiet)
+    assert report.metrics["data"]["is_training_data"] is False
+
+
 def test_foreign_data_holds_out_every_question_not_trained_on(trained, tmp_path):
     cfg, ckpt = trained
     _, other_cfg = write_config(tmp_path, tmp_path / "other")

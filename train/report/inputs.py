@@ -78,20 +78,24 @@ def training_data_folder(ckpt: CheckpointFolder) -> Path | None:
 def open_data(ckpt: CheckpointFolder, data: str | os.PathLike | None):
     """(dataset, is_training_data): the --data folder, or the checkpoint's own data folder.
 
-    A --data folder counts as the training data when it is that folder, or was generated with the same
-    settings (fingerprint) and models (engines), i.e. holds the same questions.
+    Either counts as the training data when it was generated with the same settings (fingerprint) and models
+    (engines) as the checkpoint records, i.e. holds the same questions (a checkpoint that records none: when it is
+    the checkpoint's own folder).
     """
 
     trained_on = training_data_folder(ckpt)
+    recorded = ckpt.meta.get("data") or {}
     if data is None:
         if trained_on is None:
             raise PartError(f"no data folder: the checkpoint's training data ({ckpt.config.get('output_dir')}/data) "
                             "is not here; pass --data <folder>")
-        return open_dataset(trained_on), True
+        ds = open_dataset(trained_on)
+        # found where the training data was (or would be): it is that data only if made alike (a folder generated
+        # again there with other settings is other data, its questions held out unless trained on)
+        return ds, recorded.get("fingerprint") is None or made_alike(recorded, ds.manifest)
     ds = open_dataset(data)
     same = trained_on is not None and Path(trained_on).resolve() == Path(ds.folder).resolve()
-    recorded = ckpt.meta.get("data") or {}
-    if not same and recorded.get("fingerprint") is not None:
+    if recorded.get("fingerprint") is not None:
         same = made_alike(recorded, ds.manifest)
     return ds, same
 
