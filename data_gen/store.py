@@ -465,6 +465,11 @@ class ProbeDataset:
     def layers(self, model: str) -> list[int]:
         return list(self.manifest["layers"][model])
 
+    @property
+    def poolings(self) -> tuple[str, ...]:
+        """The token poolings whose features this folder stores ("last" only with data.store_last_token)."""
+        return ("mean", "last") if self.manifest.get("store_last_token", True) else ("mean",)
+
     def _feature_shape(self, view: str) -> tuple[int, int]:
         return len(self.layers(view)), int(self.manifest["engines"][view]["hidden_size"])
 
@@ -479,7 +484,7 @@ class ProbeDataset:
             raise ValueError(f"view must be 'target' or 'draft', got {view!r}")
         if pooling not in ("mean", "last"):
             raise ValueError(f"pooling must be 'mean' or 'last', got {pooling!r}")
-        if pooling == "last" and not self.manifest.get("store_last_token", True):
+        if pooling not in self.poolings:
             raise DataFolderError(f"{self.folder} holds no last-token features (data.store_last_token was false)")
         if rows is None and view == "draft":
             idx = self.rows("draft")

@@ -356,10 +356,10 @@ def test_reference_assignment_is_get_semantic_ids_with_the_query_appended():
         refs = [f"s{i}" for i in range(rng.randint(1, 10))]
         queries = [f"q{i}" for i in range(rng.randint(1, 4))]
         related = random_relation(refs + queries, rng, rng.choice([0.2, 0.4, 0.6]))
-        ref_ids, _ = reference_semantic_ids(refs, lambda a, b: (a, b) in related)
+        ref_ids, _ = reference_semantic_ids(refs, lambda a, b, r=related: (a, b) in r)
         got = assign_to_clusters("c", queries, refs, ref_ids, RelationJudge(related))
         for query, cid in zip(queries, got):
-            appended, _ = reference_semantic_ids(refs + [query], lambda a, b: (a, b) in related)
+            appended, _ = reference_semantic_ids(refs + [query], lambda a, b, r=related: (a, b) in r)
             assert appended[:-1] == ref_ids  # a later sample never moves an earlier one
             assert cid == (appended[-1] if appended[-1] in ref_ids else None), seed
         first = assign_to_clusters("c", queries, refs, ref_ids, RelationJudge(related), scheme="first_match")

@@ -342,6 +342,23 @@ def test_a_data_folder_made_again_with_other_settings_is_not_the_training_data(t
     assert report.metrics["data"]["is_training_data"] is False
 
 
+def test_classic_sweep_reads_only_the_poolings_the_data_stores(trained, tmp_path):
+    cfg, ckpt = trained
+    data = tmp_path / "data"
+    shutil.copytree(cfg.data_dir, data)
+    manifest = json.loads((data / MANIFEST).read_text())
+    write_manifest(data, {**manifest, "store_last_token": False})  # as made with data.store_last_token=false
+    report = evaluate_checkpoint(ckpt, data=data, out=tmp_path / "r", print_fn=quiet,
+                                 overrides=["eval.n_boot=30", "eval.layer_sweep=false"])
+    part = report.metrics["parts"]["logistic_sweep"]
+    assert part["settings"]["poolings"] == ["mean"]
+    assert part["sets"] and {e["pooling"] for s in part["sets"].values() for e in s["entries"]} == {"mean"}
+    # (the synthetic steps all have 8 tokens: the control's length check has nothing to predict; the checkpoint's
+    # probes that read last-token features are skipped on this data, by name)
+    skipped = {s["part"] for s in report.skipped if s["part"].startswith(("logistic_sweep", "positive_control"))}
+    assert skipped <= {f"positive_control/{n}/length_share" for n in ("target_own", "draft_own")}
+
+
 def test_foreign_data_holds_out_every_question_not_trained_on(trained, tmp_path):
     cfg, ckpt = trained
     _, other_cfg = write_config(tmp_path, tmp_path / "other")

@@ -396,6 +396,31 @@ def test_merge_refuses_shard_and_ray(tmp_path, capsys):
         assert "--merge joins the finished part folders" in capsys.readouterr().err
 
 
+def test_data_without_last_token_features_trains_on_mean_pooling(tmp_path):
+    """data.store_last_token=false: the logistic probes choose among the poolings stored (mean); a config that asks
+    for last-token features is refused before the data stage, naming the settings to change."""
+    from specprobe.data_gen.store import MANIFEST
+    from specprobe.inputs.config import ConfigError
+
+    folder = write_synthetic_data(tmp_path, questions=6)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "store_last_token": False}))
+    cfg = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2}, verifiers={"train": ["probes"]})
+    assert open_dataset(folder).poolings == ("mean",)
+    result = train_all(cfg, print_fn=lambda _: None)
+    logistic = [p for p in result.probes.probes.values() if p.plan.model == "logistic"]
+    assert logistic and all(p.probe.spec.pooling == "mean" for p in logistic)
+    last = synthetic_config(tmp_path, tmp_path, probe={"pooling": "last"}, verifiers={"train": ["probes"]})
+    with pytest.raises(ValueError, match="probe.pooling=last, but the data stores only"):
+        train_all(last, print_fn=lambda _: None)
+    fresh = synthetic_config(tmp_path, tmp_path / "fresh", data={"store_last_token": False},
+                             probe={"logistic_pooling": ["last"]})
+    with pytest.raises(ConfigError, match=r"set probe.pooling=mean and probe.logistic_pooling=\[mean\]"):
+        fresh.check_before_loading(sources=False, training=True)
+    synthetic_config(tmp_path, tmp_path / "fresh", data={"store_last_token": False}).check_before_loading(
+        sources=False, training=True)  # mean and last to choose from: mean is stored
+
+
 def test_cli_train_stage(tmp_path, capsys):
     from specprobe.train.cli import main
 

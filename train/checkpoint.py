@@ -7,8 +7,8 @@ metadata). This module decides the contents: which trained components go in, and
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
 from dataclasses import fields
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 

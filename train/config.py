@@ -215,6 +215,13 @@ class ExperimentConfig(InferenceConfig):
             self.data.check_available()
         if training:
             self.verifiers.check_available()
+            if (not self.data.store_last_token and "probes" in self.verifiers.train and not data_complete(self.data_dir)
+                    and (
+                    self.probe.pooling == "last" or "mean" not in self.probe.logistic_pooling)):
+                raise ConfigError(f"data.store_last_token=false stores no last-token features, but probe.pooling="
+                                  f"{self.probe.pooling} and probe.logistic_pooling={self.probe.logistic_pooling} ask "
+                                  "for them: set probe.pooling=mean and probe.logistic_pooling=[mean], or "
+                                  "data.store_last_token=true")
 
     def data_job(self) -> DataJob:
         """The data stage's sections and folder (`data_gen.generate_dataset` takes this, not the whole config)."""

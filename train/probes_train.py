@@ -404,10 +404,24 @@ class ProbeResults:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-def _poolings(plans: Sequence[ProbePlan], probe_cfg) -> list[str]:
+def logistic_poolings(probe_cfg, stored: Sequence[str]) -> list[str]:
+    """The poolings the logistic probe chooses from: probe.logistic_pooling, of those the data stores (a folder made
+    with data.store_last_token=false has only "mean")."""
+    kept = [p for p in probe_cfg.logistic_pooling if p in stored]
+    if not kept:
+        raise TrainingDataError(f"probe.logistic_pooling={list(probe_cfg.logistic_pooling)}, but the data stores only "
+                                f"{list(stored)} features (data.store_last_token was false): set "
+                                f"probe.logistic_pooling=[{', '.join(stored)}]")
+    return kept
+
+
+def _poolings(plans: Sequence[ProbePlan], probe_cfg, stored: Sequence[str]) -> list[str]:
+    if probe_cfg.pooling not in stored:
+        raise TrainingDataError(f"probe.pooling={probe_cfg.pooling}, but the data stores only {list(stored)} features "
+                                "(data.store_last_token was false): set probe.pooling=mean")
     wanted = [probe_cfg.pooling]
     if any(p.model == "logistic" for p in plans):
-        wanted += list(probe_cfg.logistic_pooling)
+        wanted += logistic_poolings(probe_cfg, stored)
     return list(dict.fromkeys(wanted))
 
 
@@ -419,7 +433,7 @@ def prepare_probes(ds, probe_cfg, models: Sequence[str], split_of: Callable[[np.
     plans = plan_probes(probe_cfg, models)
     names = sorted({n for p in plans for n in p.train_sets + p.eval_sets})
     sets: dict[str, dict[str, dict[str, RowSet]]] = {}
-    for pooling in _poolings(plans, probe_cfg):
+    for pooling in _poolings(plans, probe_cfg, ds.poolings):
         sets[pooling] = {"train": {}, "val": {}, "test": {}}
         for name in names:
             rows = load_row_set(ds, name, pooling)
@@ -434,7 +448,7 @@ def prepare_probes(ds, probe_cfg, models: Sequence[str], split_of: Callable[[np.
             continue
         if plan.model == "logistic":
             specs[plan.name] = logistic_candidates(engine, kept, probe_cfg.logistic_layers,
-                                                   probe_cfg.logistic_pooling, plan.role)
+                                                   logistic_poolings(probe_cfg, ds.poolings), plan.role)
         else:
             specs[plan.name] = feature_spec(engine, kept, plan.layers, probe_cfg.combine, probe_cfg.pooling,
                                             plan.role)

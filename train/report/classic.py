@@ -23,8 +23,6 @@ from specprobe.train.report import evaluate as ev
 from specprobe.train.report.inputs import PartError
 from specprobe.train.report.sections import EvalContext, Figure, PartResult, guarded, sweep_split
 
-POOLINGS = ("mean", "last")
-
 
 def _spec(ctx: EvalContext, role: str, row: int, pooling: str) -> FeatureSpec:
     engine = ctx.ds.manifest["engines"][role]
@@ -51,7 +49,7 @@ def _compare(ctx: EvalContext, pred: np.ndarray, constant: float, y: np.ndarray,
 def _set_inputs(ctx: EvalContext, set_name: str):
     """(role, stored rows, the set's rows by pooling, train / validation / report masks, how, independent)."""
     role = ROW_SETS[set_name].view
-    by_pooling = {p: ctx.rows(set_name, p) for p in POOLINGS}
+    by_pooling = {p: ctx.rows(set_name, p) for p in ctx.ds.poolings}  # "last" only where the data stores it
     return (role, list(ctx.ds.layers(role)), by_pooling) + _masks(ctx, by_pooling["mean"])
 
 
@@ -93,7 +91,7 @@ def logistic_sweep_part(ctx: EvalContext) -> PartResult:
             out[set_name] = result
     if not out:
         raise PartError("no row set could be swept (see the skipped parts)")
-    return PartResult({"settings": {"l2": list(ctx.cfg.sweep_l2), "poolings": list(POOLINGS),
+    return PartResult({"settings": {"l2": list(ctx.cfg.sweep_l2), "poolings": list(ctx.ds.poolings),
                                     "confidence": 1 - ctx.cfg.alpha}, "sets": out},
                       [Figure("logistic_sweep.png", "Logistic probe per layer and pooling: test Brier minus the set's "
                               "constant, with paired per-question intervals", "logistic_sweep", "logistic_sweep_plot",
@@ -131,7 +129,7 @@ def control_set(ctx: EvalContext, set_name: str) -> dict[str, Any]:
             ctx.skip(f"positive_control/{set_name}/{target}", "the quantity is constant on the training rows")
             continue
         options = {(p, row): Candidate(_spec(ctx, role, row, p), rows_by[p].x[tr][:, c:c + 1], rows_by[p].x[va][:, c:c + 1])
-                   for p in POOLINGS for c, row in list(enumerate(kept))[::stride]}
+                   for p in ctx.ds.poolings for c, row in list(enumerate(kept))[::stride]}
         chosen = select_logistic(options, y[tr], y[va], ctx.cfg.sweep_l2)
         pooling, row = chosen.key
         col = kept.index(row)
