@@ -342,16 +342,31 @@ def test_a_data_folder_made_again_with_other_settings_is_not_the_training_data(t
     assert report.metrics["data"]["is_training_data"] is False
 
 
-def test_classic_sweep_reads_only_the_poolings_the_data_stores(trained, tmp_path):
+def test_classic_sweep_reads_only_the_poolings_the_data_stores(trained, tmp_path, monkeypatch):
+    from specprobe.train.report import classic
+
+    threads, real = set(), classic.select_logistic
+
+    def counting(*args, **kwargs):
+        threads.add(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(classic, "select_logistic", counting)
     cfg, ckpt = trained
     data = tmp_path / "data"
     shutil.copytree(cfg.data_dir, data)
     manifest = json.loads((data / MANIFEST).read_text())
     write_manifest(data, {**manifest, "store_last_token": False})  # as made with data.store_last_token=false
-    report = evaluate_checkpoint(ckpt, data=data, out=tmp_path / "r", print_fn=quiet,
-                                 overrides=["eval.n_boot=30", "eval.layer_sweep=false"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        report = evaluate_checkpoint(ckpt, data=data, out=tmp_path / "r", print_fn=quiet,
+                                     overrides=["eval.n_boot=30", "eval.layer_sweep=false"])
+    finally:
+        torch.set_num_threads(before)
     part = report.metrics["parts"]["logistic_sweep"]
     assert part["settings"]["poolings"] == ["mean"]
+    assert threads == {1}  # eval.num_threads holds in the logistic sweep and the positive control
     assert part["sets"] and {e["pooling"] for s in part["sets"].values() for e in s["entries"]} == {"mean"}
     # (the synthetic steps all have 8 tokens: the control's length check has nothing to predict; the checkpoint's
     # probes that read last-token features are skipped on this data, by name)

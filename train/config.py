@@ -104,7 +104,8 @@ class VerifiersConfig:
     judge_lr: float = opt(2e-4, "judge learning rate")
     judge_batch_size: int = opt(8, "judge batch size")
     judge_max_pairs: int = opt(4000, "most balanced training pairs for the judge")
-    judge_eval_pairs: int = opt(400, "most validation pairs the judge (and its untrained base) is scored on")
+    judge_eval_pairs: int = opt(400, "most validation pairs, and most test pairs, the judge (and its untrained "
+                                     "base) is scored on")
     judge_dtype: str = opt("auto", "dtype of the judge's base model: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16")
     seed: int = opt(0, "seed of pair balancing, orientation and LoRA initialisation")
 
@@ -161,7 +162,8 @@ class EvalConfig:
     max_pairs: int = opt(2000, "most held-out step pairs the pair verifiers score (subsampled)")
     judge_max_pairs: int = opt(400, "most of those pairs the judge-LoRA scores (one LM forward per pair; "
                                     "agreement with it is measured on these)")
-    num_threads: int | None = opt(1, "torch CPU threads for the sweep probes (null = leave torch's setting)")
+    num_threads: int | None = opt(1, "torch CPU threads for the small probes of the layer sweep, the logistic sweep "
+                                     "and the positive control (null = leave torch's setting)")
 
     def __post_init__(self) -> None:
         for name in ("n_boot", "n_bins", "umap_neighbors", "sweep_hidden_dim", "sweep_epochs", "sweep_max_layers",

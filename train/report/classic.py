@@ -18,7 +18,7 @@ from specprobe.probes.features import FeatureSpec
 from specprobe.probes.io import clean_json
 from specprobe.probes.logistic import Candidate, select_logistic
 from specprobe.probes.metrics import brier, log_loss
-from specprobe.train.probes_train import ROW_SETS, RowSet
+from specprobe.train.probes_train import ROW_SETS, RowSet, torch_threads
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report.inputs import PartError
 from specprobe.train.report.sections import EvalContext, Figure, PartResult, guarded, sweep_split
@@ -85,10 +85,11 @@ def sweep_set(ctx: EvalContext, set_name: str) -> dict[str, Any]:
 
 def logistic_sweep_part(ctx: EvalContext) -> PartResult:
     out = {}
-    for set_name in _sets(ctx):
-        result = guarded(ctx, f"logistic_sweep/{set_name}", lambda s=set_name: sweep_set(ctx, s))
-        if result is not None:
-            out[set_name] = result
+    with torch_threads(ctx.cfg.num_threads):
+        for set_name in _sets(ctx):
+            result = guarded(ctx, f"logistic_sweep/{set_name}", lambda s=set_name: sweep_set(ctx, s))
+            if result is not None:
+                out[set_name] = result
     if not out:
         raise PartError("no row set could be swept (see the skipped parts)")
     return PartResult({"settings": {"l2": list(ctx.cfg.sweep_l2), "poolings": list(ctx.ds.poolings),
@@ -144,11 +145,12 @@ def control_set(ctx: EvalContext, set_name: str) -> dict[str, Any]:
 
 def positive_control_part(ctx: EvalContext) -> PartResult:
     out = {}
-    for set_name in ("target_own", "draft_own"):
-        if ROW_SETS[set_name].model in ctx.ds.manifest.get("models", []):
-            result = guarded(ctx, f"positive_control/{set_name}", lambda s=set_name: control_set(ctx, s))
-            if result is not None:
-                out[set_name] = result
+    with torch_threads(ctx.cfg.num_threads):
+        for set_name in ("target_own", "draft_own"):
+            if ROW_SETS[set_name].model in ctx.ds.manifest.get("models", []):
+                result = guarded(ctx, f"positive_control/{set_name}", lambda s=set_name: control_set(ctx, s))
+                if result is not None:
+                    out[set_name] = result
     if not out:
         raise PartError("no row set for the positive control (see the skipped parts)")
     checks = [t["check"] for s in out.values() for t in s["targets"].values()]
