@@ -169,7 +169,8 @@ def test_checkpoint_has_no_pickle_and_plain_safetensors(run):
     meta = json.loads((folder / "checkpoint.json").read_text())
     assert meta["format"] == "specprobe-checkpoint" and meta["config"]["probe"]["hidden_dim"] == 16
     assert meta["data"]["folder"] == "../data"  # relative: a copied checkpoint + data finds its own copy
-    assert "## Validation metrics" in (folder / "README.md").read_text()
+    card = (folder / "README.md").read_text()
+    assert "## Validation metrics" in card and "validation-question numbers" in card and "probe-eval --checkpoint" in card
 
 
 def test_a_copied_checkpoint_reads_the_copied_data(run, tmp_path):

@@ -162,6 +162,9 @@ def model_card(cfg, metrics: dict, components: list[str], manifest: dict, table:
         "Probe MAE, Spearman and ECE compare with the soft labels; AUROC scores 'this meaning is the majority' "
         "(label ≥ 0.5). Pair verifiers: AUROC of the score, precision / recall / acceptance at each threshold. "
         "All numbers are in `metrics.json`.", "",
+        "These are validation-question numbers: the same questions chose the probes' epochs, layers and L2 penalty "
+        "and the verifiers' thresholds, so they are optimistic. Held-out (test) numbers with intervals, beside the "
+        "per-set constant, the log-prob and classic-probe baselines, are in the `probe-eval --checkpoint` report.", "",
         "## Limitations", "",
         "- Labels come from sampled meaning clusters: with N samples per context a probability is known only "
         "to about 1/N, and the equivalence judge's mistakes become label noise.",
@@ -191,7 +194,7 @@ def _training_lines(cfg, components: list[str]) -> list[str]:
         other = other_kind(p.kind)
         lines.append(f"- probes (probe_target / probe_draft, the ones the runtime loads): {kinds[p.kind]}; beside "
                      f"them, for comparison (`_{other}`): {kinds[other]}; target probe also on draft steps via the "
-                     f"target: {p.target_with_draft}; log-prob baseline: {p.logprob_baseline}")
+                     f"target: {p.target_with_draft}; baselines per row set: constant, log-prob (logistic and isotonic)")
     if "embedding_threshold" in components:
         lines.append(f"- embedding threshold: `{v.embedding_model}`, target precision {v.target_precision}")
     if "judge" in components:

@@ -42,8 +42,10 @@ class ProbeConfig:
     target_with_draft: bool = opt(True, "train the target probe also on draft steps teacher-forced through the target")
     seed: int = opt(0, "training seed")
     logprob_baseline: Literal["logistic", "isotonic"] = opt(
-        "logistic", "how the log-prob baseline maps a step's mean token log-probability to a probability: "
-                    "1-D logistic regression on the soft labels, or isotonic regression (fitted on train)")
+        "logistic", "the form of the per-model log-prob baseline baselines.json keeps (a step's mean token "
+                    "log-probability mapped to a probability by 1-D logistic or isotonic regression, fitted on "
+                    "train); the reports score both forms per row set, and read this one only for checkpoints "
+                    "without per-set baselines")
     num_threads: int | None = opt(
         1, "torch CPU threads while training and scoring probes (small MLPs are fastest on one thread on a "
            "busy machine); null = leave torch's setting")
