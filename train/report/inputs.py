@@ -186,6 +186,8 @@ def _heldout_elsewhere(ds, questions: list[str], split: dict[str, Any] | None) -
     train, val = set(split["train"]), set(split["val"])
     seen = set(split.get("families", {}).get("train", [])) | set(split.get("families", {}).get("val", []))
     family = ds.question_families()  # (a question without a family is its own: out when a copy of it was seen)
+    # a renamed duplicate names its original as its family (data_gen.sources): out when that question was seen
+    seen |= train | val
     chosen = [q for q in questions if q not in train and q not in val and family[q] not in seen]
     note = "all questions of the data folder not used in training or validation"
     if seen:
