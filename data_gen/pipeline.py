@@ -291,6 +291,8 @@ class _ShardRunner:
         except PromptTooLongError as err:
             return f"prompt too long: {err}"
         except Exception as err:
+            if self.job.data.skip_failing_contexts:
+                return _skip_reason(err, "sampling")
             _name_context(err, ctx, "sampling")
             raise
         finally:
@@ -311,6 +313,8 @@ class _ShardRunner:
         except PromptTooLongError as err:
             return f"prompt and step too long to score: {err}"
         except Exception as err:
+            if self.job.data.skip_failing_contexts:
+                return _skip_reason(err, "recording hidden states")
             _name_context(err, work.context, "recording hidden states")
             raise
         finally:
@@ -501,7 +505,21 @@ def _name_context(err: Exception, ctx: Context, what: str) -> None:
     """Add to an unexpected error which context it came from (its shard's finished contexts are redone on the
     next run; the judge's decisions so far are kept in its cache)."""
     if hasattr(err, "add_note"):  # Python >= 3.11; the CLIs print notes
-        err.add_note(f"while {what} for context {ctx.id} (question {ctx.question_id})")
+        err.add_note(f"while {what} for context {ctx.id} (question {ctx.question_id}); if it fails there on every "
+                     "run, data.skip_failing_contexts=true skips it")
+
+
+def _skip_reason(err: Exception, what: str) -> str:
+    """A context skipped for an unexpected error (data.skip_failing_contexts): the error, where, and why skipped."""
+    _free_device_memory()
+    return f"{type(err).__name__} while {what}: {err} (data.skip_failing_contexts)"
+
+
+def _free_device_memory() -> None:
+    """After an out-of-memory error the allocator holds the failed step's blocks; give them back before the next
+    context."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _new_manifest(cfg_dict: dict, job: DataJob, engines: dict[str, dict], layers: dict, judge_name: str, plan: dict,

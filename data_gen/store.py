@@ -126,7 +126,8 @@ def summarize_shards(shards: Iterable[dict]) -> dict:
 # ----------------------------------------------------------------------------- fingerprint
 # Settings that do not change what is generated (where it runs, how work is batched).
 _NOT_IN_FINGERPRINT = {"models": {"device", "draft_device", "cache_dir", "max_batch_rows"},
-                       "data": {"nli_batch_size", "judge_pairs_per_call", "pilot_contexts", "max_capped_share"}}
+                       "data": {"nli_batch_size", "judge_pairs_per_call", "pilot_contexts", "max_capped_share",
+                                "skip_failing_contexts"}}
 _FINGERPRINT_SECTIONS = ("models", "source", "sampling", "data")
 
 

@@ -623,6 +623,21 @@ def test_an_unexpected_engine_error_names_its_context(tmp_path, engines, judge, 
         assert "RuntimeError: device lost\n  (while sampling for context failing@0" in err
 
 
+def test_skip_failing_contexts_keeps_the_others_and_the_reason(tmp_path, engines, judge):
+    from specprobe.data_gen.sources import load_traces
+
+    good = load_traces("reasoning_gym", name="gsm_symbolic", size=1, seed=5)[0]
+    bad = Trace("failing", "math", "FAIL-HERE " + good.question, good.steps[:1], good.answer)
+    _, cfg = write_config(tmp_path, tmp_path / "run", data={"skip_failing_contexts": True, "max_context_steps": 1})
+    wrapped = tuple(_FailingEngine(e) for e in engines)
+    result = generate_dataset(cfg.data_job(), traces=[bad, good], engines=wrapped, judge=judge, progress=False)
+    skipped = [x for shard in result.manifest["shards"] for x in shard["skipped"]]
+    assert [x["context_id"] for x in skipped] == ["failing@0"]
+    assert skipped[0]["reason"] == "RuntimeError while sampling: device lost (data.skip_failing_contexts)"
+    ds = open_dataset(result.data_dir)
+    assert set(ds.column("question_id")) == {good.id}  # the other question's contexts are kept
+
+
 class _AtRevision:
     """A real engine that reports another revision of its weights."""
 
