@@ -89,8 +89,9 @@ def label_roles(id2label: dict, model_name: str, strict: bool = True) -> list[st
 def nli_equivalent(forward: str, backward: str, strict: bool) -> bool:
     """Decision from the two directions' predicted roles (a => b, b => a).
 
-    strict: both directions entailment (SemanticSpec). Non-strict (semantic-uncertainty convention):
-    no direction is a contradiction and the two are not both neutral.
+    strict: both directions entailment (SemanticSpec; the default of Farquhar et al.'s semantic-entropy code).
+    Non-strict (that code's other mode): no direction is a contradiction and the two are not both neutral. (Kuhn
+    et al.'s original code was looser still: only a contradiction separates two answers.)
     """
     if strict:
         return forward == ENTAILMENT and backward == ENTAILMENT
@@ -392,7 +393,10 @@ class CachedJudge(EquivalenceJudge):
         self.misses += len(missing)
         self.hits += len(items) - len(missing)
         if missing:
-            decisions = self.inner.judge(list(missing.values()))
+            decisions = list(self.inner.judge(list(missing.values())))
+            if len(decisions) != len(missing):  # zip would drop the tail and leave a KeyError below
+                raise RuntimeError(f"judge {self.inner.name!r} returned {len(decisions)} decisions for "
+                                   f"{len(missing)} pairs; a judge answers each pair it is given, in order")
             new = {k: bool(d) for k, d in zip(missing, decisions)}
             self._memo.update(new)
             self._append(new)

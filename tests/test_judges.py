@@ -385,6 +385,17 @@ def test_cache_survives_a_truncated_last_line(tmp_path, caplog):
     assert CachedJudge(CountingJudge(), path).judge(PAIRS) == [True, False, True]
 
 
+def test_cache_refuses_a_judge_that_answers_fewer_pairs_than_asked(tmp_path):
+    class Short(CountingJudge):
+        def judge(self, items):
+            return super().judge(items)[:-1]
+
+    cached = CachedJudge(Short("short"), tmp_path / "cache.jsonl")
+    with pytest.raises(RuntimeError, match="judge 'short' returned 2 decisions for 3 pairs"):
+        cached.judge(PAIRS)
+    assert len(cached) == 0 and not (tmp_path / "cache.jsonl").exists()  # nothing half-recorded
+
+
 def test_cache_dedupes_within_a_batch():
     inner = CountingJudge()
     cached = CachedJudge(inner)
