@@ -313,7 +313,12 @@ def _jsonl_builder(fields: dict, step_mode: str, delimiter: str) -> Callable[[Re
         else:
             named = " or ".join(repr(k) for k in (steps_key, text_key) if k)
             raise InvalidRecord(steps_key or text_key or "steps", f"missing (looked for {named})")
-        answer = _require_str(rec, fields["answer"]).strip() if fields.get("answer") else ""
+        # the data stage never reads the answer (probe-bench reads its own problems' answers): a record without
+        # one is a trace like any other; an answer given must still be text or a number
+        answer_key = fields.get("answer")
+        given = _get(rec, answer_key) if answer_key else None
+        answer = "" if given is None or (isinstance(given, str) and not given.strip()) else \
+            _require_str(rec, answer_key).strip()
         domain = _optional_str(rec, [fields["domain"]] if fields.get("domain") else [], "unknown")
         family = _get(rec, fields["family"]) if fields.get("family") else None
         return Trace(rid, domain, question.strip(), steps, answer, {"steps_field": used}, family)

@@ -272,6 +272,17 @@ def test_generic_jsonl_with_field_mapping():
     assert [t.family for t in traces] == [None, None]  # no family field: each question is its own
 
 
+def test_jsonl_answer_is_optional_but_checked_when_given(tmp_path):
+    records = [{"id": "a", "question": "Q1", "steps": ["s1"]}, {"id": "b", "question": "Q2", "steps": ["s2"],
+               "answer": 42}, {"id": "c", "question": "Q3", "steps": ["s3"], "answer": {"x": 1}}]
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records), encoding="utf-8")
+    with pytest.warns(SourceWarning) as record:
+        traces = load_traces("jsonl", path=str(path))
+    assert [(t.id, t.answer) for t in traces] == [("a", ""), ("b", "42")]
+    assert any("'c'" in m and "field 'answer': expected a string, got dict" in m for m in _messages(record))
+
+
 def test_jsonl_reads_a_family_only_where_fields_maps_it(tmp_path):
     path = tmp_path / "f.jsonl"
     path.write_text(json.dumps({"id": "a", "question": "Q", "steps": ["s"], "answer": "1", "family": ["any"]}))
