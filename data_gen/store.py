@@ -50,6 +50,9 @@ JUDGE_CACHE = "judge-cache.jsonl"
 # manifest key: question id -> family, for questions that share one (a template); absent: each its own
 FAMILIES = "question_families"
 LOCK = ".lock"
+# shard files whose SHA-256 was checked, by path: [bytes, mtime_ns, sha256]; a file unchanged since (same size and
+# modification time) is not hashed again, so reopening a large folder costs a stat per file, not a read
+VERIFIED = ".verified.json"
 SAMPLES_SCHEMA = schema(SAMPLE_COLUMNS)
 CONTEXTS_SCHEMA = schema(CONTEXT_COLUMNS)
 PAIRS_SCHEMA = schema(PAIR_COLUMNS)
@@ -290,31 +293,52 @@ def file_digests(folder: str | os.PathLike, files: dict[str, str]) -> dict[str, 
     return out
 
 
-def shard_problem(folder: str | os.PathLike, shard: dict) -> str | None:
+def shard_problem(folder: str | os.PathLike, shard: dict, verified: dict | None = None) -> str | None:
     """Why a shard the manifest lists as complete cannot be used (a file missing, truncated or changed since
-    it was committed), or None. Shards committed before digests were recorded are checked for presence only."""
+    it was committed), or None. Shards committed before digests were recorded are checked for presence only.
+    verified: `VERIFIED`'s entries; a file found there unchanged is not hashed again, and one hashed is added."""
     folder = Path(folder)
     recorded = shard.get("digests")
+    stamps = {}
     for kind, rel in shard["files"].items():
         path = folder / rel
         if not path.is_file():
             return f"{path} is missing"
         if recorded is None:
             continue
-        size = path.stat().st_size
-        if size != recorded[kind]["bytes"]:
-            return f"{path} has {size} bytes, {recorded[kind]['bytes']} when it was written (truncated or replaced)"
-    if recorded is not None:
-        now_digests = file_digests(folder, shard["files"])
-        bad = [kind for kind in shard["files"] if now_digests[kind]["sha256"] != recorded[kind]["sha256"]]
-        if bad:
-            return f"{folder / shard['files'][bad[0]]} changed since it was written (SHA-256 differs)"
+        stat = path.stat()
+        if stat.st_size != recorded[kind]["bytes"]:
+            return (f"{path} has {stat.st_size} bytes, {recorded[kind]['bytes']} when it was written (truncated or "
+                    "replaced)")
+        stamps[kind] = [stat.st_size, stat.st_mtime_ns, recorded[kind]["sha256"]]
+    if recorded is None:
+        return None
+    verified = {} if verified is None else verified
+    to_hash = {kind: rel for kind, rel in shard["files"].items() if verified.get(rel) != stamps[kind]}
+    now_digests = file_digests(folder, to_hash)
+    bad = [kind for kind in to_hash if now_digests[kind]["sha256"] != recorded[kind]["sha256"]]
+    if bad:
+        return f"{folder / shard['files'][bad[0]]} changed since it was written (SHA-256 differs)"
+    verified.update({rel: stamps[kind] for kind, rel in to_hash.items()})
     return None
 
 
 def verify_shards(folder: str | os.PathLike, manifest: dict) -> dict[int, str]:
-    """{shard index: problem} for every complete shard that cannot be used."""
-    problems = {s["index"]: shard_problem(folder, s) for s in manifest.get("shards", [])}
+    """{shard index: problem} for every complete shard that cannot be used. Files checked before and unchanged
+    since (`VERIFIED`) are not hashed again."""
+    file = Path(folder) / VERIFIED
+    try:
+        verified = json.loads(file.read_text(encoding="utf-8"))
+        verified = verified if isinstance(verified, dict) else {}
+    except (OSError, ValueError):
+        verified = {}
+    before = dict(verified)
+    problems = {s["index"]: shard_problem(folder, s, verified) for s in manifest.get("shards", [])}
+    if verified != before:
+        try:  # best effort: a read-only folder is hashed again next time
+            write_text(file, json.dumps(verified))
+        except OSError:
+            pass
     return {k: v for k, v in problems.items() if v is not None}
 
 

@@ -186,6 +186,29 @@ def test_a_truncated_or_changed_shard_is_named_never_read(tmp_path):
     assert open_dataset(tmp_path).samples.num_rows == 16
 
 
+def test_reopening_hashes_only_files_changed_since_they_were_checked(tmp_path, monkeypatch):
+    import os
+
+    from specprobe.data_gen import store
+
+    build_folder(tmp_path, [0, 1], 2)
+    hashed, real = [], store.file_digests
+    monkeypatch.setattr(store, "file_digests", lambda folder, files: hashed.extend(files.values()) or real(folder, files))
+    open_dataset(tmp_path)
+    first = len(hashed)
+    assert first == sum(len(s["files"]) for s in json.loads((tmp_path / store.MANIFEST).read_text())["shards"])
+    open_dataset(tmp_path)
+    assert len(hashed) == first  # unchanged since: a stat each, no read
+    path = tmp_path / shard_path("features", 1)
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # touched: hashed again, still good
+    open_dataset(tmp_path)
+    assert hashed[first:] == [shard_path("features", 1)]
+    (tmp_path / store.VERIFIED).write_text("not json")  # a broken record of checks: everything is hashed again
+    open_dataset(tmp_path)
+    assert len(hashed) == 2 * first + 1
+
+
 def test_failed_shard_write_leaves_nothing(tmp_path):
     shard = make_shard(0)
     shard.features["draft.mean"] = "not a tensor"
