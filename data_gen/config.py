@@ -25,7 +25,10 @@ class DataConfig:
     nli_model: str = opt("microsoft/deberta-large-mnli", "sequence-classification NLI model for the nli judge")
     nli_strict: bool = opt(True, "strict: both directions entailment; else no contradiction and not neutral both ways")
     nli_batch_size: int = opt(16, "pairs per NLI batch")
-    nli_max_length: int = opt(512, "token limit of premise + hypothesis; the context is trimmed from the left")
+    nli_max_length: int = opt(512, "token limit of premise + hypothesis, each 'context + step'; the context (the "
+                                   "question and the steps so far) is trimmed from the left, so on long contexts "
+                                   "the question's start is cut first (the semantic-uncertainty code gives the "
+                                   "question alone)")
     cluster_scheme: Literal["reference", "first_match"] = opt(
         "reference", "greedy clustering: reference = semantic-uncertainty's get_semantic_ids (each new "
                      "representative is compared with every later sample, placed ones included, so a later "
@@ -51,8 +54,9 @@ class DataConfig:
         None, "stop after the pilot when more than this share of sampled steps hit sampling.max_step_tokens without "
               "the delimiter (cut steps make singleton meanings and labels the model never writes); null: report only")
     judge_pairs_per_call: int | None = opt(
-        1024, "most step pairs per equivalence-judge call; decisions are saved after each call, so this "
-              "bounds the judge work a killed run loses (null = one call per clustering round)")
+        1024, "most step pairs per equivalence-judge call; in one process decisions are saved after each call, so "
+              "this bounds the judge work a killed run loses (on Ray a replica's decisions come back with its "
+              "finished shard); null = one call per clustering round")
 
     def __post_init__(self) -> None:
         for name in ("contexts_per_trace", "num_samples", "nli_batch_size", "contexts_per_shard",

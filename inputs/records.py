@@ -196,7 +196,9 @@ class SourceConfig:
     size: int = opt(24, "number of generated reasoning-gym problems")
     limit: int | None = opt(None, "read at most this many traces")
     seed: int = opt(0, "seed for generated sources")
-    step_mode: Literal["delimiter", "sentence"] = opt("delimiter", "split reasoning on the delimiter or on sentence punctuation")
+    step_mode: Literal["delimiter", "sentence"] = opt(
+        "delimiter", "split the traces' reasoning on the delimiter or on sentence punctuation (the models' sampled "
+                     "steps always end at the delimiter)")
     delimiter: str = opt("\n\n", "step delimiter")
     trajectory: Literal["deepseek", "gemini"] = opt("deepseek", "which s1K-1.1 trajectory to read")
     domains: list[str] | None = opt(None, "keep only these domains (e.g. [math])")
