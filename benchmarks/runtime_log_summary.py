@@ -74,7 +74,29 @@ def summarize(text: str) -> str:
             at_v = _formula(kind, alpha_v, c, gamma, b) if kind != "draft" else None
             cells += [_fmt(at_v), _fmt(None if at_v is None or over is None else at_v * over)]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _adaptive_lines(runs, methods, done)
     return "\n".join(lines)
+
+
+def _adaptive_lines(runs: dict, methods: list[str], done: list[int]) -> list[str]:
+    """Per method family with an adaptive γ and fixed γs (issue 24's runs): adaptive / best fixed γ in hindsight,
+    pooled over the problems every method finished, with bench_adaptive_gamma's 95% bootstrap over problems."""
+    from bench_adaptive_gamma import ratio_ci95  # (this folder is on the path when run as a script)
+
+    out = []
+    for family in sorted({m.split(":gamma=")[0] for m in methods if m.endswith(":gamma=adaptive")}):
+        fixed = {int(m.rsplit("=", 1)[1]): m for m in methods
+                 if m.startswith(f"{family}:gamma=") and m.rsplit("=", 1)[1].isdigit()}
+        if not fixed:
+            continue
+        total = {g: sum(runs[p][m][0] for p in done) for g, m in fixed.items()}
+        best = min(total, key=total.get)
+        mine = [runs[p][f"{family}:gamma=adaptive"][0] for p in done]
+        low, high = ratio_ci95([runs[p][fixed[best]][0] for p in done], mine)
+        out.append(f"\n{family}: adaptive / best fixed γ in hindsight (γ = {best}) = {total[best]:.2f} s / "
+                   f"{sum(mine):.2f} s = {total[best] / sum(mine):.3f} [{low:.3f}, {high:.3f}] (95% bootstrap over "
+                   f"the {len(done)} problems)")
+    return out
 
 
 def _formula(kind: str | None, alpha: float | None, c: float | None, gamma: int | None, b: dict) -> float | None:

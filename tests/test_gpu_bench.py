@@ -286,6 +286,21 @@ def test_runtime_log_summary_projects_a_lucky_draw_to_the_verifiers_alpha(monkey
     assert float(cells[8]) == pytest.approx(at_v * (10 / 6) / at_run, abs=0.006) and float(cells[8]) < float(cells[3])
 
 
+def test_runtime_log_summary_compares_adaptive_with_the_best_fixed_gamma(monkeypatch):
+    """Issue 24's runs: adaptive against the fixed γ with the least total latency, pooled over the problems every
+    method finished, with bench_adaptive_gamma's bootstrap interval."""
+    rows = {"target": (10, 12), "lr_sync:gamma=1": (8, 9), "lr_sync:gamma=2": (6, 8), "lr_sync:gamma=adaptive": (5, 9)}
+    text = _summary(monkeypatch, "Bernoulli(0.6), γ=3, 2", [
+        f"  [{p + 1}/2] {m:24s} {t[p]:6.2f}s   100 tok  stop=max_steps      answer=None gold='1'  accept=0.50"
+        for p in range(2) for m, t in rows.items()])
+    from bench_adaptive_gamma import ratio_ci95
+
+    low, high = ratio_ci95([6, 8], [5, 9])
+    assert (f"lr_sync: adaptive / best fixed γ in hindsight (γ = 2) = 14.00 s / 14.00 s = 1.000 [{low:.3f}, "
+            f"{high:.3f}] (95% bootstrap over the 2 problems)") in text
+    assert low < 1 < high
+
+
 def test_runtime_log_summary_without_a_bernoulli_verifier_keeps_its_seven_columns(monkeypatch):
     """A real verifier has no α of its own to project to: no such columns, and the header names none."""
     text = _summary(monkeypatch, "verifier nli, γ=3, 1", [
