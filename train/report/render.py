@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from specprobe.train.report import evaluate as ev
 from specprobe.train.report.evaluate import CALIBRATION_METRICS
 
 METRIC_LABELS = {"ece_uniform": "ECE (equal-width)", "ece_quantile": "ECE (equal-mass)", "mce": "MCE",
@@ -82,9 +83,9 @@ def header(m: dict[str, Any]) -> str:
               f"({'the training data' if (m.get('data') or {}).get('is_training_data') else 'another data folder'})",
               f"- held out: {held.get('n_questions', '–')} questions — {held.get('how', 'none')}",
               f"- confidence intervals: {int(100 * (1 - s.get('alpha', 0.1)))}% percentile bootstrap, "
-              f"{s.get('n_boot')} resamples of whole questions, withheld below 20 questions or 10 positives (AUROC, "
-              "AUPRC: also below 5 questions holding each class; any metric: when under 90% of the resamples "
-              "define it); "
+              f"{s.get('n_boot')} resamples of whole questions, withheld below {ev.MIN_QUESTIONS} questions or "
+              f"{ev.MIN_POSITIVES} positives (AUROC, AUPRC: also below {ev.MIN_CLASS_QUESTIONS} questions holding "
+              f"each class; any metric: when under {ev.MIN_VALID_SHARE:.0%} of the resamples define it); "
               f"calibration bins: {s.get('n_bins')} (equal-width: left-closed at exact k/n edges; equal-mass: by "
               "rank, ties split); 'majority meaning' = label ≥ 0.5 (AUROC, AUPRC). Percentile intervals of ECE/MCE "
               "can sit above the estimate: binned errors are biased upward on resamples with repeated rows",
@@ -216,8 +217,7 @@ def sweep_section(part: dict[str, Any] | None, figures) -> str:
     for role, sweep in part.items():
         v = (sweep.get("best") or {}).get("versus_constant") if role != "settings" else None
         if v:
-            said = {"better": "beats", "worse": "is worse than", "no clear difference": "does not clearly beat",
-                    "too small to tell": "cannot be compared (set too small) with"}.get(v["verdict"], v["verdict"])
+            said = VERDICT_WORDS.get(v["verdict"], v["verdict"])
             shared = "" if sweep.get("independent") else " (chosen on the same questions: optimistic)"
             words.append(f"- {role}: the chosen layer {said} the per-set constant on test, Brier difference "
                          f"{ci(v['brier_delta'])}{shared}.")
