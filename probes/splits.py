@@ -95,3 +95,18 @@ def group_split(groups: Sequence[str], val_fraction: float, test_fraction: float
     side_of = dict(zip(unique, side.tolist()))
     row_side = np.array([side_of[k] for k in keys], dtype=np.int64)
     return tuple(np.nonzero(row_side == s)[0] for s in (0, 1, 2))  # type: ignore[return-value]
+
+
+def stratified_subsample(labels: Sequence[bool] | np.ndarray, limit: int | None, seed: int = 0) -> np.ndarray:
+    """Sorted indices of at most `limit` rows keeping the share of True labels (rounded), with at least one row of
+    each class present when `limit` allows two (so precision, recall, AUROC and ROC/PR curves stay defined on
+    small subsets); all rows when they fit or `limit` is None. Seeded: the same rows on every run."""
+    y = np.asarray(labels, dtype=bool).reshape(-1)
+    if limit is None or y.size <= limit:
+        return np.arange(y.size)
+    pos, neg = np.flatnonzero(y), np.flatnonzero(~y)
+    n_pos = int(round(limit * pos.size / y.size))
+    n_pos = min(max(n_pos, 1 if pos.size else 0), pos.size, limit - (1 if neg.size and limit > 1 else 0))
+    n_neg = min(limit - n_pos, neg.size)
+    rng = np.random.default_rng(seed)
+    return np.sort(np.concatenate([rng.choice(pos, n_pos, replace=False), rng.choice(neg, n_neg, replace=False)]))

@@ -294,16 +294,6 @@ def test_probability_bins_edges():
         ev.probability_bins([1.2])
 
 
-def test_stratified_subsample_keeps_the_class_share_and_both_classes():
-    labels = np.r_[np.ones(30, bool), np.zeros(270, bool)]
-    idx = ev.stratified_subsample(labels, 50, seed=2)
-    assert len(idx) == 50 and len(set(idx.tolist())) == 50 and labels[idx].sum() == 5  # 10% kept
-    rare = np.r_[np.ones(2, bool), np.zeros(298, bool)]
-    assert rare[ev.stratified_subsample(rare, 12)].sum() == 1  # rounds to 0, kept at 1 so ROC is defined
-    assert ev.stratified_subsample(np.zeros(40, bool), 10).size == 10  # one class only: still a subsample
-    assert ev.stratified_subsample(labels, 1000).tolist() == list(range(300))
-
-
 def test_subsample_and_neighbors():
     assert ev.subsample(5, 10).tolist() == [0, 1, 2, 3, 4]
     idx = ev.subsample(100, 10, seed=1)

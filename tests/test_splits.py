@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specprobe.probes.splits import group_position, group_split
+from specprobe.probes.splits import group_position, group_split, stratified_subsample
 
 
 def rows_for(n_groups: int, per_group: int = 3, prefix: str = "q") -> list[str]:
@@ -76,3 +76,19 @@ def test_errors():
         group_split(rows_for(10), -0.1)
     with pytest.raises(ValueError, match="cannot fill 2 splits"):
         group_split(["only"], 0.3)
+
+
+def test_stratified_subsample_keeps_the_class_share_and_both_classes():
+    labels = np.r_[np.ones(30, bool), np.zeros(270, bool)]
+    idx = stratified_subsample(labels, 50, seed=2)
+    assert len(idx) == 50 and len(set(idx.tolist())) == 50 and labels[idx].sum() == 5  # 10% kept
+    assert idx.tolist() == sorted(idx.tolist()) and stratified_subsample(labels, 50, seed=2).tolist() == idx.tolist()
+    rare = np.r_[np.ones(2, bool), np.zeros(298, bool)]
+    assert rare[stratified_subsample(rare, 12)].sum() == 1  # rounds to 0, kept at 1 so ROC is defined
+    one = np.array([True] + [False] * 99)
+    assert one[stratified_subsample(one, 4, seed=1)].sum() == 1
+    assert stratified_subsample(np.zeros(40, bool), 10).size == 10  # one class only: still a subsample
+    assert stratified_subsample(labels, 1000).tolist() == list(range(300))
+    assert stratified_subsample(labels, None).tolist() == list(range(300))
+    assert stratified_subsample(np.r_[True, False, False], 1).size == 1
+

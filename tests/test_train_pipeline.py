@@ -447,17 +447,6 @@ def test_wandb_offline_run(tmp_path):
     assert any(b"probe_target/train_loss" in r.read_bytes() for r in runs)
 
 
-def test_stratified_subset_keeps_both_classes():
-    from specprobe.train.pair_verifiers import stratified_subset
-
-    labels = np.array([True] + [False] * 99)
-    idx = stratified_subset(labels, 4, seed=1)
-    assert len(idx) == 4 and labels[idx].sum() == 1 and list(idx) == sorted(set(idx))
-    labels = np.array([True] * 30 + [False] * 70)
-    assert labels[stratified_subset(labels, 10)].sum() == 3
-    assert list(stratified_subset(labels, 200)) == list(range(100))
-
-
 def test_test_split_is_scored_and_printed(tmp_path):
     write_synthetic_data(tmp_path, questions=10)
     cfg = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2, "val_fraction": 0.2, "test_fraction": 0.2},

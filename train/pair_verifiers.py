@@ -46,6 +46,7 @@ from specprobe.infer.judge_prompt import (
 )
 from specprobe.infer.models import describe_source, load_model
 from specprobe.probes.metrics import auroc
+from specprobe.probes.splits import stratified_subsample
 from specprobe.probes.threshold import ThresholdFit, fit_threshold
 from specprobe.train.probes_train import TrainingDataError
 
@@ -231,24 +232,10 @@ def balanced_pairs(pairs: PairSet, max_pairs: int, seed: int = 0) -> tuple[list[
     return items, pairs.labels[chosen].copy()
 
 
-def stratified_subset(labels: np.ndarray, limit: int | None, seed: int = 0) -> np.ndarray:
-    """Sorted indices of at most `limit` rows keeping the class ratio, with at least one row of each class
-    present (so precision/recall and AUROC stay defined on small subsets); all rows when they fit."""
-    y = np.asarray(labels, dtype=bool)
-    if limit is None or len(y) <= limit:
-        return np.arange(len(y))
-    rng = np.random.default_rng(seed)
-    pos, neg = np.flatnonzero(y), np.flatnonzero(~y)
-    n_pos = min(len(pos), max(1 if len(pos) else 0, round(limit * len(pos) / len(y))))
-    n_pos = min(n_pos, limit - (1 if len(neg) and limit > 1 else 0))
-    n_neg = min(len(neg), limit - n_pos)
-    return np.sort(np.concatenate([rng.choice(pos, n_pos, replace=False), rng.choice(neg, n_neg, replace=False)]))
-
-
 def pair_items(pairs: PairSet, limit: int | None = None, seed: int = 0) -> tuple[list[tuple[str, str, str]], np.ndarray]:
     """(context, a, b) items of `pairs` in their stored orientation (a = reference, b = the compared step, as
     at run time: target step then draft step); a seeded stratified subset of `limit` when there are more."""
-    idx = stratified_subset(pairs.labels, limit, seed)
+    idx = stratified_subsample(pairs.labels, limit, seed)
     return [(pairs.context_of(i), pairs.a[i], pairs.b[i]) for i in idx], pairs.labels[idx].copy()
 
 

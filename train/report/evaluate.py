@@ -430,23 +430,6 @@ def subsample(n: int, max_points: int, seed: int = 0) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, size=max_points, replace=False))
 
 
-def stratified_subsample(labels: Any, max_points: int, seed: int = 0) -> np.ndarray:
-    """Sorted indices of at most `max_points` rows keeping the share of True labels (rounded), with at least
-    one row of each class that is present, so ROC/PR curves stay defined on small subsets."""
-    y = _binary_labels(labels)
-    n = y.size
-    if n <= max_points:
-        return np.arange(n)
-    if max_points < 2:
-        raise ValueError(f"a stratified subsample needs room for both classes, got max_points={max_points}")
-    pos, neg = np.flatnonzero(y), np.flatnonzero(~y)
-    n_pos = int(round(max_points * pos.size / n))
-    n_pos = min(max(n_pos, 1 if pos.size else 0), pos.size, max_points - (1 if neg.size else 0))
-    n_neg = min(max_points - n_pos, neg.size)
-    rng = np.random.default_rng(seed)
-    return np.sort(np.concatenate([rng.choice(pos, n_pos, replace=False), rng.choice(neg, n_neg, replace=False)]))
-
-
 def umap_neighbors(n: int, requested: int = 15) -> int:
     """n_neighbors for UMAP on n points: the request, capped at n - 1 and at least 2."""
     if n < 3:

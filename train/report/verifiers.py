@@ -15,6 +15,7 @@ import numpy as np
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.judge_prompt import judge_probability
 from specprobe.infer.verifiers import load_embedding_threshold, load_judge_lora
+from specprobe.probes.splits import stratified_subsample
 from specprobe.train.pair_verifiers import load_pairs
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report.inputs import PartError
@@ -29,7 +30,7 @@ def heldout_pairs(ctx: EvalContext):
     held = pairs.take(ctx.heldout.mask(pairs.questions))
     if len(held) == 0:
         raise PartError(f"no step pairs of held-out questions in {ctx.ds.folder}")
-    return held.take(ev.stratified_subsample(held.labels, ctx.cfg.max_pairs, ctx.cfg.seed))
+    return held.take(stratified_subsample(held.labels, ctx.cfg.max_pairs, ctx.cfg.seed))
 
 
 def embedding_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, Any]]:
@@ -54,7 +55,7 @@ def judge_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[
         raise PartError(f"the checkpoint has no {fmt.JUDGE_DIR}/{fmt.JUDGE_JSON}; was 'judge' in verifiers.train?")
     meta = ctx.ckpt.part(ctx.ckpt.judge).raw
     judge = load_judge_lora(ctx.ckpt.folder, device=ctx.device, base_model=ctx.judge_base)
-    idx = ev.stratified_subsample(pairs.labels, ctx.cfg.judge_max_pairs, ctx.cfg.seed + 1)
+    idx = stratified_subsample(pairs.labels, ctx.cfg.judge_max_pairs, ctx.cfg.seed + 1)
     items = [(pairs.context_of(i), pairs.a[i], pairs.b[i]) for i in idx]
     scores = judge_probability(judge.model, judge.tokenizer, items, batch_size=judge.batch_size).double().numpy()
     return idx, scores, {"chosen": judge.threshold}, {"model": judge.model_id, **fit_info(meta)}
