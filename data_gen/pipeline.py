@@ -758,17 +758,33 @@ class CappedPilot:
                 "shards are kept)")
 
 
+def _clock(seconds: float) -> str:
+    minutes, sec = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{sec:02d}"
+
+
 def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_shards: list[int],
                 workers: ShardWorkers, run: DataGenStats, progress: bool, pilot: CappedPilot | None = None) -> None:
     from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     done = {s["index"] for s in manifest["shards"]}
     todo = [k for k in my_shards if k not in done]
     total = sum(len(shards[k]) for k in my_shards)
     initial = total - sum(len(shards[k]) for k in todo)
-    with tqdm(total=total, initial=initial, unit="ctx", desc="data", disable=not progress, dynamic_ncols=True) as bar:
+    started, finished = time.perf_counter(), initial
+    # logging_redirect_tqdm: log lines (the pilot's, a skipped context's) print above the bar instead of through it
+    with tqdm(total=total, initial=initial, unit="ctx", desc="data", disable=not progress,
+              dynamic_ncols=True) as bar, logging_redirect_tqdm():
         for shard, entry in workers.run([(k, shards[k]) for k in todo], lambda: bar.update(1)):
             k = shard.index
+            finished += len(shards[k])
+            if not progress:  # no bar: one line per shard, with this run's rate as the ETA
+                elapsed = time.perf_counter() - started
+                left = (total - finished) * elapsed / max(finished - initial, 1)
+                log.info("data: shard %d written; %d of %d contexts, %s elapsed, about %s left", k, finished, total,
+                         _clock(elapsed), _clock(left))
             start = time.perf_counter()
             entry["files"] = write_shard(folder, shard, metadata={"format": FORMAT, "shard": str(k)})
             entry["digests"] = file_digests(folder, entry["files"])

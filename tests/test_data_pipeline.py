@@ -623,8 +623,12 @@ def test_an_unexpected_engine_error_names_its_context(tmp_path, engines, judge, 
         assert "RuntimeError: device lost\n  (while sampling for context failing@0" in err
 
 
-def test_skip_failing_contexts_keeps_the_others_and_the_reason(tmp_path, engines, judge):
+def test_skip_failing_contexts_keeps_the_others_and_the_reason(tmp_path, engines, judge, caplog):
+    import logging
+
     from specprobe.data_gen.sources import load_traces
+
+    caplog.set_level(logging.INFO, logger="specprobe.data_gen.pipeline")
 
     good = load_traces("reasoning_gym", name="gsm_symbolic", size=1, seed=5)[0]
     bad = Trace("failing", "math", "FAIL-HERE " + good.question, good.steps[:1], good.answer)
@@ -636,6 +640,10 @@ def test_skip_failing_contexts_keeps_the_others_and_the_reason(tmp_path, engines
     assert skipped[0]["reason"] == "RuntimeError while sampling: device lost (data.skip_failing_contexts)"
     ds = open_dataset(result.data_dir)
     assert set(ds.column("question_id")) == {good.id}  # the other question's contexts are kept
+    # progress=False: no bar, so a line per shard says how far the run is and how long is left
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data: shard ")]
+    assert lines and lines[-1].startswith("data: shard ") and " of 2 contexts, " in lines[-1]
+    assert "2 of 2 contexts" in lines[-1] and lines[-1].endswith("about 0:00:00 left")
 
 
 class _AtRevision:
