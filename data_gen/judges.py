@@ -90,14 +90,17 @@ def nli_equivalent(forward: str, backward: str, strict: bool) -> bool:
     """Decision from the two directions' predicted roles (a => b, b => a).
 
     strict: both directions entailment (SemanticSpec; the default of Farquhar et al.'s semantic-entropy code).
-    Non-strict (that code's other mode): no direction is a contradiction and the two are not both neutral. (Kuhn
+    Non-strict (that code's other mode): no direction is a contradiction and the two are not both neutral, i.e.
+    one is entailment (a model with a fourth class: that class counts as not entailment). (Kuhn
     et al.'s original code was looser still: only a contradiction separates two answers.)
     """
     if strict:
         return forward == ENTAILMENT and backward == ENTAILMENT
     if CONTRADICTION in (forward, backward):
         return False
-    return not (forward == NEUTRAL and backward == NEUTRAL)
+    # with the three MNLI labels "not both neutral" is "one entailment"; said so, an extra class ("other") both
+    # ways is not taken for agreement
+    return ENTAILMENT in (forward, backward)
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,9 @@ def test_nli_equivalent_rules():
     assert nli_equivalent(E, E, strict=False)
     assert not nli_equivalent(N, N, strict=False)
     assert not nli_equivalent(E, C, strict=False) and not nli_equivalent(C, E, strict=False)
+    # a model with a fourth class: that class both ways (or with neutral) is not agreement
+    assert not nli_equivalent("other", "other", strict=False) and not nli_equivalent("other", N, strict=False)
+    assert nli_equivalent(E, "other", strict=False)
 
 
 def word_inclusion_hook(tokenizer, id2label):
