@@ -37,6 +37,9 @@ from typing import Literal, Protocol
 
 Scheme = Literal["reference", "first_match"]
 SCHEMES: tuple[str, ...] = ("reference", "first_match")
+# How each scheme places a draft step among the target's clusters (`assign_many`); data folders record it, since
+# folders made before the reference scheme asked every representative used the first match under both schemes.
+DRAFT_ASSIGNMENT = {"reference": "last_match", "first_match": "first_match"}
 
 
 @dataclass(frozen=True)
@@ -243,9 +246,8 @@ class _AssignState:
 
     def __init__(self, context: str, queries: Sequence[str], reference_samples: Sequence[str],
                  reference_ids: Sequence[int], scheme: Scheme = "reference"):
-        if scheme not in SCHEMES:
-            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-        self.last_match = scheme == "reference"  # every representative is asked; the last match wins
+        check_scheme(scheme)
+        self.last_match = DRAFT_ASSIGNMENT[scheme] == "last_match"  # every representative is asked; the last wins
         self.context = context
         self.queries = list(queries)
         self.reps = _representatives(reference_samples, reference_ids)
@@ -305,8 +307,9 @@ def assign_to_clusters(context: str, queries: Sequence[str], reference_samples: 
     the references: "reference" asks every representative and the LAST match wins, the cluster
     ``get_semantic_ids`` gives the query appended to the reference samples (so a draft step gets the cluster a
     target sample of the same text would, also with a non-transitive judge, and every draft-representative pair
-    is judged); "first_match" stops at the first match (fewer pairs). A query equal (after normalisation) to any
-    reference sample takes its cluster with no judge call. The draft sample's probability under the target's
+    is judged); "first_match" stops at the first match (fewer pairs). A query equal (after normalisation) to a
+    reference sample takes that sample's cluster with no judge call (the judge is taken to be reflexive; with a
+    non-transitive judge get_semantic_ids could move such a query to a later cluster). The draft sample's probability under the target's
     meaning distribution is then |C_k| / N_ref (0 for None).
     """
     return assign_many([context], [queries], [reference_samples], [reference_ids], judge, scheme=scheme)[0]

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from specprobe.data_gen.cluster import Clustering, PairQuery, assign_many, cluster_many
+from specprobe.data_gen.cluster import DRAFT_ASSIGNMENT, Clustering, PairQuery, assign_many, cluster_many
 from specprobe.data_gen.config import DataJob
 from specprobe.data_gen.contexts import (
     Context,
@@ -62,6 +62,7 @@ from specprobe.data_gen.store import (
     DataFolderError,
     FolderLock,
     ShardData,
+    check_same_assignment,
     check_same_data,
     check_same_judge,
     check_some_contexts,
@@ -529,7 +530,8 @@ def _new_manifest(cfg_dict: dict, job: DataJob, engines: dict[str, dict], layers
             "engines": engines, "layers": layers,
             "layers_option": job.data.layers, "store_last_token": job.data.store_last_token,
             "feature_dtype": "float16", "num_samples": job.data.num_samples, "models": list(job.data.models),
-            "judge": judge_name, "versions": package_versions(), "plan": plan,
+            "judge": judge_name, "draft_assignment": DRAFT_ASSIGNMENT[job.data.cluster_scheme],
+            "versions": package_versions(), "plan": plan,
             "part": None if part is None else {"index": part[0], "count": part[1], "shards": my_shards},
             "shards": []}
 
@@ -568,6 +570,7 @@ def _check_resumable(folder: Path, manifest: dict, cfg_dict: dict, engine_infos:
     check_same_data(folder, manifest, cfg_dict)
     _check_engines(folder, manifest, engine_infos)
     check_same_judge(folder, manifest, judge_name)
+    check_same_assignment(folder, manifest, DRAFT_ASSIGNMENT[cfg_dict["data"]["cluster_scheme"]])
     changed = plan_changes(manifest["plan"], plan)
     if changed:
         raise DataFolderError(f"{folder}: the context plan changed since this folder was started ({', '.join(changed)} "

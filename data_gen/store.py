@@ -37,7 +37,7 @@ from specprobe.probes.io import open_tensors, stage_file, write_text
 
 __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "FolderLock", "shard_path",
            "file_digests", "shard_problem", "verify_shards", "clean_temporaries", "remove_unlisted_shards",
-           "check_same_data", "check_same_judge", "check_some_contexts", "plan_changes",
+           "check_same_data", "check_same_judge", "check_same_assignment", "draft_assignment", "check_some_contexts", "plan_changes",
            "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
            "fingerprint", "fingerprint_diff", "summarize_shards", "ProbeDataset", "open_dataset",
            "merge_parts", "SAMPLES_SCHEMA", "CONTEXTS_SCHEMA", "PAIRS_SCHEMA", "FAMILIES"]
@@ -163,6 +163,23 @@ def check_same_data(folder: Path, manifest: dict, cfg_dict: dict) -> None:
         f"the data folder {folder} was made with {what}:\n  " + "\n  ".join(models or diffs)
         + ("\n  (also: " + "; ".join(d for d in diffs if d not in models) + ")" if models and len(diffs) > len(models) else "")
         + f"\nUse another output_dir, or delete {folder} to generate it again.")
+
+
+def draft_assignment(manifest: dict) -> str:
+    """How the folder placed draft steps among the target's clusters (`cluster.DRAFT_ASSIGNMENT`); folders that
+    do not record it used the first match."""
+    return manifest.get("draft_assignment") or "first_match"
+
+
+def check_same_assignment(folder, manifest: dict, expected: str, what: str = "this run") -> None:
+    """DataMismatchError when `folder`'s draft labels follow another placement rule than `expected`: continuing
+    or merging would mix two rules in one data set."""
+    have = draft_assignment(manifest)
+    if have != expected:
+        raise DataMismatchError(
+            f"{folder} placed draft steps among the target's clusters by the {have} rule, {what} by the {expected} "
+            "rule (specprobe changed it: the reference scheme now takes the last match, as get_semantic_ids "
+            "does); one data set cannot mix them. Use another output_dir, or delete the folder to generate it again")
 
 
 def settings_diff(manifest: dict, cfg_dict: dict) -> list[str]:
@@ -628,6 +645,7 @@ def _read_parts(data_dir: Path) -> list[tuple[Path, dict]]:
                                     + ("; ".join(diffs) or "different models (engines)"))
         if base.get("judge") is not None:
             check_same_judge(path, m, base["judge"])
+        check_same_assignment(path, m, draft_assignment(base), f"{parts[0][0]}")
         _check_same_source(path, m, parts[0][0], base)
     return parts
 
@@ -668,6 +686,7 @@ def merge_parts(data_dir: str | os.PathLike) -> dict:
             _check_same_source(data_dir, main, parts[0][0], base)
             if base.get("judge") is not None:
                 check_same_judge(data_dir, main, base["judge"])
+            check_same_assignment(data_dir, main, draft_assignment(base), f"{parts[0][0]}")
         # every part records the families of the whole plan; a part finished before they were recorded has none
         recorded = [m[FAMILIES] for _, m in parts if FAMILIES in m]
         if recorded and FAMILIES not in main:

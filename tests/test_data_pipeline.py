@@ -586,6 +586,26 @@ def test_data_made_by_one_judge_is_not_reused_resumed_or_merged_with_another(tin
     assert not (merged.data_dir / "manifest.json").exists()
 
 
+def test_a_folder_of_the_old_draft_assignment_is_not_resumed_or_merged(tiny, tmp_path, engines):
+    """Folders made before draft steps took the last match under the reference scheme record no rule (first
+    match): resuming or merging one would mix two labelling rules in one data set."""
+    cfg, reference = tiny
+    assert reference.manifest["draft_assignment"] == "last_match"
+    shards = reference.manifest["shards"]
+    _, old = write_config(tmp_path, tmp_path / "old")
+    _copy_folder(reference.data_dir, old.data_dir, draft_assignment=None, shards=shards[:-1], status="in_progress",
+                 completed=None)
+    with pytest.raises(DataMismatchError, match="by the first_match rule, this run by the last_match rule"):
+        generate_dataset(old.data_job(), engines=engines, progress=False)
+    assert len(read_manifest(old.data_dir)["shards"]) == len(shards) - 1  # nothing was redone or dropped
+    _, merged = write_config(tmp_path, tmp_path / "merged")
+    for i, mine, rule in ((0, [0, 2], "last_match"), (1, [1], None)):
+        _copy_folder(reference.data_dir, merged.data_dir / f"part-{i}-of-2", draft_assignment=rule,
+                     part={"index": i, "count": 2, "shards": mine}, shards=[s for s in shards if s["index"] in mine])
+    with pytest.raises(DataMismatchError, match="part-1-of-2 placed draft steps .* by the first_match rule"):
+        merge_parts(merged.data_dir)
+
+
 class _FailingEngine:
     """A real engine that fails (as a driver or an out-of-memory error would) for prompts holding "FAIL-HERE"."""
 
