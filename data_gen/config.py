@@ -48,8 +48,9 @@ class DataConfig:
                                  "cap (the pilot), and stops if it is above max_capped_share")
     skip_failing_contexts: bool = opt(
         False, "an unexpected error on one context (say, out of GPU memory on one long context) skips that context, "
-               "its reason kept in the manifest, instead of stopping the run; off: the run stops at the first such "
-               "error, naming the context (a broken setup fails at once), and the same shard fails on every resume")
+               "its reason kept in the manifest, instead of stopping the run (a shard whose every context fails "
+               "still stops it: a lasting fault such as a lost device); off: the run stops at the first such error, "
+               "naming the context (a broken setup fails at once), and the same shard fails on every resume")
     max_capped_share: float | None = opt(
         None, "stop after the pilot when more than this share of sampled steps hit sampling.max_step_tokens without "
               "the delimiter (cut steps make singleton meanings and labels the model never writes); null: report only")

@@ -451,6 +451,12 @@ class _ShardRunner:
             else:
                 works.append(work)
             on_context()
+        failed = [x for x in skipped if x["reason"].endswith(SKIPPED_FOR_ERROR)]
+        if failed and len(failed) == len(contexts):
+            # a lasting fault (a lost device) would otherwise commit every later shard as complete and empty
+            raise DataFolderError(f"every context of shard {index} failed ({len(failed)}; first: {failed[0]['reason']})"
+                                  ": stopping rather than skip the rest of the data. The finished shards are kept; "
+                                  "fix the cause and run the same command again")
         recorder = _RecordingJudge(self.judge)
         clusterings, matches, judge_counts = (self.cluster(works, recorder, timing) if works
                                               else ({r: [] for r in self.models}, [], {}))
@@ -510,10 +516,13 @@ def _name_context(err: Exception, ctx: Context, what: str) -> None:
                      "run, data.skip_failing_contexts=true skips it")
 
 
+SKIPPED_FOR_ERROR = "(data.skip_failing_contexts)"  # the end of a skip reason that stands for an error
+
+
 def _skip_reason(err: Exception, what: str) -> str:
     """A context skipped for an unexpected error (data.skip_failing_contexts): the error, where, and why skipped."""
     _free_device_memory()
-    return f"{type(err).__name__} while {what}: {err} (data.skip_failing_contexts)"
+    return f"{type(err).__name__} while {what}: {err} {SKIPPED_FOR_ERROR}"
 
 
 def _free_device_memory() -> None:

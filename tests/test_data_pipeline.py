@@ -652,7 +652,8 @@ def test_skip_failing_contexts_keeps_the_others_and_the_reason(tmp_path, engines
 
     good = load_traces("reasoning_gym", name="gsm_symbolic", size=1, seed=5)[0]
     bad = Trace("failing", "math", "FAIL-HERE " + good.question, good.steps[:1], good.answer)
-    _, cfg = write_config(tmp_path, tmp_path / "run", data={"skip_failing_contexts": True, "max_context_steps": 1})
+    _, cfg = write_config(tmp_path, tmp_path / "run", data={"skip_failing_contexts": True, "max_context_steps": 1,
+                                                            "contexts_per_shard": 2})
     wrapped = tuple(_FailingEngine(e) for e in engines)
     result = generate_dataset(cfg.data_job(), traces=[bad, good], engines=wrapped, judge=judge, progress=False)
     skipped = [x for shard in result.manifest["shards"] for x in shard["skipped"]]
@@ -664,6 +665,10 @@ def test_skip_failing_contexts_keeps_the_others_and_the_reason(tmp_path, engines
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data: shard ")]
     assert lines and lines[-1].startswith("data: shard ") and " of 2 contexts, " in lines[-1]
     assert "2 of 2 contexts" in lines[-1] and lines[-1].endswith("about 0:00:00 left")
+    # a shard whose every context failed stops the run (a lasting fault would empty the rest of the data)
+    _, alone = write_config(tmp_path, tmp_path / "alone", data={"skip_failing_contexts": True, "max_context_steps": 1})
+    with pytest.raises(DataFolderError, match="every context of shard 0 failed .*device lost"):
+        generate_dataset(alone.data_job(), traces=[bad], engines=wrapped, judge=judge, progress=False)
 
 
 class _AtRevision:
