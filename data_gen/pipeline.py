@@ -792,11 +792,6 @@ def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_sh
         for shard, entry in workers.run([(k, shards[k]) for k in todo], lambda: bar.update(1)):
             k = shard.index
             finished += len(shards[k])
-            if not progress:  # no bar: one line per shard, with this run's rate as the ETA
-                elapsed = time.perf_counter() - started
-                left = (total - finished) * elapsed / max(finished - initial, 1)
-                log.info("data: shard %d written; %d of %d contexts, %s elapsed, about %s left", k, finished, total,
-                         _clock(elapsed), _clock(left))
             start = time.perf_counter()
             entry["files"] = write_shard(folder, shard, metadata={"format": FORMAT, "shard": str(k)})
             entry["digests"] = file_digests(folder, entry["files"])
@@ -804,6 +799,11 @@ def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_sh
             manifest["shards"].append(entry)  # only now is the shard part of the data set
             manifest["shards"].sort(key=lambda s: s["index"])
             write_manifest(folder, manifest)
+            if not progress:  # no bar: one line per shard, with this run's rate as the ETA
+                elapsed = time.perf_counter() - started
+                left = (total - finished) * elapsed / max(finished - initial, 1)
+                log.info("data: shard %d written; %d of %d contexts, %s elapsed, about %s left", k, finished, total,
+                         _clock(elapsed), _clock(left))
             run.add(entry["timing"])
             run.contexts += len(entry["contexts"])
             run.skipped += len(entry["skipped"])
