@@ -10,7 +10,9 @@ asking for more GPUs or CPUs than any node has would otherwise wait forever.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 from dataclasses import dataclass
 
 __all__ = ["ClusterError", "INSTALL_HINT", "import_ray", "split_ray_option", "connect", "ActorDemand", "check_resources",
@@ -77,6 +79,18 @@ def connect(ray_cfg, address: str | None = None) -> str:
     address = address or ray_cfg.address
     if ray.is_initialized():
         return "the Ray instance this process is already connected to"
+    # ray.init replaces the SIGTERM handler with a plain exit; the caller's (probe-train keeps finished work on
+    # SIGTERM) comes back after it
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        return _init(ray, ray_cfg, address)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _init(ray, ray_cfg, address: str | None) -> str:
     # workers import specprobe as the driver does: from their node's install (README: every node needs it), plus the
     # driver's PYTHONPATH where it sets one (a checkout run without installing, as on the GPU box)
     path = os.environ.get("PYTHONPATH", "")

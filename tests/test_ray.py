@@ -71,10 +71,21 @@ def test_unreachable_address_is_a_quick_clear_cli_error(tmp_path):
 # ----------------------------------------------------------------------------- real runs
 @pytest.fixture(scope="module")
 def local_ray():
+    import signal
+
     from specprobe.infer.config import RayConfig
     from specprobe.infer.ray_cluster import connect
 
-    connect(RayConfig(local_cpus=2))
+    def marker(signum, frame):  # probe-train's handler stands here
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, marker)
+    try:
+        connect(RayConfig(local_cpus=2))
+        # ray.init replaces SIGTERM's handler with a plain exit; connect gives the caller's back
+        assert signal.getsignal(signal.SIGTERM) is marker
+    finally:
+        signal.signal(signal.SIGTERM, before)
     yield ray
     ray.shutdown()
 
