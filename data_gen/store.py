@@ -50,8 +50,9 @@ JUDGE_CACHE = "judge-cache.jsonl"
 # manifest key: question id -> family, for questions that share one (a template); absent: each its own
 FAMILIES = "question_families"
 LOCK = ".lock"
-# shard files whose SHA-256 was checked, by path: [bytes, mtime_ns, sha256]; a file unchanged since (same size and
-# modification time) is not hashed again, so reopening a large folder costs a stat per file, not a read
+# shard files whose SHA-256 was checked, by path: [bytes, mtime_ns, inode, device, sha256]; the same file unchanged
+# since (same size, modification time, inode and device) is not hashed again, so reopening a large folder costs a
+# stat per file, not a read; a copied or restored folder is hashed once where it lands
 VERIFIED = ".verified.json"
 SAMPLES_SCHEMA = schema(SAMPLE_COLUMNS)
 CONTEXTS_SCHEMA = schema(CONTEXT_COLUMNS)
@@ -327,7 +328,8 @@ def shard_problem(folder: str | os.PathLike, shard: dict, verified: dict | None 
         if stat.st_size != recorded[kind]["bytes"]:
             return (f"{path} has {stat.st_size} bytes, {recorded[kind]['bytes']} when it was written (truncated or "
                     "replaced)")
-        stamps[kind] = [stat.st_size, stat.st_mtime_ns, recorded[kind]["sha256"]]
+        # the inode and device too: a copy (cp -a, rsync -a) keeps mtimes and would carry the record along
+        stamps[kind] = [stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_dev, recorded[kind]["sha256"]]
     if recorded is None:
         return None
     verified = {} if verified is None else verified

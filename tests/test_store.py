@@ -207,6 +207,11 @@ def test_reopening_hashes_only_files_changed_since_they_were_checked(tmp_path, m
     (tmp_path / store.VERIFIED).write_text("not json")  # a broken record of checks: everything is hashed again
     open_dataset(tmp_path)
     assert len(hashed) == 2 * first + 1
+    import shutil
+
+    copy = shutil.copytree(tmp_path, tmp_path.parent / (tmp_path.name + "-copy"))  # mtimes kept, record copied
+    open_dataset(copy)
+    assert len(hashed) == 3 * first + 1  # other files (inodes): hashed once where they landed
 
 
 def test_failed_shard_write_leaves_nothing(tmp_path):
