@@ -295,11 +295,14 @@ def load_tokenizer(name: str, cache_dir: str | Path | None = None):
 
 def load_model_config(name: str, cache_dir: str | Path | None = None):
     """The transformers config of a causal LM `load_model` would load, without its weights (a check that needs
-    only the architecture runs before minutes of loading)."""
+    only the architecture runs before minutes of loading); None where reading it would cost the load itself: a
+    GGUF file (converted whole first) or a random: size (its config needs the tokenizer's size)."""
     from transformers import AutoConfig
 
-    if name.startswith(RANDOM_PREFIX):
-        return random_config(name, len(load_tokenizer(name, cache_dir)))
+    gguf = name.endswith(".gguf") or (name.removeprefix(OFFLINE_PREFIX) in OFFLINE_MODELS
+                                      and OFFLINE_MODELS[name.removeprefix(OFFLINE_PREFIX)].gguf_file)
+    if name.startswith(RANDOM_PREFIX) or gguf:
+        return None
     folder, revision = resolve_model_folder(name, cache_dir)
     return _from_pretrained(AutoConfig, folder, revision)
 

@@ -166,6 +166,11 @@ def test_models_without_plain_full_attention_layers_are_refused_with_the_reason(
     model.config.save_pretrained(folder)
     with pytest.raises(ValueError, match=r"mistral-config-only: its attention keeps DynamicSlidingWindowLayer"):
         HFStepEngine(str(folder), device="cpu")
+    from specprobe.infer.models import load_model_config
+
+    # a GGUF model (converted whole) or a random: size (the tokenizer's size) is checked once loaded instead
+    assert load_model_config("random:llama-tiny") is None and load_model_config("offline:smollm2-135m-instruct") is None
+    assert load_model_config(str(folder)).sliding_window == 8
     flat = copy.copy(plain)
     flat.capabilities = dataclasses.replace(plain.capabilities, tree_attention=False)
     assert plain.capabilities.tree_attention

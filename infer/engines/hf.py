@@ -110,10 +110,12 @@ class HFStepEngine(TokenizedText):
         if decode not in ("auto", "fast", "eager"):
             raise ValueError(f"decode must be 'auto', 'fast' or 'eager', got {decode!r}")
         check_stream_priority(stream_priority)  # before the model loads
+        early = load_model_config(model_name, cache_dir) if model is None else None
+        if early is not None:
+            check_plain_attention(early, model_name)  # before the weights load
         if model is None:
-            check_plain_attention(load_model_config(model_name, cache_dir), model_name)  # before the weights load
             model, tokenizer = load_model(model_name, device=device, dtype=dtype, cache_dir=cache_dir)
-        else:
+        if early is None:
             check_plain_attention(model.config, model_name)
         self.model, self.tokenizer = model, tokenizer
         set_fused_norms(model, wants_fused_norms(fused_norm, model))  # before any decode step is captured
