@@ -324,7 +324,9 @@ def _acceptance_scales(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
             "measure against different empirical ratios, so neither is called better there.")
 
 
-COMPARED_SETTINGS = ("alpha", "n_boot", "n_bins", "seed")  # what intervals and calibration numbers depend on
+# what the intervals, the calibration numbers, the verifiers' pair subsets and the sweeps depend on
+COMPARED_SETTINGS = ("alpha", "n_boot", "n_bins", "seed", "max_pairs", "judge_max_pairs", "sweep_hidden_dim",
+                     "sweep_epochs", "sweep_max_layers", "sweep_l2")
 
 
 def _different_settings(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
@@ -334,9 +336,9 @@ def _different_settings(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
     differ = [f"{k} {sa.get(k)} and {sb.get(k)}" for k in COMPARED_SETTINGS if sa.get(k) != sb.get(k)]
     if not differ:
         return None
-    return (f"A and B were evaluated with different settings ({'; '.join(differ)}): their intervals are not of one "
-            "kind, so neither is called better. Give the same values on the command line (eval.alpha=... "
-            "eval.n_boot=...) to evaluate both alike.")
+    return (f"A and B were evaluated with different settings ({'; '.join(differ)}): their numbers are not of one "
+            "kind, so neither is called better. Compare the checkpoints themselves with the same values on the "
+            "command line (eval.alpha=... eval.n_boot=...) to evaluate both alike; a report folder is read as it is.")
 
 
 def _different_questions(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
