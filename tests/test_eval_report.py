@@ -406,13 +406,15 @@ def test_data_from_other_settings_holds_out_neither_training_nor_validation_ques
     manifest = json.loads((data / MANIFEST).read_text())
     manifest["fingerprint"] = "generated with other settings"  # so it is not the training data
     duplicate = "q013"  # a renamed duplicate record of a question trained on (which had no family)
-    manifest[FAMILIES] = {renamed: "template-9", duplicate: split["train"][0]}
+    kept = "q012"  # a template named like a trained question id that is not in this folder: a template, not seen
+    manifest[FAMILIES] = {renamed: "template-9", duplicate: split["train"][0], kept: "q099"}
     write_manifest(data, manifest)
     copy = tmp_path / "checkpoint"
     shutil.copytree(ckpt, copy)
     metrics = json.loads((copy / "metrics.json").read_text())
     copied = split["test"][1]  # in the other folder a question of its own, whose renamed copy was trained on
     metrics["split"]["families"] = {"train": ["template-9", copied], "val": [], "test": []}
+    metrics["split"]["train"] = metrics["split"]["train"] + ["q099"]  # (trained on, not in the other folder)
     (copy / "metrics.json").write_text(json.dumps(metrics))
     report = evaluate_checkpoint(copy, data=data, out=tmp_path / "report", overrides=QUICK, print_fn=quiet)
     assert report.metrics["data"]["is_training_data"] is False

@@ -186,9 +186,18 @@ def _heldout_elsewhere(ds, questions: list[str], split: dict[str, Any] | None) -
     train, val = set(split["train"]), set(split["val"])
     seen = set(split.get("families", {}).get("train", [])) | set(split.get("families", {}).get("val", []))
     family = ds.question_families()  # (a question without a family is its own: out when a copy of it was seen)
-    # a renamed duplicate names its original as its family (data_gen.sources): out when that question was seen
-    seen |= train | val
-    chosen = [q for q in questions if q not in train and q not in val and family[q] not in seen]
+    present = set(questions)
+
+    def seen_family(f: str) -> bool:
+        # split_groups' reading: a family naming a question of this folder that has none of its own is a renamed
+        # duplicate's link to that question (out when it was trained or validated on); any other is a template
+        if f in present and family.get(f, f) == f:
+            return f in train or f in val
+        return f in seen
+
+    # q in seen: a renamed copy of q was trained on (the split recorded q as that copy's family)
+    chosen = [q for q in questions if q not in train and q not in val and q not in seen
+              and not (family[q] != q and seen_family(family[q]))]
     note = "all questions of the data folder not used in training or validation"
     if seen:
         note += ", nor of a question family (template) used there"
