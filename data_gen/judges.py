@@ -98,8 +98,8 @@ def nli_equivalent(forward: str, backward: str, strict: bool) -> bool:
         return forward == ENTAILMENT and backward == ENTAILMENT
     if CONTRADICTION in (forward, backward):
         return False
-    # with the three MNLI labels "not both neutral" is "one entailment"; said so, an extra class ("other") both
-    # ways is not taken for agreement
+    # "one entailment" rather than "not both neutral": the same with MNLI's three labels, and a model's extra class
+    # ("other") both ways is then no agreement
     return ENTAILMENT in (forward, backward)
 
 
