@@ -309,7 +309,7 @@ def assign_to_clusters(context: str, queries: Sequence[str], reference_samples: 
     target sample of the same text would, also with a non-transitive judge, and every draft-representative pair
     is judged); "first_match" stops at the first match (fewer pairs). A query equal (after normalisation) to a
     reference sample takes that sample's cluster with no judge call (the judge is taken to be reflexive; with a
-    non-transitive judge get_semantic_ids could move such a query to a later cluster). The draft sample's probability under the target's
-    meaning distribution is then |C_k| / N_ref (0 for None).
+    non-transitive judge get_semantic_ids could move such a query to a later cluster). The draft sample's
+    probability under the target's meaning distribution is then |C_k| / N_ref (0 for None).
     """
     return assign_many([context], [queries], [reference_samples], [reference_ids], judge, scheme=scheme)[0]

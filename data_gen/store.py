@@ -37,7 +37,8 @@ from specprobe.probes.io import open_tensors, stage_file, write_text
 
 __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "FolderLock", "shard_path",
            "file_digests", "shard_problem", "verify_shards", "clean_temporaries", "remove_unlisted_shards",
-           "check_same_data", "check_same_judge", "check_same_assignment", "draft_assignment", "check_some_contexts", "plan_changes",
+           "check_same_data", "check_same_judge", "check_same_assignment", "draft_assignment", "check_some_contexts",
+           "plan_changes",
            "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
            "fingerprint", "fingerprint_diff", "summarize_shards", "ProbeDataset", "open_dataset",
            "merge_parts", "SAMPLES_SCHEMA", "CONTEXTS_SCHEMA", "PAIRS_SCHEMA", "FAMILIES"]

@@ -14,8 +14,8 @@ Binning conventions:
   which torchmetrics puts in an extra bin of its own).
 - equal mass ("quantile"): rows are ranked by prediction (ties broken by row order) and cut into
   ``n_bins`` runs of equal size (sizes differ by at most one), so tied predictions cannot merge bins
-  or leave some empty. The reported edges are each bin's smallest prediction (0 and 1 at the ends; an empty bin, possible only
-  with more bins than rows, repeats the next edge).
+  or leave some empty. The reported edges are each bin's smallest prediction (0 and 1 at the ends; an empty bin,
+  possible only with more bins than rows, repeats the next edge).
 
 Labels must lie in [0, 1] (semantic probabilities or 0/1); predictions too, for calibration.
 
