@@ -219,9 +219,9 @@ class ExperimentConfig(InferenceConfig):
             self.data.check_available()
         if training:
             self.verifiers.check_available()
-            if (not self.data.store_last_token and "probes" in self.verifiers.train and not data_complete(self.data_dir)
-                    and (
-                    self.probe.pooling == "last" or "mean" not in self.probe.logistic_pooling)):
+            asks_last = self.probe.pooling == "last" or "mean" not in self.probe.logistic_pooling
+            no_last = not self.data.store_last_token and not data_complete(self.data_dir)  # data to come, no "last"
+            if asks_last and no_last and "probes" in self.verifiers.train:
                 raise ConfigError(f"data.store_last_token=false stores no last-token features, but probe.pooling="
                                   f"{self.probe.pooling} and probe.logistic_pooling={self.probe.logistic_pooling} ask "
                                   "for them: set probe.pooling=mean and probe.logistic_pooling=[mean], or "
