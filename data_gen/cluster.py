@@ -91,8 +91,9 @@ class Clustering:
     stats: ClusterStats = field(default_factory=ClusterStats)
 
 
-def _dedupe(samples: Sequence[str]) -> tuple[list[int], list[int]]:
-    """(first index of each distinct normalised text, index into that list for every sample)."""
+def distinct_texts(samples: Sequence[str]) -> tuple[list[int], list[int]]:
+    """(first index of each distinct normalised text, index into that list for every sample). The judge is asked
+    once per distinct text, and the pairs stored for verifier training hold each distinct text once."""
     first_of: dict[str, int] = {}
     firsts: list[int] = []
     unique_of_sample: list[int] = []
@@ -118,7 +119,7 @@ class _ContextState:
         self.context = context
         self.samples = list(samples)
         self.reference = scheme == "reference"
-        self.firsts, self.text_of = _dedupe(self.samples)
+        self.firsts, self.text_of = distinct_texts(self.samples)
         self.ids: list[int | None] = [None] * len(self.samples)
         self.rep = -1  # sample index of the newest representative
         self.asked: list[int] = []  # distinct texts asked in the open round
@@ -231,14 +232,19 @@ def semantic_entropy(cluster_ids: Sequence[int]) -> float:
     return -sum((c / n) * math.log(c / n) for c in Counter(cluster_ids).values())
 
 
+def first_members(cluster_ids: Sequence[int]) -> dict[int, int]:
+    """Index of every cluster's first member (its representative), by cluster id in ascending order."""
+    first: dict[int, int] = {}
+    for i, cid in enumerate(cluster_ids):
+        first.setdefault(int(cid), i)
+    return dict(sorted(first.items()))
+
+
 def _representatives(reference_samples: Sequence[str], reference_ids: Sequence[int]) -> list[tuple[int, str]]:
-    """(cluster id, first member) for every reference cluster, ordered by id."""
+    """(cluster id, first member's text) for every reference cluster, ordered by id."""
     if len(reference_samples) != len(reference_ids):
         raise ValueError(f"{len(reference_samples)} reference samples but {len(reference_ids)} ids")
-    first: dict[int, str] = {}
-    for text, cid in zip(reference_samples, reference_ids):
-        first.setdefault(int(cid), text)
-    return sorted(first.items())
+    return [(cid, reference_samples[i]) for cid, i in first_members(reference_ids).items()]
 
 
 class _AssignState:
@@ -254,7 +260,7 @@ class _AssignState:
         exact = {}
         for text, cid in zip(reference_samples, reference_ids):
             exact.setdefault(normalise_step(text), int(cid))
-        self.firsts, self.unique_of_query = _dedupe(self.queries)
+        self.firsts, self.unique_of_query = distinct_texts(self.queries)
         # A query textually equal to any reference sample takes that sample's cluster without a call.
         self.unique_cluster: list[int | None] = [exact.get(normalise_step(self.queries[f])) for f in self.firsts]
         self.unmatched = [u for u, c in enumerate(self.unique_cluster) if c is None]

@@ -80,14 +80,7 @@ def _trace_from(item: Any, index: int) -> Trace:
         # Trace validates itself on construction, but fields may have been changed since.
         return Trace(item.id, item.domain, item.question, list(item.steps), item.answer, dict(item.meta), item.family)
     if isinstance(item, dict):
-        missing = [k for k in ("id", "question", "steps") if k not in item]
-        if missing:
-            raise InvalidRecord(missing[0], "missing")
-        steps = item["steps"]
-        if not isinstance(steps, (list, tuple)):
-            raise InvalidRecord("steps", f"expected a list of strings, got {type(steps).__name__}")
-        return Trace(item["id"], item.get("domain", "unknown"), item["question"], list(steps),
-                     item.get("answer", ""), dict(item.get("meta") or {}), item.get("family"))
+        return Trace.from_dict(item)
     raise InvalidRecord("<record>", f"expected a Trace or a dict, got {type(item).__name__}")
 
 

@@ -28,7 +28,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specprobe.data_gen.cluster import normalise_step, semantic_entropy, semantic_probabilities
+from specprobe.data_gen.cluster import (
+    distinct_texts,
+    first_members,
+    normalise_step,
+    semantic_entropy,
+    semantic_probabilities,
+)
 
 __all__ = ["is_empty_step", "ModelLabels", "model_labels", "draft_under_target", "pair_key", "build_pairs"]
 
@@ -84,9 +90,7 @@ class ModelLabels:
 
     def representatives(self) -> list[int]:
         """Index (into the stored samples) of each cluster's first member, by cluster id."""
-        first: dict[int, int] = {}
-        for i, c in enumerate(self.cluster_ids):
-            first.setdefault(c, i)
+        first = first_members(self.cluster_ids)
         return [first[c] for c in range(len(self.cluster_sizes))]
 
 
@@ -125,17 +129,6 @@ class _Candidate:
     source: str
 
 
-def _distinct(texts: Sequence[str]) -> list[int]:
-    seen: set[str] = set()
-    out = []
-    for i, t in enumerate(texts):
-        key = normalise_step(t)
-        if key not in seen:
-            seen.add(key)
-            out.append(i)
-    return out
-
-
 def _candidates(texts: dict[str, list[str]], labels: dict[str, ModelLabels],
                 draft_matches: Sequence[int | None] | None) -> list[_Candidate]:
     out: list[_Candidate] = []
@@ -146,12 +139,12 @@ def _candidates(texts: dict[str, list[str]], labels: dict[str, ModelLabels],
 
     for model, lab in labels.items():
         reps = lab.representatives()
-        for i in _distinct(texts[model]):
+        for i in distinct_texts(texts[model])[0]:
             for cid, r in enumerate(reps):
                 add(texts[model][r], texts[model][i], model, model, lab.cluster_ids[i] == cid, "cluster")
     if draft_matches is not None and "target" in labels and "draft" in texts:
         reps = labels["target"].representatives()
-        for i in _distinct(texts["draft"]):
+        for i in distinct_texts(texts["draft"])[0]:
             for cid, r in enumerate(reps):
                 add(texts["target"][r], texts["draft"][i], "target", "draft", draft_matches[i] == cid,
                     "draft_vs_target")

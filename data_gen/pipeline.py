@@ -75,6 +75,7 @@ from specprobe.data_gen.store import (
     plan_changes,
     read_manifest,
     remove_unlisted_shards,
+    stored_poolings,
     summarize_shards,
     verify_shards,
     write_card,
@@ -433,8 +434,8 @@ class _ShardRunner:
             hidden = self.engines[role].info.hidden_size
             return torch.zeros((0, len(self.layers[role]), hidden))
 
-        poolings = ("mean", "last") if self.job.data.store_last_token else ("mean",)
-        return {f"{role}.{pooling}": stack(role, pooling) for pooling in poolings for role in ROLES}
+        return {f"{role}.{pooling}": stack(role, pooling)
+                for pooling in stored_poolings(self.job.data.store_last_token) for role in ROLES}
 
     # -- the shard
     def run(self, index: int, contexts: list[Context], on_context: Callable[[], None]) -> tuple[ShardData, dict]:

@@ -103,9 +103,15 @@ class Trace:
 
     @classmethod
     def from_dict(cls, d: dict) -> Trace:
-        """Inverse of ``to_dict``."""
-        return cls(id=d["id"], domain=d["domain"], question=d["question"], steps=list(d["steps"]),
-                   answer=d["answer"], meta=dict(d.get("meta") or {}), family=d.get("family"))
+        """Inverse of ``to_dict``; also reads a hand-written dict, where only id, question and steps are needed
+        (domain "unknown", answer ""). A missing or malformed field raises InvalidRecord naming it."""
+        missing = [k for k in ("id", "question", "steps") if k not in d]
+        if missing:
+            raise InvalidRecord(missing[0], "missing")
+        if not isinstance(d["steps"], (list, tuple)):
+            raise InvalidRecord("steps", f"expected a list of strings, got {type(d['steps']).__name__}")
+        return cls(id=d["id"], domain=d.get("domain", "unknown"), question=d["question"], steps=list(d["steps"]),
+                   answer=d.get("answer", ""), meta=dict(d.get("meta") or {}), family=d.get("family"))
 
     @property
     def split_group(self) -> str:

@@ -40,7 +40,7 @@ __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "Folde
            "check_same_data", "check_same_judge", "check_same_assignment", "draft_assignment", "check_some_contexts",
            "plan_changes",
            "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
-           "fingerprint", "fingerprint_diff", "summarize_shards", "ProbeDataset", "open_dataset",
+           "fingerprint", "fingerprint_diff", "summarize_shards", "stored_poolings", "ProbeDataset", "open_dataset",
            "merge_parts", "SAMPLES_SCHEMA", "CONTEXTS_SCHEMA", "PAIRS_SCHEMA", "FAMILIES"]
 
 FORMAT = "specprobe-data/2"  # 2: own_prob, the leave-one-out label of a model's own steps
@@ -398,6 +398,12 @@ def _resolve_folder(folder: str | os.PathLike) -> Path:
                           "with `probe-train --config <file> --stage data`")
 
 
+def stored_poolings(store_last_token: bool) -> tuple[str, ...]:
+    """The token poolings whose features a data folder holds: the step's mean, and its last token only with
+    data.store_last_token."""
+    return ("mean", "last") if store_last_token else ("mean",)
+
+
 class ProbeDataset:
     """A data folder: tables without features, and features read on demand, row-aligned with them.
 
@@ -512,8 +518,8 @@ class ProbeDataset:
 
     @property
     def poolings(self) -> tuple[str, ...]:
-        """The token poolings whose features this folder stores ("last" only with data.store_last_token)."""
-        return ("mean", "last") if self.manifest.get("store_last_token", True) else ("mean",)
+        """The token poolings whose features this folder stores."""
+        return stored_poolings(self.manifest.get("store_last_token", True))
 
     def _feature_shape(self, view: str) -> tuple[int, int]:
         return len(self.layers(view)), int(self.manifest["engines"][view]["hidden_size"])

@@ -55,6 +55,16 @@ def test_trace_validates_question_and_steps():
     assert Trace.from_dict(trace.to_dict()) == trace
 
 
+def test_trace_from_a_hand_written_dict():
+    # only id, question and steps are needed; a missing or malformed one is named
+    trace = Trace.from_dict({"id": "q1", "question": "Q?", "steps": ("a", "b")})
+    assert (trace.domain, trace.answer, trace.steps, trace.family) == ("unknown", "", ["a", "b"], None)
+    with pytest.raises(InvalidRecord, match="'question': missing"):
+        Trace.from_dict({"id": "q1", "steps": ["a"]})
+    with pytest.raises(InvalidRecord, match="'steps': expected a list of strings, got str"):
+        Trace.from_dict({"id": "q1", "question": "Q?", "steps": "a"})
+
+
 # ------------------------------------------------------------------ s1K
 
 

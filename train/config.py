@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from specprobe.data_gen.config import DataConfig, DataJob, check_layer_option
+from specprobe.data_gen.store import stored_poolings
 from specprobe.infer.config import InferenceConfig, check_dtype_option, check_model_option
 from specprobe.inputs import config as base
 from specprobe.inputs.config import ConfigError, check_device, check_positive, opt, section
@@ -220,7 +221,8 @@ class ExperimentConfig(InferenceConfig):
         if training:
             self.verifiers.check_available()
             asks_last = self.probe.pooling == "last" or "mean" not in self.probe.logistic_pooling
-            no_last = not self.data.store_last_token and not data_complete(self.data_dir)  # data to come, no "last"
+            # data to come without "last" (a finished folder's own poolings are checked when it is read)
+            no_last = "last" not in stored_poolings(self.data.store_last_token) and not data_complete(self.data_dir)
             if asks_last and no_last and "probes" in self.verifiers.train:
                 raise ConfigError(f"data.store_last_token=false stores no last-token features, but probe.pooling="
                                   f"{self.probe.pooling} and probe.logistic_pooling={self.probe.logistic_pooling} ask "
