@@ -28,10 +28,10 @@ from specprobe.inputs.records import BenchSourceConfig, SourceConfig
 from specprobe.probes.acceptance import DEFAULT_EPS
 
 
-def check_model_option(name: str | None, key: str) -> None:
+def check_model_option(name: str | None, key: str, *, local_paths: bool = True) -> None:
     """ConfigError naming `key` when model `name` cannot be found without loading it (`infer.models.check_model_name`:
-    an unknown offline/random name, a missing local path); None (unset) passes."""
-    problem = None if name is None else check_model_name(name)
+    an unknown offline/random name, a missing local path unless local_paths is False); None (unset) passes."""
+    problem = None if name is None else check_model_name(name, local_paths=local_paths)
     if problem:
         raise ConfigError(f"{key}: {problem}")
 
@@ -156,13 +156,14 @@ class ModelsConfig:
         if self.merged_linear is True and self.engine_of("target") == "vllm" and self.engine_of("draft") == "vllm":
             raise ConfigError("models.merged_linear merges the linear layers of transformers models; vLLM merges its "
                               "own: unset it or use models.engine=hf")
-        for role in ("target", "draft"):
-            check_model_option(getattr(self, role), f"models.{role}")
+        for role in ("target", "draft"):  # the names; a local path is checked where the model loads (check_available)
+            check_model_option(getattr(self, role), f"models.{role}", local_paths=False)
 
-    def check_available(self, replica_gpus: float | None = None) -> None:
-        """Before any model loads: the devices exist and the models can be found (offline packages installed,
-        local paths present). Hub ids are checked when they load. replica_gpus: the models load in Ray replicas
-        that see this many GPUs each (ray.gpus_per_replica), not on this machine."""
+    def check_available(self, replica_gpus: float | None = None, *, models: bool = True) -> None:
+        """Before any model loads: the devices exist and, with `models` (a stage that loads the target and draft),
+        the models can be found (offline packages installed, local paths present). Hub ids are checked when they
+        load. replica_gpus: the models load in Ray replicas that see this many GPUs each (ray.gpus_per_replica),
+        not on this machine."""
         import torch
 
         for key in ("device", "draft_device"):
@@ -180,8 +181,11 @@ class ModelsConfig:
                 fix = f"set ray.gpus_per_replica to at least {index + 1}, or models.{key}=cpu"
             if index >= count:
                 raise ConfigError(f"models.{key} is {value!r}, but {where}; {fix}")
+        if not models:
+            return
         for role in ("target", "draft"):
             name = getattr(self, role)
+            check_model_option(name, f"models.{role}")
             if name.startswith(OFFLINE_PREFIX):
                 offline_model_folder(name)  # a clear error naming the package to install
 
@@ -499,12 +503,13 @@ class InferenceConfig:
         return BenchSetup(self.models, self.sampling, self.runtime, self.bench, self.ray, self.source.delimiter,
                           self.checkpoint_dir, record=to_dict(self))
 
-    def check_before_loading(self, *, sources: bool = True, ray: bool = False) -> None:
+    def check_before_loading(self, *, sources: bool = True, ray: bool = False, models: bool = True) -> None:
         """What can be checked before any model loads (a wrong device or path found after minutes of loading
-        is time lost): the output folder, the devices (ray: as a Ray replica sees them), offline model packages
-        and local paths, a local source file."""
+        is time lost): the output folder, the devices (ray: as a Ray replica sees them), with `models` the target's
+        and draft's offline packages and local paths (a machine that only trains need not have them), a local
+        source file."""
         check_folder(self.output_dir, "output_dir")
-        self.models.check_available(self.ray.gpus_per_replica if ray else None)
+        self.models.check_available(self.ray.gpus_per_replica if ray else None, models=models)
         if sources:
             self.source.check_available()
 

@@ -120,10 +120,11 @@ def parse_dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
     return DTYPE_NAMES[name]
 
 
-def check_model_name(name: str) -> str | None:
+def check_model_name(name: str, *, local_paths: bool = True) -> str | None:
     """Why `name` cannot name a model (without loading anything), or None. offline:/random: names must be
-    known; a name that looks like a local path (absolute, ./, ../, ~, or a .gguf file) must exist; anything
-    else is taken as a hub id (org/name), checked when it loads."""
+    known; a name that looks like a local path (absolute, ./, ../, ~, or a .gguf file) must exist (local_paths:
+    False skips this, for a machine that does not load the model); anything else is taken as a hub id
+    (org/name), checked when it loads."""
     if not isinstance(name, str) or not name.strip():
         return f"empty model name {name!r}"
     if name.startswith(OFFLINE_PREFIX):
@@ -137,7 +138,7 @@ def check_model_name(name: str) -> str | None:
             return f"unknown random model size {name!r}; known: {', '.join(RANDOM_PREFIX + k for k in RANDOM_SIZES)}"
         return None
     looks_local = name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf")
-    if looks_local and not Path(name).expanduser().exists():
+    if local_paths and looks_local and not Path(name).expanduser().exists():
         return (f"local model path {name} does not exist (a hub id has the form org/name; a local folder must "
                 "hold config.json)")
     return None
@@ -227,6 +228,9 @@ def resolve_model_folder(name: str, cache_dir: str | Path | None = None) -> tupl
         if not (Path(name) / "config.json").exists():
             raise ModelUnavailableError(f"model folder {name} has no config.json")
         return name, None
+    problem = check_model_name(name)  # a local path that is not there: say so, rather than try it as a hub id
+    if problem:
+        raise ModelUnavailableError(problem)
     return _split_revision(name)
 
 

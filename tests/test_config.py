@@ -140,14 +140,19 @@ def test_inputs_are_checked_before_any_model_loads(tmp_path, monkeypatch, capsys
                             ("models.device=tpu", "models.device: 'tpu' is not a device"),
                             ("models.draft_device=gpu1", "models.draft_device: 'gpu1' is not a device"),
                             ("models.target=offline:nope", "models.target: unknown offline model 'offline:nope'"),
-                            ("models.draft=./no-such-folder", "models.draft: local model path ./no-such-folder does not"),
                             ("source.kind=jsonl", "source.kind is jsonl but neither source.path nor source.name is set"),
                             ("probe.device=cude", "probe.device: 'cude' is not a device"),
                             ("verifiers.judge_dtype=bf17", "verifiers.judge_dtype: unknown dtype 'bf17'")]:
         with pytest.raises(ConfigError, match=match):
             load_config("configs/tiny.yaml", [override])
     # model paths that one tool reads are checked by that tool before it loads anything, not when any tool loads
-    # the config (a machine that only trains need not have the data stage's NLI model)
+    # the config (a machine that only trains need not have the data stage's NLI model, nor the target and draft)
+    moved_lms = load_config("configs/tiny.yaml", ["models.target=/no/target", f"output_dir={tmp_path}/m"])
+    with pytest.raises(ConfigError, match="models.target: local model path /no/target does not"):
+        moved_lms.check_before_loading(sources=True)
+    moved_lms.check_before_loading(sources=False, training=True)  # the train stage alone
+    with pytest.raises(models.ModelUnavailableError, match="local model path /no/target does not exist"):
+        models.resolve_model_folder("/no/target")  # a loader called without the config's check
     nli = load_config("configs/tiny.yaml", ["data.judge=nli", "data.nli_model=/no/nli", f"output_dir={tmp_path}/n"])
     with pytest.raises(ConfigError, match="data.nli_model: local model path /no/nli does not"):  # (a path, not an id)
         nli.check_before_loading(sources=True)
