@@ -33,7 +33,7 @@ from specprobe.infer.models import load_model
 log = logging.getLogger(__name__)
 
 __all__ = ["PairQuery", "EquivalenceJudge", "NLIJudge", "EmbeddingNumberJudge", "CachedJudge", "make_judge",
-           "nli_equivalent", "label_roles", "extract_numbers"]
+           "nli_equivalent", "label_roles", "extract_numbers", "position_limit"]
 
 
 class EquivalenceJudge(ABC):
@@ -169,6 +169,16 @@ def fit_pair(context: list[int], a: list[int], b: list[int], budget: int) -> tup
     return (context[len(context) - keep:] if keep > 0 else []), a, b
 
 
+def position_limit(model) -> int | None:
+    """The longest input a classifier with learned absolute positions reads (BERT, RoBERTa: 512; DeBERTa only with
+    position_biased_input); None where positions are relative only (DeBERTa MNLI) or the layout is not known."""
+    table = getattr(getattr(model.base_model, "embeddings", None), "position_embeddings", None)
+    if not isinstance(table, torch.nn.Embedding):
+        return None
+    # RoBERTa counts positions from padding_idx + 1 (514 rows, 512 positions)
+    return table.num_embeddings - (table.padding_idx + 1 if table.padding_idx is not None else 0)
+
+
 class NLIJudge(EquivalenceJudge):
     """Bidirectional entailment with a sequence-classification (MNLI) model.
 
@@ -204,6 +214,10 @@ class NLIJudge(EquivalenceJudge):
         if max_length < self.template.num_special + 2:
             raise ValueError(f"NLIJudge.max_length={max_length} leaves no room for text "
                              f"({self.template.num_special} special tokens per pair)")
+        limit = position_limit(self.model)
+        if limit is not None and max_length > limit:  # longer inputs would index past the position table
+            raise ValueError(f"NLIJudge.max_length={max_length} (data.nli_max_length) is longer than the {limit} "
+                             f"learned positions of {model_name}: set data.nli_max_length to at most {limit}")
         self.name = name or f"nli:{model_name}:{'strict' if strict else 'nonstrict'}:max_length={max_length}"
         self._use_types = "token_type_ids" in getattr(self.tokenizer, "model_input_names", [])
         self.truncated_steps = 0  # pairs whose steps alone were longer than max_length

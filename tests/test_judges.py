@@ -22,6 +22,7 @@ from specprobe.data_gen.judges import (
     label_roles,
     make_judge,
     nli_equivalent,
+    position_limit,
 )
 from specprobe.infer.models import offline_model_folder
 
@@ -212,6 +213,28 @@ def test_long_context_is_trimmed_from_the_left_keeping_whole_steps(tokenizer):
             assert kept == ctx_ids[-len(kept):] and len(kept) > 10  # the context's END survives
             assert ctx_ids[-5:] == kept[-5:]
     assert judge.truncated_steps == 0
+
+
+def test_max_length_past_learned_positions_is_refused(tokenizer):
+    # tiny_nli adds learned absolute positions (DeBERTa's position_biased_input): 512 of them
+    with pytest.raises(ValueError, match="max_length=600 .*longer than the 512 learned positions.*at most 512"):
+        NLIJudge((tiny_nli(tokenizer, STANDARD), tokenizer), max_length=600)
+    NLIJudge((tiny_nli(tokenizer, STANDARD), tokenizer), max_length=512)
+    # RoBERTa-style positions start past the padding index: 514 rows hold 512
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+    roberta = RobertaForSequenceClassification(RobertaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=514, pad_token_id=1, num_labels=3, id2label=STANDARD)).eval()
+    assert position_limit(roberta) == 512
+    with pytest.raises(ValueError, match="learned positions"):
+        NLIJudge((roberta, tokenizer), max_length=513)
+    # relative positions only (microsoft/deberta-large-mnli's layout): no table, no limit
+    config = DebertaV2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=64, num_labels=3, id2label=STANDARD, max_position_embeddings=512,
+                             relative_attention=True, position_biased_input=False)
+    relative = DebertaV2ForSequenceClassification(config).eval()
+    assert position_limit(relative) is None
+    NLIJudge((relative, tokenizer), max_length=1024)
 
 
 def test_overlong_steps_are_cut_with_a_warning(tokenizer, caplog):
