@@ -23,6 +23,7 @@ them over Ray replicas); whoever does, only the process that called `generate_da
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
@@ -74,6 +75,7 @@ from specprobe.data_gen.store import (
     part_dir,
     plan_changes,
     read_manifest,
+    remember_verified,
     remove_unlisted_shards,
     stored_poolings,
     summarize_shards,
@@ -777,6 +779,15 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{sec:02d}"
 
 
+@contextlib.contextmanager
+def _remembering(folder: Path, hashed: dict):
+    """Record the files hashed while writing once the run ends, stopped or not (one write, not one per shard)."""
+    try:
+        yield
+    finally:
+        remember_verified(folder, hashed)
+
+
 def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_shards: list[int],
                 workers: ShardWorkers, run: DataGenStats, progress: bool, pilot: CappedPilot | None = None) -> None:
     from tqdm.auto import tqdm
@@ -787,15 +798,16 @@ def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_sh
     total = sum(len(shards[k]) for k in my_shards)
     initial = total - sum(len(shards[k]) for k in todo)
     started, finished = time.perf_counter(), initial
+    hashed: dict = {}  # files this run hashed: the readers' check need not hash them again
     # logging_redirect_tqdm: log lines (the pilot's, a skipped context's) print above the bar instead of through it
     with tqdm(total=total, initial=initial, unit="ctx", desc="data", disable=not progress,
-              dynamic_ncols=True) as bar, logging_redirect_tqdm():
+              dynamic_ncols=True) as bar, logging_redirect_tqdm(), _remembering(folder, hashed):
         for shard, entry in workers.run([(k, shards[k]) for k in todo], lambda: bar.update(1)):
             k = shard.index
             finished += len(shards[k])
             start = time.perf_counter()
             entry["files"] = write_shard(folder, shard, metadata={"format": FORMAT, "shard": str(k)})
-            entry["digests"] = file_digests(folder, entry["files"])
+            entry["digests"] = file_digests(folder, entry["files"], verified=hashed)
             entry["timing"]["seconds"]["writing"] = time.perf_counter() - start
             manifest["shards"].append(entry)  # only now is the shard part of the data set
             manifest["shards"].sort(key=lambda s: s["index"])

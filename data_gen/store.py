@@ -36,7 +36,7 @@ from specprobe.data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_CO
 from specprobe.probes.io import open_tensors, stage_file, write_text
 
 __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "FolderLock", "shard_path",
-           "file_digests", "shard_problem", "verify_shards", "clean_temporaries", "remove_unlisted_shards",
+           "file_digests", "remember_verified", "shard_problem", "verify_shards", "clean_temporaries", "remove_unlisted_shards",
            "check_same_data", "check_same_judge", "check_same_assignment", "draft_assignment", "check_some_contexts",
            "plan_changes",
            "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
@@ -297,18 +297,28 @@ def write_shard(folder: str | os.PathLike, shard: ShardData, metadata: dict[str,
     return files
 
 
-def file_digests(folder: str | os.PathLike, files: dict[str, str]) -> dict[str, dict]:
-    """Size and SHA-256 of each of a shard's files (recorded in the manifest when the shard is committed)."""
+def _stamp(stat: os.stat_result, sha256: str) -> list:
+    # the inode and device too: a copy (cp -a, rsync -a) keeps mtimes and would carry the record along
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_dev, sha256]
+
+
+def file_digests(folder: str | os.PathLike, files: dict[str, str], verified: dict | None = None) -> dict[str, dict]:
+    """Size and SHA-256 of each of a shard's files (recorded in the manifest when the shard is committed).
+    verified: a dict that gets each file unchanged while it was hashed, as `VERIFIED` records it (the writer's
+    hashing then spares the readers theirs; see `remember_verified`)."""
     import hashlib
 
     out = {}
     for kind, rel in files.items():
         path = Path(folder) / rel
+        before = path.stat()
         digest = hashlib.sha256()
         with open(path, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
-        out[kind] = {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+        out[kind] = {"bytes": before.st_size, "sha256": digest.hexdigest()}
+        if verified is not None and _stamp(path.stat(), "") == _stamp(before, ""):
+            verified[rel] = _stamp(before, out[kind]["sha256"])
     return out
 
 
@@ -329,8 +339,7 @@ def shard_problem(folder: str | os.PathLike, shard: dict, verified: dict | None 
         if stat.st_size != recorded[kind]["bytes"]:
             return (f"{path} has {stat.st_size} bytes, {recorded[kind]['bytes']} when it was written (truncated or "
                     "replaced)")
-        # the inode and device too: a copy (cp -a, rsync -a) keeps mtimes and would carry the record along
-        stamps[kind] = [stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_dev, recorded[kind]["sha256"]]
+        stamps[kind] = _stamp(stat, recorded[kind]["sha256"])
     if recorded is None:
         return None
     verified = {} if verified is None else verified
@@ -343,22 +352,37 @@ def shard_problem(folder: str | os.PathLike, shard: dict, verified: dict | None 
     return None
 
 
+def _read_verified(folder: Path) -> dict:
+    try:
+        verified = json.loads((folder / VERIFIED).read_text(encoding="utf-8"))
+        return verified if isinstance(verified, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_verified(folder: Path, verified: dict) -> None:
+    # Best effort, and without the folder's lock: the file is replaced whole (never half-written), an entry lost to
+    # a concurrent reader's write only costs hashing that file again, and a read-only folder is hashed every time.
+    try:
+        write_text(folder / VERIFIED, json.dumps(verified))
+    except OSError:
+        pass
+
+
+def remember_verified(folder: str | os.PathLike, stamps: dict) -> None:
+    """Add files just hashed (`file_digests`'s `verified`) to the folder's `VERIFIED` record."""
+    if stamps:
+        _write_verified(Path(folder), {**_read_verified(Path(folder)), **stamps})
+
+
 def verify_shards(folder: str | os.PathLike, manifest: dict) -> dict[int, str]:
     """{shard index: problem} for every complete shard that cannot be used. Files checked before and unchanged
     since (`VERIFIED`) are not hashed again."""
-    file = Path(folder) / VERIFIED
-    try:
-        verified = json.loads(file.read_text(encoding="utf-8"))
-        verified = verified if isinstance(verified, dict) else {}
-    except (OSError, ValueError):
-        verified = {}
+    verified = _read_verified(Path(folder))
     before = dict(verified)
     problems = {s["index"]: shard_problem(folder, s, verified) for s in manifest.get("shards", [])}
     if verified != before:
-        try:  # best effort: a read-only folder is hashed again next time
-            write_text(file, json.dumps(verified))
-        except OSError:
-            pass
+        _write_verified(Path(folder), verified)
     return {k: v for k, v in problems.items() if v is not None}
 
 

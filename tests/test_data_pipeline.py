@@ -195,6 +195,11 @@ def tiny(tmp_path_factory, engines, judge):
     _, cfg = write_config(root, root / "run")
     result = generate_dataset(cfg.data_job(), engines=engines, judge=judge, progress=False)
     assert result.complete and not result.reused
+    # the writer records the files it hashed, so the first open does not read them all again
+    verified = json.loads((result.data_dir / ".verified.json").read_text())
+    for shard in result.manifest["shards"]:
+        for kind, rel in shard["files"].items():
+            assert verified[rel][-1] == shard["digests"][kind]["sha256"]
     return cfg, result
 
 

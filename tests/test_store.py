@@ -214,6 +214,27 @@ def test_reopening_hashes_only_files_changed_since_they_were_checked(tmp_path, m
     assert len(hashed) == 3 * first + 1  # other files (inodes): hashed once where they landed
 
 
+def test_files_hashed_by_the_writer_are_not_hashed_by_readers(tmp_path, monkeypatch):
+    from specprobe.data_gen import store
+
+    manifest = _manifest(2)
+    seen: dict = {}
+    for i in (0, 1):
+        files = write_shard(tmp_path, make_shard(i))
+        manifest["shards"].append({**_entry(make_shard(i), files), "digests": file_digests(tmp_path, files, seen)})
+    manifest["status"] = "complete"
+    write_manifest(tmp_path, manifest)
+    assert len(seen) == sum(len(s["files"]) for s in manifest["shards"])
+    store.remember_verified(tmp_path, seen)
+    hashed, real = [], store.file_digests
+    monkeypatch.setattr(store, "file_digests", lambda folder, files: hashed.extend(files.values()) or real(folder, files))
+    assert open_dataset(tmp_path).samples.num_rows == 16 and hashed == []
+    path = tmp_path / manifest["shards"][0]["files"]["samples"]
+    path.write_bytes(path.read_bytes()[:-1] + b"x")  # same size, new mtime: hashed, and found changed
+    with pytest.raises(DataFolderError, match="SHA-256 differs"):
+        open_dataset(tmp_path)
+
+
 def test_failed_shard_write_leaves_nothing(tmp_path):
     shard = make_shard(0)
     shard.features["draft.mean"] = "not a tensor"
