@@ -64,6 +64,27 @@ def is_probe_component(name: str) -> bool:
     return name.startswith(("probe_", "baseline_last_layer_"))
 
 
+def component_files(folder: str | os.PathLike, name: str) -> list[Path]:
+    """The files (or folder) that hold component `name` of a checkpoint folder, as `components` names it."""
+    folder = Path(folder)
+    if is_probe_component(name):
+        return list(model_paths(folder, name))
+    named = {BASELINES: BASELINES_JSON, EMBEDDING: EMBEDDING_JSON, JUDGE: JUDGE_DIR}
+    if name not in named:
+        raise CheckpointError(f"unknown checkpoint component {name!r}")
+    return [folder / named[name]]
+
+
+def copy_components(source: str | os.PathLike, folder: str | os.PathLike, names: list[str]) -> None:
+    """Copy components `names` of checkpoint folder `source` into `folder` (one being assembled)."""
+    for name in names:
+        for path in component_files(source, name):
+            if path.is_dir():
+                shutil.copytree(path, Path(folder) / path.name)
+            else:
+                shutil.copy2(path, Path(folder) / path.name)
+
+
 # ----------------------------------------------------------------------------- folder
 def checkpoint_folder(path: str | os.PathLike) -> Path:
     """The folder of a checkpoint given as the folder or its checkpoint.json; CheckpointError if absent."""

@@ -341,6 +341,56 @@ def test_a_late_failure_keeps_what_trained_beside_the_checkpoint(tmp_path, embed
     assert Checkpoint(earlier).has_probe("probe_target") and not partial.exists()
 
 
+def test_a_rerun_reuses_the_verifiers_a_failed_run_kept_when_data_and_settings_match(tmp_path, embedder):
+    write_synthetic_data(tmp_path, questions=6)
+    every = {"train": ["probes", "embedding", "judge"]}
+    cfg = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2}, verifiers=every)
+    partial = pipeline.partial_checkpoint_dir(cfg)
+    with pytest.raises((AttributeError, TypeError)):
+        train_all(cfg, print_fn=lambda _: None, embedder=embedder, judge_model=(None, None))
+    kept = Checkpoint(partial)
+    weights = {name: (partial / f"{name}.safetensors").read_bytes() for name in kept.probe_names()}
+    threshold, kept_probes = kept.embedding().threshold, kept.metrics["probes"]
+    # the same command fails again (say, the judge still runs out of memory): nothing is trained twice, and the
+    # partial checkpoint, source and destination at once, still holds both
+    lines: list[str] = []
+    with pytest.raises((AttributeError, TypeError)):
+        train_all(cfg, print_fn=lines.append, embedder=embedder, judge_model=(None, None))
+    assert any(line.startswith("reusing the probes and embedding of") for line in lines)
+    again = Checkpoint(partial)
+    assert {n: (partial / f"{n}.safetensors").read_bytes() for n in again.probe_names()} == weights
+    assert again.embedding().threshold == threshold and again.metrics["failed"]["stage"] == "judge"
+    # other judge settings (the usual fix) still reuse both; the checkpoint holds them, loadable, and the partial goes
+    fixed = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2},
+                             verifiers={"train": ["probes", "embedding"], "judge_batch_size": 2})
+    lines.clear()
+    result = train_all(fixed, print_fn=lines.append, embedder=embedder)
+    assert result.probes is None and result.embedding is None and not partial.exists()
+    done = Checkpoint(fixed.checkpoint_dir)
+    assert {n: (done.folder / f"{n}.safetensors").read_bytes() for n in done.probe_names()} == weights
+    assert done.embedding().threshold == threshold and done.probe("probe_target") is not None
+    assert done.metrics["reused"] == {"from": str(partial), "verifiers": ["probes", "embedding"]}
+    assert done.metrics["probes"] == kept_probes and "failed" not in done.metrics
+    assert set(kept.components) <= set(done.components)
+    # other probe settings, or other data: trained again, and the log says why
+    with pytest.raises((AttributeError, TypeError)):
+        train_all(cfg, print_fn=lambda _: None, embedder=embedder, judge_model=(None, None))
+    changed = synthetic_config(tmp_path, tmp_path, probe={"epochs": 3}, verifiers={"train": ["probes", "embedding"]})
+    lines.clear()
+    result = train_all(changed, print_fn=lines.append, embedder=embedder)
+    assert result.probes is not None and result.embedding is None  # the split is the same: the embedding is kept
+    assert any("not reused where its probes were trained with other settings" in line for line in lines)
+    with pytest.raises((AttributeError, TypeError)):
+        train_all(cfg, print_fn=lambda _: None, embedder=embedder, judge_model=(None, None))
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    manifest["created"] = "2026-01-01T00:00:00+00:00"  # the folder made again
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps(manifest))
+    lines.clear()
+    result = train_all(changed, print_fn=lines.append, embedder=embedder)
+    assert result.probes is not None and result.embedding is not None
+    assert any("it was trained on other data" in line for line in lines)
+
+
 def test_training_on_data_made_with_other_settings_says_so_and_names_the_datas_source(tmp_path):
     write_synthetic_data(tmp_path, questions=6)  # made with data.num_samples 6 from reasoning-gym's gsm_symbolic
     cfg = synthetic_config(tmp_path, tmp_path, data={"num_samples": 20}, source={"kind": "gsm8k"},

@@ -62,6 +62,10 @@ def write_checkpoint(folder: str | os.PathLike, cfg, result, manifest: dict,
             components += _write_probes(tmp, result.probes)
         if result.embedding is not None:
             components.append(_write_embedding(tmp, result.embedding))
+        if result.reused:  # verifiers an earlier failed run trained (train.pipeline.reusable_verifiers)
+            names = [name for kind in result.reused.kinds for name in result.reused.components[kind]]
+            fmt.copy_components(result.reused.folder, tmp, names)
+            components += names
         if result.judge is not None:
             result.judge.save(tmp / fmt.JUDGE_DIR)
             components.append(fmt.JUDGE)

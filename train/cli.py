@@ -127,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
     except Stopped:
         print("probe-train: stopped by SIGTERM; what had finished is kept (the data stage's shards, the train "
-              "stage's verifiers in <checkpoint>-partial): the same command resumes the data stage", file=sys.stderr)
+              "stage's verifiers in <checkpoint>-partial): the same command resumes the data stage and reuses "
+              "those verifiers", file=sys.stderr)
         return 128 + signal.SIGTERM
     except (ConfigError, ValueError, RuntimeError, FileNotFoundError) as err:
         notes = "".join(f"\n  ({note})" for note in getattr(err, "__notes__", ()))

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from specprobe.data_gen.store import DataFolderError, open_dataset, settings_diff
+from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.checkpoint_format import Checkpoint
 from specprobe.infer.models import default_device, describe_source
 from specprobe.inputs.config import to_dict
@@ -141,6 +142,20 @@ class QuestionSplit:
 
 # ----------------------------------------------------------------------------- result
 @dataclass
+class Reused:
+    """Verifiers an earlier run of this config trained before it failed or was stopped (its partial checkpoint),
+    taken as they are instead of trained again."""
+
+    folder: Path
+    components: dict[str, list[str]]  # "probes" / "embedding" -> its checkpoint component names
+    metrics: dict[str, Any]  # the partial checkpoint's metrics.json
+
+    @property
+    def kinds(self) -> list[str]:
+        return list(self.components)
+
+
+@dataclass
 class TrainResult:
     checkpoint_dir: Path
     metrics: dict[str, Any]
@@ -148,6 +163,7 @@ class TrainResult:
     embedding: pair_verifiers.EmbeddingResult | None = None
     judge: Any = None
     seconds: dict[str, float] = field(default_factory=dict)
+    reused: Reused | None = None
 
     def summary(self) -> str:
         """The validation table (and the test table when a test split was held out)."""
@@ -228,7 +244,21 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
                             f"config's): {'; '.join(differ)}. The verifiers train on the data as it is; the "
                             "checkpoint's card names the data's source. To train on data of this config, use another "
                             "output_dir (the data stage generates it)")
-        if prepared.plans:
+        reused, note = reusable_verifiers(cfg, ds)
+        if note:
+            tracker.message(note)
+        if reused:
+            result.reused = reused
+            metrics["reused"] = {"from": str(reused.folder), "verifiers": reused.kinds}
+            for kind in reused.kinds:
+                metrics[kind] = reused.metrics[kind]
+                if kind == "probes" and "probes_skipped" in reused.metrics:
+                    metrics["probes_skipped"] = reused.metrics["probes_skipped"]
+                result.seconds[kind] = (reused.metrics.get("seconds") or {}).get(kind, 0.0)
+            tracker.message(f"reusing the {' and '.join(reused.kinds)} of {reused.folder}: an earlier run of this "
+                            "config trained them on this data with these settings before it failed (delete that "
+                            "folder to train them again)")
+        if prepared.plans and not (reused and "probes" in reused.kinds):
             start = time.perf_counter()
             result.probes = probes_train.train_probes(prepared.plans, prepared.specs, prepared.sets, cfg.probe,
                                                       curve=tracker.curve, device=_device(cfg.probe.device, cfg))
@@ -240,7 +270,7 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
             result.seconds["probes"] = time.perf_counter() - start
         stage = "embedding"
         try:
-            if "embedding" in cfg.verifiers.train:
+            if "embedding" in cfg.verifiers.train and not (reused and "embedding" in reused.kinds):
                 tracker.message(f"embedding threshold verifier ({cfg.verifiers.embedding_model}) ...")
                 result.embedding = pair_verifiers.train_embedding(
                     prepared.pairs["train"], prepared.pairs["val"], cfg.verifiers, cfg.models.resolved_device(),
@@ -268,6 +298,47 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
         tracker.message(result.summary())
         tracker.message(f"checkpoint: {cfg.checkpoint_dir}")
     return result
+
+
+SPLIT_SETTINGS = ("seed", "val_fraction", "test_fraction")  # of the probe section: the question split
+
+
+def _settings(config: dict, kind: str) -> dict[str, Any]:
+    """The settings a verifier kind's training reads: the probes the whole probe section; the embedding threshold
+    the question split and the verifiers' settings other than the judge's."""
+    probe, verifiers = config.get("probe") or {}, config.get("verifiers") or {}
+    if kind == "probes":
+        return dict(probe)
+    return {**{f"probe.{k}": probe.get(k) for k in SPLIT_SETTINGS},
+            **{k: v for k, v in verifiers.items() if k != "train" and not k.startswith("judge_")}}
+
+
+def reusable_verifiers(cfg, ds) -> tuple[Reused | None, str]:
+    """The verifiers of an earlier failed run's partial checkpoint that this run would train identically (the same
+    data folder, made once, and the same settings), and a line saying why one there is not reused ("" if none)."""
+    partial = partial_checkpoint_dir(cfg)
+    if not partial.is_dir():
+        return None, ""
+    try:
+        ckpt = Checkpoint(partial)
+        metrics, names, data = ckpt.metrics, ckpt.components, ckpt.meta.get("data") or {}
+    except (OSError, ValueError) as err:
+        return None, f"{partial} (an earlier run's partial checkpoint) is not reused: it cannot be read ({err})"
+    if [data.get("fingerprint"), data.get("created")] != [ds.manifest.get("fingerprint"), ds.manifest.get("created")]:
+        return None, (f"{partial} (an earlier run's partial checkpoint) is not reused: it was trained on other data "
+                      f"than {ds.folder} (made {ds.manifest.get('created')})")
+    found = {"probes": [n for n in names if fmt.is_probe_component(n) or n == fmt.BASELINES],
+             "embedding": [n for n in names if n == fmt.EMBEDDING]}
+    mine, why, components = to_dict(cfg), [], {}
+    for kind, parts in found.items():
+        if kind not in cfg.verifiers.train or kind not in metrics or not parts:
+            continue
+        if _settings(ckpt.config, kind) != _settings(mine, kind):
+            why.append(f"its {kind} were trained with other settings")
+            continue
+        components[kind] = parts
+    note = (f"{partial} (an earlier run's partial checkpoint) is not reused where {'; '.join(why)}" if why else "")
+    return (Reused(partial, components, metrics) if components else None), note
 
 
 def partial_checkpoint_dir(cfg) -> Path:
@@ -300,7 +371,7 @@ def _keep_finished(cfg, result: TrainResult, metrics: dict, ds, stage: str, err:
     """A verifier failed (or the run was stopped) after others trained: write those to the partial checkpoint
     folder, so minutes of training are not lost with the error, and say so. The checkpoint itself is untouched
     (a complete one from an earlier run stays)."""
-    if result.probes is None and result.embedding is None:
+    if result.probes is None and result.embedding is None and result.reused is None:
         return
     metrics["failed"] = {"stage": stage, "error": f"{type(err).__name__}: {err}"}
     result.metrics = metrics
@@ -311,6 +382,7 @@ def _keep_finished(cfg, result: TrainResult, metrics: dict, ds, stage: str, err:
         message(f"the {stage} step failed, and keeping what had trained failed too: {write_err}")
         return
     kept = [name for name, part in (("probes", result.probes), ("embedding", result.embedding)) if part is not None]
+    kept += result.reused.kinds if result.reused else []
     message(f"the {stage} step failed ({type(err).__name__}); what had trained ({', '.join(kept)}) is in {folder}, "
             f"a checkpoint without the {stage} verifier (runtime.checkpoint={folder} uses it); "
             f"{cfg.checkpoint_dir} is unchanged")
