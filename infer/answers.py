@@ -123,6 +123,11 @@ def _looks_mathematical(answer: str) -> bool:
     return bool(re.search(r"\d|\\[a-zA-Z]", answer))
 
 
+# math-verify's own guard (SIGALRM) against a pathological expression stalling a long benchmark; it answers "not
+# equivalent" when it fires. Tests set None: their verdicts must not depend on a machine's load.
+MATH_VERIFY_TIMEOUT_S: int | None = 5
+
+
 def math_equivalent(pred: str, gold: str) -> bool:
     """math-verify's verdict on two final answers, each read as one LaTeX math expression."""
     import logging
@@ -132,7 +137,7 @@ def math_equivalent(pred: str, gold: str) -> bool:
 
     # math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere the short
     # inputs here (one final answer each) are parsed without one.
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)  # it warns on every call made without a timeout
     try:

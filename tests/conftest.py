@@ -11,6 +11,18 @@ import pytest  # noqa: E402
 SMOL = "offline:smollm2-135m-instruct"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def in_the_repository():
+    """Tests name the shipped configs by repository paths (configs/tiny.yaml): run them from the repository root
+    wherever pytest was started."""
+    from pathlib import Path
+
+    before = os.getcwd()
+    os.chdir(Path(__file__).resolve().parents[1])
+    yield
+    os.chdir(before)
+
+
 @pytest.fixture(scope="session")
 def smol_engine():
     """The real offline SmolLM2-135M-Instruct behind the step engine (loaded once per session)."""

@@ -5,7 +5,14 @@ import threading
 
 import pytest
 
+from specprobe.infer import answers
 from specprobe.infer.answers import answers_match, grade, math_equivalent, strip_thousands_separators
+
+
+@pytest.fixture(autouse=True)
+def no_wall_clock(monkeypatch):
+    """math-verify's timeout would turn a slow parse on a loaded machine into "not equivalent"."""
+    monkeypatch.setattr(answers, "MATH_VERIFY_TIMEOUT_S", None)
 
 
 @pytest.mark.parametrize("raw, clean", [("1,234", "1234"), ("-$12,345.5", "-$12345.5"), ("1,234,567", "1234567"),

@@ -481,7 +481,7 @@ def test_captures_take_turns_across_threads(monkeypatch):
                 opened[0] += 1
                 most[0] = max(most[0], opened[0])
             inside.set()
-            release.wait(5)
+            release.wait(120)  # set by the test (finally): no wall-clock race on a loaded machine
 
         def __exit__(self, *exc):
             with lock:
@@ -507,14 +507,16 @@ def test_captures_take_turns_across_threads(monkeypatch):
     threads = [threading.Thread(target=lambda i=i: outs.append(decode_step.capture_graph(lambda: i, None)[1]))
                for i in range(2)]
     threads[0].start()
-    assert inside.wait(5) and asked.acquire(timeout=5)
-    inside.clear()
-    threads[1].start()
-    assert asked.acquire(timeout=5)  # the second thread has come to the lock ...
-    assert not inside.wait(0.3) and most[0] == 1  # ... and waits there while the first captures
-    release.set()
+    try:
+        assert inside.wait(60) and asked.acquire(timeout=60)
+        inside.clear()
+        threads[1].start()
+        assert asked.acquire(timeout=60)  # the second thread has come to the lock ...
+        assert not inside.wait(0.3) and most[0] == 1  # ... and waits there while the first captures
+    finally:
+        release.set()
     for t in threads:
-        t.join(5)
+        t.join(60)
     assert sorted(outs) == [0, 1] and most[0] == 1 and opened[0] == 0
 
 
@@ -790,8 +792,9 @@ def test_a_finished_rows_slot_stays_inside_a_learned_position_table(one_thread):
                               SamplingParams(temperature=0.0, max_step_tokens=table)).steps
         steps[decode] = [row[0] for row in out]
     for prompt, eager, fast in zip(prompts, steps["eager"], steps["fast"]):
-        assert fast.stop_reason == eager.stop_reason
-        assert_same_greedy(model, prompt, fast.token_ids, eager.token_ids, at_least=4)
+        n = assert_same_greedy(model, prompt, fast.token_ids, eager.token_ids, at_least=4)
+        if n == eager.num_tokens:  # no near-tie: where the row stopped is the same too
+            assert fast.stop_reason == eager.stop_reason
 
 
 def test_a_stream_that_never_empties_keeps_its_free_slots_inside_the_position_table(one_thread):
@@ -809,7 +812,8 @@ def test_a_stream_that_never_empties_keeps_its_free_slots_inside_the_position_ta
                                        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)).eval()
     engine = HFStepEngine("random:llama-tiny", model=model, tokenizer=tok, device="cpu", decode="fast",
                           stop_at_eos=False)
-    stream = engine.open_stream(SamplingParams(temperature=0.0, max_step_tokens=table))
+    # a delimiter a random model does not write: every row runs to its cap, on any CPU's rounding
+    stream = engine.open_stream(SamplingParams(temperature=0.0, max_step_tokens=table, delimiter="\n\n\n\n"))
     live, finished, added = set(), [], 0
     for _ in range(4 * table):  # three rows at a time (four slots: one never used), each 12 tokens
         if len(live) < 3:

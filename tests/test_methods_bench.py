@@ -47,8 +47,9 @@ def test_lookahead_in_the_engines_batches_writes_the_engines_greedy_steps(engine
     plain = target.generate([StepRequest(p) for p in prefixes], params)
     mine = la.generate([StepRequest(p) for p in prefixes], params)
     for p, got, want in zip(prefixes, mine.steps, plain.steps):
-        assert_same_greedy(target.model, target.prefix_ids(p), got[0].token_ids, want[0].token_ids, at_least=8)
-    assert [s[0].stop_reason for s in mine.steps] == [s[0].stop_reason for s in plain.steps]
+        n = assert_same_greedy(target.model, target.prefix_ids(p), got[0].token_ids, want[0].token_ids, at_least=8)
+        if n == want[0].num_tokens:  # no near-tie: where the step stopped is the same too
+            assert got[0].stop_reason == want[0].stop_reason
     # every row-iteration writes one token plus the proposals it accepted
     assert mine.stats.spec_accepted > 0 and mine.stats.row_iterations < plain.stats.row_iterations
     assert mine.stats.row_iterations + mine.stats.spec_accepted >= mine.stats.generated_tokens

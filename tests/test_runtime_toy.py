@@ -152,15 +152,12 @@ def test_a_target_step_that_ends_the_answer_is_never_replaced_by_a_draft(tempera
     target, draft = ToyEngine("target", eos_weight=50), ToyEngine("draft")
     opts = options(temperature, accept_length_cut=True, max_steps=40, seed=1)
     wide = opts.replace(width=2, draft_params=SamplingParams(temperature=0.8, max_step_tokens=6))
-    ended = 0
     for method, o in (("lr_sync", opts), ("lr_async", opts), ("lr_sync", wide)):
         res = decode(method, Q, target, draft, build_verifier("accept_all"), o)
         assert _positions_judged_after_target_eos(res) == 0, method
         eos_rows = [t for c in res.trace for t in c["targets"] if t["stop"] == "eos"]
         assert res.stop_reason == "eos" and eos_rows, method  # the target ended it, and the answer ended
         assert res.steps[-1].source == "target" and res.steps[-1].stop_reason == "eos", method
-        ended += 1
-    assert ended == 3
 
 
 def test_multi_branch_needs_a_sampling_draft():

@@ -245,8 +245,9 @@ def test_threaded_seed_on_engines_writes_the_targets_greedy_steps_and_shares_pro
     for pre, thoughts in zip(prefixes, steps):
         want = target.generate([StepRequest(pre, 1, 0, 16)], params).steps[0][0]
         for got in thoughts:
-            assert got.num_tokens == 16 and got.stop_reason == want.stop_reason
-            assert_same_greedy(target.model, target.prefix_ids(pre), got.token_ids, want.token_ids, at_least=4)
+            n = assert_same_greedy(target.model, target.prefix_ids(pre), got.token_ids, want.token_ids, at_least=4)
+            if n == want.num_tokens:  # no near-tie: the whole step, and so where it stopped, is the same
+                assert (got.num_tokens, got.stop_reason) == (want.num_tokens, want.stop_reason)
 
 
 # ----------------------------------------------------------------------------- tree-of-thoughts loops
