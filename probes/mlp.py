@@ -36,9 +36,9 @@ class ProbeMLPConfig:
     betas: tuple[float, float] = field(default=(0.9, 0.95), metadata={
         "help": "AdamW betas (SemanticSpec: (0.9, 0.95))"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
-    epochs: int = field(default=50, metadata={"help": "maximum number of passes over the training set"})
+    epochs: int = field(default=60, metadata={"help": "maximum number of passes over the training set"})
     batch_size: int = field(default=256, metadata={"help": "training mini-batch size"})
-    patience: int = field(default=5, metadata={
+    patience: int = field(default=8, metadata={
         "help": "stop after this many epochs without a lower validation loss; best weights are restored"})
     seed: int = field(default=0, metadata={"help": "seed for initialisation, shuffling and dropout"})
     std_floor: float = field(default=1e-3, metadata={

@@ -360,3 +360,12 @@ def test_split_ray_option_keeps_addresses_and_returns_overrides():
         assert split_ray_option(address, ["a=1"]) == (address, ["a=1"])
     assert split_ray_option(None, []) == (None, [])  # no --ray
 
+
+
+def test_the_probe_sections_mlp_defaults_are_the_probes_packages():
+    # a SemanticProbe built in a notebook with ProbeMLPConfig() trains as probe-train's default config does
+    from specprobe.probes.mlp import ProbeMLPConfig
+    from specprobe.train.config import ExperimentConfig
+    from specprobe.train.probes_train import mlp_config
+
+    assert mlp_config(ExperimentConfig().probe) == ProbeMLPConfig()

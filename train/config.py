@@ -8,7 +8,7 @@ reads the inference part of the same file; probe-eval the config saved in a chec
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
@@ -17,6 +17,13 @@ from specprobe.data_gen.store import stored_poolings
 from specprobe.infer.config import InferenceConfig, check_dtype_option, check_model_option
 from specprobe.inputs import config as base
 from specprobe.inputs.config import ConfigError, check_device, check_positive, opt, section
+from specprobe.probes.mlp import ProbeMLPConfig
+
+
+def _mlp_opt(name: str):
+    """A probe-section field with the default and help of ProbeMLPConfig's field `name`."""
+    spec = next(f for f in fields(ProbeMLPConfig) if f.name == name)
+    return opt(list(spec.default) if isinstance(spec.default, tuple) else spec.default, spec.metadata["help"])
 
 
 @dataclass
@@ -26,15 +33,17 @@ class ProbeConfig:
     combine: Literal["concat", "mean", "weighted"] = opt(
         "concat", "how the layers are combined: concat, mean, or weighted (learned softmax weights)")
     pooling: Literal["mean", "last"] = opt("mean", "mean over the step's tokens or the last token")
-    hidden_dim: int = opt(256, "MLP width")
-    dropout: float = opt(0.1, "dropout between MLP layers")
-    loss: Literal["bce", "mse"] = opt("bce", "BCE on the soft label or MSE on the probability")
-    lr: float = opt(1e-3, "AdamW learning rate (SemanticSpec: 1e-3)")
-    betas: list[float] = opt([0.9, 0.95], "AdamW betas (SemanticSpec: 0.9, 0.95)")
-    weight_decay: float = opt(0.01, "AdamW weight decay")
-    epochs: int = opt(60, "maximum epochs")
-    batch_size: int = opt(256, "batch size")
-    patience: int = opt(8, "early stopping patience in epochs on the validation loss")
+    # the MLP's settings: defaults and help are the probes package's (ProbeMLPConfig), so a probe built in a
+    # notebook trains as probe-train's does
+    hidden_dim: int = _mlp_opt("hidden_dim")
+    dropout: float = _mlp_opt("dropout")
+    loss: Literal["bce", "mse"] = _mlp_opt("loss")
+    lr: float = _mlp_opt("lr")
+    betas: list[float] = _mlp_opt("betas")
+    weight_decay: float = _mlp_opt("weight_decay")
+    epochs: int = _mlp_opt("epochs")
+    batch_size: int = _mlp_opt("batch_size")
+    patience: int = _mlp_opt("patience")
     val_fraction: float = opt(0.2, "share of question families held out for validation (a family: a template's "
                                    "questions, else one question)")
     test_fraction: float = opt(0.2, "share of question families held out for a final test that nothing is tuned on (probe-eval "
