@@ -75,6 +75,24 @@ def _validate(scores: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
     return s, y.astype(bool)
 
 
+def decisions_at(scores: Any, labels: Any, threshold: float) -> dict[str, Any]:
+    """What accepting `score >= threshold` does on labelled pairs (1 = the two steps mean the same): the acceptance
+    rate, precision, recall, false-accept rate and F1, None where undefined (nothing accepted, no pair of a class),
+    and the counts."""
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    y = np.asarray(labels).reshape(-1).astype(bool)
+    accept = s >= threshold
+    accepted, positive, negative = int(accept.sum()), int(y.sum()), int((~y).sum())
+    tp, fp = int((accept & y).sum()), int((accept & ~y).sum())
+    precision = tp / accepted if accepted else None
+    recall = tp / positive if positive else None
+    f1 = 2 * precision * recall / (precision + recall) if precision and recall else (
+        0.0 if tp == 0 and accepted and positive else None)
+    return {"threshold": float(threshold), "acceptance_rate": accepted / s.size if s.size else None,
+            "precision": precision, "recall": recall, "false_accept_rate": fp / negative if negative else None,
+            "f1": f1, "accepted": accepted, "n": int(s.size), "n_positive": positive}
+
+
 def operating_points(scores: Any, labels: Any) -> dict[str, np.ndarray]:
     """Precision/recall/acceptance/F1 at every distinct score used as threshold (descending)."""
     return _points(*_validate(scores, labels))

@@ -100,3 +100,22 @@ def test_input_errors():
         fit_threshold([0.1, float("nan")], [1, 0])
     with pytest.raises(ValueError, match="target_precision"):
         fit_threshold([0.1, 0.2], [1, 0], target_precision=1.5)
+
+
+def test_decisions_at_a_threshold():
+    from specprobe.probes.threshold import decisions_at
+
+    scores, labels = [0.9, 0.8, 0.3, 0.1, 0.6], [1, 0, 1, 0, 1]
+    d = decisions_at(scores, labels, 0.5)  # accepts 0.9 (eq), 0.8 (not), 0.6 (eq)
+    assert (d["accepted"], d["n"], d["n_positive"]) == (3, 5, 3)
+    assert d["acceptance_rate"] == pytest.approx(3 / 5) and d["precision"] == pytest.approx(2 / 3)
+    assert d["recall"] == pytest.approx(2 / 3) and d["false_accept_rate"] == pytest.approx(1 / 2)
+    assert d["f1"] == pytest.approx(2 / 3)
+    none = decisions_at(scores, labels, 1.0)  # nothing accepted: precision undefined, recall 0
+    assert none["precision"] is None and none["recall"] == 0 and none["f1"] is None and none["acceptance_rate"] == 0
+    wrong = decisions_at(scores, labels, 0.7)  # accepts 0.9 (eq) and 0.8 (not)
+    assert wrong["precision"] == pytest.approx(1 / 2) and wrong["recall"] == pytest.approx(1 / 3)
+    only_bad = decisions_at([0.9, 0.1], [0, 1], 0.5)  # accepts only the non-equivalent pair: F1 0, not undefined
+    assert only_bad["f1"] == 0.0 and only_bad["precision"] == 0.0
+    negatives = decisions_at([0.9], [0], 0.5)
+    assert negatives["recall"] is None and negatives["false_accept_rate"] == 1.0

@@ -47,7 +47,7 @@ from specprobe.infer.judge_prompt import (
 from specprobe.infer.models import describe_source, load_model
 from specprobe.probes.metrics import auroc
 from specprobe.probes.splits import stratified_subsample
-from specprobe.probes.threshold import ThresholdFit, fit_threshold
+from specprobe.probes.threshold import ThresholdFit, decisions_at, fit_threshold
 from specprobe.train.probes_train import TrainingDataError
 
 LogFn = Callable[[dict[str, Any]], None]
@@ -139,18 +139,14 @@ def check_pairs(train: PairSet, val: PairSet, what: str) -> None:
 
 
 # ----------------------------------------------------------------------------- metrics
+OPERATING_POINT_KEYS = ("threshold", "precision", "recall", "acceptance_rate", "f1", "n", "n_positive")
+
+
 def operating_point(scores: np.ndarray, labels: np.ndarray, threshold: float) -> dict[str, Any]:
-    """Precision, recall, acceptance and F1 of `score >= threshold` (None where undefined)."""
-    accept = np.asarray(scores, dtype=np.float64) >= threshold
-    y = np.asarray(labels, dtype=bool)
-    tp = int((accept & y).sum())
-    precision = tp / int(accept.sum()) if accept.any() else None
-    recall = tp / int(y.sum()) if y.any() else None
-    f1 = (2 * precision * recall / (precision + recall)) if precision and recall else (0.0 if tp == 0 and
-                                                                                     accept.any() and y.any() else None)
-    return {"threshold": float(threshold), "precision": precision, "recall": recall,
-            "acceptance_rate": float(accept.mean()) if len(y) else None, "f1": f1, "n": int(len(y)),
-            "n_positive": int(y.sum())}
+    """Precision, recall, acceptance and F1 of `score >= threshold` (`probes.threshold.decisions_at`; None where
+    undefined), as metrics.json keeps them."""
+    decided = decisions_at(scores, labels, threshold)
+    return {k: decided[k] for k in OPERATING_POINT_KEYS}
 
 
 def score_report(scores: np.ndarray, labels: np.ndarray, thresholds: dict[str, float]) -> dict[str, Any]:

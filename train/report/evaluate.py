@@ -36,7 +36,7 @@ from specprobe.probes.metrics import (
     reliability_bins,
     spearman,
 )
-from specprobe.probes.threshold import operating_points
+from specprobe.probes.threshold import decisions_at, operating_points
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
 
@@ -286,20 +286,14 @@ def pr_points(scores: Any, labels: Any) -> dict[str, np.ndarray]:
     return {k: pts[k] for k in ("threshold", "precision", "recall")}
 
 
+AT_THRESHOLD_KEYS = ("threshold", "acceptance_rate", "precision", "recall", "false_accept_rate", "accepted")
+
+
 def at_threshold(scores: Any, labels: Any, threshold: float) -> dict[str, Any]:
-    """Decisions score >= threshold: acceptance rate, precision, recall, false-accept rate."""
-    s = np.asarray(scores, dtype=np.float64).reshape(-1)
-    y = _binary_labels(labels)
-    accept = s >= threshold
-    tp, fp = int((accept & y).sum()), int((accept & ~y).sum())
-    return clean_json({
-        "threshold": float(threshold),
-        "acceptance_rate": accept.mean(),
-        "precision": tp / accept.sum() if accept.any() else math.nan,
-        "recall": tp / y.sum() if y.any() else math.nan,
-        "false_accept_rate": fp / (~y).sum() if (~y).any() else math.nan,
-        "accepted": int(accept.sum()),
-    })
+    """Decisions score >= threshold (`probes.threshold.decisions_at`): acceptance rate, precision, recall,
+    false-accept rate."""
+    decided = decisions_at(scores, _binary_labels(labels), threshold)
+    return {k: decided[k] for k in AT_THRESHOLD_KEYS}
 
 
 def verifier_block(scores: Any, labels: Any, groups: Any, threshold: float, *, n_boot: int = 1000,
