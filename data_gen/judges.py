@@ -170,13 +170,18 @@ def fit_pair(context: list[int], a: list[int], b: list[int], budget: int) -> tup
 
 
 def position_limit(model) -> int | None:
-    """The longest input a classifier with learned absolute positions reads (BERT, RoBERTa: 512; DeBERTa only with
-    position_biased_input); None where positions are relative only (DeBERTa MNLI) or the layout is not known."""
-    table = getattr(getattr(model.base_model, "embeddings", None), "position_embeddings", None)
-    if not isinstance(table, torch.nn.Embedding):
-        return None
-    # RoBERTa counts positions from padding_idx + 1 (514 rows, 512 positions)
-    return table.num_embeddings - (table.padding_idx + 1 if table.padding_idx is not None else 0)
+    """The longest input a classifier with learned absolute positions reads (BERT, RoBERTa: 512; BART: 1024; DeBERTa
+    only with position_biased_input); None where positions are relative only (DeBERTa MNLI) or the layout is not
+    known."""
+    base = getattr(model, "base_model", model)
+    table = getattr(getattr(base, "embeddings", None), "position_embeddings", None)
+    if isinstance(table, torch.nn.Embedding):
+        # RoBERTa counts positions from padding_idx + 1 (514 rows, 512 positions)
+        return table.num_embeddings - (table.padding_idx + 1 if table.padding_idx is not None else 0)
+    table = getattr(getattr(base, "encoder", None), "embed_positions", None)  # BART: 1024 positions, 2 rows offset
+    if isinstance(table, torch.nn.Embedding) and isinstance(getattr(table, "offset", None), int):
+        return table.num_embeddings - table.offset
+    return None
 
 
 class NLIJudge(EquivalenceJudge):

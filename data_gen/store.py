@@ -40,7 +40,7 @@ __all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "Folde
            "check_same_data", "check_same_judge", "check_same_assignment", "draft_assignment", "check_some_contexts",
            "plan_changes",
            "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
-           "fingerprint", "fingerprint_diff", "summarize_shards", "stored_poolings", "ProbeDataset", "open_dataset",
+           "fingerprint", "fingerprint_diff", "summarize_shards", "shards_digest", "stored_poolings", "ProbeDataset", "open_dataset",
            "merge_parts", "SAMPLES_SCHEMA", "CONTEXTS_SCHEMA", "PAIRS_SCHEMA", "FAMILIES"]
 
 FORMAT = "specprobe-data/2"  # 2: own_prob, the leave-one-out label of a model's own steps
@@ -420,6 +420,15 @@ def _resolve_folder(folder: str | os.PathLike) -> Path:
         return folder / "data"
     raise DataFolderError(f"no {MANIFEST} in {folder} (nor in {folder / 'data'}); generate the data first "
                           "with `probe-train --config <file> --stage data`")
+
+
+def shards_digest(manifest: dict) -> str:
+    """One SHA-256 over a manifest's finished shards (index and each file's digest): what a checkpoint records to
+    know later that a folder still holds the shard files it was trained on."""
+    import hashlib
+
+    listed = sorted((s["index"], sorted((s.get("digests") or {}).items())) for s in manifest.get("shards", []))
+    return hashlib.sha256(json.dumps(listed, sort_keys=True).encode()).hexdigest()
 
 
 def stored_poolings(store_last_token: bool) -> tuple[str, ...]:

@@ -217,6 +217,8 @@ def convert_gguf(gguf_path: str | Path, cache_dir: str | Path | None = None) -> 
 
 def resolve_model_folder(name: str, cache_dir: str | Path | None = None) -> tuple[str, str | None]:
     """Turn a model name into something `from_pretrained` accepts offline: (folder or hub id, revision)."""
+    if name.startswith("~"):
+        name = os.path.expanduser(name)  # check_model_name accepts ~/models/x: load the same folder
     if name.startswith(OFFLINE_PREFIX) or name in OFFLINE_MODELS:
         key = name.removeprefix(OFFLINE_PREFIX)
         folder = offline_model_folder(key)

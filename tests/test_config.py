@@ -151,6 +151,10 @@ def test_inputs_are_checked_before_any_model_loads(tmp_path, monkeypatch, capsys
     with pytest.raises(ConfigError, match="models.target: local model path /no/target does not"):
         moved_lms.check_before_loading(sources=True)
     moved_lms.check_before_loading(sources=False, training=True)  # the train stage alone
+    from _train_fixtures import write_synthetic_data
+
+    write_synthetic_data(tmp_path / "m", questions=2)  # a finished data folder: `all` only trains
+    moved_lms.check_before_loading(sources=True, training=True)
     with pytest.raises(models.ModelUnavailableError, match="local model path /no/target does not exist"):
         models.resolve_model_folder("/no/target")  # a loader called without the config's check
     nli = load_config("configs/tiny.yaml", ["data.judge=nli", "data.nli_model=/no/nli", f"output_dir={tmp_path}/n"])

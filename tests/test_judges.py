@@ -228,6 +228,12 @@ def test_max_length_past_learned_positions_is_refused(tokenizer):
     assert position_limit(roberta) == 512
     with pytest.raises(ValueError, match="learned positions"):
         NLIJudge((roberta, tokenizer), max_length=513)
+    # BART (facebook/bart-large-mnli) keeps its positions in the encoder, two rows past the 1024 it reads
+    from transformers import BartConfig, BartForSequenceClassification
+    bart = BartForSequenceClassification(BartConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, max_position_embeddings=1024))
+    assert position_limit(bart) == 1024
     # relative positions only (microsoft/deberta-large-mnli's layout): no table, no limit
     config = DebertaV2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                              intermediate_size=64, num_labels=3, id2label=STANDARD, max_position_embeddings=512,

@@ -351,6 +351,7 @@ def test_a_rerun_reuses_the_verifiers_a_failed_run_kept_when_data_and_settings_m
     kept = Checkpoint(partial)
     weights = {name: (partial / f"{name}.safetensors").read_bytes() for name in kept.probe_names()}
     threshold, kept_probes = kept.embedding().threshold, kept.metrics["probes"]
+    kept_seconds = kept.metrics["seconds"]["probes"]
     # the same command fails again (say, the judge still runs out of memory): nothing is trained twice, and the
     # partial checkpoint, source and destination at once, still holds both
     lines: list[str] = []
@@ -369,7 +370,11 @@ def test_a_rerun_reuses_the_verifiers_a_failed_run_kept_when_data_and_settings_m
     done = Checkpoint(fixed.checkpoint_dir)
     assert {n: (done.folder / f"{n}.safetensors").read_bytes() for n in done.probe_names()} == weights
     assert done.embedding().threshold == threshold and done.probe("probe_target") is not None
-    assert done.metrics["reused"] == {"from": str(partial), "verifiers": ["probes", "embedding"]}
+    assert done.metrics["reused"] == {"from": str(partial), "created": again.meta["created"],
+                                      "verifiers": ["probes", "embedding"]}
+    assert done.metrics["seconds"]["probes"] == kept_seconds > 0  # the time it took when it was trained
+    assert "probes and embedding: reused as they were" in (done.folder / "README.md").read_text()
+    assert not list(partial.parent.glob(".*reused*"))  # the staged copy is gone
     assert done.metrics["probes"] == kept_probes and "failed" not in done.metrics
     assert set(kept.components) <= set(done.components)
     # other probe settings, or other data: trained again, and the log says why
@@ -380,15 +385,21 @@ def test_a_rerun_reuses_the_verifiers_a_failed_run_kept_when_data_and_settings_m
     result = train_all(changed, print_fn=lines.append, embedder=embedder)
     assert result.probes is not None and result.embedding is None  # the split is the same: the embedding is kept
     assert any("not reused where its probes were trained with other settings" in line for line in lines)
-    with pytest.raises((AttributeError, TypeError)):
-        train_all(cfg, print_fn=lambda _: None, embedder=embedder, judge_model=(None, None))
-    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
-    manifest["created"] = "2026-01-01T00:00:00+00:00"  # the folder made again
-    (tmp_path / "data" / "manifest.json").write_text(json.dumps(manifest))
-    lines.clear()
-    result = train_all(changed, print_fn=lines.append, embedder=embedder)
-    assert result.probes is not None and result.embedding is not None
-    assert any("it was trained on other data" in line for line in lines)
+    for edit in ("created", "shards"):  # the folder made again; one of its shards made again
+        with pytest.raises((AttributeError, TypeError)):
+            train_all(cfg, print_fn=lambda _: None, embedder=embedder, judge_model=(None, None))
+        manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+        if edit == "created":
+            manifest["created"] = "2026-01-01T00:00:00+00:00"
+        else:  # (this synthetic folder recorded no digests: its shard now has them, as one written again would)
+            from specprobe.data_gen.store import file_digests
+            shard = manifest["shards"][0]
+            shard["digests"] = file_digests(tmp_path / "data", shard["files"])
+        (tmp_path / "data" / "manifest.json").write_text(json.dumps(manifest))
+        lines.clear()
+        result = train_all(changed, print_fn=lines.append, embedder=embedder)
+        assert result.probes is not None and result.embedding is not None, edit
+        assert any("it was trained on other data" in line for line in lines), edit
 
 
 def test_training_on_data_made_with_other_settings_says_so_and_names_the_datas_source(tmp_path):

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from specprobe.data_gen.store import shards_digest
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.models import describe_source
 from specprobe.inputs.config import to_dict
@@ -77,7 +78,7 @@ def write_checkpoint(folder: str | os.PathLike, cfg, result, manifest: dict,
                        data={"folder": os.path.relpath(Path(data_folder).resolve(), Path(folder).resolve()),
                              "engines": manifest["engines"],
                              "layers": manifest["layers"], "created": manifest.get("created"),
-                             "fingerprint": manifest.get("fingerprint")},
+                             "fingerprint": manifest.get("fingerprint"), "shards_sha256": shards_digest(manifest)},
                        config=to_dict(cfg), versions=package_versions())
     return folder
 
@@ -158,6 +159,9 @@ def model_card(cfg, metrics: dict, components: list[str], manifest: dict, table:
            f"{'; '.join(data['config_differs'])}"] if data.get("config_differs") else []),
         "", "## Components", "",
         *(f"- `{c}`" for c in components),
+        *([f"- {' and '.join(metrics['reused']['verifiers'])}: reused as they were from a failed run's partial "
+           f"checkpoint (`{metrics['reused']['from']}`, written {metrics['reused'].get('created')}) on the same data "
+           "with the same settings"] if metrics.get("reused") else []),
         *([f"- **partial**: the {metrics['failed']['stage']} step failed ({metrics['failed']['error']}); the verifiers "
            "after it in verifiers.train are missing"] if metrics.get("failed") else []),
         "", "## Training", "",

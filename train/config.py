@@ -224,7 +224,8 @@ class ExperimentConfig(InferenceConfig):
     def check_before_loading(self, *, sources: bool = True, ray: bool = False, training: bool = False) -> None:
         """InferenceConfig's checks, and with `training` the verifiers' models and settings (a typo found after the
         data stage and the probes' training would cost them: the checkpoint is written at the end)."""
-        super().check_before_loading(sources=sources, ray=ray, models=sources)  # only the data stage loads them
+        # only the data stage loads the target and draft, and not for a finished folder it reuses
+        super().check_before_loading(sources=sources, ray=ray, models=sources and not data_complete(self.data_dir))
         if sources and not data_complete(self.data_dir):  # the data stage will generate (and load its judge)
             self.data.check_available()
         if training:

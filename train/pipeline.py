@@ -13,15 +13,16 @@ written at the end, in one rename (a failed run never leaves a half checkpoint b
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from specprobe.data_gen.store import DataFolderError, open_dataset, settings_diff
+from specprobe.data_gen.store import DataFolderError, open_dataset, settings_diff, shards_digest
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.checkpoint_format import Checkpoint
 from specprobe.infer.models import default_device, describe_source
@@ -146,9 +147,11 @@ class Reused:
     """Verifiers an earlier run of this config trained before it failed or was stopped (its partial checkpoint),
     taken as they are instead of trained again."""
 
-    folder: Path
+    source: Path  # the partial checkpoint
     components: dict[str, list[str]]  # "probes" / "embedding" -> its checkpoint component names
     metrics: dict[str, Any]  # the partial checkpoint's metrics.json
+    created: str | None = None  # when the partial checkpoint was written
+    folder: Path | None = None  # where their files wait for the checkpoint (copied when reuse is decided)
 
     @property
     def kinds(self) -> list[str]:
@@ -188,13 +191,14 @@ def _device(name: str, cfg) -> str:
     return cfg.models.resolved_device() or default_device()
 
 
-def prepare(ds, cfg, split: QuestionSplit) -> _Prepared:
-    """Load and check every training input; raises TrainingDataError before anything is trained."""
-    todo = cfg.verifiers.train
-    if not todo:
+def prepare(ds, cfg, split: QuestionSplit, reused: Sequence[str] = ()) -> _Prepared:
+    """Load and check every training input of the verifiers to train (those `reused` from an earlier run need
+    none); raises TrainingDataError before anything is trained."""
+    if not cfg.verifiers.train:
         raise TrainingDataError("verifiers.train is empty: nothing to train")
     if len(ds) == 0:
         raise TrainingDataError(f"{ds.folder} holds no samples: nothing to train on")
+    todo = [kind for kind in cfg.verifiers.train if kind not in reused]
     out = _Prepared()
     if "probes" in todo:
         out.plans, out.specs, out.sets, out.skipped = probes_train.prepare_probes(
@@ -223,7 +227,18 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
     ds = dataset if dataset is not None else _open(cfg)
     check_data_models(ds.manifest, cfg, ds.folder)
     split = QuestionSplit.of_data(ds, cfg.probe)
-    prepared = prepare(ds, cfg, split)
+    reused, note = reusable_verifiers(cfg, ds)  # before prepare: what is reused needs no training data loaded
+    try:
+        prepared = prepare(ds, cfg, split, reused.kinds if reused else ())
+        return _train(cfg, ds, split, prepared, reused, note, t0, print_fn=print_fn, embedder=embedder,
+                      judge_model=judge_model, progress=progress)
+    finally:
+        if reused and reused.folder is not None:
+            shutil.rmtree(reused.folder, ignore_errors=True)
+
+
+def _train(cfg, ds, split: QuestionSplit, prepared: _Prepared, reused: Reused | None, note: str, t0: float, *,
+           print_fn, embedder, judge_model, progress: bool) -> TrainResult:
     result = TrainResult(cfg.checkpoint_dir, {})
     metrics: dict[str, Any] = {"data": _data_summary(ds, split), "split": split.to_dict()}
     caveat = unrecorded_families(ds)
@@ -244,20 +259,19 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
                             f"config's): {'; '.join(differ)}. The verifiers train on the data as it is; the "
                             "checkpoint's card names the data's source. To train on data of this config, use another "
                             "output_dir (the data stage generates it)")
-        reused, note = reusable_verifiers(cfg, ds)
         if note:
             tracker.message(note)
         if reused:
             result.reused = reused
-            metrics["reused"] = {"from": str(reused.folder), "verifiers": reused.kinds}
+            metrics["reused"] = {"from": str(reused.source), "created": reused.created, "verifiers": reused.kinds}
             for kind in reused.kinds:
                 metrics[kind] = reused.metrics[kind]
                 if kind == "probes" and "probes_skipped" in reused.metrics:
                     metrics["probes_skipped"] = reused.metrics["probes_skipped"]
                 result.seconds[kind] = (reused.metrics.get("seconds") or {}).get(kind, 0.0)
-            tracker.message(f"reusing the {' and '.join(reused.kinds)} of {reused.folder}: an earlier run of this "
-                            "config trained them on this data with these settings before it failed (delete that "
-                            "folder to train them again)")
+            tracker.message(f"reusing the {' and '.join(reused.kinds)} of {reused.source}: an earlier run of this "
+                            "config trained them on this data with these settings before it failed (to train them "
+                            "again, delete that folder before the run)")
         if prepared.plans and not (reused and "probes" in reused.kinds):
             start = time.perf_counter()
             result.probes = probes_train.train_probes(prepared.plans, prepared.specs, prepared.sets, cfg.probe,
@@ -305,12 +319,12 @@ SPLIT_SETTINGS = ("seed", "val_fraction", "test_fraction")  # of the probe secti
 
 def _settings(config: dict, kind: str) -> dict[str, Any]:
     """The settings a verifier kind's training reads: the probes the whole probe section; the embedding threshold
-    the question split and the verifiers' settings other than the judge's."""
+    the question split and the verifiers' settings other than the judge's (verifiers.seed seeds only the judge)."""
     probe, verifiers = config.get("probe") or {}, config.get("verifiers") or {}
     if kind == "probes":
         return dict(probe)
     return {**{f"probe.{k}": probe.get(k) for k in SPLIT_SETTINGS},
-            **{k: v for k, v in verifiers.items() if k != "train" and not k.startswith("judge_")}}
+            **{k: v for k, v in verifiers.items() if k not in ("train", "seed") and not k.startswith("judge_")}}
 
 
 def reusable_verifiers(cfg, ds) -> tuple[Reused | None, str]:
@@ -321,10 +335,15 @@ def reusable_verifiers(cfg, ds) -> tuple[Reused | None, str]:
         return None, ""
     try:
         ckpt = Checkpoint(partial)
-        metrics, names, data = ckpt.metrics, ckpt.components, ckpt.meta.get("data") or {}
-    except (OSError, ValueError) as err:
+        metrics, names, data = ckpt.metrics, ckpt.components, dict(ckpt.meta.get("data") or {})
+        config = dict(ckpt.config)
+    except (OSError, ValueError, TypeError) as err:
         return None, f"{partial} (an earlier run's partial checkpoint) is not reused: it cannot be read ({err})"
-    if [data.get("fingerprint"), data.get("created")] != [ds.manifest.get("fingerprint"), ds.manifest.get("created")]:
+    # the same folder, made once, complete, with the same shard files (a notebook may train on a folder still
+    # being generated; a broken shard made again keeps the folder's creation time)
+    same = ([data.get("fingerprint"), data.get("created"), data.get("shards_sha256")]
+            == [ds.manifest.get("fingerprint"), ds.manifest.get("created"), shards_digest(ds.manifest)])
+    if not same or ds.manifest.get("status") != "complete":
         return None, (f"{partial} (an earlier run's partial checkpoint) is not reused: it was trained on other data "
                       f"than {ds.folder} (made {ds.manifest.get('created')})")
     found = {"probes": [n for n in names if fmt.is_probe_component(n) or n == fmt.BASELINES],
@@ -333,12 +352,20 @@ def reusable_verifiers(cfg, ds) -> tuple[Reused | None, str]:
     for kind, parts in found.items():
         if kind not in cfg.verifiers.train or kind not in metrics or not parts:
             continue
-        if _settings(ckpt.config, kind) != _settings(mine, kind):
+        if _settings(config, kind) != _settings(mine, kind):
             why.append(f"its {kind} were trained with other settings")
+            continue
+        if not all(path.exists() for name in parts for path in fmt.component_files(partial, name)):
+            why.append(f"files of its {kind} are missing")
             continue
         components[kind] = parts
     note = (f"{partial} (an earlier run's partial checkpoint) is not reused where {'; '.join(why)}" if why else "")
-    return (Reused(partial, components, metrics) if components else None), note
+    if not components:
+        return None, note
+    # copied now: the partial may be replaced or deleted before this run writes its checkpoint
+    staged = Path(tempfile.mkdtemp(prefix=f".{partial.name}-reused-", dir=partial.parent))
+    fmt.copy_components(partial, staged, [name for parts in components.values() for name in parts])
+    return Reused(partial, components, metrics, ckpt.meta.get("created"), staged), note
 
 
 def partial_checkpoint_dir(cfg) -> Path:
@@ -374,6 +401,7 @@ def _keep_finished(cfg, result: TrainResult, metrics: dict, ds, stage: str, err:
     if result.probes is None and result.embedding is None and result.reused is None:
         return
     metrics["failed"] = {"stage": stage, "error": f"{type(err).__name__}: {err}"}
+    metrics["seconds"] = dict(result.seconds)  # a rerun that reuses these reports their training time
     result.metrics = metrics
     folder = partial_checkpoint_dir(cfg)
     try:
