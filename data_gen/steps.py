@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import re
 
+from specprobe.infer.engines.base import with_delimiter
+
 __all__ = ["MODES", "normalise_text", "split_steps", "join_steps", "steps_to_prefix_text"]
 
 MODES = ("delimiter", "sentence")
@@ -144,6 +146,7 @@ def join_steps(steps: list[str], mode: str = "delimiter", delimiter: str = "\n\n
 
 
 def steps_to_prefix_text(steps: list[str], delimiter: str = "\n\n") -> str:
-    """Prefix text for ``steps``: each step followed by the delimiter (the project's context convention)."""
+    """Prefix text for ``steps``: each step followed by the delimiter unless it ends with one, as the engines
+    write a prefix (`infer.engines.base.with_delimiter`)."""
     _check_delimiter(delimiter)
-    return "".join(step + delimiter for step in steps)
+    return "".join(with_delimiter(step, delimiter) for step in steps)

@@ -96,6 +96,7 @@ def test_prefix_text_follows_each_step_with_the_delimiter():
     assert steps_to_prefix_text(["a", "b"]) == "a\n\nb\n\n"
     assert steps_to_prefix_text(["a", "b"], "\n") == "a\nb\n"
     assert steps_to_prefix_text([]) == ""
+    assert steps_to_prefix_text(["a\n\n", "b"]) == "a\n\nb\n\n"  # as the engines write a prefix: not doubled
     text = "one\n\ntwo\n\nthree"
     steps = split_steps(text)
     for j in range(len(steps)):
