@@ -93,7 +93,10 @@ def explained_rows(report: dict, gamma: int, b_of_k: dict) -> list[dict]:
         judged = r.get("judged") or 0
         accepted = (r.get("stats") or {}).get("accepted", round((r.get("acceptance") or 0.0) * judged))
         row = {"method": r["method"], "error": error, "alpha": r.get("acceptance"), "judged": judged,
-               "alpha_ci": wilson_interval(accepted, judged), "c": r.get("c"), "b_in_run": r.get("b"),
+               # the run's own interval (infer.bench.acceptance_interval: by problem when two or more judged),
+               # so both tables give one α one interval; Wilson over positions for reports written before it
+               "alpha_ci": r["acceptance_ci95"] if "acceptance_ci95" in r else wilson_interval(accepted, judged),
+               "c": r.get("c"), "b_in_run": r.get("b"),
                "k": r.get("k"), "speedup": None, "ideal": r.get("analytic_ideal"),
                "predicted_b_k": predict_with_batch_cost(r, gamma, b_of_k)}
         if not error:

@@ -118,8 +118,12 @@ def test_predictions_use_the_independent_batch_cost():
     (r,) = rows
     assert r["over_b_k"] == pytest.approx(1.2 / predict("lr_sync", 0.6, 0.1, 3, 2.0)["adjusted"])
     assert r["over_ideal"] == pytest.approx(1.2 / 1.7)
-    assert r["alpha_ci"] == pytest.approx(br.wilson_interval(60, 100))
+    assert r["alpha_ci"] == pytest.approx(br.wilson_interval(60, 100))  # a report without the run's interval
     assert "0.60 [0.50, 0.69]" in br.format_explained(rows, 3, b_of_k)
+    # the run's own interval (by problem), as the run's table gives it: one α, one interval
+    (r,) = br.explained_rows({"rows": [_row("target", speedup=1.0), _row("lr_sync", acceptance_ci95=[0.4, 0.8])]},
+                             3, b_of_k)
+    assert r["alpha_ci"] == [0.4, 0.8]
 
 
 def test_failed_methods_get_no_speedup():
