@@ -32,6 +32,7 @@ from specprobe.inputs.records import (
     SourceWarning,
     check_path,
     iter_records,
+    record_id,
     source_stem,
     warn_source,
 )
@@ -210,10 +211,7 @@ def _check_step_lengths(trace: Trace, max_step_chars: int | None) -> None:
 def _id_maker(stem: str, id_field: str | None = "id") -> Callable[[Record], str]:
     """Record id from ``id_field`` when present, else ``{stem}-{index}``."""
     def make_id(raw: Record) -> str:
-        value = _get(raw.record, id_field) if id_field else None
-        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
-            return str(value).strip()
-        return f"{stem}-{raw.index}"
+        return record_id(_get(raw.record, id_field) if id_field else None) or f"{stem}-{raw.index}"
     return make_id
 
 

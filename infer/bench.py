@@ -55,7 +55,7 @@ from specprobe.infer.engines import build_engine_pair, sampling_params
 from specprobe.infer.engines.token_spec import LookaheadConfig, TokenSpecConfig
 from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier, check_checkpoint
 from specprobe.inputs.config import ConfigError
-from specprobe.inputs.records import HUB_NAMES, BenchSourceConfig, iter_records
+from specprobe.inputs.records import HUB_NAMES, BenchSourceConfig, iter_records, record_id, source_stem
 from specprobe.probes.metrics import bootstrap_ci, wilson_interval
 
 # benchmark sets by short name (kind: jsonl, name: <short name>; the hub ids are inputs.records.HUB_NAMES),
@@ -101,8 +101,9 @@ def _from_records(records, stem: str, limit: int) -> list[Problem]:
                         None)
         if question is None:
             raise ConfigError(f"{rec.where}: no question field (looked for {list(QUESTION_KEYS)})")
-        default_id = f"{stem}-{rec.index}"
-        problems.append(Problem(str(record.get("id", record.get("unique_id", default_id))), question, _gold(record)))
+        # ids as the data stage reads them (inputs.records), MATH-500's unique_id before the numbered default
+        pid = record_id(record.get("id")) or record_id(record.get("unique_id")) or f"{stem}-{rec.index}"
+        problems.append(Problem(pid, question, _gold(record)))
         if len(problems) >= limit:
             break
     return problems
@@ -126,10 +127,11 @@ def load_problems(src: BenchSourceConfig, limit: int) -> list[Problem]:
                 for i, item in zip(range(limit), data)]
     if src.kind in ("gsm8k", "jsonl"):
         if src.path:
-            return _from_records(_records(src.path, None, None, src.split or "train"), Path(src.path).stem, limit)
+            return _from_records(_records(src.path, None, None, src.split or "train"), source_stem(src.path, None),
+                                 limit)
         name = src.name or "gsm8k"  # (the config refuses kind jsonl with neither a path nor a name)
         split = src.split or _bench_split(name, "train")  # a split set in the config wins
-        return _from_records(_records(None, name, None, split), name.replace("/", "_"), limit)
+        return _from_records(_records(None, name, None, split), source_stem(None, name), limit)
     raise ConfigError(f"probe-bench reads reasoning_gym, gsm8k or jsonl problems, not {src.kind!r} "
                       f"(MATH-500 / AIME24 / AMC23: kind jsonl with a local path or name {sorted(BENCH_SPLITS)})")
 

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from specprobe.inputs.config import ConfigError, check_positive, opt
 
@@ -51,6 +51,14 @@ def check_path(path: str | os.PathLike) -> Path:
     if not p.exists():
         raise FileNotFoundError(errno.ENOENT, "file not found", str(p))
     return p
+
+
+def record_id(value: Any) -> str | None:
+    """A record's id field as an id: a string or an int, stripped; None when missing, empty or of another type (the
+    caller then numbers the record: `{source_stem}-{index}`)."""
+    if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
+        return str(value).strip()
+    return None
 
 
 def source_stem(path: str | os.PathLike | None, name: str | None) -> str:

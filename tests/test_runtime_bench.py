@@ -52,6 +52,8 @@ def test_short_names_load_the_hub_sets_they_name(monkeypatch):
                      ("openai/gsm8k", "main", "train"), ("openai/gsm8k", "main", "train"),
                      ("HuggingFaceH4/aime_2024", None, "validation"),
                      ("openai/gsm8k", "main", "train"), ("simplescaling/s1K-1.1", None, "train")]
+    # a record without an id is numbered after the set's last name part, as the data stage numbers it
+    assert bench.load_problems(BenchSourceConfig(kind="jsonl", name="org/other"), 1)[0].id == "other-0"
 
 
 def test_load_problems_local_files(tmp_path):
@@ -61,6 +63,15 @@ def test_load_problems_local_files(tmp_path):
         {"problem": "Simplify 2/4.", "solution": r"We get \boxed{\frac{1}{2}}."}]))
     probs = bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(math)), 5)
     assert [(p.id, p.answer) for p in probs] == [("a", "2"), ("math500-1", r"\frac{1}{2}")]
+    # the ids the data stage gives the same records (held-out questions are matched by id): a stripped id, else
+    # the file's stem and the index
+    from specprobe.data_gen.sources import load_traces
+    both = tmp_path / "both.jsonl"
+    both.write_text("\n".join(json.dumps(r) for r in [{"question": "Q1?", "steps": ["s"], "answer": "1", "id": " q1 "},
+                                                      {"question": "Q2?", "steps": ["s"], "answer": "2"}]))
+    traces = load_traces("jsonl", path=str(both))
+    assert [p.id for p in bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(both)), 5)] == \
+        [t.id for t in traces] == ["q1", "both-1"]
     gsm = tmp_path / "gsm.jsonl"
     gsm.write_text(json.dumps({"question": "Q?", "answer": "3 + 4 = 7\n#### 7"}))
     assert bench.load_problems(BenchSourceConfig(kind="gsm8k", path=str(gsm)), 5)[0].answer == "7"
