@@ -150,8 +150,8 @@ class Reused:
     source: Path  # the partial checkpoint
     components: dict[str, list[str]]  # "probes" / "embedding" -> its checkpoint component names
     metrics: dict[str, Any]  # the partial checkpoint's metrics.json
+    folder: Path  # where their files wait for the checkpoint (copied when reuse is decided)
     created: str | None = None  # when the partial checkpoint was written
-    folder: Path | None = None  # where their files wait for the checkpoint (copied when reuse is decided)
 
     @property
     def kinds(self) -> list[str]:
@@ -233,7 +233,7 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
         return _train(cfg, ds, split, prepared, reused, note, t0, print_fn=print_fn, embedder=embedder,
                       judge_model=judge_model, progress=progress)
     finally:
-        if reused and reused.folder is not None:
+        if reused:
             shutil.rmtree(reused.folder, ignore_errors=True)
 
 
@@ -365,7 +365,7 @@ def reusable_verifiers(cfg, ds) -> tuple[Reused | None, str]:
     # copied now: the partial may be replaced or deleted before this run writes its checkpoint
     staged = Path(tempfile.mkdtemp(prefix=f".{partial.name}-reused-", dir=partial.parent))
     fmt.copy_components(partial, staged, [name for parts in components.values() for name in parts])
-    return Reused(partial, components, metrics, ckpt.meta.get("created"), staged), note
+    return Reused(partial, components, metrics, staged, ckpt.meta.get("created")), note
 
 
 def partial_checkpoint_dir(cfg) -> Path:
