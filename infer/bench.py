@@ -123,7 +123,9 @@ def load_problems(src: BenchSourceConfig, limit: int) -> list[Problem]:
         import reasoning_gym
 
         data = reasoning_gym.create_dataset(src.task, size=max(src.size, limit), seed=src.seed)
-        return [Problem(f"{src.task}-{src.seed}-{i}", item["question"], str(item["answer"]))
+        # the reference answer read as from any other record (and as the data stage reads it): stripped, without
+        # thousands separators
+        return [Problem(f"{src.task}-{src.seed}-{i}", item["question"], _gold({"answer": item["answer"]}))
                 for i, item in zip(range(limit), data)]
     if src.kind in ("gsm8k", "jsonl"):
         if src.path:

@@ -56,7 +56,7 @@ def test_short_names_load_the_hub_sets_they_name(monkeypatch):
     assert bench.load_problems(BenchSourceConfig(kind="jsonl", name="org/other"), 1)[0].id == "other-0"
 
 
-def test_load_problems_local_files(tmp_path):
+def test_load_problems_local_files(tmp_path, monkeypatch):
     math = tmp_path / "math500.jsonl"
     math.write_text("\n".join(json.dumps(r) for r in [
         {"problem": "What is 1+1?", "answer": "2", "unique_id": "a"},
@@ -77,6 +77,13 @@ def test_load_problems_local_files(tmp_path):
     assert bench.load_problems(BenchSourceConfig(kind="gsm8k", path=str(gsm)), 5)[0].answer == "7"
     rg = bench.load_problems(BenchSourceConfig(kind="reasoning_gym", task="gsm_symbolic", size=2, seed=3), 3)
     assert len(rg) == 3 and all(p.question and p.answer for p in rg)
+    # its reference answers are read by the same rule as a record's (and the data stage's): stripped, no thousands
+    # separators (a double for the generator: no offline task is known to print "1,234")
+    import reasoning_gym
+    monkeypatch.setattr(reasoning_gym, "create_dataset", lambda task, size, seed: [
+        {"question": "Q1?", "answer": "1,234"}, {"question": "Q2?", "answer": 7}, {"question": "Q3?", "answer": " x "}])
+    rg = bench.load_problems(BenchSourceConfig(kind="reasoning_gym", task="t", size=3, seed=0), 3)
+    assert [p.answer for p in rg] == ["1234", "7", "x"]
     with pytest.raises(ConfigError, match="reasoning_gym, gsm8k or jsonl"):
         bench.load_problems(BenchSourceConfig(kind="champ"), 2)
     with pytest.raises(ConfigError, match="not found"):
