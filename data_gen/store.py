@@ -711,7 +711,7 @@ def _check_same_source(path: Path, manifest: dict, base_path: Path, base: dict) 
 
 def merge_parts(data_dir: str | os.PathLike) -> dict:
     """Join the complete shards of every ``part-i-of-n`` folder into `data_dir` (linked, not copied,
-    where the file system allows). Returns the main manifest. Shards no part finished stay missing:
+    where the file system allows; the parts' record of files hashed goes with them). Returns the main manifest. Shards no part finished stay missing:
     the manifest remains "in_progress" and running the data stage without --shard completes it."""
     data_dir = Path(data_dir)
     parts = _read_parts(data_dir)
@@ -734,15 +734,20 @@ def merge_parts(data_dir: str | os.PathLike) -> dict:
         if recorded and FAMILIES not in main:
             main[FAMILIES] = recorded[0]
         have = {s["index"] for s in main["shards"]}
+        carried = {}
         for path, manifest in parts:
+            checked = _read_verified(path)
             for shard in manifest["shards"]:
                 if shard["index"] in have:
                     continue
                 (data_dir / SHARDS).mkdir(parents=True, exist_ok=True)
                 for rel in shard["files"].values():
                     _link_or_copy(path / rel, data_dir / rel)
+                    if rel in checked:  # a hard link keeps its stamp (inode, mtime), so it is not hashed again;
+                        carried[rel] = checked[rel]  # a copy's differs and it is hashed once where it landed
                 main["shards"].append(shard)
                 have.add(shard["index"])
+        remember_verified(data_dir, carried)
         main["shards"].sort(key=lambda s: s["index"])
         _merge_caches([p / JUDGE_CACHE for p, _ in parts], data_dir / JUDGE_CACHE)
         if len(main["shards"]) == main["plan"]["num_shards"]:

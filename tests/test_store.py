@@ -313,6 +313,38 @@ def test_merge_parts_joins_shards_and_judge_caches(tmp_path):
     assert "`target_feature_row`" in (data / "README.md").read_text()
 
 
+def test_merged_files_keep_the_checks_their_parts_made(tmp_path, monkeypatch):
+    """A part's files already hashed (its `VERIFIED` record) are not hashed again in the merged folder when they
+    are hard links there; copies (another file system) are hashed once where they landed."""
+    import os
+
+    from specprobe.data_gen import store
+
+    hashed, real = [], store.file_digests
+    monkeypatch.setattr(store, "file_digests", lambda folder, files: hashed.extend(files.values()) or real(folder, files))
+    for linked, data in ((True, tmp_path / "linked"), (False, tmp_path / "copied")):
+        for i, shards in ((0, [0, 2]), (1, [1])):
+            folder = part_dir(data, i, 2)
+            build_folder(folder, shards, 3, part={"index": i, "count": 2, "shards": shards})
+            open_dataset(folder)  # hashes the part's files and records them
+        if not linked:
+            monkeypatch.setattr(os, "link", lambda src, dst: (_ for _ in ()).throw(OSError("cross-device link")))
+        hashed.clear()
+        merge_parts(data)
+        open_dataset(data)
+        n_files = sum(len(s["files"]) for s in read_manifest(data)["shards"])
+        assert len(hashed) == (0 if linked else n_files)
+        open_dataset(data)
+        assert len(hashed) == (0 if linked else n_files)  # recorded where they landed
+    # an entry that no longer describes the merged file (touched after the merge) is checked again
+    path = tmp_path / "linked" / shard_path("features", 1)
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    hashed.clear()
+    open_dataset(tmp_path / "linked")
+    assert hashed == [shard_path("features", 1)]
+
+
 def test_merge_takes_the_families_from_a_part_that_recorded_them(tmp_path):
     """A part finished before the data stage recorded families has none; the other's cover the whole plan."""
     build_folder(part_dir(tmp_path, 0, 2), [0], 2, part={"index": 0, "count": 2, "shards": [0]})
