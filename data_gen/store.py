@@ -710,9 +710,10 @@ def _check_same_source(path: Path, manifest: dict, base_path: Path, base: dict) 
 
 
 def merge_parts(data_dir: str | os.PathLike) -> dict:
-    """Join the complete shards of every ``part-i-of-n`` folder into `data_dir` (linked, not copied,
-    where the file system allows; the parts' record of files hashed goes with them). Returns the main manifest. Shards no part finished stay missing:
-    the manifest remains "in_progress" and running the data stage without --shard completes it."""
+    """Join the complete shards of every ``part-i-of-n`` folder into `data_dir` (linked, not copied, where the
+    file system allows; the parts' record of files hashed goes with them). Returns the main manifest. Shards no
+    part finished stay missing: the manifest remains "in_progress" and running the data stage without --shard
+    completes it."""
     data_dir = Path(data_dir)
     parts = _read_parts(data_dir)
     base = parts[0][1]
