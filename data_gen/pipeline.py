@@ -70,7 +70,6 @@ from specprobe.data_gen.store import (
     clean_temporaries,
     file_digests,
     fingerprint,
-    now,
     open_dataset,
     part_dir,
     plan_changes,
@@ -85,7 +84,7 @@ from specprobe.data_gen.store import (
     write_shard,
 )
 from specprobe.infer.engines import Prefix, PromptTooLongError, StepRequest, build_engine_pair, sampling_params
-from specprobe.inputs.versions import package_versions
+from specprobe.inputs.versions import package_versions, utc_now
 from specprobe.probes.features import layers_from_option
 
 __all__ = ["generate_dataset", "DataResult", "DataGenStats", "layer_rows", "build_judge", "load_source_traces",
@@ -537,7 +536,7 @@ def _free_device_memory() -> None:
 
 def _new_manifest(cfg_dict: dict, job: DataJob, engines: dict[str, dict], layers: dict, judge_name: str, plan: dict,
                   part: tuple[int, int] | None, my_shards: list[int]) -> dict:
-    return {"format": FORMAT, "status": "in_progress", "created": now(), "updated": now(), "completed": None,
+    return {"format": FORMAT, "status": "in_progress", "created": utc_now(), "updated": utc_now(), "completed": None,
             "config": cfg_dict, "fingerprint": fingerprint(cfg_dict),
             "engines": engines, "layers": layers,
             "layers_option": job.data.layers, "store_last_token": job.data.store_last_token,
@@ -722,7 +721,7 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
         pilot.check(manifest["shards"])  # a resumed run that already passed the pilot size is checked at once
         _run_shards(folder, manifest, shards, my_shards, workers, run, progress, pilot)
         if len(manifest["shards"]) == len(my_shards) and manifest["status"] != "complete":
-            manifest["status"], manifest["completed"] = "complete", now()
+            manifest["status"], manifest["completed"] = "complete", utc_now()
             write_manifest(folder, manifest)
         write_card(folder, manifest)
         if part is None:  # a part's contexts may all be skipped where the whole set's are not: merge_parts checks

@@ -26,6 +26,7 @@ from typing import Any
 
 from specprobe.data_gen.steps import MODES, normalise_text, split_steps
 from specprobe.infer.answers import extract_boxed, split_gsm8k, strip_thousands_separators
+from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER
 from specprobe.inputs.records import (
     HUB_NAMES,
     Record,
@@ -248,7 +249,7 @@ def _s1k_trajectory(record: dict, trajectory: str, joiner: str) -> tuple[str, st
 
 def _s1k_builder(step_mode: str, delimiter: str, trajectory: str) -> Callable[[Record, str], Trace]:
     """Builder of Traces from s1K / s1K-1.1 records."""
-    joiner = delimiter if step_mode == "delimiter" else "\n\n"
+    joiner = delimiter if step_mode == "delimiter" else DEFAULT_STEP_DELIMITER
 
     def build(raw: Record, rid: str) -> Trace:
         rec = raw.record
@@ -341,7 +342,7 @@ def _check_split_args(step_mode: str, delimiter: str) -> None:
 
 
 def iter_s1k(path: str | os.PathLike | None = None, name: str | None = None, split: str = "train", *,
-             config: str | None = None, step_mode: str = "delimiter", delimiter: str = "\n\n",
+             config: str | None = None, step_mode: str = "delimiter", delimiter: str = DEFAULT_STEP_DELIMITER,
              trajectory: str = "deepseek", max_step_chars: int | None = None) -> Iterator[Trace]:
     """Traces from s1K (``thinking_trajectories``) or s1K-1.1 (``{trajectory}_thinking_trajectory``)."""
     _check_split_args(step_mode, delimiter)
@@ -410,7 +411,7 @@ def iter_champ(path: str | os.PathLike | None = None, name: str = "v0", *,
 
 def iter_jsonl(path: str | os.PathLike | None = None, name: str | None = None, split: str = "train", *,
                config: str | None = None, fields: dict | None = None, step_mode: str = "delimiter",
-               delimiter: str = "\n\n", max_step_chars: int | None = None) -> Iterator[Trace]:
+               delimiter: str = DEFAULT_STEP_DELIMITER, max_step_chars: int | None = None) -> Iterator[Trace]:
     """Traces from generic records; ``fields`` maps id/question/steps/text/answer/domain to field names."""
     _check_split_args(step_mode, delimiter)
     unknown = set(fields or {}) - set(JSONL_FIELDS)
@@ -443,7 +444,7 @@ def _dedupe_ids(traces: Iterable[Trace]) -> Iterator[Trace]:
 
 def iter_traces(kind: str, *, path: str | os.PathLike | None = None, name: str | None = None,
                 split: str = "train", limit: int | None = None, seed: int = 0, size: int | None = None,
-                step_mode: str = "delimiter", delimiter: str = "\n\n", trajectory: str = "deepseek",
+                step_mode: str = "delimiter", delimiter: str = DEFAULT_STEP_DELIMITER, trajectory: str = "deepseek",
                 fields: dict | None = None, domains: list[str] | None = None,
                 max_step_chars: int | None = None, config: str | None = None,
                 strip_calculator: bool = True) -> Iterator[Trace]:
@@ -490,7 +491,7 @@ def _limit(traces: Iterator[Trace], limit: int | None) -> Iterator[Trace]:
 
 def load_traces(kind: str, *, path: str | os.PathLike | None = None, name: str | None = None,
                 split: str = "train", limit: int | None = None, seed: int = 0, size: int | None = None,
-                step_mode: str = "delimiter", delimiter: str = "\n\n", trajectory: str = "deepseek",
+                step_mode: str = "delimiter", delimiter: str = DEFAULT_STEP_DELIMITER, trajectory: str = "deepseek",
                 fields: dict | None = None, domains: list[str] | None = None,
                 max_step_chars: int | None = None, config: str | None = None,
                 strip_calculator: bool = True) -> list[Trace]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from specprobe.infer.engines.base import with_delimiter
+from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER, with_delimiter
 
 __all__ = ["MODES", "normalise_text", "split_steps", "join_steps", "steps_to_prefix_text"]
 
@@ -120,7 +120,7 @@ def _sentence_steps(text: str, delimiter: str) -> list[str]:
     return steps
 
 
-def normalise_text(text: str, mode: str = "delimiter", delimiter: str = "\n\n") -> str:
+def normalise_text(text: str, mode: str = "delimiter", delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
     """Canonical form of ``text``: the string that ``join_steps(split_steps(text))`` returns."""
     _check_mode(mode)
     _check_delimiter(delimiter)
@@ -129,7 +129,7 @@ def normalise_text(text: str, mode: str = "delimiter", delimiter: str = "\n\n") 
     return _normalise_delimited(text, delimiter)
 
 
-def split_steps(text: str, mode: str = "delimiter", delimiter: str = "\n\n") -> list[str]:
+def split_steps(text: str, mode: str = "delimiter", delimiter: str = DEFAULT_STEP_DELIMITER) -> list[str]:
     """Split ``text`` into non-blank steps (without delimiters) after normalising it."""
     _check_mode(mode)
     _check_delimiter(delimiter)
@@ -138,14 +138,14 @@ def split_steps(text: str, mode: str = "delimiter", delimiter: str = "\n\n") -> 
     return [p for p in _normalise_delimited(text, delimiter).split(delimiter) if p.strip()]
 
 
-def join_steps(steps: list[str], mode: str = "delimiter", delimiter: str = "\n\n") -> str:
+def join_steps(steps: list[str], mode: str = "delimiter", delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
     """Inverse of ``split_steps``: steps separated by ``delimiter`` (no trailing delimiter)."""
     _check_mode(mode)
     _check_delimiter(delimiter)
     return delimiter.join(steps)
 
 
-def steps_to_prefix_text(steps: list[str], delimiter: str = "\n\n") -> str:
+def steps_to_prefix_text(steps: list[str], delimiter: str = DEFAULT_STEP_DELIMITER) -> str:
     """Prefix text for ``steps``: each step followed by the delimiter unless it ends with one, as the engines
     write a prefix (`infer.engines.base.with_delimiter`)."""
     _check_delimiter(delimiter)

@@ -22,7 +22,6 @@ import os
 import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +32,15 @@ import torch
 from safetensors.torch import save_file
 
 from specprobe.data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, render_card, schema
+from specprobe.inputs.versions import utc_now
 from specprobe.probes.io import open_tensors, stage_file, write_text
 
-__all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "FolderLock", "shard_path",
-           "file_digests", "remember_verified", "shard_problem", "verify_shards", "clean_temporaries", "remove_unlisted_shards",
+__all__ = ["FORMAT", "DataFolderError", "DataMismatchError", "ShardData", "FolderLock", "shard_path", "file_digests",
+           "remember_verified", "shard_problem", "verify_shards", "clean_temporaries", "remove_unlisted_shards",
            "check_same_data", "check_same_judge", "check_same_assignment", "draft_assignment", "check_some_contexts",
-           "plan_changes",
-           "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
-           "fingerprint", "fingerprint_diff", "summarize_shards", "shards_digest", "stored_poolings", "ProbeDataset", "open_dataset",
-           "merge_parts", "SAMPLES_SCHEMA", "CONTEXTS_SCHEMA", "PAIRS_SCHEMA", "FAMILIES"]
+           "plan_changes", "part_dir", "read_manifest", "write_manifest", "write_shard", "write_card", "to_float16",
+           "fingerprint", "fingerprint_diff", "summarize_shards", "shards_digest", "stored_poolings", "ProbeDataset",
+           "open_dataset", "merge_parts", "SAMPLES_SCHEMA", "CONTEXTS_SCHEMA", "PAIRS_SCHEMA", "FAMILIES"]
 
 FORMAT = "specprobe-data/2"  # 2: own_prob, the leave-one-out label of a model's own steps
 MANIFEST = "manifest.json"
@@ -67,10 +66,6 @@ class DataFolderError(RuntimeError):
 
 class DataMismatchError(DataFolderError):
     """A data folder was made with another config (models, source, sampling or data settings)."""
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def shard_path(kind: str, index: int) -> str:
@@ -102,7 +97,7 @@ def read_manifest(folder: str | os.PathLike) -> dict | None:
 def write_manifest(folder: str | os.PathLike, manifest: dict) -> None:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    manifest["updated"] = now()
+    manifest["updated"] = utc_now()
     manifest["counts"] = summarize_shards(manifest.get("shards", []))
     text = json.dumps(manifest, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     write_text(folder / MANIFEST, text)
@@ -721,7 +716,7 @@ def merge_parts(data_dir: str | os.PathLike) -> dict:
         main = read_manifest(data_dir)
         if main is None:
             main = {k: v for k, v in base.items() if k not in ("shards", "part", "counts", FAMILIES)}
-            main.update(part=None, shards=[], created=now(), status="in_progress", completed=None)
+            main.update(part=None, shards=[], created=utc_now(), status="in_progress", completed=None)
         elif fingerprint_diff(main["fingerprint"], base["fingerprint"]) or main["engines"] != base["engines"]:
             raise DataMismatchError(f"{data_dir} holds data made with other settings than its part folders: "
                                     + "; ".join(fingerprint_diff(main["fingerprint"], base["fingerprint"])))
@@ -752,7 +747,7 @@ def merge_parts(data_dir: str | os.PathLike) -> dict:
         main["shards"].sort(key=lambda s: s["index"])
         _merge_caches([p / JUDGE_CACHE for p, _ in parts], data_dir / JUDGE_CACHE)
         if len(main["shards"]) == main["plan"]["num_shards"]:
-            main["status"], main["completed"] = "complete", now()
+            main["status"], main["completed"] = "complete", utc_now()
         write_manifest(data_dir, main)
         write_card(data_dir, main)
     check_some_contexts(data_dir, main)  # (after writing: the joined folder is kept, and says why it is empty)

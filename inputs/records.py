@@ -207,7 +207,7 @@ class SourceConfig:
     step_mode: Literal["delimiter", "sentence"] = opt(
         "delimiter", "split the traces' reasoning on the delimiter or on sentence punctuation (the models' sampled "
                      "steps always end at the delimiter)")
-    delimiter: str = opt("\n\n", "step delimiter")
+    delimiter: str = opt("\n\n", "step delimiter")  # infer.engines.DEFAULT_STEP_DELIMITER (inputs imports no other package)
     trajectory: Literal["deepseek", "gemini"] = opt("deepseek", "which s1K-1.1 trajectory to read")
     domains: list[str] | None = opt(None, "keep only these domains (e.g. [math])")
     fields: dict | None = opt(None, "jsonl source: field names, e.g. {question: prompt, steps: reasoning, answer: label}")

@@ -62,6 +62,15 @@ def test_default_round_trip_examples():
     assert join_steps(steps) == normalise_text(text) == "Step one.\n\nStep two\nstill two\n\nStep three"
 
 
+def test_the_source_config_splits_on_the_delimiter_the_models_stop_at():
+    """The source section (inputs, which imports no other package) writes the default delimiter out; it must stay
+    the engines' default, which ends sampled steps."""
+    from specprobe.infer.engines import DEFAULT_STEP_DELIMITER
+    from specprobe.inputs.records import SourceConfig
+
+    assert SourceConfig().delimiter == DEFAULT_STEP_DELIMITER
+
+
 def test_no_steps_from_blank_text():
     for text in ["", "   ", "\n\n\n", "\r\n \t\r\n"]:
         assert split_steps(text) == []

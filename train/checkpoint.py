@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import fields
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.models import describe_source
 from specprobe.inputs.config import to_dict
 from specprobe.inputs.records import HUB_NAMES, SourceConfig
-from specprobe.inputs.versions import package_versions
+from specprobe.inputs.versions import package_versions, utc_now
 from specprobe.probes.io import front_matter
 from specprobe.train.probes_train import other_kind
 from specprobe.train.tracking import format_metrics
@@ -72,7 +71,7 @@ def write_checkpoint(folder: str | os.PathLike, cfg, result, manifest: dict,
             components.append(fmt.JUDGE)
         metrics = fmt.write_metrics(tmp, result.metrics)
         fmt.write_model_card(tmp, model_card(cfg, metrics, components, manifest, format_metrics(metrics)))
-        fmt.write_meta(tmp, name=cfg.name, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        fmt.write_meta(tmp, name=cfg.name, created=utc_now(),
                        components=components,
                        # relative to the checkpoint, so a checkpoint copied with its data finds the copy
                        data={"folder": os.path.relpath(Path(data_folder).resolve(), Path(folder).resolve()),

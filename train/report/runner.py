@@ -16,11 +16,11 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from specprobe.inputs.config import build, parse_override, to_dict
+from specprobe.inputs.versions import utc_now
 from specprobe.probes.io import clean_json
 from specprobe.train.config import EvalConfig, WandbConfig
 from specprobe.train.report import evaluate as ev
@@ -175,7 +175,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
     results, figures, seconds = _run_parts(ctx, cfg, print_fn) if ctx is not None else ({}, [], {})
     metrics = {
         "format": REPORT_FORMAT, "format_version": REPORT_VERSION,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": utc_now(),
         "checkpoint": {"path": str(ckpt.path), "name": ckpt.name, "components": ckpt.meta.get("components")},
         "data": data_info, "heldout": ctx.heldout.to_dict() if ctx is not None else None,
         "settings": dataclasses.asdict(cfg), "parts": results, "skipped": skipped,
