@@ -24,6 +24,7 @@ Arguments:
     --out DIR            results.json, results.md and traces/<method>.jsonl (default <output_dir>/bench)
     --ray [ADDRESS]      spread the problems over ray.replicas Ray actors, each running every method on
                          its problems; ADDRESS joins a cluster (else ray.address; none = a local instance)
+    --keep-going         exit 0 even when a method could not run (its row carries the error; else exit 3)
     --help-config        list every config key with its help text
     --list-methods       list the registered decoding methods (and what each needs)
     key=value ...        config overrides, e.g. runtime.gamma=2 sampling.temperature=0
