@@ -86,6 +86,38 @@ def test_bootstrap_resamples_whole_questions():
         assert rows[name]["high"] - rows[name]["low"] < 0.7 * (copies[name]["high"] - copies[name]["low"])
 
 
+def test_bootstrap_resamples_whole_families_when_given_them():
+    """Questions of one family (template) that rise and fall together: resampled by family, k questions per family
+    count as one draw (the interval of the families alone); resampled by question, they narrow it."""
+    rng = np.random.default_rng(4)
+    n_f, k = 12, 5
+    pred, label = rng.random(n_f), rng.random(n_f)
+    fam_p, fam_y = np.repeat(pred, k), np.repeat(label, k)
+    questions = np.asarray([f"q{i}" for i in range(n_f * k)], dtype=object)
+    units = {q: f"template-{i // k:02d}" for i, q in enumerate(questions)}  # (sorted as the families)
+    fns = {"mae": mae}
+    families = ev.metrics_with_ci(fns, pred, label, np.arange(n_f), n_boot=300, seed=3)
+    by_family = ev.metrics_with_ci(fns, fam_p, fam_y, questions, n_boot=300, seed=3, units=units)
+    by_question = ev.metrics_with_ci(fns, fam_p, fam_y, questions, n_boot=300, seed=3)
+    assert by_family["mae"]["low"] == pytest.approx(families["mae"]["low"])
+    assert by_family["mae"]["high"] == pytest.approx(families["mae"]["high"])
+    width = by_family["mae"]["high"] - by_family["mae"]["low"]
+    assert by_question["mae"]["high"] - by_question["mae"]["low"] < 0.7 * width
+    # the paired comparison and the blocks take the same units; the block still counts questions
+    ref = np.full(fam_p.size, 0.5)
+    paired_f = ev.paired_comparison(fam_p, ref, fam_y, questions, n_boot=300, seed=3, units=units)
+    paired_q = ev.paired_comparison(fam_p, ref, fam_y, questions, n_boot=300, seed=3)
+    delta_f, delta_q = paired_f["brier_delta"], paired_q["brier_delta"]
+    assert delta_q["high"] - delta_q["low"] < 0.7 * (delta_f["high"] - delta_f["low"])
+    block = ev.calibration_block(fam_p, fam_y, questions, n_boot=50, units=units)
+    assert block["n_questions"] == n_f * k and block["too_small"] is None
+    # fewer families than MIN_FAMILIES: intervals withheld however many questions they hold
+    few = {q: f"template-{i % (ev.MIN_FAMILIES - 1)}" for i, q in enumerate(questions)}
+    block = ev.calibration_block(fam_p, fam_y, questions, n_boot=50, units=few)
+    assert f"{ev.MIN_FAMILIES - 1} question families" in block["too_small"]
+    assert block["metrics"]["brier"]["low"] is None
+
+
 def test_calibration_block_matches_direct_metrics():
     rng = np.random.default_rng(2)
     pred = rng.random(200)

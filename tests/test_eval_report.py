@@ -425,6 +425,10 @@ def test_data_from_other_settings_holds_out_neither_training_nor_validation_ques
     assert set(held["questions"]) == expected and "q012" in expected
     assert held["n_val_questions"] == len(split["val"]) and held["warning"] is None
     assert "nor of a question family" in held["how"]
+    # the intervals resample whole families (here each question is its own but q012, of "q099")
+    assert report.metrics["settings"]["resample"] == "family" and held["n_families"] == len(expected)
+    assert f"resamples of whole question families (templates; a question without one is its own: {len(expected)} " \
+        "families among the held-out questions)" in report.markdown.read_text()
 
 
 def test_cli_report_and_errors(trained, tmp_path, capsys):
@@ -487,6 +491,19 @@ def test_compare_two_reports(report, trained, tmp_path):
     assert "Δ (B − A)" in markdown and "`probe_target/draft_via_target/ece_uniform`" in markdown
     # evaluated with other settings (bins, resamples): the deltas stay, no side is called better
     assert "different settings (n_boot " in result["warning"] and "; n_bins 10 and 5)" in result["warning"]
+    # a report made before eval.resample resampled whole questions: compared with one that resamples families, or
+    # with one that resamples questions
+    older, by_question = tmp_path / "older", tmp_path / "by_question"
+    for folder, resample in ((older, None), (by_question, "question")):
+        shutil.copytree(report.folder, folder)
+        saved = json.loads((folder / "metrics.json").read_text())
+        saved["settings"].pop("resample") if resample is None else saved["settings"].update(resample=resample)
+        (folder / "metrics.json").write_text(json.dumps(saved))
+    assert main(["--compare", str(report.folder), str(older), "--out", str(tmp_path / "ab2")]) == 0
+    warning = json.loads((tmp_path / "ab2" / "comparison.json").read_text())["warning"]
+    assert "different settings (resample family and question)" in warning
+    assert main(["--compare", str(older), str(by_question), "--out", str(tmp_path / "ab3")]) == 0
+    assert json.loads((tmp_path / "ab3" / "comparison.json").read_text())["warning"] is None
     assert all(r["better"] is None for r in result["rows"])
     # a verifier whose ranking the report does not quote (too few pairs of a class) is not compared on it
     verifiers = other.metrics["parts"]["verifiers"]["by_verifier"]

@@ -151,7 +151,12 @@ class VerifiersConfig:
 
 @dataclass
 class EvalConfig:
-    n_boot: int = opt(1000, "bootstrap resamples (of whole questions) for every confidence interval")
+    n_boot: int = opt(1000, "bootstrap resamples (of whole questions or families) for every confidence interval")
+    resample: Literal["family", "question"] = opt(
+        "family", "what each bootstrap resample draws whole: the question families (templates) the data records, "
+                  "since a template's questions rise and fall together and drawing them one by one narrows the "
+                  "intervals (a question without a family is its own), or the questions (reports before this "
+                  "setting)")
     alpha: float = opt(0.10, "1 - confidence level of the intervals (0.10 = 90% intervals)")
     n_bins: int = opt(10, "calibration bins (equal-width and equal-mass ECE, MCE, reliability diagram)")
     seed: int = opt(0, "seed of the bootstrap, subsampling, the layer sweep and UMAP")

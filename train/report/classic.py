@@ -2,7 +2,7 @@
 against another set's level:
 
 - `logistic_sweep_part`: every stored layer x pooling of every row set, the L2 strength chosen on validation
-  questions, the test Brier beside the set's own constant with paired per-question intervals.
+  questions, the test Brier beside the set's own constant with paired intervals (whole questions or families).
 - `positive_control_part`: the same pipeline asked for quantities known to be in the hidden states (the step's
   geometric-mean token probability exp(mean log-prob), and its length as a share of the token cap). If it cannot
   predict those on test questions, the pipeline is broken, whatever it says about semantic probabilities.
@@ -42,8 +42,7 @@ def _masks(ctx: EvalContext, rows: RowSet) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def _compare(ctx: EvalContext, pred: np.ndarray, constant: float, y: np.ndarray, groups: np.ndarray) -> dict[str, Any]:
-    c = ctx.cfg
-    return ev.paired_comparison(pred, np.full(len(y), constant), y, groups, n_boot=c.n_boot, alpha=c.alpha, seed=c.seed)
+    return ev.paired_comparison(pred, np.full(len(y), constant), y, groups, **ctx.bootstrap())
 
 
 def _set_inputs(ctx: EvalContext, set_name: str):
@@ -95,7 +94,7 @@ def logistic_sweep_part(ctx: EvalContext) -> PartResult:
     return PartResult({"settings": {"l2": list(ctx.cfg.sweep_l2), "poolings": list(ctx.ds.poolings),
                                     "confidence": 1 - ctx.cfg.alpha}, "sets": out},
                       [Figure("logistic_sweep.png", "Logistic probe per layer and pooling: test Brier minus the set's "
-                              "constant, with paired per-question intervals", "logistic_sweep", "logistic_sweep_plot",
+                              "constant, with paired intervals", "logistic_sweep", "logistic_sweep_plot",
                               {"sweeps": out, "confidence": 1 - ctx.cfg.alpha})])
 
 

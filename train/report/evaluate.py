@@ -4,7 +4,8 @@ Every metric itself comes from `probes.metrics` (ECE, MCE, Brier, MAE, Spearman,
 reliability bins, bootstrap CIs). This module adds the bookkeeping around them:
 
 - calibration blocks with a bootstrap 90% CI per metric, resampling whole questions (rows of one
-  question share a context and are correlated);
+  question share a context and are correlated) or, given `units` (question -> family), whole families (a
+  template's questions are correlated too);
 - the SemanticSpec acceptance ratio min(1, p/q) implied by two probes against the ratio computed from
   the empirical labels;
 - ROC / precision-recall points and the operating point of a pair verifier, agreement between
@@ -15,7 +16,7 @@ reliability bins, bootstrap CIs). This module adds the bookkeeping around them:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from specprobe.probes.metrics import (
 from specprobe.probes.threshold import decisions_at, operating_points
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
+Units = Mapping[str, str] | None  # question -> family (template), for resampling whole families
 
 # Names of the calibration metrics in the order the report shows them.
 CALIBRATION_METRICS = ("ece_uniform", "ece_quantile", "mce", "brier", "log_loss", "mae", "spearman", "auroc", "auprc")
@@ -51,6 +53,7 @@ MIN_QUESTIONS = 20
 MIN_POSITIVES = 10
 MIN_RANKING_POSITIVES = 50  # below this many equivalent (or other) pairs a verifier's AUROC / AUPRC is not reported
 MIN_CLASS_QUESTIONS = 5  # a ranking interval needs each class (label >= / < the threshold) in this many questions
+MIN_FAMILIES = 5  # resampling whole families (templates), an interval needs this many of them
 MIN_VALID_SHARE = 0.9  # an interval needs the metric defined on this share of the resamples
 HIGHER_IS_BETTER = {"spearman", "auroc", "auprc", "precision", "cohen_kappa", "agreement"}
 
@@ -72,8 +75,9 @@ def calibration_metric_fns(n_bins: int, threshold: float = 0.5) -> dict[str, Met
 
 
 def metrics_with_ci(fns: dict[str, MetricFn], pred: Any, label: Any, groups: Any, *, n_boot: int,
-                    alpha: float = 0.10, seed: int = 0) -> dict[str, dict[str, Any]]:
-    """{name: {estimate, low, high, alpha, n_boot, n_valid}}, resampling whole groups (questions).
+                    alpha: float = 0.10, seed: int = 0, units: Units = None) -> dict[str, dict[str, Any]]:
+    """{name: {estimate, low, high, alpha, n_boot, n_valid}}, resampling whole groups (questions), or whole
+    families of them (`units`: question -> family).
 
     Every metric sees the same resamples (one seed), so their intervals are comparable. A metric undefined on more
     than a tenth of the resamples (AUROC where a resample lacks a class) gets no interval: the defined ones are the
@@ -82,7 +86,7 @@ def metrics_with_ci(fns: dict[str, MetricFn], pred: Any, label: Any, groups: Any
     p, y, g = _aligned(pred, label, groups)
     out = {}
     for name, fn in fns.items():
-        entry = bootstrap_ci(fn, p, y, n_boot=n_boot, alpha=alpha, seed=seed, groups=g).to_dict()
+        entry = bootstrap_ci(fn, p, y, n_boot=n_boot, alpha=alpha, seed=seed, groups=resampled(g, units)).to_dict()
         if entry.get("low") is not None and entry["n_valid"] < MIN_VALID_SHARE * n_boot:
             entry = {**entry, "low": None, "high": None,
                      "withheld": f"defined on {entry['n_valid']} of {n_boot} resamples"}
@@ -101,15 +105,31 @@ def _aligned(pred: Any, label: Any, groups: Any) -> tuple[np.ndarray, np.ndarray
     return p, y, g
 
 
-def size_guard(n_questions: int, n_positive: int | None = None) -> str | None:
-    """Why intervals on this set would mislead (fewer than MIN_QUESTIONS questions or MIN_POSITIVES
-    positives), or None when the set is large enough."""
+def resampled(groups: np.ndarray, units: Units) -> np.ndarray:
+    """What the bootstrap resamples: the rows' questions, or the families (templates) those belong to (a question
+    `units` does not name is its own)."""
+    if units is None:
+        return groups
+    return np.asarray([units.get(q, q) for q in groups.tolist()], dtype=object)
+
+
+def size_guard(n_questions: int, n_positive: int | None = None, n_families: int | None = None) -> str | None:
+    """Why intervals on this set would mislead (fewer than MIN_QUESTIONS questions, MIN_POSITIVES positives or,
+    resampling families, MIN_FAMILIES families), or None when the set is large enough."""
     reasons = []
     if n_questions < MIN_QUESTIONS:
         reasons.append(f"{n_questions} held-out question(s) < {MIN_QUESTIONS}")
+    if n_families is not None and n_families < MIN_FAMILIES:
+        reasons.append(f"{n_families} question families (templates) < {MIN_FAMILIES}")
     if n_positive is not None and n_positive < MIN_POSITIVES:
         reasons.append(f"{n_positive} positive(s) < {MIN_POSITIVES}")
     return "; ".join(reasons) or None
+
+
+def guard_of(groups: np.ndarray, units: Units, n_positive: int | None = None) -> str | None:
+    """`size_guard` of rows whose questions are `groups` (and, resampling families, their families)."""
+    families = None if units is None else np.unique(resampled(groups, units)).size
+    return size_guard(np.unique(groups).size, n_positive, families)
 
 
 def withhold_intervals(metrics: dict[str, dict[str, Any]], reason: str | None) -> dict[str, dict[str, Any]]:
@@ -121,8 +141,10 @@ def withhold_intervals(metrics: dict[str, dict[str, Any]], reason: str | None) -
 
 def calibration_block(pred: Any, label: Any, groups: Any, *, n_bins: int = 10, n_boot: int = 1000,
                       alpha: float = 0.10, seed: int = 0, threshold: float = 0.5,
-                      num_samples: int | None = None, label_includes_self: bool = False) -> dict[str, Any]:
-    """Calibration of one predictor against (soft) empirical labels, with per-question bootstrap CIs.
+                      num_samples: int | None = None, label_includes_self: bool = False,
+                      units: Units = None) -> dict[str, Any]:
+    """Calibration of one predictor against (soft) empirical labels, with per-question (or, with `units`,
+    per-family) bootstrap CIs.
 
     `threshold` binarises the labels for AUROC / AUPRC ("majority meaning": label >= 0.5). With
     `num_samples` (N draws behind each label) the block also holds the label noise floor of the Brier
@@ -130,8 +152,9 @@ def calibration_block(pred: Any, label: Any, groups: Any, *, n_bins: int = 10, n
     """
     p, y, g = _aligned(pred, label, groups)
     n_questions, n_positive = np.unique(g).size, int((y >= threshold).sum())
-    guard = size_guard(n_questions, n_positive)
-    metrics = metrics_with_ci(calibration_metric_fns(n_bins, threshold), p, y, g, n_boot=n_boot, alpha=alpha, seed=seed)
+    guard = guard_of(g, units, n_positive)
+    metrics = metrics_with_ci(calibration_metric_fns(n_bins, threshold), p, y, g, n_boot=n_boot, alpha=alpha, seed=seed,
+                              units=units)
     by_class = {"positive": np.unique(g[y >= threshold]).size, "negative": np.unique(g[y < threshold]).size}
     rare = [f"{k} labels in {v} question(s)" for k, v in by_class.items() if v < MIN_CLASS_QUESTIONS]
     if rare:  # the ranking rests on a few questions' rows, however many rows there are
@@ -158,19 +181,20 @@ def calibration_block(pred: Any, label: Any, groups: Any, *, n_bins: int = 10, n
 
 
 def paired_comparison(pred: Any, reference: Any, label: Any, groups: Any, *, n_boot: int = 1000, alpha: float = 0.10,
-                      seed: int = 0) -> dict[str, Any]:
+                      seed: int = 0, units: Units = None) -> dict[str, Any]:
     """Does `pred` beat `reference` on the same rows? Brier difference (pred - reference) and Brier skill
-    1 - Brier(pred)/Brier(reference), each with a paired per-question bootstrap interval, and a verdict:
+    1 - Brier(pred)/Brier(reference), each with a paired bootstrap interval (per question or family), and a verdict:
     "better" / "worse" when the difference interval excludes 0, else "no clear difference" (or, when
     the set is too small for intervals, "too small to tell")."""
     p, y, g = _aligned(pred, label, groups)
     r = np.asarray(reference, dtype=np.float64).reshape(-1)
     if r.size != p.size:
         raise ValueError(f"reference has {r.size} rows, predictions {p.size}")
+    units_g = resampled(g, units)
     delta = bootstrap_ci(lambda a, b, t: brier(a, t) - brier(b, t), p, r, y, n_boot=n_boot, alpha=alpha, seed=seed,
-                         groups=g).to_dict()
-    skill = bootstrap_ci(brier_skill, p, y, r, n_boot=n_boot, alpha=alpha, seed=seed, groups=g).to_dict()
-    guard = size_guard(np.unique(g).size)
+                         groups=units_g).to_dict()
+    skill = bootstrap_ci(brier_skill, p, y, r, n_boot=n_boot, alpha=alpha, seed=seed, groups=units_g).to_dict()
+    guard = guard_of(g, units)
     out = withhold_intervals({"brier_delta": delta, "brier_skill": skill}, guard)
     return clean_json({**out, "verdict": interval_verdict(delta, guard, higher_is_better=False)})
 
@@ -229,7 +253,8 @@ def acceptance_metric_fns(n_bins: int) -> dict[str, MetricFn]:
 
 
 def acceptance_block(p_pred: Any, q_pred: Any, prob_under_target: Any, own_prob: Any, groups: Any, *,
-                     n_bins: int = 10, n_boot: int = 1000, alpha: float = 0.10, seed: int = 0) -> dict[str, Any]:
+                     n_bins: int = 10, n_boot: int = 1000, alpha: float = 0.10, seed: int = 0,
+                     units: Units = None) -> dict[str, Any]:
     """The acceptance probability min(1, p/q) the probes give each draft step, against the empirical one.
 
     p_pred: target probe on the draft step (target view); q_pred: draft probe on it. `mean_predicted`
@@ -239,7 +264,7 @@ def acceptance_block(p_pred: Any, q_pred: Any, prob_under_target: Any, own_prob:
     predicted = predicted.reshape(-1)
     empirical = empirical_ratio(prob_under_target, own_prob)
     _, _, g = _aligned(predicted, empirical, groups)
-    guard = size_guard(np.unique(g).size)
+    guard = guard_of(g, units)
     return clean_json({
         "n": predicted.size,
         "n_questions": np.unique(g).size,
@@ -248,7 +273,7 @@ def acceptance_block(p_pred: Any, q_pred: Any, prob_under_target: Any, own_prob:
         "saturated_predicted": (predicted >= 1.0).mean(),
         "saturated_empirical": (empirical >= 1.0).mean(),
         "metrics": withhold_intervals(metrics_with_ci(acceptance_metric_fns(n_bins), predicted, empirical, g,
-                                                      n_boot=n_boot, alpha=alpha, seed=seed), guard),
+                                                      n_boot=n_boot, alpha=alpha, seed=seed, units=units), guard),
     })
 
 
@@ -297,21 +322,22 @@ def at_threshold(scores: Any, labels: Any, threshold: float) -> dict[str, Any]:
 
 
 def verifier_block(scores: Any, labels: Any, groups: Any, threshold: float, *, n_boot: int = 1000,
-                   alpha: float = 0.10, seed: int = 0) -> dict[str, Any]:
-    """A pair verifier on held-out pairs: AUROC/AUPRC with per-question CIs, its operating point, curves."""
+                   alpha: float = 0.10, seed: int = 0, units: Units = None) -> dict[str, Any]:
+    """A pair verifier on held-out pairs: AUROC/AUPRC with per-question (or family) CIs, its operating point, curves."""
     s, yf, g = _aligned(scores, _binary_labels(labels).astype(np.float64), groups)
     y = yf.astype(bool)
     fns = {"auroc": auroc, "auprc": auprc,
            "acceptance_rate": lambda p, t: float(np.mean(p >= threshold)),
            "precision": lambda p, t: _precision_at(p, t, threshold)}
-    guard = size_guard(np.unique(g).size, int(y.sum()))
+    guard = guard_of(g, units, int(y.sum()))
     n_pos, n_neg = int(y.sum()), int((~y).sum())
     out: dict[str, Any] = {
         "n": s.size, "n_positive": n_pos, "n_questions": np.unique(g).size, "too_small": guard,
         "ranking_not_evaluable": (f"{n_pos} equivalent and {n_neg} other pairs, fewer than {MIN_RANKING_POSITIVES} "
                                   "of one kind: too few to rank on" if min(n_pos, n_neg) < MIN_RANKING_POSITIVES
                                   else None),
-        "metrics": withhold_intervals(metrics_with_ci(fns, s, yf, g, n_boot=n_boot, alpha=alpha, seed=seed), guard),
+        "metrics": withhold_intervals(metrics_with_ci(fns, s, yf, g, n_boot=n_boot, alpha=alpha, seed=seed,
+                                                      units=units), guard),
         "at_threshold": at_threshold(s, y, threshold),
     }
     if y.any() and (~y).any():
@@ -321,15 +347,15 @@ def verifier_block(scores: Any, labels: Any, groups: Any, threshold: float, *, n
 
 
 def precision_over_accept_all(scores: Any, labels: Any, groups: Any, threshold: float, *, n_boot: int = 1000,
-                              alpha: float = 0.10, seed: int = 0) -> dict[str, Any]:
+                              alpha: float = 0.10, seed: int = 0, units: Units = None) -> dict[str, Any]:
     """Is the verifier at `threshold` more precise than accepting every pair (whose precision is the share of
-    equivalent pairs)? The difference precision − positive rate with a per-question paired bootstrap interval,
+    equivalent pairs)? The difference precision − positive rate with a paired bootstrap interval (question or family),
     and a verdict as `paired_comparison`'s: "better" / "worse" when the interval excludes 0, else "no clear
     difference" ("too small to tell" below the size guard)."""
     s, yf, g = _aligned(scores, _binary_labels(labels).astype(np.float64), groups)
     diff = bootstrap_ci(lambda p, t: _precision_at(p, t, threshold) - float(t.mean()), s, yf, n_boot=n_boot,
-                        alpha=alpha, seed=seed, groups=g).to_dict()
-    guard = size_guard(np.unique(g).size, int(yf.sum()))
+                        alpha=alpha, seed=seed, groups=resampled(g, units)).to_dict()
+    guard = guard_of(g, units, int(yf.sum()))
     return clean_json({**withhold_intervals({"precision_minus_positive_rate": diff}, guard),
                        "verdict": interval_verdict(diff, guard, higher_is_better=True)})
 

@@ -115,7 +115,7 @@ def layer_sweep_plot(path: str | Path, sweeps: dict[str, dict[str, Any]]) -> Pat
 
 def logistic_sweep_plot(path: str | Path, sweeps: dict[str, dict[str, Any]], confidence: float) -> Path:
     """Per row set: test Brier of the logistic probe minus the set's constant against layer, one line per
-    pooling, with the paired per-question interval shaded; below zero the probe beats the constant."""
+    pooling, with the paired interval shaded; below zero the probe beats the constant."""
     fig, axes = plt.subplots(1, len(sweeps), figsize=(4.2 * len(sweeps), 3.8), squeeze=False, sharey=False)
     for ax, (set_name, sweep) in zip(axes[0], sweeps.items()):
         for pooling, style in (("mean", "o-"), ("last", "s--")):

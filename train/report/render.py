@@ -83,8 +83,8 @@ def header(m: dict[str, Any]) -> str:
               f"({'the training data' if (m.get('data') or {}).get('is_training_data') else 'another data folder'})",
               f"- held out: {held.get('n_questions', '–')} questions — {held.get('how', 'none')}",
               f"- confidence intervals: {int(100 * (1 - s.get('alpha', 0.1)))}% percentile bootstrap, "
-              f"{s.get('n_boot')} resamples of whole questions, withheld below {ev.MIN_QUESTIONS} questions or "
-              f"{ev.MIN_POSITIVES} positives (AUROC, AUPRC: also below {ev.MIN_CLASS_QUESTIONS} questions holding "
+              f"{s.get('n_boot')} resamples of {_resampled_unit(s, held)}, withheld below {ev.MIN_QUESTIONS} "
+              f"questions{_family_guard(s)} or {ev.MIN_POSITIVES} positives (AUROC, AUPRC: also below {ev.MIN_CLASS_QUESTIONS} questions holding "
               f"each class; any metric: when under {ev.MIN_VALID_SHARE:.0%} of the resamples define it); "
               f"calibration bins: {s.get('n_bins')} (equal-width: left-closed at exact k/n edges; equal-mass: by "
               "rank, ties split); 'majority meaning' = label ≥ 0.5 (AUROC, AUPRC). Percentile intervals of ECE/MCE "
@@ -95,6 +95,18 @@ def header(m: dict[str, Any]) -> str:
                      f"{st['eos_share']:.1%} ended by EOS, {st['mean_tokens']:.1f} tokens on average; no other sample "
                      f"agreed with {st['own_prob_zero_share']:.0%} of them (own_prob 0)")
     return "\n".join(lines)
+
+
+def _resampled_unit(settings: dict[str, Any], held: dict[str, Any]) -> str:
+    if settings.get("resample", "question") == "question":
+        return "whole questions"
+    n = held.get("n_families")
+    return ("whole question families (templates; a question without one is its own"
+            + (f": {n} families among the held-out questions)" if n is not None else ")"))
+
+
+def _family_guard(settings: dict[str, Any]) -> str:
+    return "" if settings.get("resample", "question") == "question" else f", {ev.MIN_FAMILIES} families"
 
 
 def skipped_section(m: dict[str, Any]) -> str:
@@ -148,7 +160,7 @@ def probes_section(part: dict[str, Any] | None, figures) -> str:
         return "\n\n".join(out + ["*Not evaluated (see Skipped parts).*"])
     summary = summary_lines(part.get("versus") or {})
     if summary:
-        out.append("**In short** (Brier score, paired per-question bootstrap):\n\n" + "\n".join(summary))
+        out.append("**In short** (Brier score, paired bootstrap):\n\n" + "\n".join(summary))
     out.append("All probes and baselines in one table (point estimates; intervals in the tables below):")
     out.append(table(["probe", "held-out rows", "predictor", "n"] + [METRIC_LABELS[k] for k in CALIBRATION_METRICS],
                      [[f"`{r['probe']}`", r["set"], f"**{r['predictor']}**" if r["predictor"] == "probe"
@@ -169,7 +181,7 @@ def probes_section(part: dict[str, Any] | None, figures) -> str:
                               + [ci(b["metrics"].get(k)) for k in CALIBRATION_METRICS] for p, b in blocks.items()]))
             lines = verdict_lines(name, set_name, (versus.get(name) or {}).get(set_name) or {})
             if lines:
-                out.append("In words (paired per-question bootstrap of the Brier difference):\n\n" + "\n".join(lines))
+                out.append("In words (paired bootstrap of the Brier difference):\n\n" + "\n".join(lines))
     out.append(figure_links(figures, "calibration"))
     return "\n\n".join(out)
 
@@ -238,7 +250,7 @@ def logistic_sweep_section(part: dict[str, Any] | None, figures) -> str:
            "The classic probe (L2 logistic regression on one layer's pooled hidden state) fitted on each row set's "
            "training questions alone, its penalty chosen on the validation questions, scored on the test questions "
            "against that set's own constant (its mean training label). Brier difference below 0: the probe beats "
-           "the constant; intervals are paired per-question bootstraps. The chosen reading is the one with the "
+           "the constant; intervals are paired bootstraps. The chosen reading is the one with the "
            "lowest validation log-loss."]
     if not part:
         return "\n\n".join(out + ["*Not evaluated or disabled (eval.logistic_sweep).*"])

@@ -118,8 +118,9 @@ def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list, judge_bas
     held = guarded(holder, "heldout", lambda: heldout_questions(ckpt, ds, same, cfg.split))
     if held is None:
         return None, info
+    units = ds.question_families() if cfg.resample == "family" else None
     return EvalContext(ckpt, ds, held, cfg, device, skipped, judge_base=judge_base,
-                       embedding_model=embedding_model), info
+                       embedding_model=embedding_model, units=units), info
 
 
 def _run_parts(ctx: EvalContext, cfg, print_fn) -> tuple[dict[str, Any], list, dict[str, float]]:
@@ -177,7 +178,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
         "format": REPORT_FORMAT, "format_version": REPORT_VERSION,
         "created": utc_now(),
         "checkpoint": {"path": str(ckpt.path), "name": ckpt.name, "components": ckpt.meta.get("components")},
-        "data": data_info, "heldout": ctx.heldout.to_dict() if ctx is not None else None,
+        "data": data_info, "heldout": _heldout_record(ctx),
         "settings": dataclasses.asdict(cfg), "parts": results, "skipped": skipped,
     }
     metrics["figures"] = _draw(figures, out, skipped)
@@ -187,6 +188,16 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
         log_to_wandb(report, ckpt)
     print_fn(f"probe-eval: report in {out} ({len(report.figures)} figures, {len(skipped)} skipped)")
     return report
+
+
+def _heldout_record(ctx: EvalContext | None) -> dict[str, Any] | None:
+    """The held-out questions, and how many families (templates) they span when those are resampled whole."""
+    if ctx is None:
+        return None
+    record = ctx.heldout.to_dict()
+    if ctx.units is not None:
+        record["n_families"] = len({ctx.units.get(q, q) for q in ctx.heldout.questions})
+    return record
 
 
 def write_report(out: Path, metrics: dict[str, Any]) -> Report:
@@ -325,15 +336,19 @@ def _acceptance_scales(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
 
 
 # what the intervals, the calibration numbers, the verifiers' pair subsets and the sweeps depend on
-COMPARED_SETTINGS = ("alpha", "n_boot", "n_bins", "seed", "max_pairs", "judge_max_pairs", "sweep_hidden_dim",
-                     "sweep_epochs", "sweep_max_layers", "sweep_l2")
+COMPARED_SETTINGS = ("alpha", "n_boot", "resample", "n_bins", "seed", "max_pairs", "judge_max_pairs",
+                     "sweep_hidden_dim", "sweep_epochs", "sweep_max_layers", "sweep_l2")
+SETTINGS_BEFORE = {"resample": "question"}  # what a report made before a setting existed did
 
 
 def _different_settings(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
     """Why two reports' intervals are not comparable (other eval settings: each checkpoint's own eval section, or a
     report folder made with other overrides), or None."""
     sa, sb = ma.get("settings") or {}, mb.get("settings") or {}
-    differ = [f"{k} {sa.get(k)} and {sb.get(k)}" for k in COMPARED_SETTINGS if sa.get(k) != sb.get(k)]
+    def get(s: dict[str, Any], k: str) -> Any:
+        return s.get(k, SETTINGS_BEFORE.get(k))
+
+    differ = [f"{k} {get(sa, k)} and {get(sb, k)}" for k in COMPARED_SETTINGS if get(sa, k) != get(sb, k)]
     if not differ:
         return None
     return (f"A and B were evaluated with different settings ({'; '.join(differ)}): their numbers are not of one "

@@ -69,8 +69,13 @@ class EvalContext:
     skipped: list[dict[str, str]] = field(default_factory=list)
     judge_base: str | None = None  # loaded by the judge instead of the base judge.json names
     embedding_model: str | None = None  # loaded by the embedding verifier instead of the one its file names
+    units: dict[str, str] | None = None  # question -> family the bootstrap resamples whole (None: questions)
     _rows: dict[tuple[str, str], RowSet] = field(default_factory=dict)
     predictions: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+
+    def bootstrap(self) -> dict[str, Any]:
+        """The interval settings every block takes: resamples, level, seed and what is resampled."""
+        return {"n_boot": self.cfg.n_boot, "alpha": self.cfg.alpha, "seed": self.cfg.seed, "units": self.units}
 
     def skip(self, part: str, reason: str) -> None:
         log.info("probe-eval: skipped %s: %s", part, reason)
@@ -106,7 +111,7 @@ def guarded(ctx: EvalContext, part: str, fn: Callable[[], Any]) -> Any:
 def _block(ctx: EvalContext, pred: np.ndarray, rows: RowSet) -> dict[str, Any]:
     c = ctx.cfg
     return ev.calibration_block(np.clip(pred, 0.0, 1.0), rows.y.double().numpy(), rows.questions,
-                                n_bins=c.n_bins, n_boot=c.n_boot, alpha=c.alpha, seed=c.seed,
+                                n_bins=c.n_bins, **ctx.bootstrap(),
                                 num_samples=_label_draws(ctx, rows),
                                 label_includes_self=ROW_SETS[rows.name].label_includes_self)
 
@@ -118,11 +123,9 @@ def _label_draws(ctx: EvalContext, rows: RowSet) -> int | None:
 
 def _comparisons(ctx: EvalContext, preds: dict[str, np.ndarray], rows: RowSet) -> dict[str, Any]:
     """The probe against each other predictor on the same rows (paired Brier difference and skill)."""
-    c = ctx.cfg
     y = rows.y.double().numpy()
     probe = np.clip(preds["probe"], 0.0, 1.0)
-    return {label: ev.paired_comparison(probe, np.clip(other, 0.0, 1.0), y, rows.questions, n_boot=c.n_boot,
-                                        alpha=c.alpha, seed=c.seed)
+    return {label: ev.paired_comparison(probe, np.clip(other, 0.0, 1.0), y, rows.questions, **ctx.bootstrap())
             for label, other in preds.items() if label != "probe"}
 
 
@@ -232,14 +235,13 @@ def acceptance_part(ctx: EvalContext) -> PartResult:
     put, own_q = via.y.double().numpy(), own.y.double().numpy()
     c = ctx.cfg
     pairs = {"probes": (p, q), **acceptance_baselines(ctx, via, own)}
-    blocks = {label: ev.acceptance_block(pb, qb, put, own_q, via.questions, n_bins=c.n_bins, n_boot=c.n_boot,
-                                         alpha=c.alpha, seed=c.seed) for label, (pb, qb) in pairs.items()}
+    blocks = {label: ev.acceptance_block(pb, qb, put, own_q, via.questions, n_bins=c.n_bins, **ctx.bootstrap()) for label, (pb, qb) in pairs.items()}
     empirical = ev.empirical_ratio(put, own_q)
     predicted = np.asarray(semantic_accept_prob(p, q))
     # in words: do the probes' ratios beat each baseline pair's (squared error, paired per question)?
     blocks["probes"]["versus"] = {
         label: ev.paired_comparison(predicted, np.asarray(semantic_accept_prob(pb, qb)), empirical, via.questions,
-                                    n_boot=c.n_boot, alpha=c.alpha, seed=c.seed)
+                                    **ctx.bootstrap())
         for label, (pb, qb) in pairs.items() if label != "probes"}
     figure = Figure("acceptance_scatter.png", "Acceptance ratio min(1, p/q) on held-out draft steps: probes vs "
                     "empirical labels", "acceptance", "acceptance_scatter",
@@ -376,11 +378,9 @@ def sweep_role(ctx: EvalContext, role: str) -> dict[str, Any]:
              else float(y_np[train_mask].mean()) for i in range(len(sets))]
     constant = np.asarray(means)[which]
     best = ev.best_layer(entries)
-    c = ctx.cfg
     if best is not None:
         best = {**best, "versus_constant": ev.paired_comparison(
-            test_preds[best["layer"]], constant[split.report], y_test, questions[split.report], n_boot=c.n_boot,
-            alpha=c.alpha, seed=c.seed)}
+            test_preds[best["layer"]], constant[split.report], y_test, questions[split.report], **ctx.bootstrap())}
     return {"sets": [s.name for s in sets], "how": split.how, "independent": split.independent,
             "num_layers": num_layers, "n_train": len(tr), "n_val": len(va), "n_test": len(te),
             "constant_by_set": dict(zip([s.name for s in sets], means)),

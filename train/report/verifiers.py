@@ -89,17 +89,14 @@ def verifier_entry(ctx: EvalContext, name: str, pairs) -> tuple[dict[str, Any], 
     """(metrics block, indices of the pairs scored, scores, thresholds) of one verifier."""
     idx, scores, thresholds, info = SCORERS[name](ctx, pairs)
     labels, source = pairs.labels[idx], pairs.source[idx]
-    c = ctx.cfg
-    block = ev.verifier_block(scores, labels, pairs.questions[idx], thresholds["chosen"], n_boot=c.n_boot,
-                              alpha=c.alpha, seed=c.seed)
+    block = ev.verifier_block(scores, labels, pairs.questions[idx], thresholds["chosen"], **ctx.bootstrap())
     block.update(info=info, thresholds=thresholds,
                  other_thresholds={k: ev.at_threshold(scores, labels, t) for k, t in thresholds.items() if k != "chosen"},
                  by_source={str(s): ev.at_threshold(scores[source == s], labels[source == s], thresholds["chosen"])
                             for s in sorted(set(source.tolist()))},
                  baselines=baselines(ctx, name, scores, labels),
                  versus_accept_all=ev.precision_over_accept_all(scores, labels, pairs.questions[idx],
-                                                                thresholds["chosen"], n_boot=c.n_boot, alpha=c.alpha,
-                                                                seed=c.seed))
+                                                                thresholds["chosen"], **ctx.bootstrap()))
     if name == "judge":  # the base model on the training run's test pairs (balanced), as probe-train scored it
         base = ((ctx.ckpt.metrics.get("judge") or {}).get("test") or {}).get("base")
         block["judge_base_at_training"] = base
