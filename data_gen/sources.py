@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specprobe.data_gen.steps import MODES, normalise_text, split_steps
+from specprobe.data_gen.steps import MODES, PARAGRAPH_BREAK, normalise_text, split_steps
 from specprobe.infer.answers import extract_boxed, split_gsm8k, strip_thousands_separators
 from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER
 from specprobe.inputs.records import (
@@ -249,7 +249,7 @@ def _s1k_trajectory(record: dict, trajectory: str, joiner: str) -> tuple[str, st
 
 def _s1k_builder(step_mode: str, delimiter: str, trajectory: str) -> Callable[[Record, str], Trace]:
     """Builder of Traces from s1K / s1K-1.1 records."""
-    joiner = delimiter if step_mode == "delimiter" else DEFAULT_STEP_DELIMITER
+    joiner = delimiter if step_mode == "delimiter" else PARAGRAPH_BREAK
 
     def build(raw: Record, rid: str) -> Trace:
         rec = raw.record

@@ -25,9 +25,10 @@ import re
 
 from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER, with_delimiter
 
-__all__ = ["MODES", "normalise_text", "split_steps", "join_steps", "steps_to_prefix_text"]
+__all__ = ["MODES", "PARAGRAPH_BREAK", "normalise_text", "split_steps", "join_steps", "steps_to_prefix_text"]
 
 MODES = ("delimiter", "sentence")
+PARAGRAPH_BREAK = "\n\n"  # what normalised text separates paragraphs with (sentence mode splits there too)
 
 _NEWLINE_RUN = re.compile(r"\n{3,}")
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
@@ -57,7 +58,7 @@ def _basic_normalise(text: str) -> str:
     """Unify newlines, strip trailing whitespace per line, collapse 3+ newlines, strip the text."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = "\n".join(line.rstrip() for line in text.split("\n"))
-    return _NEWLINE_RUN.sub("\n\n", text).strip()
+    return _NEWLINE_RUN.sub(PARAGRAPH_BREAK, text).strip()
 
 
 def _normalise_delimited(text: str, delimiter: str) -> str:

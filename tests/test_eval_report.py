@@ -96,6 +96,9 @@ def test_without_a_test_split_the_first_lines_say_validation_chose_the_epoch(tra
 
 
 def test_small_heldout_set_withholds_intervals_and_says_so(report):
+    # (the fixture's data records no families: questions are resampled, and the report says why)
+    assert report.metrics["settings"]["resample"] == "question"
+    assert "resamples of whole questions (the data records no question families" in report.markdown.read_text()
     # the synthetic run holds out 2 test questions: far below the 20-question guard
     block = report.metrics["parts"]["probes"]["by_probe"]["probe_target"]["draft_via_target"]["probe"]
     assert block["n_questions"] == 2 and "2 held-out question(s) < 20" in block["too_small"]
@@ -144,7 +147,7 @@ def test_acceptance_uses_the_empirical_ratio_of_heldout_draft_steps(report, trai
     assert part["logistic"]["n"] == part["probes"]["n"]  # the same draft steps
     assert versus["constant"]["brier_delta"]["estimate"] < 0  # probes' squared error minus the constant's
     text = report.markdown.read_text()
-    assert "In words (squared error of the ratio, paired per question)" in text
+    assert "In words (squared error of the ratio, paired bootstrap)" in text
     assert "- `probes` " in text and "**constant** on `the acceptance ratio`" in text
 
 
@@ -431,6 +434,36 @@ def test_data_from_other_settings_holds_out_neither_training_nor_validation_ques
         "families among the held-out questions)" in report.markdown.read_text()
 
 
+def test_intervals_resample_the_families_in_every_part(trained, tmp_path):
+    """Held-out questions of 2 templates: every part's intervals are withheld for too few families (each part
+    resamples families, not questions); with eval.resample=question none says so."""
+    cfg, ckpt = trained
+    _, other_cfg = write_config(tmp_path, tmp_path / "other")
+    data = make_data(other_cfg, n_questions=14, seed=3, engines=open_dataset(cfg.data_dir).manifest["engines"])
+    manifest = json.loads((data / MANIFEST).read_text())
+    manifest["fingerprint"] = "generated with other settings"  # so it is not the training data
+    manifest[FAMILIES] = {f"q{i:03d}": f"new-template-{i % 2}" for i in range(14)}
+    write_manifest(data, manifest)
+
+    def guards(tree, path=""):
+        if isinstance(tree, dict):
+            if "too_small" in tree:
+                yield path, tree["too_small"]
+            for key, value in tree.items():
+                yield from guards(value, f"{path}/{key}")
+
+    report = evaluate_checkpoint(ckpt, data=data, out=tmp_path / "family", overrides=QUICK, print_fn=quiet)
+    assert report.metrics["heldout"]["n_families"] == 2
+    found = dict(guards(report.metrics["parts"]))
+    parts = {path.split("/")[1] for path in found}
+    assert {"probes", "acceptance", "verifiers"} <= parts, parts
+    assert all("2 question families (templates) < 5" in (reason or "") for reason in found.values()), found
+    by_question = evaluate_checkpoint(ckpt, data=data, out=tmp_path / "question", overrides=QUICK + ["eval.resample=question"],
+                                      print_fn=quiet)
+    assert not any("families" in (reason or "") for _, reason in guards(by_question.metrics["parts"]))
+    assert "resamples of whole questions" in by_question.markdown.read_text()
+
+
 def test_cli_report_and_errors(trained, tmp_path, capsys):
     _, ckpt = trained
     out = tmp_path / "cli"
@@ -493,13 +526,13 @@ def test_compare_two_reports(report, trained, tmp_path):
     assert "different settings (n_boot " in result["warning"] and "; n_bins 10 and 5)" in result["warning"]
     # a report made before eval.resample resampled whole questions: compared with one that resamples families, or
     # with one that resamples questions
-    older, by_question = tmp_path / "older", tmp_path / "by_question"
-    for folder, resample in ((older, None), (by_question, "question")):
+    older, by_question, by_family = tmp_path / "older", tmp_path / "by_question", tmp_path / "by_family"
+    for folder, resample in ((older, None), (by_question, "question"), (by_family, "family")):
         shutil.copytree(report.folder, folder)
         saved = json.loads((folder / "metrics.json").read_text())
         saved["settings"].pop("resample") if resample is None else saved["settings"].update(resample=resample)
         (folder / "metrics.json").write_text(json.dumps(saved))
-    assert main(["--compare", str(report.folder), str(older), "--out", str(tmp_path / "ab2")]) == 0
+    assert main(["--compare", str(by_family), str(older), "--out", str(tmp_path / "ab2")]) == 0
     warning = json.loads((tmp_path / "ab2" / "comparison.json").read_text())["warning"]
     assert "different settings (resample family and question)" in warning
     assert main(["--compare", str(older), str(by_question), "--out", str(tmp_path / "ab3")]) == 0

@@ -84,9 +84,9 @@ def metrics_with_ci(fns: dict[str, MetricFn], pred: Any, label: Any, groups: Any
     resamples that happened to keep the rare class, so their spread understates it.
     """
     p, y, g = _aligned(pred, label, groups)
-    out = {}
+    out, drawn = {}, resampled(g, units)
     for name, fn in fns.items():
-        entry = bootstrap_ci(fn, p, y, n_boot=n_boot, alpha=alpha, seed=seed, groups=resampled(g, units)).to_dict()
+        entry = bootstrap_ci(fn, p, y, n_boot=n_boot, alpha=alpha, seed=seed, groups=drawn).to_dict()
         if entry.get("low") is not None and entry["n_valid"] < MIN_VALID_SHARE * n_boot:
             entry = {**entry, "low": None, "high": None,
                      "withheld": f"defined on {entry['n_valid']} of {n_boot} resamples"}

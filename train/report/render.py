@@ -97,16 +97,24 @@ def header(m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SETTINGS_BEFORE = {"resample": "question"}  # what a report made before a setting existed did
+
+
+def resample_unit(settings: dict[str, Any]) -> str:
+    """What a report's bootstrap resampled whole: "family" or "question"."""
+    return settings.get("resample", SETTINGS_BEFORE["resample"])
+
+
 def _resampled_unit(settings: dict[str, Any], held: dict[str, Any]) -> str:
-    if settings.get("resample", "question") == "question":
-        return "whole questions"
+    if resample_unit(settings) == "question":
+        return "whole questions" + (f" ({held['resample_note']})" if held.get("resample_note") else "")
     n = held.get("n_families")
     return ("whole question families (templates; a question without one is its own"
             + (f": {n} families among the held-out questions)" if n is not None else ")"))
 
 
 def _family_guard(settings: dict[str, Any]) -> str:
-    return "" if settings.get("resample", "question") == "question" else f", {ev.MIN_FAMILIES} families"
+    return "" if resample_unit(settings) == "question" else f", {ev.MIN_FAMILIES} families"
 
 
 def skipped_section(m: dict[str, Any]) -> str:
@@ -198,8 +206,8 @@ def acceptance_section(part: dict[str, Any] | None, figures) -> str:
                      [[f"**{k}**" if k == "probes" else k, b["n"]] + [ci(b["metrics"][m]) for m in ACCEPTANCE_METRICS]
                       for k, b in part.items()]))
     versus = (part.get("probes") or {}).get("versus")
-    if versus:  # squared error of the ratio ("Brier" on a continuous target), paired per question
-        out.append("In words (squared error of the ratio, paired per question):\n\n"
+    if versus:  # squared error of the ratio ("Brier" on a continuous target), paired bootstrap
+        out.append("In words (squared error of the ratio, paired bootstrap):\n\n"
                    + "\n".join(verdict_lines("probes", "the acceptance ratio", versus)))
     out.append(figure_links(figures, "acceptance"))
     return "\n\n".join(out)
@@ -240,7 +248,7 @@ def sweep_section(part: dict[str, Any] | None, figures) -> str:
                          f"{', '.join(str(f['layer']) for f in failed)} (left out of the table and the figure): "
                          f"{failed[0]['error']}")
     if words:
-        out.append("In words (paired per question):\n\n" + "\n".join(words))
+        out.append("In words (paired bootstrap):\n\n" + "\n".join(words))
     out.append(figure_links(figures, "layer_sweep"))
     return "\n\n".join(out)
 

@@ -118,7 +118,7 @@ def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list, judge_bas
     held = guarded(holder, "heldout", lambda: heldout_questions(ckpt, ds, same, cfg.split))
     if held is None:
         return None, info
-    units = ds.question_families() if cfg.resample == "family" else None
+    units = _families(ds) if cfg.resample == "family" else None
     return EvalContext(ckpt, ds, held, cfg, device, skipped, judge_base=judge_base,
                        embedding_model=embedding_model, units=units), info
 
@@ -179,7 +179,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
         "created": utc_now(),
         "checkpoint": {"path": str(ckpt.path), "name": ckpt.name, "components": ckpt.meta.get("components")},
         "data": data_info, "heldout": _heldout_record(ctx),
-        "settings": dataclasses.asdict(cfg), "parts": results, "skipped": skipped,
+        "settings": _settings_used(cfg, ctx), "parts": results, "skipped": skipped,
     }
     metrics["figures"] = _draw(figures, out, skipped)
     metrics["seconds"] = {**seconds, "total": round(time.perf_counter() - start, 2)}
@@ -190,11 +190,27 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
     return report
 
 
+def _families(ds) -> dict[str, str] | None:
+    """Each question's family, None where no question shares one (the draws are then the questions')."""
+    families = ds.question_families()
+    return families if any(f != q for q, f in families.items()) else None
+
+
+def _settings_used(cfg, ctx: EvalContext | None) -> dict[str, Any]:
+    """The eval settings, `resample` as it was done: whole questions where the data records no families."""
+    settings = dataclasses.asdict(cfg)
+    if ctx is not None and ctx.units is None:
+        settings["resample"] = "question"
+    return settings
+
+
 def _heldout_record(ctx: EvalContext | None) -> dict[str, Any] | None:
     """The held-out questions, and how many families (templates) they span when those are resampled whole."""
     if ctx is None:
         return None
     record = ctx.heldout.to_dict()
+    if ctx.units is None and ctx.cfg.resample == "family":
+        record["resample_note"] = "the data records no question families (templates), so each question is its own"
     if ctx.units is not None:
         record["n_families"] = len({ctx.units.get(q, q) for q in ctx.heldout.questions})
     return record
@@ -338,15 +354,13 @@ def _acceptance_scales(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
 # what the intervals, the calibration numbers, the verifiers' pair subsets and the sweeps depend on
 COMPARED_SETTINGS = ("alpha", "n_boot", "resample", "n_bins", "seed", "max_pairs", "judge_max_pairs",
                      "sweep_hidden_dim", "sweep_epochs", "sweep_max_layers", "sweep_l2")
-SETTINGS_BEFORE = {"resample": "question"}  # what a report made before a setting existed did
-
 
 def _different_settings(ma: dict[str, Any], mb: dict[str, Any]) -> str | None:
     """Why two reports' intervals are not comparable (other eval settings: each checkpoint's own eval section, or a
     report folder made with other overrides), or None."""
     sa, sb = ma.get("settings") or {}, mb.get("settings") or {}
     def get(s: dict[str, Any], k: str) -> Any:
-        return s.get(k, SETTINGS_BEFORE.get(k))
+        return s.get(k, render.SETTINGS_BEFORE.get(k))
 
     differ = [f"{k} {get(sa, k)} and {get(sb, k)}" for k in COMPARED_SETTINGS if get(sa, k) != get(sb, k)]
     if not differ:

@@ -235,10 +235,11 @@ def acceptance_part(ctx: EvalContext) -> PartResult:
     put, own_q = via.y.double().numpy(), own.y.double().numpy()
     c = ctx.cfg
     pairs = {"probes": (p, q), **acceptance_baselines(ctx, via, own)}
-    blocks = {label: ev.acceptance_block(pb, qb, put, own_q, via.questions, n_bins=c.n_bins, **ctx.bootstrap()) for label, (pb, qb) in pairs.items()}
+    blocks = {label: ev.acceptance_block(pb, qb, put, own_q, via.questions, n_bins=c.n_bins, **ctx.bootstrap())
+              for label, (pb, qb) in pairs.items()}
     empirical = ev.empirical_ratio(put, own_q)
     predicted = np.asarray(semantic_accept_prob(p, q))
-    # in words: do the probes' ratios beat each baseline pair's (squared error, paired per question)?
+    # in words: do the probes' ratios beat each baseline pair's (squared error, paired bootstrap)?
     blocks["probes"]["versus"] = {
         label: ev.paired_comparison(predicted, np.asarray(semantic_accept_prob(pb, qb)), empirical, via.questions,
                                     **ctx.bootstrap())
