@@ -191,7 +191,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
 
 
 def _families(ds) -> dict[str, str] | None:
-    """Each question's family, None where no question shares one (the draws are then the questions')."""
+    """Each question's family, or None when every question is its own (the draws are then the questions')."""
     families = ds.question_families()
     return families if any(f != q for q, f in families.items()) else None
 
