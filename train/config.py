@@ -229,15 +229,16 @@ class ExperimentConfig(InferenceConfig):
     def check_before_loading(self, *, sources: bool = True, ray: bool = False, training: bool = False) -> None:
         """InferenceConfig's checks, and with `training` the verifiers' models and settings (a typo found after the
         data stage and the probes' training would cost them: the checkpoint is written at the end)."""
+        finished = data_complete(self.data_dir)
         # only the data stage loads the target and draft, and not for a finished folder it reuses
-        super().check_before_loading(sources=sources, ray=ray, models=sources and not data_complete(self.data_dir))
-        if sources and not data_complete(self.data_dir):  # the data stage will generate (and load its judge)
+        super().check_before_loading(sources=sources, ray=ray, models=sources and not finished)
+        if sources and not finished:  # the data stage will generate (and load its judge)
             self.data.check_available()
         if training:
             self.verifiers.check_available()
             asks_last = self.probe.pooling == "last" or "mean" not in self.probe.logistic_pooling
             # data to come without "last" (a finished folder's own poolings are checked when it is read)
-            no_last = "last" not in stored_poolings(self.data.store_last_token) and not data_complete(self.data_dir)
+            no_last = "last" not in stored_poolings(self.data.store_last_token) and not finished
             if asks_last and no_last and "probes" in self.verifiers.train:
                 raise ConfigError(f"data.store_last_token=false stores no last-token features, but probe.pooling="
                                   f"{self.probe.pooling} and probe.logistic_pooling={self.probe.logistic_pooling} ask "

@@ -209,10 +209,10 @@ def _heldout_record(ctx: EvalContext | None) -> dict[str, Any] | None:
     if ctx is None:
         return None
     record = ctx.heldout.to_dict()
-    if ctx.units is None and ctx.cfg.resample == "family":
-        record["resample_note"] = "the data records no question families (templates), so each question is its own"
     if ctx.units is not None:
         record["n_families"] = len({ctx.units.get(q, q) for q in ctx.heldout.questions})
+    elif ctx.cfg.resample == "family":
+        record["resample_note"] = "the data records no question families (templates), so each question is its own"
     return record
 
 
