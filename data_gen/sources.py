@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from specprobe.inputs.records import (
     Record,
     SourceWarning,
     check_path,
+    iter_reasoning_gym_items,
     iter_records,
     record_id,
     source_stem,
@@ -275,9 +276,9 @@ def _gsm8k_builder(strip_calculator: bool) -> Callable[[Record, str], Trace]:
 
 
 def _reasoning_gym_builder(task: str, seed: int, strip_calculator: bool,
-                           templates: Sequence[int] | None) -> Callable[[Record, str], Trace]:
-    """Builder of Traces from reasoning-gym items with ``metadata.answer_cot``; `templates`: the generator
-    each item came from, where the task draws items from a fixed set of templates (the item's family)."""
+                           family_of: Callable[[int], str | None]) -> Callable[[Record, str], Trace]:
+    """Builder of Traces from reasoning-gym items with ``metadata.answer_cot``; `family_of`: the family of the
+    item at an index (`inputs.records.GymItem.family`)."""
     def build(raw: Record, rid: str) -> Trace:
         rec = raw.record
         question = _require_str(rec, "question")
@@ -285,8 +286,8 @@ def _reasoning_gym_builder(task: str, seed: int, strip_calculator: bool,
                                             strip_calculator)
         meta = {"steps_field": "metadata.answer_cot", "task": task, "seed": seed, "index": raw.index,
                 "cot_answer": final, "source_index": _get(rec, "metadata.source_index")}
-        family = None if templates is None else f"{task}/template-{templates[raw.index]}"
-        return Trace(rid, "math", question.strip(), steps, _require_str(rec, "answer").strip(), meta, family)
+        return Trace(rid, "math", question.strip(), steps, _require_str(rec, "answer").strip(), meta,
+                     family_of(raw.index))
     return build
 
 
@@ -368,15 +369,9 @@ def iter_gsm8k(path: str | os.PathLike | None = None, name: str | None = None, s
 def iter_reasoning_gym(name: str = "gsm_symbolic", size: int = 100, seed: int = 0, *,
                        strip_calculator: bool = True, max_step_chars: int | None = None) -> Iterator[Trace]:
     """Traces generated offline by reasoning-gym (tasks whose items carry ``metadata.answer_cot``)."""
-    import reasoning_gym
-
-    dataset = reasoning_gym.create_dataset(name, size=size, seed=seed)
-    # gsm_symbolic draws each item's template with replacement (240 items use 81 templates): items of one
-    # template are one problem with new names and numbers, so they share a family whatever the seed
-    templates = getattr(dataset, "task_indices", None)
-    raws = (Record(i, f"reasoning_gym {name} (seed={seed}) item {i}", item) for i, item in enumerate(dataset))
-    return _read(raws, lambda raw: f"{name}-{seed}-{raw.index}",
-                 _reasoning_gym_builder(name, seed, strip_calculator, templates), max_step_chars)
+    items = {item.raw.index: item for item in iter_reasoning_gym_items(name, size, seed)}
+    return _read((item.raw for item in items.values()), lambda raw: items[raw.index].id,
+                 _reasoning_gym_builder(name, seed, strip_calculator, lambda i: items[i].family), max_step_chars)
 
 
 @functools.lru_cache(maxsize=4)

@@ -22,6 +22,7 @@ nothing when the last estimate says no draft pays.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -55,7 +56,14 @@ from specprobe.infer.engines import build_engine_pair, sampling_params
 from specprobe.infer.engines.token_spec import LookaheadConfig, TokenSpecConfig
 from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier, check_checkpoint
 from specprobe.inputs.config import ConfigError
-from specprobe.inputs.records import HUB_NAMES, BenchSourceConfig, iter_records, record_id, source_stem
+from specprobe.inputs.records import (
+    HUB_NAMES,
+    BenchSourceConfig,
+    iter_reasoning_gym_items,
+    iter_records,
+    record_id,
+    source_stem,
+)
 from specprobe.probes.metrics import bootstrap_ci, wilson_interval
 
 # benchmark sets by short name (kind: jsonl, name: <short name>; the hub ids are inputs.records.HUB_NAMES),
@@ -71,6 +79,7 @@ class Problem:
     id: str
     question: str
     answer: str | None
+    family: str | None = None  # the template it was drawn from (α's interval resamples whole families)
 
 
 def _gold(record: dict) -> str | None:
@@ -103,10 +112,21 @@ def _from_records(records, stem: str, limit: int) -> list[Problem]:
             raise ConfigError(f"{rec.where}: no question field (looked for {list(QUESTION_KEYS)})")
         # ids as the data stage reads them (inputs.records), MATH-500's unique_id before the numbered default
         pid = record_id(record.get("id")) or record_id(record.get("unique_id")) or f"{stem}-{rec.index}"
-        problems.append(Problem(pid, question, _gold(record)))
+        problems.append(Problem(pid, question, _gold(record), _family(record, rec.where)))
         if len(problems) >= limit:
             break
     return problems
+
+
+def _family(record: dict, where: str) -> str | None:
+    """A record's `family` field (as `benchmarks/export_test_questions.py` writes it): a string or a template
+    number; anything else is an error naming the record."""
+    value = record.get("family")
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return None if value is None else str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where}: field 'family' must be a non-empty string or a number, got {value!r}")
+    return value
 
 
 def _records(path: str | None, name: str | None, config: str | None, split: str):
@@ -120,13 +140,11 @@ def _records(path: str | None, name: str | None, config: str | None, split: str)
 def load_problems(src: BenchSourceConfig, limit: int) -> list[Problem]:
     """Problems for the benchmark: reasoning-gym (offline), GSM8K, or any jsonl/parquet/hub data set."""
     if src.kind == "reasoning_gym":
-        import reasoning_gym
-
-        data = reasoning_gym.create_dataset(src.task, size=max(src.size, limit), seed=src.seed)
+        items = iter_reasoning_gym_items(src.task, max(src.size, limit), src.seed)
         # the reference answer read as from any other record (and as the data stage reads it): stripped, without
         # thousands separators
-        return [Problem(f"{src.task}-{src.seed}-{i}", item["question"], _gold({"answer": item["answer"]}))
-                for i, item in zip(range(limit), data)]
+        return [Problem(it.id, it.raw.record["question"], _gold({"answer": it.raw.record["answer"]}), it.family)
+                for it in itertools.islice(items, limit)]
     if src.kind in ("gsm8k", "jsonl"):
         if src.path:
             return _from_records(_records(src.path, None, None, src.split or "train"), source_stem(src.path, None),
@@ -328,23 +346,40 @@ class ProblemCounts(NamedTuple):
     judged: int
     decided_accepted: int
     decided: int
+    family: str | None = None  # the problem's family (template); None: it is its own
 
 
-def acceptance_interval(counts: Sequence[tuple[int, int]]) -> tuple[tuple[float, float] | None, str | None]:
+def acceptance_interval(counts: Sequence[tuple[int, int]], families: Sequence[str | None] | None = None,
+                        ) -> tuple[tuple[float, float] | None, str | None]:
     """95% interval of the pooled acceptance sum(accepted) / sum(judged) from per-problem (accepted, judged), and
     what it resamples. Positions within one problem are not independent draws (a probe's or a judge's verdicts
-    follow the problem's difficulty; a position is judged only after the one before it passed), so with two or
-    more problems that judged something it is a percentile bootstrap over problems; with one, only the Wilson
-    interval over its judged positions is left ("positions": exact for the system-speed Bernoulli verifier, too
-    narrow for a real one)."""
-    judged = [(a, j) for a, j in counts if j > 0]
+    follow the problem's difficulty; a position is judged only after the one before it passed), nor are problems
+    drawn from one template (`families`, per problem; None: its own), so the percentile bootstrap resamples
+    whole families ("families") or, where no two problems share one, problems ("problems"). With one problem
+    only the Wilson interval over its judged positions is left ("positions": exact for the system-speed Bernoulli
+    verifier, too narrow for a real one); several problems of one family give none (resampling one unit). Where
+    no unit accepted anything (or every unit everything) no resample can differ and the percentile interval
+    collapses to a point; the Wilson interval over the units (each one trial) is given instead."""
+    families = [None] * len(counts) if families is None else list(families)
+    if len(families) != len(counts):
+        raise ValueError(f"{len(families)} families for {len(counts)} problems")
+    judged = [(a, j, f if f is not None else f"problem {i}")
+              for i, ((a, j), f) in enumerate(zip(counts, families)) if j > 0]
     if not judged:
         return None, None
     if len(judged) == 1:
-        return wilson_interval(*judged[0]), "positions"
-    acc, jud = np.array(judged, dtype=float).T
-    ci = bootstrap_ci(lambda a, j: a.sum() / j.sum(), acc, jud, n_boot=2000, alpha=0.05)
-    return (ci.low, ci.high), "problems"
+        return wilson_interval(*judged[0][:2]), "positions"
+    acc = np.array([a for a, _, _ in judged], dtype=float)
+    jud = np.array([j for _, j, _ in judged], dtype=float)
+    units = [u for _, _, u in judged]
+    n_units = len(set(units))
+    if n_units == 1:
+        return None, "none: every problem is of one family"
+    over = "families" if n_units < len(judged) else "problems"
+    if acc.sum() in (0, jud.sum()):
+        return wilson_interval(n_units if acc.sum() else 0, n_units), f"{over} (Wilson: all accepted or none)"
+    ci = bootstrap_ci(lambda a, j: a.sum() / j.sum(), acc, jud, n_boot=2000, alpha=0.05, groups=units)
+    return (ci.low, ci.high), over
 
 
 def is_adaptive(env: BenchEnv, spec: MethodSpec) -> bool:
@@ -539,7 +574,7 @@ def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, 
             res.answered += 1
             res.latencies.append(gen.stats.latency_s)
             st = gen.stats
-            res.counts.append(ProblemCounts(st.accepted, st.judged, st.decided_accepted, st.decided))
+            res.counts.append(ProblemCounts(st.accepted, st.judged, st.decided_accepted, st.decided, prob.family))
             log(f"[{i + 1}/{len(env.problems)}] {s.label:22s} {gen.stats.latency_s:7.2f}s "
                 f"{gen.stats.output_tokens:5d} tok  stop={gen.stop_reason:14s} answer={pred!r} gold={prob.answer!r}"
                 + (f"  accept={gen.stats.acceptance_rate:.2f}" if gen.stats.acceptance_rate is not None else ""))
@@ -586,11 +621,12 @@ def start_out_dir(out: Path, specs: Sequence[MethodSpec]) -> Callable[[str, Iter
         (out / old).unlink(missing_ok=True)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     for s in specs:
-        _trace_file(out, s.label).write_text("")
-    return lambda label, records: write_trace(_trace_file(out, label), records, mode="a")
+        trace_file(out, s.label).write_text("")
+    return lambda label, records: write_trace(trace_file(out, label), records, mode="a")
 
 
-def _trace_file(out: Path, label: str) -> Path:
+def trace_file(out: Path, label: str) -> Path:
+    """Where a run in `out` writes one method's per-cycle trace records (jsonl)."""
     return out / "traces" / f"{_safe(label)}.jsonl"
 
 
@@ -605,7 +641,7 @@ def rewrite_traces(out: Path, specs: Sequence[MethodSpec],
         for label, recs in traces:
             by_label[label].extend(recs)
     for label, recs in by_label.items():
-        path = _trace_file(out, label)
+        path = trace_file(out, label)
         aside = path.with_name(path.name + ".tmp")
         write_trace(aside, recs)
         os.replace(aside, path)
@@ -678,10 +714,13 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult], problems: Sequenc
         row = _measured(env, label, res, base)
         row.update(_predicted(env, results, label, row["speedup"]))
         rows.append(row)
+    problems = env.problems if problems is None else problems
     return {"rows": rows, "system_speed": env.system_speed, "verifier": env.verifier_kind,
             "checkpoint": env.checkpoint,
             "models": {"target": env.target.model_name, "draft": env.draft.model_name},
-            "problems": [p.id for p in (env.problems if problems is None else problems)],
+            "problems": [p.id for p in problems],
+            # what α's intervals resampled whole (absent: every problem is its own)
+            "families": {p.id: p.family for p in problems if p.family is not None} or None,
             "config": env.setup.config_record(),
             "host": {"platform": platform.platform(), "python": platform.python_version()}}
 
@@ -694,7 +733,8 @@ def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) 
     method = REGISTRY[spec.base]
     latency = sum(res.latencies) if res.latencies else None
     base_latency = sum(base.latencies) if base.latencies else None
-    alpha_ci, alpha_over = acceptance_interval([(c.accepted, c.judged) for c in res.counts])
+    families = [c.family for c in res.counts]
+    alpha_ci, alpha_over = acceptance_interval([(c.accepted, c.judged) for c in res.counts], families)
     return {"method": label, "problems": res.answered, "error": res.error,
            "pass@1": ratio(res.correct, res.answered), "correct": res.correct,
            "pass@1_ci95": wilson_interval(res.correct, res.answered),
@@ -707,7 +747,8 @@ def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) 
            "judged": st.judged, "mean_accepted_per_cycle": st.mean_accepted_per_cycle, "ratio": st.ratio,
            # steps the verifier itself ruled on (not refused for the cap or emptiness) and their acceptance
            "decided": st.decided, "refused": st.refused, "decided_acceptance": ratio(st.decided_accepted, st.decided),
-           "decided_acceptance_ci95": acceptance_interval([(c.decided_accepted, c.decided) for c in res.counts])[0],
+           "decided_acceptance_ci95": acceptance_interval([(c.decided_accepted, c.decided) for c in res.counts],
+                                                          families)[0],
            "target_forward_passes": st.target_forward_passes, "draft_forward_passes": st.draft_forward_passes,
            "mean_target_rows": st.mean_target_rows, "mean_rows_per_forward": st.mean_rows_per_forward,
            "spec_acceptance": st.spec_acceptance,
@@ -796,6 +837,15 @@ def fmt(value, digits: int = 2) -> str:
     return str(value)
 
 
+def _resampled_words(report: dict) -> str:
+    """What α's intervals drew: whole families (templates) where problems share one, else problems."""
+    families = report.get("families") or {}
+    if len(set(families.values())) < len(families):
+        return (f"whole families ({len(set(families.values()))} templates; a problem without one is its own) "
+                "as problems of one template rise and fall together")
+    return "problems"
+
+
 def _ci(interval) -> str:
     return f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""
 
@@ -831,7 +881,7 @@ def format_markdown(report: dict) -> str:
         "(beam_target / tot_target, same run) with the prediction; +lookahead: analytic = tokens per decoding "
         "iteration of a row (the paper's compression S). "
         "pass@1 with a 95% Wilson interval over problems; α with a 95% bootstrap interval that resamples "
-        "problems (with one problem, Wilson over its judged positions). decided = draft steps the "
+        f"{_resampled_words(report)} (with one problem, Wilson over its judged positions). decided = draft steps the "
         "verifier ruled on; refused = rejected before it was asked (cut by the token cap, empty); α over decided "
         "= accepted / decided, what the verifier itself did. "
         "speedup = target-only latency / method latency, same run. analytic = the paper's formula at the "

@@ -191,6 +191,30 @@ def iter_records(path: str | os.PathLike | None, name: str | None, config: str |
     return iter_hub(name, config if config is not None else DEFAULT_HUB_CONFIGS.get(name), split)
 
 
+def iter_reasoning_gym_items(task: str, size: int, seed: int) -> Iterator[GymItem]:
+    """reasoning-gym's generated items, each with the id and family every consumer gives it (the data stage's
+    traces and probe-bench's problems must agree: a checkpoint's test questions are benchmarked by id)."""
+    import reasoning_gym
+
+    dataset = reasoning_gym.create_dataset(task, size=size, seed=seed)
+    # gsm_symbolic draws each item's template with replacement (240 items use 81 templates): items of one
+    # template are one problem with new names and numbers, so they share a family whatever the seed
+    templates = getattr(dataset, "task_indices", None)
+    for i, item in enumerate(dataset):
+        family = None if templates is None else f"{task}/template-{templates[i]}"
+        yield GymItem(Record(i, f"reasoning_gym {task} (seed={seed}) item {i}", item), f"{task}-{seed}-{i}", family)
+
+
+@dataclass(frozen=True)
+class GymItem:
+    """One reasoning-gym item: the raw record, its id, and its family (the template it was drawn from, where the
+    task draws items from a fixed set of templates; else None)."""
+
+    raw: Record
+    id: str
+    family: str | None
+
+
 @dataclass
 class SourceConfig:
     kind: Literal["reasoning_gym", "s1k", "gsm8k", "champ", "jsonl"] = opt(

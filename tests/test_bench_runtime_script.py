@@ -54,6 +54,31 @@ def test_acceptance_interval_resamples_problems():
     assert lo == hi == 0.5
 
 
+def test_acceptance_interval_resamples_whole_families():
+    """Problems of one template rise and fall together: the interval draws whole families, so two families of two
+    identical problems give exactly the interval of the two families pooled, wider than drawing the four problems."""
+    counts = [(9, 10), (8, 10)] * 4 + [(1, 10), (2, 10)] * 4  # two templates, eight problems each
+    families = ["t1"] * 8 + ["t2"] * 8
+    (lo, hi), over = bench.acceptance_interval(counts, families)
+    assert over == "families" and (lo, hi) == bench.acceptance_interval([(68, 80), (12, 80)])[0] == (0.15, 0.85)
+    (p_lo, p_hi), p_over = bench.acceptance_interval(counts)
+    assert p_over == "problems" and 0.15 + 0.1 < p_lo < 0.5 < p_hi < 0.85 - 0.1
+    # a problem without a family is its own; no two sharing one: the draws are the problems'
+    own = [f"t{i}" for i in range(16)]
+    own[3] = own[9] = None
+    (o_lo, o_hi), o_over = bench.acceptance_interval(counts, own)
+    assert o_over == "problems" and 0.15 + 0.1 < o_lo < 0.5 < o_hi < 0.85 - 0.1
+    # one family: resampling one unit says nothing; problems that judged nothing are not drawn
+    assert bench.acceptance_interval(counts[:4], ["t"] * 4) == (None, "none: every problem is of one family")
+    assert bench.acceptance_interval([(0, 0), (3, 4)], ["a", "b"]) == (wilson_interval(3, 4), "positions")
+    # none accepted (or all): every resample is 0 (or 1), so the interval is Wilson's over the units, not a point
+    assert bench.acceptance_interval([(0, 10)] * 4, ["a", "a", "b", "c"]) == (
+        wilson_interval(0, 3), "families (Wilson: all accepted or none)")
+    assert bench.acceptance_interval([(10, 10)] * 4) == (wilson_interval(4, 4), "problems (Wilson: all accepted or none)")
+    with pytest.raises(ValueError, match="2 families for 16 problems"):
+        bench.acceptance_interval(counts, ["a", "b"])
+
+
 def test_the_warm_up_runs_past_eos_to_max_steps(monkeypatch):
     """A real model answers the warm-up question in a few steps; its steps then run past EOS (as system-speed
     runs do), so every buffer length a timed problem reaches is warmed; the timed run still stops at EOS."""

@@ -77,6 +77,21 @@ def test_load_problems_local_files(tmp_path, monkeypatch):
     assert bench.load_problems(BenchSourceConfig(kind="gsm8k", path=str(gsm)), 5)[0].answer == "7"
     rg = bench.load_problems(BenchSourceConfig(kind="reasoning_gym", task="gsm_symbolic", size=2, seed=3), 3)
     assert len(rg) == 3 and all(p.question and p.answer for p in rg)
+    # ids and families (templates) as the data stage gives the same items: a checkpoint's test questions are
+    # benchmarked by id, and α's interval draws whole templates
+    traces = load_traces("reasoning_gym", size=3, seed=3)
+    assert [(p.id, p.family, p.question) for p in rg] == [(t.id, t.family, t.question) for t in traces]
+    assert all(p.family.startswith("gsm_symbolic/template-") for p in rg)
+    # a record's family (as export_test_questions writes it): a string or a template number; else an error naming it
+    fam = tmp_path / "fam.jsonl"
+    fam.write_text("\n".join(json.dumps(r) for r in [{"question": "Q1?", "answer": "1", "family": "t/7"},
+                                                      {"question": "Q2?", "answer": "2", "family": 7},
+                                                      {"question": "Q3?", "answer": "3"}]))
+    assert [p.family for p in bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(fam)), 5)] == \
+        ["t/7", "7", None]
+    fam.write_text(json.dumps({"question": "Q1?", "answer": "1", "family": ["t"]}))
+    with pytest.raises(ConfigError, match=r"fam.jsonl:1: field 'family'"):
+        bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(fam)), 5)
     # its reference answers are read by the same rule as a record's (and the data stage's): stripped, no thousands
     # separators (a double for the generator: no offline task is known to print "1,234")
     import reasoning_gym
@@ -184,6 +199,11 @@ def test_system_speed_mode(tmp_path, capsys):
     assert target["pass@1_ci95"] == list(wilson_interval(target["correct"], target["problems"]))  # JSON: a list
     assert target["acceptance_ci95"] is None  # target-only judges nothing
     assert "system-speed mode" in capsys.readouterr().out
+    # each problem's template is recorded, as α's intervals draw whole templates where problems share one
+    (pid,) = report["problems"]
+    (first,) = bench.load_problems(BenchSourceConfig(kind="reasoning_gym", task="gsm_symbolic", size=4, seed=1234), 1)
+    assert report["families"] == {pid: first.family} and first.family.startswith("gsm_symbolic/template-")
+    assert "α with a 95% bootstrap interval that resamples problems (" in (tmp_path / "results.md").read_text()
 
 
 @pytest.mark.slow
