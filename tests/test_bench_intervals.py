@@ -1,0 +1,58 @@
+"""benchmarks/bench_intervals.py: a probe-bench run's α intervals drawn again from its traces over whole families."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from specprobe.infer import bench
+
+REPO = Path(__file__).resolve().parents[1]
+EVIDENCE = REPO / "benchmarks" / "results" / "offline-evidence"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("bench_intervals", REPO / "benchmarks" / "bench_intervals.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bi = _script()
+
+
+def _record(problem, accepted, verdicts):
+    return {"problem": problem, "positions": [{"position": i, "accepted": a} for i, a in enumerate(accepted)],
+            "drafts": [{"text": "s", "verdict": v} for v in verdicts]}
+
+
+def test_counts_read_from_a_trace(tmp_path):
+    """Judged positions and their acceptances; decided draft steps are verdicts the verifier gave (no refusal
+    reason, accepted decided), so a refused step (cut by the cap) and one the walk never reached are not."""
+    path = tmp_path / "t.jsonl"
+    records = [_record("p1", [True, False], [{"accepted": True, "prob": 0.9}, {"accepted": False, "prob": 0.1}]),
+               _record("p1", [False], [{"accepted": False, "prob": 0.0, "reason": "length"}]),
+               _record("p2", [True], [{"accepted": True, "prob": 1.0}, {"accepted": None, "prob": 0.5}])]
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    counts = bi.problem_counts(path, ["p1", "p2", "p3"], {"p1": "t/1", "p2": "t/1"})
+    assert counts == [bench.ProblemCounts(1, 3, 1, 2, "t/1"), bench.ProblemCounts(1, 1, 1, 1, "t/1"),
+                      bench.ProblemCounts(0, 0, 0, 0, None)]
+    row = {"method": "lr_sync", "judged": 4, "decided": 3, "acceptance": 0.5, "decided_acceptance": 2 / 3}
+    bi.check_against_run(row, counts)
+    with pytest.raises(SystemExit, match="lr_sync: judged read from the traces is 4, the run's results say 5"):
+        bi.check_against_run({**row, "judged": 5}, counts)
+
+
+def test_the_committed_evidence_intervals_come_from_its_traces(tmp_path):
+    """The offline evidence run's committed bench_intervals.json is what the script draws from its traces."""
+    out = tmp_path / "intervals.json"
+    result = bi.main(str(REPO / "configs" / "offline-evidence.yaml"), str(EVIDENCE / "bench.json"),
+                     str(EVIDENCE / "bench_traces"), str(out))
+    committed = json.loads((EVIDENCE / "bench_intervals.json").read_text())
+    assert (result["problems"], result["families"]) == (30, 17) and len(result["rows"]) == len(committed["rows"]) == 3
+    for got, want in zip(json.loads(out.read_text())["rows"], committed["rows"]):
+        for key, value in want.items():
+            assert got[key] == (pytest.approx(value) if isinstance(value, (float, list)) else value), key
+    assert {r["acceptance_ci95_resamples"] for r in result["rows"]} >= {"families"}
