@@ -106,3 +106,9 @@ def check_layer_option(option: str, key: str) -> None:
         parse_layer_option(option)
     except ValueError as err:
         raise ConfigError(f"{key}: {err}") from None
+
+
+def stored_poolings(store_last_token: bool) -> tuple[str, ...]:
+    """The token poolings whose features a data folder holds: the step's mean, and its last token only with
+    data.store_last_token."""
+    return ("mean", "last") if store_last_token else ("mean",)

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from specprobe.data_gen.cluster import DRAFT_ASSIGNMENT, Clustering, PairQuery, assign_many, cluster_many
-from specprobe.data_gen.config import DataJob
+from specprobe.data_gen.config import DataJob, stored_poolings
 from specprobe.data_gen.contexts import (
     Context,
     DataWarning,
@@ -76,7 +76,6 @@ from specprobe.data_gen.store import (
     read_manifest,
     remember_verified,
     remove_unlisted_shards,
-    stored_poolings,
     summarize_shards,
     verify_shards,
     write_card,

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 import torch
 from safetensors.torch import save_file
 
+from specprobe.data_gen.config import stored_poolings
 from specprobe.data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, render_card, schema
 from specprobe.inputs.versions import utc_now
 from specprobe.probes.io import open_tensors, stage_file, write_text
@@ -424,12 +425,6 @@ def shards_digest(manifest: dict) -> str:
 
     listed = sorted((s["index"], sorted((s.get("digests") or {}).items())) for s in manifest.get("shards", []))
     return hashlib.sha256(json.dumps(listed, sort_keys=True).encode()).hexdigest()
-
-
-def stored_poolings(store_last_token: bool) -> tuple[str, ...]:
-    """The token poolings whose features a data folder holds: the step's mean, and its last token only with
-    data.store_last_token."""
-    return ("mean", "last") if store_last_token else ("mean",)
 
 
 class ProbeDataset:

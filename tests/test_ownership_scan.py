@@ -1,6 +1,6 @@
 """Each piece of state has one owner (an AST scan of the library): no module reaches into a `_private` attribute of
 another module's objects or imports another module's private names, and no module but the checkpoint format's
-owner (`infer/checkpoint_format.py`) spells a checkpoint file's name."""
+owner (`infer/checkpoint_format.py`) spells a checkpoint file's name; and the packages' imports point one way."""
 from __future__ import annotations
 
 import ast
@@ -82,6 +82,43 @@ def checkpoint_names(source: str, rel: str) -> list[tuple[int, str]]:
     return [(node.lineno, node.value) for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
             and node.value.rsplit("/", 1)[-1] in CHECKPOINT_FILES]
+
+
+# what each package may import (the design's one-way dependencies): inputs is the shared reading and config layer
+MAY_IMPORT = {"inputs": set(), "probes": {"inputs"}, "infer": {"inputs", "probes"},
+              "data_gen": {"inputs", "probes", "infer"}, "train": {"inputs", "probes", "infer", "data_gen"}}
+
+
+def foreign_imports(source: str, package: str) -> list[tuple[int, str]]:
+    """Imports (at module level or inside a function) of a specprobe package `package` may not import."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                 else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "specprobe" and len(parts) > 1 and parts[1] != package \
+                    and parts[1] not in MAY_IMPORT[package]:
+                found.append((node.lineno, name))
+    return found
+
+
+def test_dependencies_point_one_way():
+    found = []
+    for path in _modules():
+        rel = path.relative_to(ROOT)
+        found += [f"{rel.as_posix()}:{line} imports {name}"
+                  for line, name in foreign_imports(path.read_text(encoding="utf-8"), rel.parts[0])]
+    assert not found, ("imports against the packages' direction (probes imports none of the others; infer imports "
+                       "probes; data_gen infer and probes; train all):\n" + "\n".join(found))
+
+
+def test_the_import_scan_sees_what_it_forbids():
+    src = ("from specprobe.probes.metrics import brier\n\ndef f():\n    import specprobe.train.config\n"
+           "    from specprobe.data_gen import store\n")
+    assert foreign_imports(src, "infer") == [(4, "specprobe.train.config"), (5, "specprobe.data_gen")]
+    assert foreign_imports(src, "train") == []
+    assert foreign_imports("from specprobe.infer import bench\n", "probes") == [(1, "specprobe.infer")]
 
 
 def test_no_module_reaches_into_another_modules_private_state():

@@ -12,8 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
-from specprobe.data_gen.config import DataConfig, DataJob, check_layer_option
-from specprobe.data_gen.store import stored_poolings
+from specprobe.data_gen.config import DataConfig, DataJob, check_layer_option, stored_poolings
 from specprobe.infer.config import InferenceConfig, check_dtype_option, check_model_option
 from specprobe.inputs import config as base
 from specprobe.inputs.config import ConfigError, check_device, check_positive, opt, section
