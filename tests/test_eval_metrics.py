@@ -175,6 +175,14 @@ def test_a_ranking_on_a_class_from_a_few_questions_gets_no_interval():
     undefined = ev.metrics_with_ci({"auroc": lambda p, y: ev.auroc(p, y, 0.5)}, rng.random(300), label, groups,
                                    n_boot=300)["auroc"]
     assert undefined["n_valid"] < 0.9 * 300 and undefined["low"] is None and "of 300 resamples" in undefined["withheld"]
+    # the rare class in 6 questions: enough drawing questions; drawn as families, those 6 are 2 templates' draws
+    label[:60:10] = 0.1
+    by_question = ev.calibration_block(rng.random(300), label, groups, n_boot=300)
+    assert by_question["metrics"]["auroc"]["low"] is not None and "families_by_class" not in by_question
+    units = {str(q): f"t{q % 2}" if q < 6 else f"t{q}" for q in range(30)}
+    by_family = ev.calibration_block(rng.random(300), label, groups, n_boot=300, units=units)
+    assert by_family["families_by_class"] == {"positive": 26, "negative": 2}
+    assert "negative labels in 2 famil(ies) < 5" in by_family["metrics"]["auroc"]["withheld"]
     pairs = np.r_[np.ones(200, bool), np.zeros(20, bool)]
     few_others = ev.verifier_block(rng.random(220), pairs, np.arange(220) // 5, 0.5, n_boot=20)
     assert "200 equivalent and 20 other pairs" in few_others["ranking_not_evaluable"]

@@ -53,6 +53,7 @@ MIN_QUESTIONS = 20
 MIN_POSITIVES = 10
 MIN_RANKING_POSITIVES = 50  # below this many equivalent (or other) pairs a verifier's AUROC / AUPRC is not reported
 MIN_CLASS_QUESTIONS = 5  # a ranking interval needs each class (label >= / < the threshold) in this many questions
+#                         (families, when those are resampled)
 MIN_FAMILIES = 5  # resampling whole families (templates), an interval needs this many of them
 MIN_VALID_SHARE = 0.9  # an interval needs the metric defined on this share of the resamples
 HIGHER_IS_BETTER = {"spearman", "auroc", "auprc", "precision", "cohen_kappa", "agreement"}
@@ -155,8 +156,12 @@ def calibration_block(pred: Any, label: Any, groups: Any, *, n_bins: int = 10, n
     guard = guard_of(g, units, n_positive)
     metrics = metrics_with_ci(calibration_metric_fns(n_bins, threshold), p, y, g, n_boot=n_boot, alpha=alpha, seed=seed,
                               units=units)
-    by_class = {"positive": np.unique(g[y >= threshold]).size, "negative": np.unique(g[y < threshold]).size}
-    rare = [f"{k} labels in {v} question(s)" for k, v in by_class.items() if v < MIN_CLASS_QUESTIONS]
+    classes = {"positive": y >= threshold, "negative": y < threshold}
+    by_class = {k: np.unique(g[mask]).size for k, mask in classes.items()}
+    # resampling families, the ranking rests on the families that hold each class
+    drawn, unit = (g, "question(s)") if units is None else (resampled(g, units), "famil(ies)")
+    units_by_class = {k: np.unique(drawn[mask]).size for k, mask in classes.items()}
+    rare = [f"{k} labels in {v} {unit}" for k, v in units_by_class.items() if v < MIN_CLASS_QUESTIONS]
     if rare:  # the ranking rests on a few questions' rows, however many rows there are
         ranking = withhold_intervals({k: metrics[k] for k in ("auroc", "auprc")},
                                      "; ".join(rare) + f" < {MIN_CLASS_QUESTIONS}: too few to rank on")
@@ -166,6 +171,7 @@ def calibration_block(pred: Any, label: Any, groups: Any, *, n_bins: int = 10, n
         "n_questions": n_questions,
         "n_positive": n_positive,
         "questions_by_class": by_class,
+        **({"families_by_class": units_by_class} if units is not None else {}),
         "mean_pred": p.mean(),
         "mean_label": y.mean(),
         "positive_rate": (y >= threshold).mean(),
