@@ -198,10 +198,14 @@ def feature_spec(engine: dict, kept_layers: Sequence[int], option: str, combine:
             f"the {role} probe reads hidden-state rows {layers} ({option!r}) but the data folder stored only "
             f"rows {kept} (data.layers); rows {missing} are missing. Choose probe.features among the stored "
             "rows, or generate the data again with data.layers covering them")
-    spec = FeatureSpec(model_id=engine["model_id"], revision=engine.get("revision"), num_layers=num_layers,
-                       hidden_size=int(engine["hidden_size"]), layers=layers,
-                       combine=combine if len(layers) > 1 else "concat", pooling=pooling)
-    return spec, [kept.index(r) for r in layers]
+    return engine_spec(engine, layers, combine if len(layers) > 1 else "concat", pooling), [kept.index(r) for r in layers]
+
+
+def engine_spec(engine: dict, layers: Sequence[int], combine: str = "concat", pooling: str = "mean") -> FeatureSpec:
+    """The features of hidden-state rows `layers` of a model as a data folder's manifest records it (`engines`)."""
+    return FeatureSpec(model_id=engine["model_id"], revision=engine.get("revision"),
+                       num_layers=int(engine["num_layers"]), hidden_size=int(engine["hidden_size"]),
+                       layers=list(layers), combine=combine, pooling=pooling)
 
 
 def mlp_config(probe_cfg) -> MLPConfig:

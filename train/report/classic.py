@@ -18,16 +18,14 @@ from specprobe.probes.features import FeatureSpec
 from specprobe.probes.io import clean_json
 from specprobe.probes.logistic import Candidate, select_logistic
 from specprobe.probes.metrics import brier, log_loss
-from specprobe.train.probes_train import ROW_SETS, RowSet, torch_threads
+from specprobe.train.probes_train import ROW_SETS, RowSet, engine_spec, torch_threads
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report.inputs import PartError
 from specprobe.train.report.sections import EvalContext, Figure, PartResult, guarded, sweep_split
 
 
 def _spec(ctx: EvalContext, role: str, row: int, pooling: str) -> FeatureSpec:
-    engine = ctx.ds.manifest["engines"][role]
-    return FeatureSpec(model_id=engine["model_id"], num_layers=int(engine["num_layers"]),
-                       hidden_size=int(engine["hidden_size"]), layers=[row], pooling=pooling)
+    return engine_spec(ctx.ds.manifest["engines"][role], [row], pooling=pooling)
 
 
 def _sets(ctx: EvalContext) -> list[str]:

@@ -16,14 +16,13 @@ import torch
 
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.probes.acceptance import semantic_accept_prob
-from specprobe.probes.features import FeatureSpec
 from specprobe.probes.metrics import brier
 from specprobe.probes.mlp import ProbeMLPConfig as MLPConfig
 from specprobe.probes.mlp import fit_probe
 from specprobe.probes.splits import group_split
 from specprobe.train.config import ProbeConfig
 from specprobe.train.pipeline import split_groups
-from specprobe.train.probes_train import ROW_SETS, RowSet, check_row_set, load_row_set, torch_threads
+from specprobe.train.probes_train import ROW_SETS, RowSet, check_row_set, engine_spec, load_row_set, torch_threads
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report.inputs import CheckpointFolder, HeldOut, PartError, check_probe_fits_data, predict
 
@@ -357,8 +356,7 @@ def sweep_role(ctx: EvalContext, role: str) -> dict[str, Any]:
     entries, test_preds, failed = [], {}, []
     for row in ev.sweep_rows(kept, ctx.cfg.sweep_max_layers):
         col = slice(kept.index(row), kept.index(row) + 1)
-        spec = FeatureSpec(model_id=engine["model_id"], num_layers=num_layers,
-                           hidden_size=int(engine["hidden_size"]), layers=[row])
+        spec = engine_spec(engine, [row])
         try:
             probe, history = fit_probe(x[tr][:, col], y[tr], x[va][:, col], y[va], spec, cfg)
         except ValueError as err:  # one layer that diverges (say, huge activations) leaves the others' points
