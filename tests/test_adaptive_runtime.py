@@ -402,13 +402,9 @@ def test_costs_compare_steps_of_one_length(monkeypatch):
 
 # ----------------------------------------------------------------------------- the benchmark's comparison
 def test_the_adaptive_benchmark_compares_with_the_fixed_gamma_best_in_hindsight():
-    import importlib.util
-    from pathlib import Path
+    from _scripts import benchmark_script
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_adaptive_gamma.py"
-    spec = importlib.util.spec_from_file_location("bench_adaptive_gamma", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = benchmark_script("bench_adaptive_gamma")
 
     def row(method, lat):
         return {"method": method, "latencies_s": lat, "acceptance": 0.5, "depth_kept": {}, "mean_depth_kept": 0,
@@ -426,14 +422,11 @@ def test_the_adaptive_benchmark_compares_with_the_fixed_gamma_best_in_hindsight(
 
 
 def test_pooled_runs_compare_over_all_their_problems(tmp_path):
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_adaptive_gamma.py"
-    spec = importlib.util.spec_from_file_location("bench_adaptive_gamma", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    from _scripts import benchmark_script
+
+    script = benchmark_script("bench_adaptive_gamma")
 
     def report(problems, lat, acc, judged, kept):
         return {"problems": problems,

@@ -1,11 +1,11 @@
 """benchmarks/bench_intervals.py: a probe-bench run's α intervals drawn again from its traces over whole families."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from _scripts import benchmark_script
 
 from specprobe.infer import bench
 
@@ -13,14 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 EVIDENCE = REPO / "benchmarks" / "results" / "offline-evidence"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("bench_intervals", REPO / "benchmarks" / "bench_intervals.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bi = _script()
+bi = benchmark_script("bench_intervals")
 
 
 def _record(problem, accepted, verdicts):

@@ -2,12 +2,12 @@
 the independently measured b(k), no speedup for a failed method, the same prefix-cache state for all."""
 from __future__ import annotations
 
-import importlib.util
 import random
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from _scripts import benchmark_script
 
 from specprobe.infer import bench
 from specprobe.infer.decoding import RunStats
@@ -18,14 +18,7 @@ from specprobe.train.config import load_config
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("bench_runtime", REPO / "benchmarks" / "bench_runtime.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-br = _script()
+br = benchmark_script("bench_runtime")
 
 
 def test_wilson_interval():

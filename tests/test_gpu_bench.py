@@ -3,7 +3,6 @@ decode path the GPU uses, finish and write what the results README is built from
 now and then; a command that breaks there costs the session's measurements."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from _scripts import benchmark_script
 
 REPO = Path(__file__).resolve().parents[1]
 KNOBS = ("MODELS", "PROBLEMS", "STEPS", "GAMMA", "RUNTIME_S", "METHODS", "DECODE", "GRAPH", "DRAFT_GRAPH", "LIMITS",
@@ -84,9 +84,7 @@ class _ScriptedEngine:
 
 def test_engine_bench_leaves_the_prefill_out_of_the_decode_rate(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # bench_engine imports bench_runtime as a sibling
-    spec = importlib.util.spec_from_file_location("bench_engine", REPO / "benchmarks" / "bench_engine.py")
-    be = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(be)
+    be = benchmark_script("bench_engine")
     clock = [0.0]
     monkeypatch.setattr(be, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     engine = _ScriptedEngine(clock, prefill=0.5, per_token=0.01)

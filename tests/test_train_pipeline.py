@@ -574,12 +574,10 @@ def test_the_logistic_kind_becomes_the_runtime_probe(tmp_path, embedder):
 def test_the_committed_template_overlap_counts_come_from_the_script(tmp_path):
     """benchmarks/split_families.py recomputes the offline experiments' splits (by question id or by family, as made)
     and counts test questions whose template a training or validation question shares."""
-    import importlib.util
+    from _scripts import benchmark_script
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("split_families", root / "benchmarks" / "split_families.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = benchmark_script("split_families")
     counts = {}
     for name, config in (("small", "small"), ("offline-evidence_by-question-id", "offline-evidence"),
                          ("offline-evidence", "offline-evidence")):
