@@ -4,7 +4,8 @@ probe-bench's α intervals drew judged positions (Wilson) before 2026-11-27 and 
 drawn from one template rise and fall together, so both were too narrow. A run's traces hold every judged
 position's verdict, so its intervals can be drawn again as probe-bench draws them today
 (`infer.bench.acceptance_interval`). The families come from the config's source (the data stage's traces: the
-same ids). The counts read from the traces are checked against the run's results.json before anything is drawn.
+same ids), or from results.json where the run recorded them (`families`, since 2026-11-29). The counts read from
+the traces are checked against the run's results.json before anything is drawn.
 
 Usage: python benchmarks/bench_intervals.py CONFIG.yaml RESULTS_JSON TRACES_DIR [OUT.json]
 """
@@ -20,8 +21,11 @@ from specprobe.train.config import load_config
 def problem_counts(path: Path, problems: list[str], families: dict[str, str]) -> list[ProblemCounts]:
     """Each problem's judged positions and decided draft steps (a verdict with no refusal reason), from a trace."""
     counts = {p: [0, 0, 0, 0] for p in problems}
-    for line in path.open():
+    for n, line in enumerate(path.open(), start=1):
         record = json.loads(line)
+        if record["problem"] not in counts:
+            raise SystemExit(f"{path}:{n}: problem {record['problem']!r} is not among the run's problems in "
+                             "results.json (a run stopped midway keeps only the problems it finished)")
         c = counts[record["problem"]]
         for position in record["positions"]:
             c[0] += int(position["accepted"])
@@ -47,7 +51,9 @@ def check_against_run(row: dict, counts: list[ProblemCounts]) -> None:
 
 def main(config: str, results: str, traces: str, out: str | None = None) -> dict:
     report = json.loads(Path(results).read_text())
-    families = {t.id: t.family for t in load_source_traces(load_config(config).source) if t.family}
+    families = report.get("families")
+    if families is None:  # a run made before probe-bench recorded families: the data source's (the same ids)
+        families = {t.id: t.family for t in load_source_traces(load_config(config).source) if t.family}
     problems = report["problems"]
     rows = []
     for row in report["rows"]:

@@ -13,9 +13,11 @@ How the numbers explain themselves:
   wins) beyond the batch cost; measured / ideal (b = 1) is shown beside it. The b the method's own
   iterations imply is printed for reference only (it would absorb the very overheads under test).
   SemanticSpec's prediction uses τ (its teacher-forced target pass) as timed in its own run.
-- α (accepted / judged positions) comes with a 95% Wilson interval. By default the number of problems
-  is computed so that the interval's half-width is at most --alpha-half-width (0.05) for the Bernoulli α
-  set, from the positions a sync cycle judges per committed step, (1 − α^γ) / (1 − α^(γ+1)).
+- α (accepted / judged positions) comes with the run's own 95% interval (infer.bench.acceptance_interval: a
+  bootstrap over problems, or their families, or Wilson over one problem's positions; Wilson over positions for
+  reports written before it). By default the number of problems is computed so that a Wilson interval over
+  the judged positions (independent draws for the Bernoulli α set) would be at most --alpha-half-width (0.05)
+  wide on each side, from the positions a sync cycle judges per committed step, (1 − α^γ) / (1 − α^(γ+1)).
 - Every method starts each problem with empty prompt-prefix caches (infer.bench), so none reuses a
   prefill that another method paid for.
 - A method that failed mid-run gets no speedup (neither do the others when the baseline failed).
@@ -93,7 +95,7 @@ def explained_rows(report: dict, gamma: int, b_of_k: dict) -> list[dict]:
         judged = r.get("judged") or 0
         accepted = (r.get("stats") or {}).get("accepted", round((r.get("acceptance") or 0.0) * judged))
         row = {"method": r["method"], "error": error, "alpha": r.get("acceptance"), "judged": judged,
-               # the run's own interval (infer.bench.acceptance_interval: by problem when two or more judged),
+               # the run's own interval (infer.bench.acceptance_interval: by problem or family when two or more judged),
                # so both tables give one α one interval; Wilson over positions for reports written before it
                "alpha_ci": r["acceptance_ci95"] if "acceptance_ci95" in r else wilson_interval(accepted, judged),
                "c": r.get("c"), "b_in_run": r.get("b"),

@@ -358,12 +358,13 @@ def acceptance_interval(counts: Sequence[tuple[int, int]], families: Sequence[st
     whole families ("families") or, where no two problems share one, problems ("problems"). With one problem
     only the Wilson interval over its judged positions is left ("positions": exact for the system-speed Bernoulli
     verifier, too narrow for a real one); several problems of one family give none (resampling one unit). Where
-    no unit accepted anything (or every unit everything) no resample can differ and the percentile interval
-    collapses to a point; the Wilson interval over the units (each one trial) is given instead."""
+    every unit accepted the same share (none, all, or one rate) no resample can differ and the percentile interval
+    collapses to a point; the Wilson interval over the units (each one trial at that rate) is given instead."""
     families = [None] * len(counts) if families is None else list(families)
     if len(families) != len(counts):
         raise ValueError(f"{len(families)} families for {len(counts)} problems")
-    judged = [(a, j, f if f is not None else f"problem {i}")
+    code: dict[str, int] = {}  # a family's unit; a problem without one gets a unit of its own
+    judged = [(a, j, code.setdefault(f, len(code)) if f is not None else -1 - i)
               for i, ((a, j), f) in enumerate(zip(counts, families)) if j > 0]
     if not judged:
         return None, None
@@ -371,13 +372,15 @@ def acceptance_interval(counts: Sequence[tuple[int, int]], families: Sequence[st
         return wilson_interval(*judged[0][:2]), "positions"
     acc = np.array([a for a, _, _ in judged], dtype=float)
     jud = np.array([j for _, j, _ in judged], dtype=float)
-    units = [u for _, _, u in judged]
-    n_units = len(set(units))
-    if n_units == 1:
+    units = np.array([u for _, _, u in judged])
+    kinds = np.unique(units)
+    if kinds.size == 1:
         return None, "none: every problem is of one family"
-    over = "families" if n_units < len(judged) else "problems"
-    if acc.sum() in (0, jud.sum()):
-        return wilson_interval(n_units if acc.sum() else 0, n_units), f"{over} (Wilson: all accepted or none)"
+    over = "families" if kinds.size < len(judged) else "problems"
+    n_units = int(kinds.size)
+    rates = {float(acc[units == u].sum() / jud[units == u].sum()) for u in kinds.tolist()}
+    if len(rates) == 1:
+        return wilson_interval(rates.pop() * n_units, n_units), f"{over} (Wilson: one rate in every unit)"
     ci = bootstrap_ci(lambda a, j: a.sum() / j.sum(), acc, jud, n_boot=2000, alpha=0.05, groups=units)
     return (ci.low, ci.high), over
 
@@ -735,6 +738,7 @@ def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) 
     base_latency = sum(base.latencies) if base.latencies else None
     families = [c.family for c in res.counts]
     alpha_ci, alpha_over = acceptance_interval([(c.accepted, c.judged) for c in res.counts], families)
+    decided_ci, decided_over = acceptance_interval([(c.decided_accepted, c.decided) for c in res.counts], families)
     return {"method": label, "problems": res.answered, "error": res.error,
            "pass@1": ratio(res.correct, res.answered), "correct": res.correct,
            "pass@1_ci95": wilson_interval(res.correct, res.answered),
@@ -747,8 +751,7 @@ def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) 
            "judged": st.judged, "mean_accepted_per_cycle": st.mean_accepted_per_cycle, "ratio": st.ratio,
            # steps the verifier itself ruled on (not refused for the cap or emptiness) and their acceptance
            "decided": st.decided, "refused": st.refused, "decided_acceptance": ratio(st.decided_accepted, st.decided),
-           "decided_acceptance_ci95": acceptance_interval([(c.decided_accepted, c.decided) for c in res.counts],
-                                                          families)[0],
+           "decided_acceptance_ci95": decided_ci, "decided_acceptance_ci95_resamples": decided_over,
            "target_forward_passes": st.target_forward_passes, "draft_forward_passes": st.draft_forward_passes,
            "mean_target_rows": st.mean_target_rows, "mean_rows_per_forward": st.mean_rows_per_forward,
            "spec_acceptance": st.spec_acceptance,
@@ -838,11 +841,12 @@ def fmt(value, digits: int = 2) -> str:
 
 
 def _resampled_words(report: dict) -> str:
-    """What α's intervals drew: whole families (templates) where problems share one, else problems."""
+    """What α's intervals draw: whole families (templates) where problems share one, else problems."""
     families = report.get("families") or {}
-    if len(set(families.values())) < len(families):
-        return (f"whole families ({len(set(families.values()))} templates; a problem without one is its own) "
-                "as problems of one template rise and fall together")
+    units = len(set(families.values())) + len(report["problems"]) - len(families)
+    if units < len(report["problems"]):
+        return (f"whole families ({units} units for {len(report['problems'])} problems: a template's problems, "
+                "which rise and fall together, are drawn together; a problem without one is its own)")
     return "problems"
 
 
@@ -880,8 +884,9 @@ def format_markdown(report: dict) -> str:
         "specs / seed_tot: meas/analytic compares their speedup over their own search baseline "
         "(beam_target / tot_target, same run) with the prediction; +lookahead: analytic = tokens per decoding "
         "iteration of a row (the paper's compression S). "
-        "pass@1 with a 95% Wilson interval over problems; α with a 95% bootstrap interval that resamples "
-        f"{_resampled_words(report)} (with one problem, Wilson over its judged positions). decided = draft steps the "
+        "pass@1 with a 95% Wilson interval over problems; α (and α over decided) with a 95% bootstrap interval "
+        f"that resamples {_resampled_words(report)} (with one problem, Wilson over its judged positions; where every "
+        "unit has one rate, Wilson over the units; problems of one family only: none). decided = draft steps the "
         "verifier ruled on; refused = rejected before it was asked (cut by the token cap, empty); α over decided "
         "= accepted / decided, what the verifier itself did. "
         "speedup = target-only latency / method latency, same run. analytic = the paper's formula at the "
@@ -890,6 +895,10 @@ def format_markdown(report: dict) -> str:
         "steps (b measured; the formulas assume b = 1). c = draft time per drafted position / target step "
         "time; Ratio = share of output tokens written by the target.",
     ]
+    drew = [f"{r['method']} {r['acceptance_ci95_resamples']}" for r in report["rows"]
+            if r.get("acceptance_ci95_resamples")]
+    if drew:
+        notes.append(f"α's intervals drew: {'; '.join(drew)}.")
     for r in report["rows"]:
         if r.get("depth_kept"):  # gamma=adaptive: no fixed-γ formula; how deep its cycles went instead
             reused = f"; {r['draft_steps_reused']} drafts past a kept depth reused" if r.get("draft_steps_reused") else ""

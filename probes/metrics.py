@@ -283,7 +283,7 @@ class BootstrapCI:
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
 
-def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None:
+def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float] | None:
     """Wilson score interval of a binomial proportion (pass@1 over problems, acceptance over judged steps);
     None without trials. Unlike the normal interval it stays inside [0, 1] and is not empty at 0 or n."""
     if n <= 0:
@@ -293,7 +293,8 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at 0 or n successes a bound is exactly 0 or 1 (centre - half rounds to a few ulps off it)
+    return (0.0 if successes == 0 else max(0.0, centre - half)), (1.0 if successes == n else min(1.0, centre + half))
 
 
 def bootstrap_ci(metric_fn: Callable[..., float], *arrays: Any, n_boot: int = 1000, alpha: float = 0.10,

@@ -32,6 +32,10 @@ def test_counts_read_from_a_trace(tmp_path):
     counts = bi.problem_counts(path, ["p1", "p2", "p3"], {"p1": "t/1", "p2": "t/1"})
     assert counts == [bench.ProblemCounts(1, 3, 1, 2, "t/1"), bench.ProblemCounts(1, 1, 1, 1, "t/1"),
                       bench.ProblemCounts(0, 0, 0, 0, None)]
+    with open(path, "a") as f:  # a problem the run's results do not hold
+        f.write("\n" + json.dumps(_record("p9", [True], [])))
+    with pytest.raises(SystemExit, match=r"t.jsonl:4: problem 'p9' is not among the run's problems"):
+        bi.problem_counts(path, ["p1", "p2", "p3"], {})
     row = {"method": "lr_sync", "judged": 4, "decided": 3, "acceptance": 0.5, "decided_acceptance": 2 / 3}
     bi.check_against_run(row, counts)
     with pytest.raises(SystemExit, match="lr_sync: judged read from the traces is 4, the run's results say 5"):
@@ -49,3 +53,9 @@ def test_the_committed_evidence_intervals_come_from_its_traces(tmp_path):
         for key, value in want.items():
             assert got[key] == (pytest.approx(value) if isinstance(value, (float, list)) else value), key
     assert {r["acceptance_ci95_resamples"] for r in result["rows"]} >= {"families"}
+    # a run that recorded its problems' families is drawn by those (here: every problem its own)
+    recorded = tmp_path / "bench.json"
+    report = json.loads((EVIDENCE / "bench.json").read_text())
+    recorded.write_text(json.dumps({**report, "families": {}}))
+    own = bi.main(str(REPO / "configs" / "offline-evidence.yaml"), str(recorded), str(EVIDENCE / "bench_traces"))
+    assert own["families"] == 30 and {r["acceptance_ci95_resamples"] for r in own["rows"]} >= {"problems"}

@@ -43,13 +43,13 @@ def test_acceptance_interval_resamples_problems():
     (lo, hi), over = bench.acceptance_interval([(10, 10), (0, 10), (10, 10), (0, 10)])
     w_lo, w_hi = wilson_interval(20, 40)
     assert over == "problems" and lo < w_lo and hi > w_hi and 0.0 <= lo < 0.5 < hi <= 1.0
-    (lo, hi), _ = bench.acceptance_interval([(5, 10)] * 4)
-    assert lo == hi == 0.5
+    # identical problems: every resample is 0.5, so the interval is Wilson's over the 4 problems at that rate
+    assert bench.acceptance_interval([(5, 10)] * 4) == (wilson_interval(2, 4), "problems (Wilson: one rate in every unit)")
 
 
 def test_acceptance_interval_resamples_whole_families():
-    """Problems of one template rise and fall together: the interval draws whole families, so two families of two
-    identical problems give exactly the interval of the two families pooled, wider than drawing the four problems."""
+    """Problems of one template rise and fall together: the interval draws whole families, so two families of eight
+    problems give exactly the interval of the two families pooled, wider than drawing the sixteen problems."""
     counts = [(9, 10), (8, 10)] * 4 + [(1, 10), (2, 10)] * 4  # two templates, eight problems each
     families = ["t1"] * 8 + ["t2"] * 8
     (lo, hi), over = bench.acceptance_interval(counts, families)
@@ -66,8 +66,12 @@ def test_acceptance_interval_resamples_whole_families():
     assert bench.acceptance_interval([(0, 0), (3, 4)], ["a", "b"]) == (wilson_interval(3, 4), "positions")
     # none accepted (or all): every resample is 0 (or 1), so the interval is Wilson's over the units, not a point
     assert bench.acceptance_interval([(0, 10)] * 4, ["a", "a", "b", "c"]) == (
-        wilson_interval(0, 3), "families (Wilson: all accepted or none)")
-    assert bench.acceptance_interval([(10, 10)] * 4) == (wilson_interval(4, 4), "problems (Wilson: all accepted or none)")
+        (0.0, wilson_interval(0, 3)[1]), "families (Wilson: one rate in every unit)")
+    assert bench.acceptance_interval([(10, 10)] * 4) == ((wilson_interval(4, 4)[0], 1.0),
+                                                         "problems (Wilson: one rate in every unit)")
+    # a family named like a problem's place is still a family (units are not names)
+    (lo, hi), over = bench.acceptance_interval([(9, 10), (1, 10), (8, 10)], ["problem 1", None, "problem 1"])
+    assert over == "families" and (lo, hi) == bench.acceptance_interval([(17, 20), (1, 10)])[0]
     with pytest.raises(ValueError, match="2 families for 16 problems"):
         bench.acceptance_interval(counts, ["a", "b"])
 
@@ -161,6 +165,27 @@ def _stats(latency):
     st = RunStats()
     st.problems, st.latency_s, st.target_time_s, st.target_rows, st.target_iterations = 1, latency, latency, 4, 4
     return st
+
+
+def test_the_report_draws_alpha_over_the_problems_families():
+    """Each problem's family travels from its counts to the row's intervals, the report and its notes."""
+    cfg = load_config(REPO / "configs" / "tiny.yaml", [])
+    problems = [bench.Problem(f"p{i}", "Q?", "1", f"t{i // 2}") for i in range(4)]  # two templates, two each
+    env = SimpleNamespace(setup=cfg.bench_setup(), opts=bench.options_from_config(cfg.bench_setup()),
+                          verifier_kind="bernoulli", system_speed=True, checkpoint=None,
+                          target=SimpleNamespace(model_name="t"), draft=SimpleNamespace(model_name="d"),
+                          problems=problems)
+    results = {label: bench.MethodResult(bench.parse_method(label)) for label in ("target", "lr_sync")}
+    for res in results.values():
+        res.stats, res.latencies, res.answered = _stats(2.0), [2.0] * 4, 4
+    results["lr_sync"].counts = [bench.ProblemCounts(a, 10, a, 8, p.family) for a, p in zip((9, 8, 2, 1), problems)]
+    report = bench.summarize(env, results)
+    row = next(r for r in report["rows"] if r["method"] == "lr_sync")
+    assert (row["acceptance_ci95_resamples"], row["decided_acceptance_ci95_resamples"]) == ("families", "families")
+    assert row["acceptance_ci95"] == bench.acceptance_interval([(17, 20), (3, 20)])[0]
+    assert report["families"] == {"p0": "t0", "p1": "t0", "p2": "t1", "p3": "t1"}
+    text = bench.format_markdown(report)
+    assert "resamples whole families (2 units for 4 problems" in text and "α's intervals drew: lr_sync families." in text
 
 
 def test_summary_gives_no_speedup_to_a_method_that_failed_mid_run():

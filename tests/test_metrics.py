@@ -239,6 +239,8 @@ def test_wilson_interval_known_values_and_bad_counts():
 
     lo, hi = wilson_interval(0, 10)  # closed form at 0 successes: [0, z^2 / (n + z^2)]
     assert lo == 0.0 and hi == pytest.approx(1.959963984540054 ** 2 / (10 + 1.959963984540054 ** 2))
+    # the bounds at 0 and n are exact for any n (the closed form's subtraction rounds a few ulps off 0 or 1)
+    assert all(wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0 for n in range(1, 200))
     lo, hi = wilson_interval(5, 10)
     assert lo == pytest.approx(1 - hi) and 0.23 < lo < 0.24  # symmetric at p = 1/2
     assert wilson_interval(0, 0) is None

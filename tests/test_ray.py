@@ -229,7 +229,7 @@ def test_problems_are_dealt_round_robin_and_results_merge():
 
     def timed(spec, latency, correct=1):
         return MethodResult(spec, RunStats(problems=1, output_tokens=10), correct=correct, answered=1,
-                            latencies=[latency], counts=[ProblemCounts(int(latency), 20, 0, 0)])
+                            latencies=[latency], counts=[ProblemCounts(int(latency), 20, 0, 0, f"t{int(latency) % 2}")])
 
     def failed(spec):
         return MethodResult(spec, error="RuntimeError: boom")
@@ -243,7 +243,9 @@ def test_problems_are_dealt_round_robin_and_results_merge():
              (4, {"lr_sync": timed(lr, 14.0), "target": failed(target)})]
     merged = merge_results(parts)
     assert merged["lr_sync"].latencies == [10.0, 11.0, 12.0, 13.0, 14.0]  # the problems' order
-    assert [c[0] for c in merged["lr_sync"].counts] == [10, 11, 12, 13, 14]  # α's per-problem counts likewise
+    # α's per-problem counts likewise, each with its problem's family
+    assert [(c.accepted, c.family) for c in merged["lr_sync"].counts] == [(10, "t0"), (11, "t1"), (12, "t0"),
+                                                                           (13, "t1"), (14, "t0")]
     assert (merged["lr_sync"].correct, merged["lr_sync"].answered, merged["lr_sync"].stats.problems) == (4, 5, 5)
     assert merged["lr_sync"].stats.output_tokens == 50 and merged["lr_sync"].error is None
     # as in one process: the problems before the first failure, and its error

@@ -245,6 +245,9 @@ def test_reasoning_gym_items_of_one_template_share_a_family():
     traces = load_traces("reasoning_gym", size=64, seed=0)
     templates = reasoning_gym.create_dataset("gsm_symbolic", size=64, seed=0).task_indices
     assert [t.family for t in traces] == [f"gsm_symbolic/template-{k}" for k in templates]
+    # the ids and families committed data and results were made with (a checkpoint's split names them)
+    assert [(t.id, t.family) for t in (traces[0], traces[12])] == [("gsm_symbolic-0-0", "gsm_symbolic/template-81"),
+                                                                    ("gsm_symbolic-0-12", "gsm_symbolic/template-23")]
     first, again = next((i, j) for i in range(64) for j in range(i + 1, 64) if templates[i] == templates[j])
     assert traces[first].family == traces[again].family and traces[first].id != traces[again].id
     assert len({t.family for t in traces}) == len(set(templates)) < 64  # gsm_symbolic draws with replacement

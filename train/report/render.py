@@ -84,8 +84,8 @@ def header(m: dict[str, Any]) -> str:
               f"- held out: {held.get('n_questions', '–')} questions — {held.get('how', 'none')}",
               f"- confidence intervals: {int(100 * (1 - s.get('alpha', 0.1)))}% percentile bootstrap, "
               f"{s.get('n_boot')} resamples of {_resampled_unit(s, held)}, withheld below {ev.MIN_QUESTIONS} "
-              f"questions{_family_guard(s)} or {ev.MIN_POSITIVES} positives (AUROC, AUPRC: also below {ev.MIN_CLASS_QUESTIONS} questions holding "
-              f"each class; any metric: when under {ev.MIN_VALID_SHARE:.0%} of the resamples define it); "
+              f"questions{_family_guard(s)} or {ev.MIN_POSITIVES} positives (AUROC, AUPRC: also below {ev.MIN_CLASS_QUESTIONS} "
+              f"{'families' if s.get('resample') == 'family' else 'questions'} holding each class; any metric: when under {ev.MIN_VALID_SHARE:.0%} of the resamples define it); "
               f"calibration bins: {s.get('n_bins')} (equal-width: left-closed at exact k/n edges; equal-mass: by "
               "rank, ties split); 'majority meaning' = label ≥ 0.5 (AUROC, AUPRC). Percentile intervals of ECE/MCE "
               "can sit above the estimate: binned errors are biased upward on resamples with repeated rows",
