@@ -1,9 +1,11 @@
-"""α's intervals of a probe-bench run drawn again from its traces, resampling whole families (templates).
+"""α's (and pass@1's) intervals of a probe-bench run drawn again from its traces, resampling whole families
+(templates).
 
 probe-bench's α intervals drew judged positions (Wilson) before 2026-11-27 and problems before 2026-11-29; problems
 drawn from one template rise and fall together, so both were too narrow. A run's traces hold every judged
 position's verdict, so its intervals can be drawn again as probe-bench draws them today
-(`infer.bench.acceptance_interval`). The families come from the config's source (the data stage's traces: the
+(`infer.bench.acceptance_interval`); pass@1's (a Wilson interval over problems before 2026-11-29) only where the
+run solved none or all of its problems, as results.json holds no per-problem results. The families come from the config's source (the data stage's traces: the
 same ids), or from results.json where the run recorded them (`families`, since 2026-11-29). The counts read from
 the traces are checked against the run's results.json before anything is drawn.
 
@@ -14,7 +16,7 @@ import sys
 from pathlib import Path
 
 from specprobe.data_gen.pipeline import load_source_traces
-from specprobe.infer.bench import ProblemCounts, acceptance_interval, trace_file
+from specprobe.infer.bench import ProblemCounts, acceptance_interval, pass_interval, trace_file
 from specprobe.train.config import load_config
 
 
@@ -57,15 +59,21 @@ def main(config: str, results: str, traces: str, out: str | None = None) -> dict
     problems = report["problems"]
     rows = []
     for row in report["rows"]:
-        path = Path(traces) / trace_file(Path("."), row["method"]).name
-        if not row.get("judged"):
-            continue
-        counts = problem_counts(path, problems, families)
-        check_against_run(row, counts)
+        if row.get("judged"):
+            counts = problem_counts(Path(traces) / trace_file(Path("."), row["method"]).name, problems, families)
+            check_against_run(row, counts)
+        else:  # target-only and draft-only judge nothing: pass@1 alone
+            counts = [ProblemCounts(0, 0, 0, 0, families.get(p)) for p in problems]
+        # pass@1: each problem's result is known from the run's count only where it solved none or all
+        solved = {0: 0, len(problems): 1}.get(row["correct"]) if row.get("problems") == len(problems) else None
+        pass_ci, pass_over = ((None, "not drawn: the run records no per-problem results") if solved is None else
+                              pass_interval([c._replace(correct=solved) for c in counts]))
         fams = [c.family for c in counts]
         alpha, alpha_over = acceptance_interval([(c.accepted, c.judged) for c in counts], fams)
         decided, decided_over = acceptance_interval([(c.decided_accepted, c.decided) for c in counts], fams)
-        rows.append({"method": row["method"], "acceptance": row["acceptance"], "acceptance_ci95": alpha,
+        rows.append({"method": row["method"], "pass@1": row["pass@1"], "pass@1_ci95": pass_ci,
+                     "pass@1_ci95_resamples": pass_over, "pass@1_ci95_in_run": row.get("pass@1_ci95"),
+                     "acceptance": row["acceptance"], "acceptance_ci95": alpha,
                      "acceptance_ci95_resamples": alpha_over, "acceptance_ci95_in_run": row.get("acceptance_ci95"),
                      "decided": row["decided"], "decided_acceptance": row["decided_acceptance"],
                      "decided_acceptance_ci95": decided, "decided_acceptance_ci95_resamples": decided_over,
@@ -74,9 +82,13 @@ def main(config: str, results: str, traces: str, out: str | None = None) -> dict
     result = {"config": config, "results": results, "problems": len(problems), "families": n_families, "rows": rows}
     print(f"{len(problems)} problems from {n_families} families (templates)")
     for r in rows:
+        if r["acceptance"] is None:
+            print(f"{r['method']:30s} pass@1 {r['pass@1']:.2f} {_ci(r['pass@1_ci95'])} (run: {_ci(r['pass@1_ci95_in_run'])})")
+            continue
         print(f"{r['method']:30s} α {r['acceptance']:.2f} {_ci(r['acceptance_ci95'])} over {r['acceptance_ci95_resamples']}"
               f" (run: {_ci(r['acceptance_ci95_in_run'])}); over decided {r['decided_acceptance']:.2f} "
-              f"{_ci(r['decided_acceptance_ci95'])} (run: {_ci(r['decided_acceptance_ci95_in_run'])})")
+              f"{_ci(r['decided_acceptance_ci95'])} (run: {_ci(r['decided_acceptance_ci95_in_run'])}); pass@1 "
+              f"{r['pass@1']:.2f} {_ci(r['pass@1_ci95'])} (run: {_ci(r['pass@1_ci95_in_run'])})")
     if out:
         Path(out).write_text(json.dumps(result, indent=2) + "\n")
     return result

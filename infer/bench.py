@@ -347,6 +347,7 @@ class ProblemCounts(NamedTuple):
     decided_accepted: int
     decided: int
     family: str | None = None  # the problem's family (template); None: it is its own
+    correct: int = 0  # 1 when the method answered the problem correctly
 
 
 def acceptance_interval(counts: Sequence[tuple[int, int]], families: Sequence[str | None] | None = None,
@@ -383,6 +384,17 @@ def acceptance_interval(counts: Sequence[tuple[int, int]], families: Sequence[st
         return wilson_interval(rates.pop() * n_units, n_units), f"{over} (Wilson: one rate in every unit)"
     ci = bootstrap_ci(lambda a, j: a.sum() / j.sum(), acc, jud, n_boot=2000, alpha=0.05, groups=units)
     return (ci.low, ci.high), over
+
+
+def pass_interval(counts: Sequence[ProblemCounts]) -> tuple[tuple[float, float] | None, str | None]:
+    """95% interval of pass@1 and what it drew: Wilson over problems where each is its own (independent
+    Bernoulli trials); where problems share a family (template), `acceptance_interval`'s draw of whole families
+    over their (correct, 1) counts, as a template's problems are solved or missed together."""
+    families = [c.family for c in counts]
+    shared = len({f for f in families if f is not None}) + families.count(None) < len(counts)
+    if not shared:
+        return wilson_interval(sum(c.correct for c in counts), len(counts)), "problems" if counts else None
+    return acceptance_interval([(c.correct, 1) for c in counts], families)
 
 
 def is_adaptive(env: BenchEnv, spec: MethodSpec) -> bool:
@@ -577,7 +589,8 @@ def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, 
             res.answered += 1
             res.latencies.append(gen.stats.latency_s)
             st = gen.stats
-            res.counts.append(ProblemCounts(st.accepted, st.judged, st.decided_accepted, st.decided, prob.family))
+            res.counts.append(ProblemCounts(st.accepted, st.judged, st.decided_accepted, st.decided, prob.family,
+                                            int(ok)))
             log(f"[{i + 1}/{len(env.problems)}] {s.label:22s} {gen.stats.latency_s:7.2f}s "
                 f"{gen.stats.output_tokens:5d} tok  stop={gen.stop_reason:14s} answer={pred!r} gold={prob.answer!r}"
                 + (f"  accept={gen.stats.acceptance_rate:.2f}" if gen.stats.acceptance_rate is not None else ""))
@@ -739,9 +752,10 @@ def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) 
     families = [c.family for c in res.counts]
     alpha_ci, alpha_over = acceptance_interval([(c.accepted, c.judged) for c in res.counts], families)
     decided_ci, decided_over = acceptance_interval([(c.decided_accepted, c.decided) for c in res.counts], families)
+    pass_ci, pass_over = pass_interval(res.counts)
     return {"method": label, "problems": res.answered, "error": res.error,
            "pass@1": ratio(res.correct, res.answered), "correct": res.correct,
-           "pass@1_ci95": wilson_interval(res.correct, res.answered),
+           "pass@1_ci95": pass_ci, "pass@1_ci95_resamples": pass_over,
            "latency_total_s": latency, "latency_mean_s": ratio(latency, res.answered),
            # a method (or baseline) that failed mid-run timed fewer problems: no speedup
            "speedup": ratio(base_latency, latency) if latency and not res.error and not base.error else None,
@@ -840,14 +854,17 @@ def fmt(value, digits: int = 2) -> str:
     return str(value)
 
 
-def _resampled_words(report: dict) -> str:
-    """What α's intervals draw: whole families (templates) where problems share one, else problems."""
+def _interval_note(report: dict) -> str:
+    """What the table's 95% intervals draw: whole families (templates) where problems share one, else problems."""
     families = report.get("families") or {}
     units = len(set(families.values())) + len(report["problems"]) - len(families)
+    rest = ("where every unit has one rate, Wilson over the units; α with one problem: Wilson over its judged "
+            "positions; problems of one family only: none")
     if units < len(report["problems"]):
-        return (f"whole families ({units} units for {len(report['problems'])} problems: a template's problems, "
-                "which rise and fall together, are drawn together; a problem without one is its own)")
-    return "problems"
+        return (f"95% intervals draw whole families ({units} units for {len(report['problems'])} problems: a "
+                "template's problems rise and fall together; a problem without one is its own): pass@1, α and α "
+                f"over decided by bootstrap ({rest}).")
+    return f"95% intervals: pass@1 Wilson over problems; α and α over decided a bootstrap over problems ({rest})."
 
 
 def _ci(interval) -> str:
@@ -884,9 +901,7 @@ def format_markdown(report: dict) -> str:
         "specs / seed_tot: meas/analytic compares their speedup over their own search baseline "
         "(beam_target / tot_target, same run) with the prediction; +lookahead: analytic = tokens per decoding "
         "iteration of a row (the paper's compression S). "
-        "pass@1 with a 95% Wilson interval over problems; α (and α over decided) with a 95% bootstrap interval "
-        f"that resamples {_resampled_words(report)} (with one problem, Wilson over its judged positions; where every "
-        "unit has one rate, Wilson over the units; problems of one family only: none). decided = draft steps the "
+        f"{_interval_note(report)} decided = draft steps the "
         "verifier ruled on; refused = rejected before it was asked (cut by the token cap, empty); α over decided "
         "= accepted / decided, what the verifier itself did. "
         "speedup = target-only latency / method latency, same run. analytic = the paper's formula at the "
@@ -899,6 +914,9 @@ def format_markdown(report: dict) -> str:
             if r.get("acceptance_ci95_resamples")]
     if drew:
         notes.append(f"α's intervals drew: {'; '.join(drew)}.")
+    if report.get("families"):
+        notes.append("pass@1's intervals drew: " + "; ".join(f"{r['method']} {r.get('pass@1_ci95_resamples')}"
+                                                             for r in report["rows"]) + ".")
     for r in report["rows"]:
         if r.get("depth_kept"):  # gamma=adaptive: no fixed-γ formula; how deep its cycles went instead
             reused = f"; {r['draft_steps_reused']} drafts past a kept depth reused" if r.get("draft_steps_reused") else ""

@@ -8,6 +8,7 @@ import pytest
 from _scripts import benchmark_script
 
 from specprobe.infer import bench
+from specprobe.probes.metrics import wilson_interval
 
 REPO = Path(__file__).resolve().parents[1]
 EVIDENCE = REPO / "benchmarks" / "results" / "offline-evidence"
@@ -48,11 +49,13 @@ def test_the_committed_evidence_intervals_come_from_its_traces(tmp_path):
     result = bi.main(str(REPO / "configs" / "offline-evidence.yaml"), str(EVIDENCE / "bench.json"),
                      str(EVIDENCE / "bench_traces"), str(out))
     committed = json.loads((EVIDENCE / "bench_intervals.json").read_text())
-    assert (result["problems"], result["families"]) == (30, 17) and len(result["rows"]) == len(committed["rows"]) == 3
+    assert (result["problems"], result["families"]) == (30, 17) and len(result["rows"]) == len(committed["rows"]) == 5
     for got, want in zip(json.loads(out.read_text())["rows"], committed["rows"]):
         for key, value in want.items():
             assert got[key] == (pytest.approx(value) if isinstance(value, (float, list)) else value), key
     assert {r["acceptance_ci95_resamples"] for r in result["rows"]} >= {"families"}
+    # no method solved a problem: pass@1's interval is Wilson's over the 17 templates, not over the 30 problems
+    assert all(r["pass@1_ci95"] == wilson_interval(0, 17) != wilson_interval(0, 30) for r in result["rows"])
     # a run that recorded its problems' families is drawn by those (here: every problem its own)
     recorded = tmp_path / "bench.json"
     report = json.loads((EVIDENCE / "bench.json").read_text())

@@ -178,14 +178,22 @@ def test_the_report_draws_alpha_over_the_problems_families():
     results = {label: bench.MethodResult(bench.parse_method(label)) for label in ("target", "lr_sync")}
     for res in results.values():
         res.stats, res.latencies, res.answered = _stats(2.0), [2.0] * 4, 4
-    results["lr_sync"].counts = [bench.ProblemCounts(a, 10, a, 8, p.family) for a, p in zip((9, 8, 2, 1), problems)]
+    results["lr_sync"].counts = [bench.ProblemCounts(a, 10, a, 8, p.family, a // 5)
+                                 for a, p in zip((9, 8, 2, 1), problems)]  # the first template's two solved
+    results["lr_sync"].correct = 2
+    results["target"].counts = [bench.ProblemCounts(0, 0, 0, 0, p.family, 0) for p in problems]  # none solved
     report = bench.summarize(env, results)
     row = next(r for r in report["rows"] if r["method"] == "lr_sync")
     assert (row["acceptance_ci95_resamples"], row["decided_acceptance_ci95_resamples"]) == ("families", "families")
     assert row["acceptance_ci95"] == bench.acceptance_interval([(17, 20), (3, 20)])[0]
     assert report["families"] == {"p0": "t0", "p1": "t0", "p2": "t1", "p3": "t1"}
     text = bench.format_markdown(report)
-    assert "resamples whole families (2 units for 4 problems" in text and "α's intervals drew: lr_sync families." in text
+    assert "95% intervals draw whole families (2 units for 4 problems" in text
+    assert "α's intervals drew: lr_sync families." in text
+    # pass@1 too: solved or missed by template, the two templates are the draws (not a Wilson over 4 problems)
+    assert row["pass@1"] == 0.5 and row["pass@1_ci95_resamples"] == "families"
+    assert row["pass@1_ci95"] == bench.acceptance_interval([(2, 2), (0, 2)])[0] == (0.0, 1.0)
+    assert "pass@1's intervals drew: target families (Wilson: one rate in every unit); lr_sync families." in text
 
 
 def test_summary_gives_no_speedup_to_a_method_that_failed_mid_run():

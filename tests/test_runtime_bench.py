@@ -203,7 +203,8 @@ def test_system_speed_mode(tmp_path, capsys):
     (pid,) = report["problems"]
     (first,) = bench.load_problems(BenchSourceConfig(kind="reasoning_gym", task="gsm_symbolic", size=4, seed=1234), 1)
     assert report["families"] == {pid: first.family} and first.family.startswith("gsm_symbolic/template-")
-    assert "α with a 95% bootstrap interval that resamples problems (" in (tmp_path / "results.md").read_text()
+    assert "95% intervals: pass@1 Wilson over problems; α and α over decided a bootstrap over problems (" in \
+        (tmp_path / "results.md").read_text()
 
 
 @pytest.mark.slow
