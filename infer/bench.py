@@ -125,7 +125,8 @@ def _family(record: dict, where: str) -> str | None:
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):
         return None if value is None else str(value)
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{where}: field 'family' must be a non-empty string or a number, got {value!r}")
+        raise ConfigError(f"{where}: field 'family' must be a non-empty string or a number (the problem's "
+                          f"template, whose problems α's interval draws together), got {value!r}; fix or drop it")
     return value
 
 
