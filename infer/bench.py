@@ -79,7 +79,7 @@ class Problem:
     id: str
     question: str
     answer: str | None
-    family: str | None = None  # the template it was drawn from (α's interval resamples whole families)
+    family: str | None = None  # the template it was drawn from (the intervals draw whole families)
 
 
 def _gold(record: dict) -> str | None:
@@ -126,7 +126,7 @@ def _family(record: dict, where: str) -> str | None:
         return None if value is None else str(value)
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{where}: field 'family' must be a non-empty string or a number (the problem's "
-                          f"template, whose problems α's interval draws together), got {value!r}; fix or drop it")
+                          f"template, whose problems the intervals draw together), got {value!r}; fix or drop it")
     return value
 
 
@@ -736,7 +736,7 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult], problems: Sequenc
             "checkpoint": env.checkpoint,
             "models": {"target": env.target.model_name, "draft": env.draft.model_name},
             "problems": [p.id for p in problems],
-            # what α's intervals resampled whole (absent: every problem is its own)
+            # what the intervals draw whole (absent: every problem is its own)
             "families": {p.id: p.family for p in problems if p.family is not None} or None,
             "config": env.setup.config_record(),
             "host": {"platform": platform.platform(), "python": platform.python_version()}}
