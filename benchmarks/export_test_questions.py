@@ -1,5 +1,5 @@
 """Write a checkpoint's TEST questions (question, gold answer, id, and the family (template) where the data records
-one) as jsonl for probe-bench (bench.source kind jsonl; α's intervals resample whole families).
+one) as jsonl for probe-bench (bench.source kind jsonl; its intervals draw whole families).
 
 Usage: python benchmarks/export_test_questions.py CHECKPOINT DATA_FOLDER OUT.jsonl
 """
