@@ -5,8 +5,8 @@ probe-bench's α intervals drew judged positions (Wilson) before 2026-11-27 and 
 drawn from one template rise and fall together, so both were too narrow. A run's traces hold every judged
 position's verdict, so its intervals can be drawn again as probe-bench draws them today
 (`infer.bench.acceptance_interval`); pass@1's (a Wilson interval over problems before 2026-11-29) only where the
-run solved none or all of its problems, as results.json holds no per-problem results. The families come from the config's source (the data stage's traces: the
-same ids), or from results.json where the run recorded them (`families`, since 2026-11-29). The counts read from
+run solved none or all of its problems, as results.json holds no per-problem results. The families come from the
+config's source (the data stage's traces: the same ids), or from results.json where the run recorded them (`families`, since 2026-11-29). The counts read from
 the traces are checked against the run's results.json before anything is drawn.
 
 Usage: python benchmarks/bench_intervals.py CONFIG.yaml RESULTS_JSON TRACES_DIR [OUT.json]
