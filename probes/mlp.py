@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 import torch
@@ -151,6 +151,12 @@ class FitHistory:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "epochs_run": self.epochs_run}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FitHistory:
+        """The inverse of to_dict (epochs_run is derived)."""
+        kwargs = {f.name: data[f.name] for f in fields(cls) if data.get(f.name) is not None}
+        return cls(**kwargs)  # (a saved inf best_val_loss reads back as None: the default)
 
 
 def validate_training_data(x: torch.Tensor, y: torch.Tensor, spec: FeatureSpec, split: str) -> None:

@@ -402,6 +402,72 @@ def test_a_rerun_reuses_the_verifiers_a_failed_run_kept_when_data_and_settings_m
         assert any("it was trained on other data" in line for line in lines), edit
 
 
+def test_a_failure_inside_the_probes_step_keeps_the_finished_probes_and_a_rerun_trains_only_the_rest(
+        tmp_path, monkeypatch):
+    """The draft's MLP fails after four probes trained: those four go to <checkpoint>-partial (with what a rerun
+    needs to score them); the rerun takes them as they are, trains the other four, and writes a complete checkpoint."""
+    write_synthetic_data(tmp_path, questions=6)
+    cfg = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2}, verifiers={"train": ["probes"]})
+    real_one, real_logistic = pipeline.probes_train.train_one, pipeline.probes_train.train_logistic
+    trained: list[str] = []
+    fail = [True]
+
+    def one(plan, *args, **kwargs):
+        if plan.name == "probe_draft" and fail[0]:
+            raise RuntimeError("out of memory (on purpose)")
+        trained.append(plan.name)
+        return real_one(plan, *args, **kwargs)
+
+    def logistic(plan, *args, **kwargs):
+        trained.append(plan.name)
+        return real_logistic(plan, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.probes_train, "train_one", one)
+    monkeypatch.setattr(pipeline.probes_train, "train_logistic", logistic)
+    lines: list[str] = []
+    with pytest.raises(RuntimeError, match="on purpose"):
+        train_all(cfg, print_fn=lines.append)
+    first = ["probe_target", "probe_target_logistic", "probe_target_own", "baseline_last_layer_target"]
+    partial = pipeline.partial_checkpoint_dir(cfg)
+    kept = Checkpoint(partial)
+    assert kept.probe_names() == sorted(first) and not Path(cfg.checkpoint_dir).exists()
+    assert kept.metrics["failed"]["stage"] == "probes" and list(kept.metrics["probes_finished"]) == first
+    assert "the probes it had not finished" in (partial / "README.md").read_text()
+    assert any(f"what had trained (the probes {', '.join(first)}) is in {partial}" in line for line in lines)
+    rows = torch.randn(5, 4, 8)  # any rows of the synthetic models' shape
+    before = {name: kept.probe(name).predict_proba(rows) for name in first}
+
+    trained.clear()
+    fail[0] = False
+    lines.clear()
+    result = train_all(cfg, print_fn=lines.append)
+    assert trained == ["probe_draft", "probe_draft_logistic", "baseline_last_layer_draft", "probe_acceptance"]
+    assert any(line.startswith(f"reusing {', '.join(first)} of {partial}") for line in lines)
+    done = Checkpoint(cfg.checkpoint_dir)
+    assert len(done.probe_names()) == 8 and not partial.exists()
+    for name in first:
+        assert torch.equal(done.probe(name).predict_proba(rows), before[name]), name
+        assert result.probes.probes[name].n_train == kept.metrics["probes_finished"][name]["n_train"]
+    assert done.metrics["reused"]["probes"] == first and done.metrics["reused"]["verifiers"] == []
+    history = done.metrics["probes"]["probe_target"]["history"]
+    assert history == kept.metrics["probes_finished"]["probe_target"]["history"]
+    assert done.metrics["probes"]["probe_target"]["logistic"]["selection"]  # the restored logistic's sweep
+    assert set(done.metrics["probes"]) == {"probe_target", "probe_draft", "probe_acceptance"}
+    assert "failed" not in done.metrics and "probes_finished" not in done.metrics
+    assert "`probe_target`, `probe_target_logistic`" in (done.folder / "README.md").read_text()
+    # scored as a run that never failed scores them (the same seeds: the same probes, the same columns read)
+    whole = train_all(synthetic_config(tmp_path, tmp_path / "whole", probe={"epochs": 2},
+                                       verifiers={"train": ["probes"]}), dataset=open_dataset(cfg.data_dir),
+                      print_fn=lambda _: None)
+    assert _without_seconds(done.metrics["probes"]) == _without_seconds(whole.metrics["probes"])
+
+
+def _without_seconds(tree):
+    if isinstance(tree, dict):
+        return {k: _without_seconds(v) for k, v in tree.items() if k != "seconds"}
+    return [_without_seconds(v) for v in tree] if isinstance(tree, list) else tree
+
+
 def test_training_on_data_made_with_other_settings_says_so_and_names_the_datas_source(tmp_path):
     write_synthetic_data(tmp_path, questions=6)  # made with data.num_samples 6 from reasoning-gym's gsm_symbolic
     cfg = synthetic_config(tmp_path, tmp_path, data={"num_samples": 20}, source={"kind": "gsm8k"},

@@ -158,11 +158,7 @@ def model_card(cfg, metrics: dict, components: list[str], manifest: dict, table:
            f"{'; '.join(data['config_differs'])}"] if data.get("config_differs") else []),
         "", "## Components", "",
         *(f"- `{c}`" for c in components),
-        *([f"- {' and '.join(metrics['reused']['verifiers'])}: reused as they were from a failed run's partial "
-           f"checkpoint (`{metrics['reused']['from']}`, written {metrics['reused'].get('created')}) on the same data "
-           "with the same settings"] if metrics.get("reused") else []),
-        *([f"- **partial**: the {metrics['failed']['stage']} step failed ({metrics['failed']['error']}); the verifiers "
-           "after it in verifiers.train are missing"] if metrics.get("failed") else []),
+        *_reuse_lines(metrics),
         "", "## Training", "",
         *_training_lines(cfg, components),
         "", "## Validation metrics", "", "```", table, "```", "",
@@ -184,6 +180,21 @@ def model_card(cfg, metrics: dict, components: list[str], manifest: dict, table:
         lines.append("- Offline tiny setting: one small LM plays both roles and an embedding judge replaces NLI; "
                      "numbers show the pipeline works, not what full-size models reach.")
     return "\n".join(lines) + "\n"
+
+
+def _reuse_lines(metrics: dict) -> list[str]:
+    """The card's lines on verifiers taken from a failed run's partial checkpoint, and on a run that failed."""
+    lines, reused, failed = [], metrics.get("reused"), metrics.get("failed")
+    if reused:
+        what = list(reused.get("verifiers") or []) + [", ".join(f"`{n}`" for n in reused.get("probes") or [])]
+        lines.append(f"- {' and '.join(w for w in what if w)}: reused as they were from a failed run's partial "
+                     f"checkpoint (`{reused['from']}`, written {reused.get('created')}) on the same data with the "
+                     "same settings")
+    if failed:
+        unfinished = "the probes it had not finished and " if failed["stage"] == "probes" else ""
+        lines.append(f"- **partial**: the {failed['stage']} step failed ({failed['error']}); {unfinished}the "
+                     "verifiers after it in verifiers.train are missing")
+    return lines
 
 
 def _training_lines(cfg, components: list[str]) -> list[str]:

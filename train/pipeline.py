@@ -27,6 +27,7 @@ from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.checkpoint_format import Checkpoint
 from specprobe.infer.models import default_device, describe_source
 from specprobe.inputs.config import to_dict
+from specprobe.probes.base import load_probe
 from specprobe.probes.features import same_model_name
 from specprobe.probes.splits import group_split
 from specprobe.train import pair_verifiers, probes_train
@@ -152,6 +153,9 @@ class Reused:
     metrics: dict[str, Any]  # the partial checkpoint's metrics.json
     folder: Path  # where their files wait for the checkpoint (copied when reuse is decided)
     created: str | None = None  # when the partial checkpoint was written
+    # the probes step itself failed: the probes it finished (name -> what TrainedProbe.to_metrics recorded), taken
+    # into this run's probes step, which trains the others
+    probes_finished: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def kinds(self) -> list[str]:
@@ -237,6 +241,28 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
             shutil.rmtree(reused.folder, ignore_errors=True)
 
 
+def _train_probes(cfg, prepared: _Prepared, reused: Reused | None, result: TrainResult, metrics: dict,
+                  tracker: Tracker) -> None:
+    """The probes step: every planned probe, except those an earlier run finished before its probes step failed."""
+    start = time.perf_counter()
+    result.probes = restore_probes(reused, prepared)  # filled as each probe finishes: a failure keeps those
+    earlier = sum(t.seconds for t in result.probes.probes.values())
+    if result.probes.probes:
+        names = list(result.probes.probes)
+        metrics["reused"]["probes"] = names
+        tracker.message(f"reusing {', '.join(names)} of {reused.source}: an earlier run of this config trained them "
+                        "on this data with these settings before its probes step failed (to train them again, delete that folder "
+                        "before the run); training the others")
+    probes_train.train_probes(prepared.plans, prepared.specs, prepared.sets, cfg.probe, curve=tracker.curve,
+                              device=_device(cfg.probe.device, cfg), out=result.probes)
+    metrics["probes"] = result.probes.metrics
+    if prepared.skipped:
+        metrics["probes_skipped"] = prepared.skipped
+        for name, reason in prepared.skipped.items():
+            tracker.message(f"  {name} skipped: {reason}")
+    result.seconds["probes"] = time.perf_counter() - start + earlier
+
+
 def _train(cfg, ds, split: QuestionSplit, prepared: _Prepared, reused: Reused | None, note: str, t0: float, *,
            print_fn, embedder, judge_model, progress: bool) -> TrainResult:
     result = TrainResult(cfg.checkpoint_dir, {})
@@ -269,21 +295,15 @@ def _train(cfg, ds, split: QuestionSplit, prepared: _Prepared, reused: Reused | 
                 if kind == "probes" and "probes_skipped" in reused.metrics:
                     metrics["probes_skipped"] = reused.metrics["probes_skipped"]
                 result.seconds[kind] = (reused.metrics.get("seconds") or {}).get(kind, 0.0)
-            tracker.message(f"reusing the {' and '.join(reused.kinds)} of {reused.source}: an earlier run of this "
-                            "config trained them on this data with these settings before it failed (to train them "
-                            "again, delete that folder before the run)")
-        if prepared.plans and not (reused and "probes" in reused.kinds):
-            start = time.perf_counter()
-            result.probes = probes_train.train_probes(prepared.plans, prepared.specs, prepared.sets, cfg.probe,
-                                                      curve=tracker.curve, device=_device(cfg.probe.device, cfg))
-            metrics["probes"] = result.probes.metrics
-            if prepared.skipped:
-                metrics["probes_skipped"] = prepared.skipped
-                for name, reason in prepared.skipped.items():
-                    tracker.message(f"  {name} skipped: {reason}")
-            result.seconds["probes"] = time.perf_counter() - start
-        stage = "embedding"
+            if reused.kinds:
+                tracker.message(f"reusing the {' and '.join(reused.kinds)} of {reused.source}: an earlier run of "
+                                "this config trained them on this data with these settings before it failed (to "
+                                "train them again, delete that folder before the run)")
+        stage = "probes"
         try:
+            if prepared.plans and not (reused and "probes" in reused.kinds):
+                _train_probes(cfg, prepared, reused, result, metrics, tracker)
+            stage = "embedding"
             if "embedding" in cfg.verifiers.train and not (reused and "embedding" in reused.kinds):
                 tracker.message(f"embedding threshold verifier ({cfg.verifiers.embedding_model}) ...")
                 result.embedding = pair_verifiers.train_embedding(
@@ -346,11 +366,13 @@ def reusable_verifiers(cfg, ds) -> tuple[Reused | None, str]:
     if not same or ds.manifest.get("status") != "complete":
         return None, (f"{partial} (an earlier run's partial checkpoint) is not reused: it was trained on other data "
                       f"than {ds.folder} (made {ds.manifest.get('created')})")
+    finished = {n: m for n, m in (metrics.get(UNFINISHED_PROBES) or {}).items() if n in names}
     found = {"probes": [n for n in names if fmt.is_probe_component(n) or n == fmt.BASELINES],
              "embedding": [n for n in names if n == fmt.EMBEDDING]}
     mine, why, components = to_dict(cfg), [], {}
     for kind, parts in found.items():
-        if kind not in cfg.verifiers.train or kind not in metrics or not parts:
+        done = kind in metrics or (kind == "probes" and bool(finished))
+        if kind not in cfg.verifiers.train or not done or not parts:
             continue
         if _settings(config, kind) != _settings(mine, kind):
             why.append(f"its {kind} were trained with other settings")
@@ -365,7 +387,28 @@ def reusable_verifiers(cfg, ds) -> tuple[Reused | None, str]:
     # copied now: the partial may be replaced or deleted before this run writes its checkpoint
     staged = Path(tempfile.mkdtemp(prefix=f".{partial.name}-reused-", dir=partial.parent))
     fmt.copy_components(partial, staged, [name for parts in components.values() for name in parts])
-    return Reused(partial, components, metrics, staged, ckpt.meta.get("created")), note
+    reused = Reused(partial, components, metrics, staged, ckpt.meta.get("created"))
+    if "probes" in components and "probes" not in metrics:  # its probes step failed: those it finished
+        del components["probes"]
+        reused.probes_finished = finished
+    return reused, note
+
+
+UNFINISHED_PROBES = "probes_finished"  # a partial checkpoint's metrics key when its probes step failed
+
+
+def restore_probes(reused: Reused, prepared: _Prepared) -> probes_train.ProbeResults:
+    """The probes an earlier run finished before its probes step failed, ready to be scored beside the ones this
+    run trains (none when nothing was reused)."""
+    out = probes_train.ProbeResults()
+    plans = {plan.name: plan for plan in prepared.plans}
+    for name, recorded in (reused.probes_finished if reused else {}).items():
+        if name in plans:
+            trained = probes_train.TrainedProbe.restore(plans[name], load_probe(reused.folder, name),
+                                                        prepared.specs[name], recorded)
+            if trained is not None:
+                out.probes[name] = trained
+    return out
 
 
 def partial_checkpoint_dir(cfg) -> Path:
@@ -397,8 +440,15 @@ def _keep_finished(cfg, result: TrainResult, metrics: dict, ds, stage: str, err:
                    message: Callable[[str], None]) -> None:
     """A verifier failed (or the run was stopped) after others trained: write those to the partial checkpoint
     folder, so minutes of training are not lost with the error, and say so. The checkpoint itself is untouched
-    (a complete one from an earlier run stays)."""
-    if result.probes is None and result.embedding is None and result.reused is None:
+    (a complete one from an earlier run stays). When the probes step itself fails, the probes it finished are kept,
+    with what a rerun needs to take them as they are (`restore_probes`)."""
+    finished = result.probes.probes if result.probes is not None and stage == "probes" else None
+    if finished is not None:
+        if finished:
+            metrics[UNFINISHED_PROBES] = {name: trained.to_metrics() for name, trained in finished.items()}
+        else:
+            result.probes = None
+    if result.probes is None and result.embedding is None and not (result.reused and result.reused.kinds):
         return
     metrics["failed"] = {"stage": stage, "error": f"{type(err).__name__}: {err}"}
     metrics["seconds"] = dict(result.seconds)  # a rerun that reuses these reports their training time
@@ -410,9 +460,12 @@ def _keep_finished(cfg, result: TrainResult, metrics: dict, ds, stage: str, err:
         message(f"the {stage} step failed, and keeping what had trained failed too: {write_err}")
         return
     kept = [name for name, part in (("probes", result.probes), ("embedding", result.embedding)) if part is not None]
+    if finished:
+        kept[0] = f"the probes {', '.join(finished)}"
     kept += result.reused.kinds if result.reused else []
     message(f"the {stage} step failed ({type(err).__name__}); what had trained ({', '.join(kept)}) is in {folder}, "
-            f"a checkpoint without the {stage} verifier (runtime.checkpoint={folder} uses it); "
+            f"a checkpoint without the {'probes not finished' if finished else stage + ' verifier'} "
+            f"(runtime.checkpoint={folder} uses it); "
             f"{cfg.checkpoint_dir} is unchanged")
 
 

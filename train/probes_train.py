@@ -298,6 +298,20 @@ class TrainedProbe:
             out["selection"] = self.selection
         return out
 
+    @classmethod
+    def restore(cls, plan: ProbePlan, probe: HiddenStateProbe, spec_entry,
+                recorded: dict[str, Any]) -> TrainedProbe | None:
+        """A probe an earlier run trained, rebuilt from its saved weights and what `to_metrics` recorded of it;
+        spec_entry is `prepare_probes`' specs[plan.name] (its stored columns). None when this run would read other
+        features (the probe is then trained again)."""
+        candidates = spec_entry if plan.model == "logistic" else [spec_entry]
+        cols = next((c for spec, c in candidates if spec.to_dict() == probe.spec.to_dict()), None)
+        if cols is None or probe.KIND != recorded.get("kind"):
+            return None
+        history = FitHistory.from_dict(recorded["history"]) if recorded.get("history") else None
+        return cls(plan, probe, cols, history, float(recorded.get("seconds") or 0.0), int(recorded["n_train"]),
+                   int(recorded["n_val"]), recorded.get("selection"))
+
 
 def _stack(sets: Sequence[RowSet], cols: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([s.x[:, cols] for s in sets]), torch.cat([s.y for s in sets])
@@ -473,15 +487,20 @@ def prepare_probes(ds, probe_cfg, models: Sequence[str], split_of: Callable[[np.
 
 
 def train_probes(plans: list[ProbePlan], specs: dict, sets: dict[str, dict[str, dict[str, RowSet]]], probe_cfg,
-                 curve: Callable[[str], LogFn] | None = None, device: str = "cpu") -> ProbeResults:
+                 curve: Callable[[str], LogFn] | None = None, device: str = "cpu",
+                 out: ProbeResults | None = None) -> ProbeResults:
     """Train every planned probe, the role baselines and the per-set baselines; score them on the validation
-    (and test) rows."""
+    (and test) rows. out: where the results go, filled as each probe finishes (so a caller keeps the finished ones
+    when a later one fails); probes already in out.probes (an earlier run's, `TrainedProbe.restore`) are not
+    trained again."""
     cfg = mlp_config(probe_cfg)
-    out = ProbeResults()
+    out = out if out is not None else ProbeResults()
     main_sets = sets[probe_cfg.pooling]
     with torch_threads(probe_cfg.num_threads):
         for plan in plans:
-            if plan.model == "logistic":
+            if plan.name in out.probes:  # restored
+                pass
+            elif plan.model == "logistic":
                 out.probes[plan.name] = train_logistic(plan, specs[plan.name], sets, probe_cfg.logistic_l2)
             else:
                 spec, cols = specs[plan.name]
