@@ -603,22 +603,29 @@ def _plan(contexts: list[Context], per_shard: int) -> tuple[list[list[Context]],
 
 def _reuse(folder: Path, cfg_dict: dict, judge_name: str | None) -> DataResult | None:
     """The folder's data when it is complete and made with these settings (and `judge_name`'s judge, when a judge
-    object was passed in: a configured judge's settings are in `cfg_dict`); None when there is work to do."""
+    object was passed in: a configured judge's settings are in `cfg_dict`); None when there is work to do. Raises
+    for a folder that cannot be used (other settings, every context skipped)."""
     manifest = read_manifest(folder)
     if manifest is None or _nothing_finished(manifest):
         return None  # (nothing finished: the run starts over with these settings)
     check_same_data(folder, manifest, cfg_dict)
     if judge_name is not None:
         check_same_judge(folder, manifest, judge_name)
-    elif manifest.get("judge_passed") and manifest["status"] == "complete":
-        # the configured judge is not built to reuse a folder, so it cannot be compared: say whose clusters these are
-        _warn(f"reusing {folder}, clustered by the judge {manifest.get('judge')!r} that was passed from code, not "
-              "built from the config (data.judge); delete the folder to cluster with the configured one")
     if manifest["status"] == "complete" and not verify_shards(folder, manifest):
         if manifest.get("part") is None:  # an empty data set is an error on every call, not once
             check_some_contexts(folder, manifest)
         return DataResult(folder, manifest, True, DataGenStats())
     return None  # unfinished, or a shard broke since: generate_dataset redoes what is missing
+
+
+def loads_models(job: DataJob) -> bool:
+    """Whether `generate_dataset(job)` would load the language models and the judge: not for a folder it reuses as
+    it is, nor for one it refuses before loading anything (made with other settings, a broken manifest: its error
+    says what to do)."""
+    try:
+        return _reuse(Path(job.folder), job.config_record(), None) is None
+    except Exception:  # noqa: BLE001 (generate_dataset raises the same error first)
+        return False
 
 
 def _nothing_finished(manifest: dict) -> bool:
@@ -670,6 +677,11 @@ def generate_dataset(job: DataJob, *, traces: Sequence | None = None, engines: t
     judge_name = None if judge is None else judge.name
     reused = _reuse(folder, cfg_dict, judge_name) or (_reuse(root, cfg_dict, judge_name) if part is not None else None)
     if reused is not None:
+        if judge_name is None and reused.manifest.get("judge_passed"):
+            # the configured judge is not built to reuse a folder, so it cannot be compared: say whose clusters
+            _warn(f"reusing {reused.data_dir}, clustered by the judge {reused.manifest.get('judge')!r} that was passed "
+                  "from code, not built from the config (data.judge); delete the folder to cluster with the "
+                  "configured one")
         return reused
     if part is None and read_manifest(folder) is None and any(root.glob("part-*-of-*")):
         _warn(f"{root} holds part-i-of-n folders but no merged data: run with --merge to join them "

@@ -30,7 +30,7 @@ from specprobe.data_gen.contexts import (
     plan_shards,
 )
 from specprobe.data_gen.labels import build_pairs, draft_under_target, model_labels, pair_key
-from specprobe.data_gen.pipeline import generate_dataset, layer_rows
+from specprobe.data_gen.pipeline import generate_dataset, layer_rows, loads_models
 from specprobe.data_gen.sources import Trace
 from specprobe.data_gen.store import DataFolderError, DataMismatchError, merge_parts, open_dataset, read_manifest
 from specprobe.infer.engines import Prefix
@@ -376,10 +376,12 @@ def test_complete_folder_is_reused_and_other_models_are_refused(tiny, monkeypatc
         raise AssertionError("models must not be loaded")
 
     monkeypatch.setattr("specprobe.data_gen.pipeline.build_engine_pair", no_loading)  # (the name the pipeline calls)
+    assert not loads_models(cfg.data_job())  # what the config check asks before it checks the models' paths
     with pytest.warns(DataWarning, match="clustered by the judge .* passed from code, not built from the config"):
         again = generate_dataset(cfg.data_job(), progress=False)  # (the fixture passed its judge in)
     assert again.reused and again.manifest["counts"] == result.manifest["counts"]
     other = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, draft="random:llama-tiny"))
+    assert not loads_models(other.data_job())  # refused before anything loads
     with pytest.raises(DataMismatchError, match=r"different models:\n  models.draft: .*random:llama-tiny"):
         generate_dataset(other.data_job(), progress=False)
 
@@ -440,6 +442,7 @@ def test_a_broken_shard_of_a_finished_run_is_redone_not_reused(tiny, tmp_path, e
     before = read_manifest(copy_cfg.data_dir)
     path = copy_cfg.data_dir / before["shards"][1]["files"]["features"]
     path.write_bytes(path.read_bytes()[:-100])  # truncated after the run finished
+    assert loads_models(copy_cfg.data_job())  # complete, but shard 1 is made again: the models are checked first
     with (pytest.warns(DataWarning, match="removed 4 shard file.*a broken shard's"),  # shard 1's four files
           pytest.warns(DataWarning, match="shard 1 will be generated again: .*features-00001.safetensors has")):
         result = generate_dataset(copy_cfg.data_job(), engines=engines, judge=judge, progress=False)

@@ -228,8 +228,10 @@ class ExperimentConfig(InferenceConfig):
     def check_before_loading(self, *, sources: bool = True, ray: bool = False, training: bool = False) -> None:
         """InferenceConfig's checks, and with `training` the verifiers' models and settings (a typo found after the
         data stage and the probes' training would cost them: the checkpoint is written at the end)."""
-        finished = data_complete(self.data_dir)
+        from specprobe.data_gen.pipeline import loads_models  # (torch and pyarrow: not on every config load)
+
         # only the data stage loads the target and draft, and not for a finished folder it reuses
+        finished = not loads_models(self.data_job())
         super().check_before_loading(sources=sources, ray=ray, models=sources and not finished)
         if sources and not finished:  # the data stage will generate (and load its judge)
             self.data.check_available()
@@ -248,17 +250,6 @@ class ExperimentConfig(InferenceConfig):
         """The data stage's sections and folder (`data_gen.generate_dataset` takes this, not the whole config)."""
         return DataJob(self.data, self.source, self.models, self.sampling, self.data_dir, self.ray,
                        record=base.to_dict(self))
-
-
-def data_complete(folder: Path) -> bool:
-    """A finished data folder (the data stage reuses it, loading no judge)."""
-    from specprobe.data_gen.store import read_manifest
-
-    try:
-        manifest = read_manifest(folder)
-    except Exception:  # noqa: BLE001 (a broken manifest: the data stage says what is wrong)
-        return False
-    return manifest is not None and manifest.get("status") == "complete"
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:
