@@ -17,27 +17,24 @@ from pathlib import Path
 
 from specprobe.data_gen.pipeline import load_source_traces
 from specprobe.infer.bench import ProblemCounts, acceptance_interval, pass_interval, trace_file
+from specprobe.infer.decoding import read_trace, stats_from_trace
 from specprobe.train.config import load_config
 
 
 def problem_counts(path: Path, problems: list[str], families: dict[str, str]) -> list[ProblemCounts]:
-    """Each problem's judged positions and decided draft steps (a verdict with no refusal reason), from a trace."""
-    counts = {p: [0, 0, 0, 0] for p in problems}
-    for n, line in enumerate(path.open(), start=1):
-        record = json.loads(line)
-        if record["problem"] not in counts:
-            raise SystemExit(f"{path}:{n}: problem {record['problem']!r} is not among the run's problems in "
+    """Each problem's judged positions and decided draft steps, recounted from a trace as the runtime counts them
+    (`infer.decoding.stats_from_trace`)."""
+    records: dict[str, list[dict]] = {p: [] for p in problems}
+    for n, record in enumerate(read_trace(path), start=1):
+        if record["problem"] not in records:
+            raise SystemExit(f"{path}, record {n}: problem {record['problem']!r} is not among the run's problems in "
                              "results.json (a run stopped midway keeps only the problems it finished)")
-        c = counts[record["problem"]]
-        for position in record["positions"]:
-            c[0] += int(position["accepted"])
-            c[1] += 1
-        for draft in record["drafts"]:
-            verdict = draft.get("verdict") or {}
-            if "reason" not in verdict and isinstance(verdict.get("accepted"), bool):  # refused steps have a reason
-                c[2] += int(verdict["accepted"])
-                c[3] += 1
-    return [ProblemCounts(*counts[p], families.get(p)) for p in problems]
+        records[record["problem"]].append(record)
+    counts = []
+    for p in problems:
+        st = stats_from_trace(records[p])
+        counts.append(ProblemCounts(st.accepted, st.judged, st.decided_accepted, st.decided, families.get(p)))
+    return counts
 
 
 def check_against_run(row: dict, counts: list[ProblemCounts]) -> None:

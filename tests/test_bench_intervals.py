@@ -17,25 +17,26 @@ EVIDENCE = REPO / "benchmarks" / "results" / "offline-evidence"
 bi = benchmark_script("bench_intervals")
 
 
-def _record(problem, accepted, verdicts):
-    return {"problem": problem, "positions": [{"position": i, "accepted": a} for i, a in enumerate(accepted)],
+def _record(problem, accepted, verdicts, cycle=0):
+    return {"problem": problem, "cycle": cycle, "committed": [],
+            "positions": [{"position": i, "accepted": a} for i, a in enumerate(accepted)],
             "drafts": [{"text": "s", "verdict": v} for v in verdicts]}
 
 
 def test_counts_read_from_a_trace(tmp_path):
     """Judged positions and their acceptances; decided draft steps are verdicts the verifier gave (no refusal
-    reason, accepted decided), so a refused step (cut by the cap) and one the walk never reached are not."""
+    reason), so a refused step (cut by the cap) and one the walk never reached (no verdict) are not."""
     path = tmp_path / "t.jsonl"
     records = [_record("p1", [True, False], [{"accepted": True, "prob": 0.9}, {"accepted": False, "prob": 0.1}]),
-               _record("p1", [False], [{"accepted": False, "prob": 0.0, "reason": "length"}]),
-               _record("p2", [True], [{"accepted": True, "prob": 1.0}, {"accepted": None, "prob": 0.5}])]
+               _record("p1", [False], [{"accepted": False, "prob": 0.0, "reason": "length"}], cycle=1),
+               _record("p2", [True], [{"accepted": True, "prob": 1.0}, None])]
     path.write_text("\n".join(json.dumps(r) for r in records))
     counts = bi.problem_counts(path, ["p1", "p2", "p3"], {"p1": "t/1", "p2": "t/1"})
     assert counts == [bench.ProblemCounts(1, 3, 1, 2, "t/1"), bench.ProblemCounts(1, 1, 1, 1, "t/1"),
                       bench.ProblemCounts(0, 0, 0, 0, None)]
     with open(path, "a") as f:  # a problem the run's results do not hold
         f.write("\n" + json.dumps(_record("p9", [True], [])))
-    with pytest.raises(SystemExit, match=r"t.jsonl:4: problem 'p9' is not among the run's problems"):
+    with pytest.raises(SystemExit, match=r"t.jsonl, record 4: problem 'p9' is not among the run's problems"):
         bi.problem_counts(path, ["p1", "p2", "p3"], {})
     row = {"method": "lr_sync", "judged": 4, "decided": 3, "acceptance": 0.5, "decided_acceptance": 2 / 3}
     bi.check_against_run(row, counts)

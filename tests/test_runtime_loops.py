@@ -184,17 +184,23 @@ def test_bad_input_gives_clear_errors(engines):
 
 # ----------------------------------------------------------------------------- traces
 def test_trace_replays_the_output_and_the_counts(engines, tmp_path):
-    for method in SPEC:
-        res = run(method, engines, BernoulliVerifier(0.6), options(max_steps=12))
+    refused = 0
+    # (without accept_length_cut the capped drafts are refused before the verifier is asked)
+    for method, cut in [(m, cut) for m in SPEC for cut in (True, False)]:
+        res = run(method, engines, BernoulliVerifier(0.6), options(max_steps=12, accept_length_cut=cut))
+        refused += res.stats.refused
         assert replay_text(res.trace) == res.text
         recount = stats_from_trace(res.trace)
         assert (recount.judged_by_position, recount.accepted_by_position) == \
                (res.stats.judged_by_position, res.stats.accepted_by_position)
         assert (recount.output_tokens, recount.target_tokens, recount.cycles) == \
                (res.stats.output_tokens, res.stats.target_tokens, res.stats.cycles)
+        assert (recount.decided, recount.decided_accepted, recount.refused) == \
+               (res.stats.decided, res.stats.decided_accepted, res.stats.refused), method
         path = tmp_path / f"{method}.jsonl"
         write_trace(path, res.trace)
         assert replay_text(read_trace(path)) == res.text
+    assert refused > 0
 
 
 def test_metrics_are_filled(engines):

@@ -203,13 +203,22 @@ def replay_text(records: Sequence[dict], problem: str | None = None) -> str:
 
 
 def stats_from_trace(records: Sequence[dict]) -> RunStats:
-    """Recount cycles, judged/accepted positions and token sources from a trace."""
+    """Recount cycles, judged/accepted positions, decided and refused draft steps and token sources from a trace."""
     stats = RunStats()
     # async records one position per line; its cycles (stages between rejections) share an id
     stats.cycles = len({(rec.get("problem"), rec.get("method"), rec["cycle"]) for rec in records})
     for rec in records:
         for pos in rec.get("positions", []):
             stats.record_position(pos["position"], pos["accepted"])
+        for draft in rec.get("drafts", []):
+            verdict = draft.get("verdict")
+            if verdict is None:  # not reached (after a rejection)
+                continue
+            if "reason" in verdict:  # `common.refused`: rejected without asking the verifier
+                stats.refused += 1
+            else:
+                stats.decided += 1
+                stats.decided_accepted += int(verdict["accepted"])
         for c in rec["committed"]:
             stats.output_steps += 1
             stats.output_tokens += c["tokens"]
