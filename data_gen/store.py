@@ -33,6 +33,7 @@ from safetensors.torch import save_file
 
 from specprobe.data_gen.config import stored_poolings
 from specprobe.data_gen.datacard import CONTEXT_COLUMNS, PAIR_COLUMNS, SAMPLE_COLUMNS, render_card, schema
+from specprobe.inputs.config import config_diff
 from specprobe.inputs.versions import utc_now
 from specprobe.probes.io import open_tensors, stage_file, write_text
 
@@ -140,13 +141,7 @@ def fingerprint(cfg_dict: dict) -> dict:
 
 def fingerprint_diff(old: dict, new: dict) -> list[str]:
     """`section.key: old -> new` for every setting that differs."""
-    diffs = []
-    for sec in sorted(set(old) | set(new)):
-        a, b = old.get(sec, {}), new.get(sec, {})
-        for key in sorted(set(a) | set(b)):
-            if a.get(key) != b.get(key):
-                diffs.append(f"{sec}.{key}: {a.get(key)!r} -> {b.get(key)!r}")
-    return diffs
+    return config_diff(old, new)
 
 
 def check_same_data(folder: Path, manifest: dict, cfg_dict: dict) -> None:

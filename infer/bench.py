@@ -30,7 +30,7 @@ import platform
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -38,6 +38,7 @@ import numpy as np
 
 from specprobe.infer.acceptance_estimate import LatentDifficulty, SimulatedAcceptance, load_acceptance_probe
 from specprobe.infer.answers import extract_boxed, grade, split_gsm8k, strip_thousands_separators
+from specprobe.infer.bench_resume import ProblemLog, open_problem_log, run_key
 from specprobe.infer.config import BenchSetup
 from specprobe.infer.decoding import (
     METHODS,
@@ -46,6 +47,7 @@ from specprobe.infer.decoding import (
     RunStats,
     decode,
     fast_thread_switching,
+    read_trace,
     write_trace,
 )
 from specprobe.infer.decoding.analytic import predict, token_level_factor
@@ -340,6 +342,19 @@ class MethodResult:
     error: str | None = None
     counts: list[ProblemCounts] = field(default_factory=list)  # each problem's, in the problems' order
 
+    def to_record(self) -> dict:
+        """JSON-ready: what `from_record` rebuilds (the spec is the caller's: a record keeps its label only)."""
+        return {"label": self.spec.label, "stats": asdict(self.stats), "correct": self.correct,
+                "answered": self.answered, "latencies": list(self.latencies), "error": self.error,
+                "counts": [list(c) for c in self.counts]}
+
+    @classmethod
+    def from_record(cls, spec: MethodSpec, record: dict) -> MethodResult:
+        known = {f.name for f in fields(RunStats)}
+        stats = RunStats(**{k: v for k, v in record["stats"].items() if k in known})
+        return cls(spec, stats, int(record["correct"]), int(record["answered"]), [float(x) for x in record["latencies"]],
+                   record.get("error"), [ProblemCounts(*c) for c in record["counts"]])
+
 
 class ProblemCounts(NamedTuple):
     """One problem's judged positions and acceptances, which α's interval resamples (`acceptance_interval`)."""
@@ -631,15 +646,35 @@ def merge_results(parts: Sequence[tuple[int, dict[str, MethodResult]]]) -> dict[
     return merged
 
 
-def start_out_dir(out: Path, specs: Sequence[MethodSpec]) -> Callable[[str, Iterable[dict]], None]:
+def start_out_dir(out: Path, specs: Sequence[MethodSpec], resumed: bool = False,
+                  ) -> Callable[[str, Iterable[dict]], None]:
     """`out` for a new run: an earlier run's report removed (it would pass for this one's until this one writes)
-    and empty traces/<method>.jsonl; returns the writer that appends to them."""
+    and empty traces/<method>.jsonl (`resumed`: the traces kept, see `bench_resume`); returns the writer that
+    appends to them."""
     for old in ("results.json", "results.md"):
         (out / old).unlink(missing_ok=True)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     for s in specs:
-        trace_file(out, s.label).write_text("")
+        path = trace_file(out, s.label)
+        if not (resumed and path.exists()):
+            path.write_text("")
     return lambda label, records: write_trace(trace_file(out, label), records, mode="a")
+
+
+def problem_log(env: BenchEnv, specs: Sequence[MethodSpec], out: Path, resume: bool,
+                log: Callable[[str], None] = print) -> ProblemLog:
+    """The run's `bench_resume.ProblemLog` in `out` (with `resume`, an unfinished run's of the same settings)."""
+    key = run_key(env.setup.config_record(), [s.label for s in specs], env.verifier_kind, env.checkpoint,
+                  env.system_speed, [(p.id, p.question) for p in env.problems])
+    return open_problem_log(out, json.loads(json.dumps(key, default=_json_default)), resume, log)
+
+
+def logged_parts(plog: ProblemLog, specs: Sequence[MethodSpec]) -> list[tuple[int, dict[str, MethodResult]]]:
+    """A log's finished problems as `merge_results` takes them."""
+    by_label = {s.label: s for s in specs}
+    return [(position, {label: MethodResult.from_record(by_label[label], rec)
+                        for label, rec in line["results"].items()})
+            for position, line in sorted(plog.done.items())]
 
 
 def trace_file(out: Path, label: str) -> Path:
@@ -664,13 +699,17 @@ def rewrite_traces(out: Path, specs: Sequence[MethodSpec],
         os.replace(aside, path)
 
 
-def report_so_far(env: BenchEnv, results: dict[str, MethodResult], done: Sequence[Problem], wall_s: float) -> dict:
+def report_so_far(env: BenchEnv, results: dict[str, MethodResult], done: Sequence[Problem], wall_s: float,
+                  resumed: int = 0) -> dict:
     """The report of the problems decoded so far (`summarize`); when they are fewer than env's, `finished` says how
-    many, so a run stopped midway (a time limit, a lost machine) keeps what it finished, marked as such."""
+    many, so a run stopped midway (a time limit, a lost machine) keeps what it finished, marked as such. resumed:
+    how many of them an earlier run of the same command decoded (`--resume`)."""
     report = summarize(env, results, done)
     report["wall_s"] = wall_s
     if len(done) < len(env.problems):
         report["finished"] = f"{len(done)} of {len(env.problems)} problems"
+    if resumed:
+        report["resumed"] = f"{resumed} of {len(env.problems)} problems decoded by an earlier run of this command"
     return report
 
 
@@ -680,29 +719,59 @@ def write_report(report: dict, out: Path) -> None:
 
 
 def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: str | Path | None = None,
-                  log: Callable[[str], None] = print) -> dict:
-    """Decode every problem with every method; returns the report (see `format_markdown`)."""
+                  log: Callable[[str], None] = print, resume: bool = False) -> dict:
+    """Decode every problem with every method; returns the report (see `format_markdown`). With `out_dir`, each
+    finished problem is logged there, and `resume` goes on with an unfinished run's problems (`bench_resume`)."""
     specs = method_specs(methods or env.setup.bench.methods)
     for spec in specs:
         check_method(env, spec)
     out = Path(out_dir) if out_dir else None
-    on_trace = start_out_dir(out, specs) if out is not None else None
-    results = warm_up(env, specs, log)
-    started, total = time.perf_counter(), len(env.problems)
+    plog = problem_log(env, specs, out, resume, log) if out is not None else None
+    parts = logged_parts(plog, specs) if plog is not None else []
+    on_trace = start_out_dir(out, specs, resumed=bool(parts)) if out is not None else None
+    logged, total = len(parts), len(env.problems)
+    earlier, started = (plog.wall_s if plog is not None else 0.0), time.perf_counter()
 
-    def report_of(done: int) -> dict:
-        return report_so_far(env, results, env.problems[:done], time.perf_counter() - started)
+    def report_of() -> dict:
+        return report_so_far(env, merge_results(parts), [env.problems[p] for p, _ in parts],
+                             earlier + time.perf_counter() - started, logged)
 
-    def so_far(done: int) -> None:
-        if done < total:
-            write_report(report_of(done), out)
-
-    run_problems(env, specs, results, log, on_trace if env.setup.bench.trace else None,
-                 so_far if out is not None else None)
-    report = report_of(total)
+    todo = [i for i in range(total) if plog is None or i not in plog.done]
+    if todo:
+        failed = {label: res.error for label, res in warm_up(env, specs, log).items()}
+        for _, part in parts:  # a method that failed before stays failed, as in one run
+            failed.update({label: res.error for label, res in part.items() if res.error})
+        started = time.perf_counter()
+        for i in todo:
+            begun = time.perf_counter()
+            results = {s.label: MethodResult(s, error=failed.get(s.label)) for s in specs}
+            run_problems(env, specs, results, log, on_trace if env.setup.bench.trace else None, only=[i])
+            failed.update({label: res.error for label, res in results.items() if res.error})
+            parts.append((i, results))
+            parts.sort(key=lambda part: part[0])
+            if plog is not None:
+                plog.add(i, env.problems[i].id, time.perf_counter() - begun, earlier + time.perf_counter() - started,
+                         {label: res.to_record() for label, res in results.items()})
+            if out is not None and len(parts) < total:
+                write_report(report_of(), out)
+    report = report_of()
     if out is not None:
+        if logged and env.setup.bench.trace:  # appended after the earlier run's: in the problems' order again
+            rewrite_traces(out, specs, traces_by_problem(out, specs, env.problems))
         write_report(report, out)
     return report
+
+
+def traces_by_problem(out: Path, specs: Sequence[MethodSpec], problems: Sequence[Problem]):
+    """The trace records in `out`, as `rewrite_traces` takes them: (place, [(label, records)])."""
+    place = {p.id: i for i, p in enumerate(problems)}
+    parts: dict[int, list[tuple[str, list[dict]]]] = {}
+    for s in specs:
+        path = trace_file(out, s.label)
+        records = read_trace(path) if path.exists() else []
+        for pid, recs in itertools.groupby(records, key=lambda r: r.get("problem")):
+            parts.setdefault(place[pid], []).append((s.label, list(recs)))
+    return sorted(parts.items())
 
 
 def _safe(label: str) -> str:

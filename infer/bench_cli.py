@@ -24,6 +24,9 @@ Arguments:
     --out DIR            results.json, results.md and traces/<method>.jsonl (default <output_dir>/bench)
     --ray [ADDRESS]      spread the problems over ray.replicas Ray actors, each running every method on
                          its problems; ADDRESS joins a cluster (else ray.address; none = a local instance)
+    --resume             go on with the run in --out that was stopped midway (a time limit, a lost machine):
+                         the problems it finished are kept as they are, the others decoded; the command
+                         must be the one it was started with (else an error names what differs)
     --keep-going         exit 0 even when a method could not run (its row carries the error; else exit 3)
     --help-config        list every config key with its help text
     --list-methods       list the registered decoding methods (and what each needs)
@@ -57,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default <output_dir>/bench)")
     p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                    help="problems over Ray replicas (the ray: config section); ADDRESS joins a cluster")
+    p.add_argument("--resume", action="store_true",
+                   help="go on with the stopped run in --out (same command), decoding only the problems it had not finished")
     p.add_argument("--keep-going", action="store_true",
                    help="exit 0 even when a method could not run (its row carries the error)")
     p.add_argument("--help-config", action="store_true", help="list every config key")
@@ -94,11 +99,12 @@ def main(argv: list[str] | None = None) -> int:
             from specprobe.infer.bench_ray import run_benchmark_on_ray
 
             report = run_benchmark_on_ray(cfg.bench_setup(), methods, checkpoint=args.checkpoint, verifier=args.verifier,
-                                          address=args.ray or None, out_dir=out,
+                                          address=args.ray or None, out_dir=out, resume=args.resume,
                                           log=lambda s: print(s, file=sys.stderr))
         else:
             env = bench.prepare(cfg.bench_setup(), checkpoint=args.checkpoint, verifier=args.verifier, methods=methods)
-            report = bench.run_benchmark(env, methods, out_dir=out, log=lambda s: print(s, file=sys.stderr))
+            report = bench.run_benchmark(env, methods, out_dir=out, log=lambda s: print(s, file=sys.stderr),
+                                         resume=args.resume)
     except (ConfigError, ValueError, FileNotFoundError, ModelUnavailableError, RuntimeError) as err:
         print(f"probe-bench: error: {err}", file=sys.stderr)
         return 2

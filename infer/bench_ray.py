@@ -75,6 +75,13 @@ class _BenchReplica:
         return results, traces, seconds
 
 
+def _report(env: bench.BenchEnv, parts: list, problems: list, wall_s: float, replicas: int, logged: int) -> dict:
+    report = bench.report_so_far(env, bench.merge_results(parts),
+                                 [problems[p] for p, _ in sorted(parts, key=lambda part: part[0])], wall_s, logged)
+    report["replicas"] = replicas
+    return report
+
+
 @dataclass
 class _ModelName:
     """What the report reads of an engine that lives on a replica."""
@@ -84,9 +91,10 @@ class _ModelName:
 
 def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None, *, checkpoint: str | None = None,
                          verifier: str | None = None, address: str | None = None,
-                         out_dir: str | Path | None = None, log: Callable[[str], None] = print) -> dict:
+                         out_dir: str | Path | None = None, log: Callable[[str], None] = print,
+                         resume: bool = False) -> dict:
     """`infer.bench.run_benchmark` with the problems spread over Ray replicas; same report, plus
-    ``replicas``."""
+    ``replicas``. `resume`: as in `run_benchmark`, the problems an unfinished run in `out_dir` finished are kept."""
     ray = import_ray()
     where = connect(setup.ray, address)
     check_resources(replica_demands(setup.ray))
@@ -109,11 +117,17 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
         for spec in specs:
             bench.check_method(env, spec)
         out = Path(out_dir) if out_dir is not None else None
-        write_traces = bench.start_out_dir(out, specs) if out is not None else None
+        plog = bench.problem_log(env, specs, out, resume, log) if out is not None else None
+        parts = bench.logged_parts(plog, specs) if plog is not None else []
+        write_traces = bench.start_out_dir(out, specs, resumed=bool(parts)) if out is not None else None
+        kept_traces = bench.traces_by_problem(out, specs, problems) if parts and write_traces else []
+        todo = [p for p in range(len(problems)) if plog is None or p not in plog.done]
+        shares = [[todo[j] for j in share] for share in dealt_positions(len(todo), len(replicas))]
         # one call per problem, queued on its replica, so the report grows as they return (in any order)
         calls = {replica.solve.remote(specs, position): (r, position)
                  for r, (replica, share) in enumerate(zip(replicas, shares)) for position in share}
-        parts, kept_traces, seconds, failure = [], [], [0.0] * len(shares), None
+        seconds, failure = [0.0] * len(replicas), None
+        earlier, report = (plog.wall_s if plog is not None else 0.0), None
         pending = list(calls)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
@@ -127,13 +141,17 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
             parts.append((position, results))
             kept_traces.append((position, traces))
             seconds[r] += took
+            if plog is not None:
+                plog.add(position, problems[position].id, took, earlier + max(seconds),
+                         {label: res.to_record() for label, res in results.items()})
             if write_traces is not None:
                 for label, records in traces:
                     write_traces(label, records)
-            report = bench.report_so_far(env, bench.merge_results(parts),
-                                         [problems[p] for p, _ in sorted(parts, key=lambda part: part[0])],
-                                         max(seconds))
-            report["replicas"] = len(shares)
+            report = _report(env, parts, problems, earlier + max(seconds), len(replicas), len(problems) - len(todo))
+            if out is not None:
+                bench.write_report(report, out)
+        if report is None and parts:  # every problem was decoded by an earlier run
+            report = _report(env, parts, problems, earlier, len(replicas), len(parts))
             if out is not None:
                 bench.write_report(report, out)
         if write_traces is not None:  # appended as problems returned: rewritten in the problems' order

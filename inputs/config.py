@@ -188,6 +188,21 @@ def to_dict(cfg: Any, sections: Sequence[str] | None = None) -> dict:
     return {name: dataclasses.asdict(getattr(cfg, name)) for name in sections}
 
 
+def config_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """`key.sub: old -> new` for every setting that differs between two configs as dicts (nested sections
+    followed down; a key one side lacks reads as None)."""
+    diffs = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) or isinstance(b, dict):
+            if a != b:
+                diffs += config_diff(a if isinstance(a, dict) else {}, b if isinstance(b, dict) else {},
+                                     f"{prefix}{key}.")
+        elif a != b:
+            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return diffs
+
+
 def dump_yaml(cfg: Any) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
 

@@ -3,6 +3,7 @@ single-process dataset row for row, also when a replica or the driver is killed 
 settings are quick, clear errors."""
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -374,3 +375,14 @@ def test_bench_replica_killed_mid_run(local_ray, tmp_path, monkeypatch, capsys, 
         assert rc == 2 and "could not be decoded on Ray" in capsys.readouterr().err
         assert report["finished"] == "1 of 2 problems" and len(report["problems"]) == 1
         assert all(not r["error"] and len(r["latencies_s"]) == 1 for r in report["rows"])
+        # the same command with --resume decodes the other problem only
+        monkeypatch.setattr(bench, "write_report", write)
+        assert main(["--config", "configs/tiny.yaml", "--methods", "target,lr_sync", "--verifier", "bernoulli",
+                     "--out", str(tmp_path / "ray"), "--ray", *BENCH, "ray.replicas=1", "ray.max_restarts=0",
+                     "bench.warmup=true", "--resume"]) == 0
+        done = json.loads((tmp_path / "ray" / "results.json").read_text())
+        assert done["resumed"] == "1 of 2 problems decoded by an earlier run of this command"
+        assert "finished" not in done and done["problems"] == [*report["problems"], *done["problems"][1:]]
+        assert all(not r["error"] and len(r["latencies_s"]) == 2 for r in done["rows"])
+        traced = [json.loads(line)["problem"] for line in (tmp_path / "ray" / "traces" / "lr_sync.jsonl").open()]
+        assert [problem for problem, _ in itertools.groupby(traced)] == done["problems"]  # once each, in order

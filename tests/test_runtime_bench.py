@@ -307,3 +307,52 @@ def test_system_speed_adaptive_depth_with_heterogeneous_acceptance(tmp_path):
     bench.check_method(wide, bench.parse_method("lr_sync:forecast_skip=true"))  # adaptive by the config
     assert [bench.forecast_skips(wide, bench.parse_method(m)) for m in
             ("semanticspec", "lr_async", "lr_sync:forecast_skip=false", "target")] == [True, False, False, False]
+
+
+def test_a_stopped_run_resumes_with_the_problems_it_finished(tmp_path, capsys, monkeypatch):
+    """Stopped at its third problem: the report keeps two, marked as such. The same command with --resume decodes
+    the third only and writes the table (and traces) an uninterrupted run writes; other settings are refused."""
+    args = ["--config", "configs/tiny.yaml", "--system-speed", "--num-problems", "3",
+            "--methods", "target,lr_sync,semanticspec", "bench.system_target=random:llama-20m",
+            "bench.system_draft=random:llama-tiny", "runtime.max_steps=4", "sampling.max_step_tokens=4",
+            "bench.warmup=false"]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    decoded, real = [], bench.run_problems
+
+    def stopped_at_the_third(env, specs, results, log=print, on_trace=None, on_problem=None, only=None):
+        decoded.extend(only)
+
+        def written_then_stopped(label, records):  # the first method's trace of the third problem is written
+            on_trace(label, records)
+            raise KeyboardInterrupt
+
+        stopped = only == [2] and stop
+        return real(env, specs, results, log, written_then_stopped if stopped else on_trace, on_problem, only)
+
+    monkeypatch.setattr(bench, "run_problems", stopped_at_the_third)
+    out = tmp_path / "stopped"
+    stop = True
+    with pytest.raises(KeyboardInterrupt):
+        main([*args, "--out", str(out)])
+    stopped_report = json.loads((out / "results.json").read_text())
+    assert stopped_report["finished"] == "2 of 3 problems"
+    stop = False
+    decoded.clear()
+    assert main([*args, "--out", str(out), "--resume"]) == 0
+    assert decoded == [2] and "resuming" in capsys.readouterr().err
+    whole, resumed = (json.loads((tmp_path / run / "results.json").read_text()) for run in ("whole", "stopped"))
+    assert resumed["resumed"] == "2 of 3 problems decoded by an earlier run of this command"
+    assert "finished" not in resumed and resumed["problems"] == whole["problems"]
+    assert resumed["wall_s"] > stopped_report["wall_s"]  # the earlier run's time goes on
+    for a, b in zip(resumed["rows"], whole["rows"]):
+        keys = ("method", "problems", "judged", "acceptance", "output_tokens", "correct", "acceptance_ci95")
+        assert [a[k] for k in keys] == [b[k] for k in keys] and len(a["latencies_s"]) == 3
+    for label in ("target", "lr_sync", "semanticspec"):  # (the stopped run had written the third's target trace)
+        assert read_trace(out / "traces" / f"{label}.jsonl") == read_trace(tmp_path / "whole" / "traces" /
+                                                                          f"{label}.jsonl")
+    # a finished run resumes to its report, decoding nothing; another setting is an error naming it
+    decoded.clear()
+    assert main([*args, "--out", str(out), "--resume"]) == 0 and decoded == []
+    assert main([*args, "runtime.gamma=2", "--out", str(out), "--resume"]) == 2
+    assert "holds a run with other settings (config.runtime.gamma: 3 -> 2" in capsys.readouterr().err
+    assert main([*args, "runtime.gamma=2", "--out", str(out)]) == 0 and decoded == [0, 1, 2]  # starts over
