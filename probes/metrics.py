@@ -27,6 +27,7 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, Literal
 
 import numpy as np
@@ -272,15 +273,20 @@ class BootstrapCI:
     alpha: float
     n_boot: int
     n_valid: int  # replicates with a finite value (e.g. AUROC is NaN on a single-class resample)
+    # a share with one value in every unit: no resample can differ, so the interval is Wilson's over the units
+    wilson_units: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         def clean(v: float) -> float | None:
             return v if math.isfinite(v) else None
-        return {"estimate": clean(self.estimate), "low": clean(self.low), "high": clean(self.high),
-                "alpha": self.alpha, "n_boot": self.n_boot, "n_valid": self.n_valid}
+        out = {"estimate": clean(self.estimate), "low": clean(self.low), "high": clean(self.high),
+               "alpha": self.alpha, "n_boot": self.n_boot, "n_valid": self.n_valid}
+        if self.wilson_units is not None:
+            out["wilson_units"] = self.wilson_units
+        return out
 
 
-Z95 = 1.959963984540054  # two-sided 95% normal quantile
+Z95 = NormalDist().inv_cdf(0.975)  # two-sided 95% normal quantile (as `bootstrap_ci` computes it for alpha 0.05)
 
 
 def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float] | None:
@@ -298,11 +304,16 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, fl
 
 
 def bootstrap_ci(metric_fn: Callable[..., float], *arrays: Any, n_boot: int = 1000, alpha: float = 0.10,
-                 seed: int = 0, groups: Sequence[Any] | None = None) -> BootstrapCI:
+                 seed: int = 0, groups: Sequence[Any] | None = None, share: bool = False) -> BootstrapCI:
     """Percentile bootstrap interval (1 - alpha) of ``metric_fn(*arrays)``.
 
     Rows are resampled with replacement; with `groups`, whole groups are resampled (rows of one
     question are correlated, so row resampling would understate the uncertainty).
+
+    share: the metric is a share in [0, 1] (an acceptance rate). Where every unit (group, else row) has the same
+    share (none, all, or one rate) no resample can differ and the percentile interval is a point, as if the share
+    were known exactly; the Wilson interval over the units, each one trial at that share, is given instead
+    (`wilson_units` says over how many).
     """
     if not arrays:
         raise ValueError("bootstrap_ci needs at least one array")
@@ -327,6 +338,13 @@ def bootstrap_ci(metric_fn: Callable[..., float], *arrays: Any, n_boot: int = 10
         members = [np.nonzero(inverse == k)[0] for k in range(inverse.max() + 1)]
         draw = lambda: np.concatenate([members[k] for k in rng.integers(0, len(members), size=len(members))])  # noqa: E731
     estimate = float(metric_fn(*arrs))
+    if share:
+        units = [np.arange(n)[i:i + 1] for i in range(n)] if groups is None else members
+        rates = {float(metric_fn(*(a[rows] for a in arrs))) for rows in units}
+        rate = rates.pop() if len(rates) == 1 else math.nan
+        if math.isfinite(rate):
+            low, high = wilson_interval(rate * len(units), len(units), NormalDist().inv_cdf(1 - alpha / 2))
+            return BootstrapCI(estimate, low, high, alpha, n_boot, n_boot, len(units))
     values = np.empty(n_boot)
     for b in range(n_boot):
         idx = draw()

@@ -4,6 +4,7 @@ bookkeeping, UMAP helpers, report comparison. Checked against sklearn and hand-c
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -12,8 +13,9 @@ from sklearn.metrics import cohen_kappa_score, precision_recall_curve, roc_auc_s
 
 from specprobe.probes.acceptance import semantic_accept_prob
 from specprobe.probes.io import clean_json
-from specprobe.probes.metrics import brier, ece, mae
+from specprobe.probes.metrics import brier, ece, mae, wilson_interval
 from specprobe.train.report import evaluate as ev
+from specprobe.train.report import render
 
 
 # ----------------------------------------------------------------------------- acceptance ratio
@@ -267,6 +269,10 @@ def test_verifier_block_operating_point_and_auc():
     assert block["at_threshold"]["precision"] == pytest.approx(labels[accept].mean())
     assert block["n_positive"] == labels.sum() and block["n_questions"] == 30
     assert block["roc"]["threshold"][0] is None  # +inf cleaned for JSON
+    # a verifier that accepts nothing: its acceptance interval is Wilson's over the 30 questions, not [0, 0]
+    none = ev.verifier_block(scores, labels, groups, threshold=scores.max() + 1, n_boot=30)["metrics"]["acceptance_rate"]
+    assert (none["low"], none["high"], none["wilson_units"]) == (*wilson_interval(0, 30, NormalDist().inv_cdf(0.95)), 30)
+    assert "Wilson over 30]" in render.ci(none)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from specprobe.probes.metrics import (
     probe_report,
     reliability_bins,
     spearman,
+    wilson_interval,
 )
 
 
@@ -149,6 +151,24 @@ def test_bootstrap_ci_rows_and_groups():
     by_rows = bootstrap_ci(mae, gp, gl, n_boot=300, seed=0)
     by_groups = bootstrap_ci(mae, gp, gl, n_boot=300, seed=0, groups=g)
     assert (by_groups.high - by_groups.low) > 3 * (by_rows.high - by_rows.low)
+
+
+def test_a_share_with_one_value_in_every_unit_gets_wilsons_interval_over_the_units():
+    """No resample of units that all accept the same share can differ: the percentile interval is a point. With
+    share=True it is Wilson's over the units (the groups, else the rows), at the bootstrap's alpha."""
+    rate = lambda a: float(np.mean(a))  # noqa: E731
+    nothing = np.zeros(40)
+    point = bootstrap_ci(rate, nothing, n_boot=50, alpha=0.05)
+    assert (point.low, point.high) == (0.0, 0.0)  # a point, as if known exactly
+    rows = bootstrap_ci(rate, nothing, n_boot=50, alpha=0.05, share=True)
+    assert (rows.low, rows.high, rows.wilson_units) == (*wilson_interval(0, 40), 40)
+    half = np.tile([0.0, 1.0], 20)  # each of 10 groups of 4 rows accepts half
+    groups = np.repeat(np.arange(10), 4)
+    by_groups = bootstrap_ci(rate, half, n_boot=50, alpha=0.10, groups=groups, share=True)
+    assert (by_groups.low, by_groups.high) == wilson_interval(5, 10, NormalDist().inv_cdf(0.95))
+    assert by_groups.to_dict()["wilson_units"] == 10 and by_groups.low < 0.5 < by_groups.high
+    uneven = bootstrap_ci(rate, np.r_[half[:36], np.ones(4)], n_boot=50, groups=groups, share=True)
+    assert uneven.wilson_units is None and "wilson_units" not in uneven.to_dict()  # rates differ: percentile
 
 
 def test_bootstrap_ci_skips_degenerate_resamples():

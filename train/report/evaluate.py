@@ -76,9 +76,11 @@ def calibration_metric_fns(n_bins: int, threshold: float = 0.5) -> dict[str, Met
 
 
 def metrics_with_ci(fns: dict[str, MetricFn], pred: Any, label: Any, groups: Any, *, n_boot: int,
-                    alpha: float = 0.10, seed: int = 0, units: Units = None) -> dict[str, dict[str, Any]]:
+                    alpha: float = 0.10, seed: int = 0, units: Units = None,
+                    shares: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """{name: {estimate, low, high, alpha, n_boot, n_valid}}, resampling whole groups (questions), or whole
-    families of them (`units`: question -> family).
+    families of them (`units`: question -> family). `shares`: the metrics that are shares of rows (an acceptance
+    rate); where every unit has the same share, their interval is Wilson's over the units (`bootstrap_ci`).
 
     Every metric sees the same resamples (one seed), so their intervals are comparable. A metric undefined on more
     than a tenth of the resamples (AUROC where a resample lacks a class) gets no interval: the defined ones are the
@@ -87,7 +89,8 @@ def metrics_with_ci(fns: dict[str, MetricFn], pred: Any, label: Any, groups: Any
     p, y, g = _aligned(pred, label, groups)
     out, drawn = {}, resampled(g, units)
     for name, fn in fns.items():
-        entry = bootstrap_ci(fn, p, y, n_boot=n_boot, alpha=alpha, seed=seed, groups=drawn).to_dict()
+        entry = bootstrap_ci(fn, p, y, n_boot=n_boot, alpha=alpha, seed=seed, groups=drawn,
+                             share=name in shares).to_dict()
         if entry.get("low") is not None and entry["n_valid"] < MIN_VALID_SHARE * n_boot:
             entry = {**entry, "low": None, "high": None,
                      "withheld": f"defined on {entry['n_valid']} of {n_boot} resamples"}
@@ -343,7 +346,7 @@ def verifier_block(scores: Any, labels: Any, groups: Any, threshold: float, *, n
                                   "of one kind: too few to rank on" if min(n_pos, n_neg) < MIN_RANKING_POSITIVES
                                   else None),
         "metrics": withhold_intervals(metrics_with_ci(fns, s, yf, g, n_boot=n_boot, alpha=alpha, seed=seed,
-                                                      units=units), guard),
+                                                      units=units, shares=("acceptance_rate", "precision")), guard),
         "at_threshold": at_threshold(s, y, threshold),
     }
     if y.any() and (~y).any():

@@ -34,7 +34,8 @@ def ci(entry: dict[str, Any] | None) -> str:
         return f"{num(entry['estimate'])} (no CI)"
     if entry.get("low") is None:
         return num(entry["estimate"])
-    return f"{num(entry['estimate'])} [{num(entry['low'])}, {num(entry['high'])}]"
+    wilson = f"; Wilson over {entry['wilson_units']}" if entry.get("wilson_units") else ""
+    return f"{num(entry['estimate'])} [{num(entry['low'])}, {num(entry['high'])}{wilson}]"
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -358,6 +359,10 @@ def verifiers_section(part: dict[str, Any] | None, figures) -> str:
                      num(at["false_accept_rate"])])
     out.append(table(["verifier", "n", "AUROC", "AUPRC", "threshold", "threshold fit (on pairs not trained on)",
                       "acceptance", "precision", "recall", "false accepts"], rows))
+    if any((b["metrics"].get(k) or {}).get("wilson_units") for b in part["by_verifier"].values()
+           for k in ("acceptance_rate", "precision")):
+        out.append("*[low, high; Wilson over N]: every resampled unit (question, or family) had the same share, so no "
+                   "resample could differ; the interval is Wilson's over the N units, each one trial at that share.*")
     for name, b in part["by_verifier"].items():
         if b.get("ranking_not_evaluable"):
             out.append(f"*`{name}`: these pairs cannot evaluate its ranking ({b['ranking_not_evaluable']}); its AUROC "
