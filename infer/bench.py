@@ -38,7 +38,7 @@ import numpy as np
 
 from specprobe.infer.acceptance_estimate import LatentDifficulty, SimulatedAcceptance, load_acceptance_probe
 from specprobe.infer.answers import extract_boxed, grade, split_gsm8k, strip_thousands_separators
-from specprobe.infer.bench_resume import ProblemLog, open_problem_log, run_key
+from specprobe.infer.bench_resume import KEY_SECTIONS, ProblemLog, open_problem_log, run_key
 from specprobe.infer.config import BenchSetup
 from specprobe.infer.decoding import (
     METHODS,
@@ -57,7 +57,7 @@ from specprobe.infer.decoding.specs import SpecSConfig, specs_predicted_speedup
 from specprobe.infer.engines import build_engine_pair, sampling_params
 from specprobe.infer.engines.token_spec import LookaheadConfig, TokenSpecConfig
 from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier, check_checkpoint
-from specprobe.inputs.config import ConfigError
+from specprobe.inputs.config import ConfigError, to_dict
 from specprobe.inputs.records import (
     HUB_NAMES,
     BenchSourceConfig,
@@ -394,12 +394,8 @@ def acceptance_interval(counts: Sequence[tuple[int, int]], families: Sequence[st
     if kinds.size == 1:
         return None, "none: every problem is of one family"
     over = "families" if kinds.size < len(judged) else "problems"
-    n_units = int(kinds.size)
-    rates = {float(acc[units == u].sum() / jud[units == u].sum()) for u in kinds.tolist()}
-    if len(rates) == 1:
-        return wilson_interval(rates.pop() * n_units, n_units), f"{over} (Wilson: one rate in every unit)"
-    ci = bootstrap_ci(lambda a, j: a.sum() / j.sum(), acc, jud, n_boot=2000, alpha=0.05, groups=units)
-    return (ci.low, ci.high), over
+    ci = bootstrap_ci(lambda a, j: a.sum() / j.sum(), acc, jud, n_boot=2000, alpha=0.05, groups=units, share=True)
+    return (ci.low, ci.high), over + (" (Wilson: one rate in every unit)" if ci.wilson_units else "")
 
 
 def pass_interval(counts: Sequence[ProblemCounts]) -> tuple[tuple[float, float] | None, str | None]:
@@ -578,12 +574,11 @@ def _eos_ignored(env: BenchEnv):
 def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, MethodResult],
                  log: Callable[[str], None] = print,
                  on_trace: Callable[[str, Iterable[dict]], None] | None = None,
-                 on_problem: Callable[[int], None] | None = None, only: Sequence[int] | None = None) -> None:
+                 only: Sequence[int] | None = None) -> None:
     """Decode every problem of `env` (or those at the places `only` names) with every method, adding to `results`;
-    on_trace(label, records) receives each generation's per-cycle trace, on_problem(n) is called once every method
-    has decoded n of them."""
+    on_trace(label, records) receives each generation's per-cycle trace."""
     suffix = env.setup.bench.prompt_suffix
-    for n, i in enumerate(range(len(env.problems)) if only is None else only, start=1):
+    for i in range(len(env.problems)) if only is None else only:
         prob = env.problems[i]
         for s in specs:
             res = results[s.label]
@@ -612,8 +607,6 @@ def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, 
                 + (f"  accept={gen.stats.acceptance_rate:.2f}" if gen.stats.acceptance_rate is not None else ""))
             if on_trace is not None:
                 on_trace(s.label, ({"problem": prob.id, "method": s.label, **rec} for rec in gen.trace))
-        if on_problem is not None:
-            on_problem(n)
 
 
 def merge_results(parts: Sequence[tuple[int, dict[str, MethodResult]]]) -> dict[str, MethodResult]:
@@ -661,10 +654,17 @@ def start_out_dir(out: Path, specs: Sequence[MethodSpec], resumed: bool = False,
     return lambda label, records: write_trace(trace_file(out, label), records, mode="a")
 
 
+def resume_config(setup: BenchSetup) -> dict:
+    """The settings a resumed run must share with the stopped one (`bench_resume.KEY_SECTIONS`, the step
+    delimiter), as JSON reads them back."""
+    sections = {**to_dict(setup, KEY_SECTIONS), "delimiter": setup.delimiter}
+    return json.loads(json.dumps(sections, default=_json_default))
+
+
 def problem_log(env: BenchEnv, specs: Sequence[MethodSpec], out: Path, resume: bool,
                 log: Callable[[str], None] = print) -> ProblemLog:
     """The run's `bench_resume.ProblemLog` in `out` (with `resume`, an unfinished run's of the same settings)."""
-    key = run_key(env.setup.config_record(), [s.label for s in specs], env.verifier_kind, env.checkpoint,
+    key = run_key(resume_config(env.setup), [s.label for s in specs], env.verifier_kind, env.checkpoint,
                   env.system_speed, [(p.id, p.question) for p in env.problems])
     return open_problem_log(out, json.loads(json.dumps(key, default=_json_default)), resume, log)
 
@@ -736,17 +736,22 @@ def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: 
         return report_so_far(env, merge_results(parts), [env.problems[p] for p, _ in parts],
                              earlier + time.perf_counter() - started, logged)
 
+    if logged and out is not None:  # the stopped run's report, until this one's first problem
+        write_report(report_of(), out)
     todo = [i for i in range(total) if plog is None or i not in plog.done]
     if todo:
-        failed = {label: res.error for label, res in warm_up(env, specs, log).items()}
-        for _, part in parts:  # a method that failed before stays failed, as in one run
-            failed.update({label: res.error for label, res in part.items() if res.error})
+        # where each method first failed (warm-up: -1): as in one run, it decodes no problem after that place
+        failed: dict[str, tuple[int, str]] = {}
+        warmed = warm_up(env, specs, log)
+        for position, part in [(-1, warmed), *parts]:
+            _note_failures(failed, position, part)
         started = time.perf_counter()
         for i in todo:
             begun = time.perf_counter()
-            results = {s.label: MethodResult(s, error=failed.get(s.label)) for s in specs}
+            results = {s.label: MethodResult(s, error=failed[s.label][1] if failed.get(s.label, (i,))[0] < i else None)
+                       for s in specs}
             run_problems(env, specs, results, log, on_trace if env.setup.bench.trace else None, only=[i])
-            failed.update({label: res.error for label, res in results.items() if res.error})
+            _note_failures(failed, i, results)
             parts.append((i, results))
             parts.sort(key=lambda part: part[0])
             if plog is not None:
@@ -760,6 +765,14 @@ def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: 
             rewrite_traces(out, specs, traces_by_problem(out, specs, env.problems))
         write_report(report, out)
     return report
+
+
+def _note_failures(failed: dict[str, tuple[int, str]], position: int, results: dict[str, MethodResult]) -> None:
+    """Record in `failed` (label -> (place, error)) the methods of `results` that failed at `position`, keeping
+    each one's first place."""
+    for label, res in results.items():
+        if res.error and position < failed.get(label, (position + 1,))[0]:
+            failed[label] = (position, res.error)
 
 
 def traces_by_problem(out: Path, specs: Sequence[MethodSpec], problems: Sequence[Problem]):

@@ -21,12 +21,14 @@ Arguments:
     --system-speed       random-weight models of bench.system_target / bench.system_draft and a Bernoulli
                          verifier (runtime.bernoulli_alpha): the runtime's own overhead and scaling
     --num-problems N     shorthand for bench.num_problems=N
-    --out DIR            results.json, results.md and traces/<method>.jsonl (default <output_dir>/bench)
+    --out DIR            results.json, results.md, traces/<method>.jsonl and problems.jsonl (each finished
+                         problem's results, what --resume reads) (default <output_dir>/bench)
     --ray [ADDRESS]      spread the problems over ray.replicas Ray actors, each running every method on
                          its problems; ADDRESS joins a cluster (else ray.address; none = a local instance)
     --resume             go on with the run in --out that was stopped midway (a time limit, a lost machine):
-                         the problems it finished are kept as they are, the others decoded; the command
-                         must be the one it was started with (else an error names what differs)
+                         the problems it finished are kept as they are, the others decoded; the settings
+                         must be those it was started with (else an error names what differs; the ray
+                         section may change)
     --keep-going         exit 0 even when a method could not run (its row carries the error; else exit 3)
     --help-config        list every config key with its help text
     --list-methods       list the registered decoding methods (and what each needs)
@@ -42,6 +44,7 @@ import sys
 from pathlib import Path
 
 from specprobe.infer import bench
+from specprobe.infer.bench_resume import check_resumable
 from specprobe.infer.config import InferenceConfig, load_inference_config
 from specprobe.infer.models import ModelUnavailableError
 from specprobe.infer.ray_cluster import split_ray_option
@@ -95,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg.bench.source.check_available("bench.source")
         cfg.runtime.check_available()
         out = Path(args.out) if args.out else cfg.bench_out_dir
+        if args.resume:  # other settings are refused before the models load
+            check_resumable(out, bench.resume_config(cfg.bench_setup()))
         if args.ray is not None:
             from specprobe.infer.bench_ray import run_benchmark_on_ray
 

@@ -127,7 +127,10 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
         calls = {replica.solve.remote(specs, position): (r, position)
                  for r, (replica, share) in enumerate(zip(replicas, shares)) for position in share}
         seconds, failure = [0.0] * len(replicas), None
-        earlier, report = (plog.wall_s if plog is not None else 0.0), None
+        earlier, logged = (plog.wall_s if plog is not None else 0.0), len(parts)
+        report = _report(env, parts, problems, earlier, len(replicas), logged) if parts else None
+        if report is not None and out is not None:  # the stopped run's report, until a problem returns
+            bench.write_report(report, out)
         pending = list(calls)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
@@ -141,17 +144,13 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
             parts.append((position, results))
             kept_traces.append((position, traces))
             seconds[r] += took
-            if plog is not None:
-                plog.add(position, problems[position].id, took, earlier + max(seconds),
-                         {label: res.to_record() for label, res in results.items()})
             if write_traces is not None:
                 for label, records in traces:
                     write_traces(label, records)
-            report = _report(env, parts, problems, earlier + max(seconds), len(replicas), len(problems) - len(todo))
-            if out is not None:
-                bench.write_report(report, out)
-        if report is None and parts:  # every problem was decoded by an earlier run
-            report = _report(env, parts, problems, earlier, len(replicas), len(parts))
+            if plog is not None:  # after its traces: a logged problem is whole
+                plog.add(position, problems[position].id, took, earlier + max(seconds),
+                         {label: res.to_record() for label, res in results.items()})
+            report = _report(env, parts, problems, earlier + max(seconds), len(replicas), logged)
             if out is not None:
                 bench.write_report(report, out)
         if write_traces is not None:  # appended as problems returned: rewritten in the problems' order

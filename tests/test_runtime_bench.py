@@ -319,7 +319,7 @@ def test_a_stopped_run_resumes_with_the_problems_it_finished(tmp_path, capsys, m
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
     decoded, real = [], bench.run_problems
 
-    def stopped_at_the_third(env, specs, results, log=print, on_trace=None, on_problem=None, only=None):
+    def stopped_at_the_third(env, specs, results, log=print, on_trace=None, only=None):
         decoded.extend(only)
 
         def written_then_stopped(label, records):  # the first method's trace of the third problem is written
@@ -327,7 +327,7 @@ def test_a_stopped_run_resumes_with_the_problems_it_finished(tmp_path, capsys, m
             raise KeyboardInterrupt
 
         stopped = only == [2] and stop
-        return real(env, specs, results, log, written_then_stopped if stopped else on_trace, on_problem, only)
+        return real(env, specs, results, log, written_then_stopped if stopped else on_trace, only)
 
     monkeypatch.setattr(bench, "run_problems", stopped_at_the_third)
     out = tmp_path / "stopped"
@@ -336,6 +336,8 @@ def test_a_stopped_run_resumes_with_the_problems_it_finished(tmp_path, capsys, m
         main([*args, "--out", str(out)])
     stopped_report = json.loads((out / "results.json").read_text())
     assert stopped_report["finished"] == "2 of 3 problems"
+    with open(out / "problems.jsonl", "a") as f:  # a kill while the third's line was being written
+        f.write('{"position": 2, "problem": "gsm')
     stop = False
     decoded.clear()
     assert main([*args, "--out", str(out), "--resume"]) == 0
@@ -344,6 +346,8 @@ def test_a_stopped_run_resumes_with_the_problems_it_finished(tmp_path, capsys, m
     assert resumed["resumed"] == "2 of 3 problems decoded by an earlier run of this command"
     assert "finished" not in resumed and resumed["problems"] == whole["problems"]
     assert resumed["wall_s"] > stopped_report["wall_s"]  # the earlier run's time goes on
+    logged = [json.loads(line) for line in (out / "problems.jsonl").read_text().splitlines()]
+    assert [line["position"] for line in logged[1:]] == [0, 1, 2]  # the cut line is gone, the third appended
     for a, b in zip(resumed["rows"], whole["rows"]):
         keys = ("method", "problems", "judged", "acceptance", "output_tokens", "correct", "acceptance_ci95")
         assert [a[k] for k in keys] == [b[k] for k in keys] and len(a["latencies_s"]) == 3
@@ -353,6 +357,8 @@ def test_a_stopped_run_resumes_with_the_problems_it_finished(tmp_path, capsys, m
     # a finished run resumes to its report, decoding nothing; another setting is an error naming it
     decoded.clear()
     assert main([*args, "--out", str(out), "--resume"]) == 0 and decoded == []
-    assert main([*args, "runtime.gamma=2", "--out", str(out), "--resume"]) == 2
+    with monkeypatch.context() as m:  # refused before the models load
+        m.setattr(bench, "prepare", lambda *a, **k: pytest.fail("models loaded for a run that cannot resume"))
+        assert main([*args, "runtime.gamma=2", "--out", str(out), "--resume"]) == 2
     assert "holds a run with other settings (config.runtime.gamma: 3 -> 2" in capsys.readouterr().err
     assert main([*args, "runtime.gamma=2", "--out", str(out)]) == 0 and decoded == [0, 1, 2]  # starts over

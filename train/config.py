@@ -230,17 +230,21 @@ class ExperimentConfig(InferenceConfig):
         data stage and the probes' training would cost them: the checkpoint is written at the end)."""
         from specprobe.data_gen.pipeline import loads_models  # (torch and pyarrow: not on every config load)
 
-        # only the data stage loads the target and draft, and not for a finished folder it reuses
-        finished = not loads_models(self.data_job())
-        super().check_before_loading(sources=sources, ray=ray, models=sources and not finished)
-        if sources and not finished:  # the data stage will generate (and load its judge)
+        # only the data stage loads the target and draft, and not for a finished folder it reuses (asked only
+        # where it matters: it reads the folder's manifest and checks its shards)
+        def generates() -> bool:
+            return loads_models(self.data_job())
+
+        generating = sources and generates()
+        super().check_before_loading(sources=sources, ray=ray, models=generating)
+        if generating:  # (and loads its judge)
             self.data.check_available()
         if training:
             self.verifiers.check_available()
             asks_last = self.probe.pooling == "last" or "mean" not in self.probe.logistic_pooling
             # data to come without "last" (a finished folder's own poolings are checked when it is read)
-            no_last = "last" not in stored_poolings(self.data.store_last_token) and not finished
-            if asks_last and no_last and "probes" in self.verifiers.train:
+            no_last = "last" not in stored_poolings(self.data.store_last_token)
+            if asks_last and no_last and "probes" in self.verifiers.train and generates():
                 raise ConfigError(f"data.store_last_token=false stores no last-token features, but probe.pooling="
                                   f"{self.probe.pooling} and probe.logistic_pooling={self.probe.logistic_pooling} ask "
                                   "for them: set probe.pooling=mean and probe.logistic_pooling=[mean], or "

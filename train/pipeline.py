@@ -249,7 +249,8 @@ def _train_probes(cfg, prepared: _Prepared, reused: Reused | None, result: Train
     earlier = sum(t.seconds for t in result.probes.probes.values())
     if result.probes.probes:
         names = list(result.probes.probes)
-        metrics["reused"]["probes"] = names
+        metrics.setdefault("reused", {"from": str(reused.source), "created": reused.created,
+                                      "verifiers": reused.kinds})["probes"] = names
         tracker.message(f"reusing {', '.join(names)} of {reused.source}: an earlier run of this config trained them "
                         "on this data with these settings before its probes step failed (to train them again, delete that folder "
                         "before the run); training the others")
@@ -289,16 +290,16 @@ def _train(cfg, ds, split: QuestionSplit, prepared: _Prepared, reused: Reused | 
             tracker.message(note)
         if reused:
             result.reused = reused
+        if reused and reused.kinds:
             metrics["reused"] = {"from": str(reused.source), "created": reused.created, "verifiers": reused.kinds}
             for kind in reused.kinds:
                 metrics[kind] = reused.metrics[kind]
                 if kind == "probes" and "probes_skipped" in reused.metrics:
                     metrics["probes_skipped"] = reused.metrics["probes_skipped"]
                 result.seconds[kind] = (reused.metrics.get("seconds") or {}).get(kind, 0.0)
-            if reused.kinds:
-                tracker.message(f"reusing the {' and '.join(reused.kinds)} of {reused.source}: an earlier run of "
-                                "this config trained them on this data with these settings before it failed (to "
-                                "train them again, delete that folder before the run)")
+            tracker.message(f"reusing the {' and '.join(reused.kinds)} of {reused.source}: an earlier run of "
+                            "this config trained them on this data with these settings before it failed (to "
+                            "train them again, delete that folder before the run)")
         stage = "probes"
         try:
             if prepared.plans and not (reused and "probes" in reused.kinds):
