@@ -11,7 +11,7 @@ Which layer, which pooling and which strength are chosen on validation questions
 """
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,9 +155,11 @@ class Selection:
 
 
 def select_logistic(candidates: Mapping[Hashable, Candidate], train_y: torch.Tensor, val_y: torch.Tensor,
-                    l2s: Sequence[float] = DEFAULT_L2, max_iter: int = 50) -> Selection:
+                    l2s: Sequence[float] = DEFAULT_L2, max_iter: int = 50,
+                    on_candidate: Callable[[], None] | None = None) -> Selection:
     """Fit every candidate over the L2 path on the training rows; keep the one with the lowest validation
-    log-loss (ties: the stronger penalty, then the earlier candidate). Test rows never enter."""
+    log-loss (ties: the stronger penalty, then the earlier candidate). Test rows never enter. on_candidate: called
+    after each candidate's path (a progress bar's update)."""
     if not candidates:
         raise ValueError("select_logistic needs at least one candidate")
     vy = val_y.double().numpy()
@@ -172,4 +174,6 @@ def select_logistic(candidates: Mapping[Hashable, Candidate], train_y: torch.Ten
                           "l2": probe.l2, "val_log_loss": score, "val_brier": brier(pred, vy)})
             if score < best_score - 1e-12:
                 best, best_key, best_score = probe, key, score
+        if on_candidate is not None:
+            on_candidate()
     return Selection(best_key, best, table)

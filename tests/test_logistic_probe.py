@@ -88,9 +88,11 @@ def test_selection_uses_the_validation_rows():
     vx, vy, _ = soft_rows(300, 6, seed=4, strength=3.0)
     noise = torch.from_numpy(np.random.default_rng(9).normal(size=tuple(vx.shape))).float()
     options = {"noise_on_val": Candidate(spec_of(6, layers=(1,)), x, noise), "signal": Candidate(spec_of(6, layers=(2,)), x, vx)}
-    chosen = select_logistic(options, y, vy, l2s=[0.1, 1.0])
+    done: list[int] = []  # a progress bar's updates: one per reading, after its L2 path
+    chosen = select_logistic(options, y, vy, l2s=[0.1, 1.0], on_candidate=lambda: done.append(len(done)))
     assert chosen.key == "signal" and chosen.probe.spec.layers == [2]
     assert len(chosen.table) == 4 and chosen.best["candidate"] == "signal"
+    assert done == [0, 1]
 
 
 def planted(n_questions: int, rows_per_question: int, seed: int, level: float, draws: int, direction: np.ndarray):

@@ -403,7 +403,7 @@ def test_a_rerun_reuses_the_verifiers_a_failed_run_kept_when_data_and_settings_m
 
 
 def test_a_failure_inside_the_probes_step_keeps_the_finished_probes_and_a_rerun_trains_only_the_rest(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, capsys):
     """The draft's MLP fails after four probes trained: those four go to <checkpoint>-partial (with what a rerun
     needs to score them); the rerun takes them as they are, trains the other four, and writes a complete checkpoint."""
     write_synthetic_data(tmp_path, questions=6)
@@ -440,9 +440,16 @@ def test_a_failure_inside_the_probes_step_keeps_the_finished_probes_and_a_rerun_
     trained.clear()
     fail[0] = False
     lines.clear()
-    result = train_all(cfg, print_fn=lines.append)
+    capsys.readouterr()
+    result = train_all(cfg, print_fn=lines.append, progress=True)
     assert trained == ["probe_draft", "probe_draft_logistic", "baseline_last_layer_draft", "probe_acceptance"]
     assert any(line.startswith(f"reusing {', '.join(first)} of {partial}") for line in lines)
+    # each probe trained says so as it starts (the restored ones do not); the logistic ones' readings have a bar
+    starts = [line for line in lines if line.startswith("probe ") and "/8: " in line]
+    assert starts[0] == "probe 5/8: probe_draft (MLP)" and len(starts) == 4
+    assert starts[1].startswith("probe 6/8: probe_draft_logistic (logistic, ") and " readings x " in starts[1]
+    readings = int(starts[1].split("(logistic, ")[1].split(" readings")[0])
+    assert f"probe_draft_logistic: readings:   0%|          | 0/{readings}" in capsys.readouterr().err
     done = Checkpoint(cfg.checkpoint_dir)
     assert len(done.probe_names()) == 8 and not partial.exists()
     for name in first:

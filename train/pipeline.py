@@ -223,7 +223,8 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
 
     dataset: an open ProbeDataset instead of ``cfg.data_dir``; embedder: a SentenceEmbedder to reuse;
     judge_model: a preloaded (model, tokenizer) of ``verifiers.judge_base`` (the LoRA adapter is injected
-    into that model in place); progress: progress bars for the judge LoRA's scoring and steps. Raises TrainingDataError (a ValueError) for unusable input before any
+    into that model in place); progress: progress bars for the logistic probes' readings and the judge LoRA's
+    scoring and steps. Raises TrainingDataError (a ValueError) for unusable input before any
     training starts.
     """
 
@@ -242,7 +243,7 @@ def train_all(cfg, *, dataset=None, print_fn: Callable[[str], None] = print, emb
 
 
 def _train_probes(cfg, prepared: _Prepared, reused: Reused | None, result: TrainResult, metrics: dict,
-                  tracker: Tracker) -> None:
+                  tracker: Tracker, progress: bool) -> None:
     """The probes step: every planned probe, except those an earlier run finished before its probes step failed."""
     start = time.perf_counter()
     result.probes = restore_probes(reused, prepared)  # filled as each probe finishes: a failure keeps those
@@ -255,7 +256,8 @@ def _train_probes(cfg, prepared: _Prepared, reused: Reused | None, result: Train
                         "on this data with these settings before its probes step failed (to train them again, delete that folder "
                         "before the run); training the others")
     probes_train.train_probes(prepared.plans, prepared.specs, prepared.sets, cfg.probe, curve=tracker.curve,
-                              device=_device(cfg.probe.device, cfg), out=result.probes)
+                              device=_device(cfg.probe.device, cfg), out=result.probes, log=tracker.message,
+                              progress=progress)
     metrics["probes"] = result.probes.metrics
     if prepared.skipped:
         metrics["probes_skipped"] = prepared.skipped
@@ -303,7 +305,7 @@ def _train(cfg, ds, split: QuestionSplit, prepared: _Prepared, reused: Reused | 
         stage = "probes"
         try:
             if prepared.plans and not (reused and "probes" in reused.kinds):
-                _train_probes(cfg, prepared, reused, result, metrics, tracker)
+                _train_probes(cfg, prepared, reused, result, metrics, tracker, progress)
             stage = "embedding"
             if "embedding" in cfg.verifiers.train and not (reused and "embedding" in reused.kinds):
                 tracker.message(f"embedding threshold verifier ({cfg.verifiers.embedding_model}) ...")

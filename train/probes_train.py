@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from specprobe.probes.base import HiddenStateProbe
 from specprobe.probes.baselines import ConstantBaseline, LogprobBaseline
@@ -344,9 +345,11 @@ def logistic_candidates(engine: dict, kept: Sequence[int], option: str, poolings
 
 
 def train_logistic(plan: ProbePlan, candidates: list[tuple[FeatureSpec, list[int]]],
-                   sets: dict[str, dict[str, dict[str, RowSet]]], l2s: Sequence[float]) -> TrainedProbe:
+                   sets: dict[str, dict[str, dict[str, RowSet]]], l2s: Sequence[float],
+                   progress: bool = False) -> TrainedProbe:
     """Fit the logistic probe for every candidate reading and L2 strength on the plan's training rows; keep the
-    one with the lowest validation log-loss (validation questions only)."""
+    one with the lowest validation log-loss (validation questions only). progress: a bar over the readings (a
+    full-size model's every row and pooling: minutes)."""
     start = time.perf_counter()
     options, ys = {}, {}
     for spec, cols in candidates:
@@ -356,7 +359,9 @@ def train_logistic(plan: ProbePlan, candidates: list[tuple[FeatureSpec, list[int
         vx, vy = _stack(val, cols)
         options[(spec.pooling, spec.layers[0])] = Candidate(spec, tx, vx)
         ys = {"train": ty, "val": vy}  # the same rows in the same order under every pooling
-    chosen = select_logistic(options, ys["train"], ys["val"], l2s)
+    with tqdm(total=len(options), desc=f"{plan.name}: readings", unit="reading", leave=False,
+              disable=not progress) as bar:
+        chosen = select_logistic(options, ys["train"], ys["val"], l2s, on_candidate=bar.update)
     pooling, row = chosen.key
     cols = next(c for s, c in candidates if s.pooling == pooling and s.layers == [row])
     n_train, n_val = int(ys["train"].shape[0]), int(ys["val"].shape[0])
@@ -488,20 +493,25 @@ def prepare_probes(ds, probe_cfg, models: Sequence[str], split_of: Callable[[np.
 
 def train_probes(plans: list[ProbePlan], specs: dict, sets: dict[str, dict[str, dict[str, RowSet]]], probe_cfg,
                  curve: Callable[[str], LogFn] | None = None, device: str = "cpu",
-                 out: ProbeResults | None = None) -> ProbeResults:
+                 out: ProbeResults | None = None, log: Callable[[str], None] | None = None,
+                 progress: bool = False) -> ProbeResults:
     """Train every planned probe, the role baselines and the per-set baselines; score them on the validation
     (and test) rows. out: where the results go, filled as each probe finishes (so a caller keeps the finished ones
     when a later one fails); probes already in out.probes (an earlier run's, `TrainedProbe.restore`) are not
-    trained again."""
+    trained again. log: a line as each probe starts; progress: a bar over the logistic probes' readings."""
     cfg = mlp_config(probe_cfg)
     out = out if out is not None else ProbeResults()
     main_sets = sets[probe_cfg.pooling]
     with torch_threads(probe_cfg.num_threads):
-        for plan in plans:
+        for n, plan in enumerate(plans, start=1):
+            if log is not None and plan.name not in out.probes:
+                what = (f"logistic, {len(specs[plan.name])} readings x {len(probe_cfg.logistic_l2)} L2"
+                        if plan.model == "logistic" else "MLP")
+                log(f"probe {n}/{len(plans)}: {plan.name} ({what})")
             if plan.name in out.probes:  # restored
                 pass
             elif plan.model == "logistic":
-                out.probes[plan.name] = train_logistic(plan, specs[plan.name], sets, probe_cfg.logistic_l2)
+                out.probes[plan.name] = train_logistic(plan, specs[plan.name], sets, probe_cfg.logistic_l2, progress)
             else:
                 spec, cols = specs[plan.name]
                 train = [main_sets["train"][n] for n in plan.train_sets]
