@@ -464,6 +464,17 @@ def test_intervals_resample_the_families_in_every_part(trained, tmp_path):
     assert "resamples of whole questions" in by_question.markdown.read_text()
 
 
+def test_the_sweeps_show_progress_bars_unless_told_not_to(trained, tmp_path, capsys):
+    """The layer and logistic sweeps (a full-size model's every layer: many fits) run under bars with an ETA."""
+    _, ckpt = trained
+    sweeps = ["eval.n_boot=10", "eval.umap=false", "eval.verifiers=[]", "eval.sweep_epochs=2"]
+    assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "bars"), *sweeps]) == 0
+    err = capsys.readouterr().err
+    assert "layer sweep (target)" in err and "logistic sweep (draft_via_target)" in err and "fit" in err
+    assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "quiet"), *sweeps, "--no-progress"]) == 0
+    assert "sweep (" not in capsys.readouterr().err
+
+
 def test_cli_report_and_errors(trained, tmp_path, capsys):
     _, ckpt = trained
     out = tmp_path / "cli"

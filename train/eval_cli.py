@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "runtime.checkpoint_judge_base in probe-bench)")
     parser.add_argument("--embedding-model", help="the embedder the embedding verifier loads instead of the one "
                                                   "embedding_threshold.json names (runtime.checkpoint_embedding_model)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars over the sweeps' fits")
     parser.add_argument("overrides", nargs="*", metavar="eval.key=value", help="eval settings, e.g. eval.n_boot=200")
     return parser
 
@@ -64,13 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.compare:
             result = compare_checkpoints(*args.compare, data=args.data, out=args.out, overrides=args.overrides,
                                          wandb=args.wandb, device=args.device, judge_base=args.judge_base,
-                                         embedding_model=args.embedding_model)
+                                         embedding_model=args.embedding_model, progress=not args.no_progress)
             print(f"probe-eval: comparison of {result['a']['name']} and {result['b']['name']} in "
                   f"{args.out or 'probe-eval-comparison'}/comparison.md")
             return 0
         report = evaluate_checkpoint(args.checkpoint, args.data, args.out, overrides=args.overrides,
                                      wandb=args.wandb, device=args.device, judge_base=args.judge_base,
-                                     embedding_model=args.embedding_model)
+                                     embedding_model=args.embedding_model, progress=not args.no_progress)
     except (CheckpointError, ConfigError, ValueError, FileNotFoundError) as err:
         print(f"probe-eval: error: {err}", file=sys.stderr)
         return 1

@@ -60,17 +60,17 @@ def sweep_set(ctx: EvalContext, set_name: str) -> dict[str, Any]:
     y_val, y_test, g_test = y[va].double().numpy(), y[te].double().numpy(), base.questions[te]
     constant = float(y[tr].double().mean())
     entries = []
-    for pooling, rows in by_pooling.items():
-        for col, row in enumerate(kept):
-            x = rows.x[:, col:col + 1]
-            only = {row: Candidate(_spec(ctx, role, row, pooling), x[tr], x[va])}
-            probe = select_logistic(only, y[tr], y[va], ctx.cfg.sweep_l2).probe  # its penalty, on validation
-            val_pred = probe.predict_proba(x[va]).double().numpy()
-            test_pred = probe.predict_proba(x[torch.from_numpy(te)]).double().numpy()
-            entries.append(clean_json({
-                "layer": row, "pooling": pooling, "depth": row / int(ctx.ds.manifest["engines"][role]["num_layers"]),
-                "l2": probe.l2, "val_brier": brier(val_pred, y_val), "val_log_loss": log_loss(val_pred, y_val),
-                "test_brier": brier(test_pred, y_test), "versus_constant": _compare(ctx, test_pred, constant, y_test, g_test)}))
+    readings = [(pooling, col, row) for pooling in by_pooling for col, row in enumerate(kept)]
+    for pooling, col, row in ctx.fits(readings, f"logistic sweep ({set_name})"):
+        x = by_pooling[pooling].x[:, col:col + 1]
+        only = {row: Candidate(_spec(ctx, role, row, pooling), x[tr], x[va])}
+        probe = select_logistic(only, y[tr], y[va], ctx.cfg.sweep_l2).probe  # its penalty, on validation
+        val_pred = probe.predict_proba(x[va]).double().numpy()
+        test_pred = probe.predict_proba(x[torch.from_numpy(te)]).double().numpy()
+        entries.append(clean_json({
+            "layer": row, "pooling": pooling, "depth": row / int(ctx.ds.manifest["engines"][role]["num_layers"]),
+            "l2": probe.l2, "val_brier": brier(val_pred, y_val), "val_log_loss": log_loss(val_pred, y_val),
+            "test_brier": brier(test_pred, y_test), "versus_constant": _compare(ctx, test_pred, constant, y_test, g_test)}))
     best = min(entries, key=lambda e: (e["val_log_loss"], e["layer"]))
     return {"set": set_name, "label": ROW_SETS[set_name].label, "role": role, "how": how, "independent": independent,
             "n_train": int(tr.sum()), "n_val": int(va.sum()), "n_test": int(te.sum()),

@@ -105,7 +105,7 @@ def default_out(checkpoint: Path) -> Path:
 
 # ----------------------------------------------------------------------------- evaluation
 def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list, judge_base: str | None = None,
-             embedding_model: str | None = None) -> tuple[EvalContext | None, dict]:
+             embedding_model: str | None = None, progress: bool = False) -> tuple[EvalContext | None, dict]:
     """Open the data and pick the held-out questions; None (and a skip) when that is impossible."""
     holder = EvalContext(ckpt, None, HeldOut([], [], "none"), cfg, device, skipped)
     opened = guarded(holder, "data", lambda: open_data(ckpt, data))
@@ -120,7 +120,7 @@ def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list, judge_bas
         return None, info
     units = _families(ds) if cfg.resample == "family" else None
     return EvalContext(ckpt, ds, held, cfg, device, skipped, judge_base=judge_base,
-                       embedding_model=embedding_model, units=units), info
+                       embedding_model=embedding_model, units=units, progress=progress), info
 
 
 def _run_parts(ctx: EvalContext, cfg, print_fn) -> tuple[dict[str, Any], list, dict[str, float]]:
@@ -155,7 +155,7 @@ def _draw(figures: list, out: Path, skipped: list) -> list[dict[str, Any]]:
 def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike | None = None,
                         out: str | os.PathLike | None = None, *, eval_cfg: Any = None, overrides: Sequence[str] = (),
                         wandb: bool = False, device: str | None = None, judge_base: str | None = None,
-                        embedding_model: str | None = None,
+                        embedding_model: str | None = None, progress: bool = False,
                         print_fn: Callable[[str], None] = print) -> Report:
     """Evaluate a probe-train checkpoint and write the report folder; returns the Report.
 
@@ -164,7 +164,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
     checkpoint's `eval` section); overrides: ``eval.key=value`` strings; wandb: also log to Weights &
     Biases (offline unless the checkpoint's wandb section says online), files under <out>/wandb;
     judge_base / embedding_model: the model the judge (its base) / the embedding verifier loads instead of the one
-    its file names (as runtime.checkpoint_judge_base / checkpoint_embedding_model in probe-bench).
+    its file names (as runtime.checkpoint_judge_base / checkpoint_embedding_model in probe-bench); progress:
+    progress bars with ETA over the layer and logistic sweeps' fits.
     """
     start = time.perf_counter()
     ckpt = open_checkpoint(checkpoint)
@@ -172,7 +173,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
     out = Path(out) if out is not None else default_out(ckpt.path)
     out.mkdir(parents=True, exist_ok=True)
     skipped: list[dict[str, str]] = []
-    ctx, data_info = _context(ckpt, data, cfg, device, skipped, judge_base, embedding_model)
+    ctx, data_info = _context(ckpt, data, cfg, device, skipped, judge_base, embedding_model, progress)
     results, figures, seconds = _run_parts(ctx, cfg, print_fn) if ctx is not None else ({}, [], {})
     metrics = {
         "format": REPORT_FORMAT, "format_version": REPORT_VERSION,

@@ -7,12 +7,13 @@ verifier) is recorded with `ctx.skip` and the part goes on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.probes.acceptance import semantic_accept_prob
@@ -69,12 +70,17 @@ class EvalContext:
     judge_base: str | None = None  # loaded by the judge instead of the base judge.json names
     embedding_model: str | None = None  # loaded by the embedding verifier instead of the one its file names
     units: dict[str, str] | None = None  # question -> family the bootstrap resamples whole (None: questions)
+    progress: bool = False  # progress bars (with ETA) over the sweeps' fits
     _rows: dict[tuple[str, str], RowSet] = field(default_factory=dict)
     predictions: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
 
     def bootstrap(self) -> dict[str, Any]:
         """The interval settings every block takes: resamples, level, seed and what is resampled."""
         return {"n_boot": self.cfg.n_boot, "alpha": self.cfg.alpha, "seed": self.cfg.seed, "units": self.units}
+
+    def fits(self, items: Sequence[Any], desc: str) -> Iterable[Any]:
+        """`items`, one fit each, under a progress bar with ETA (shown with `progress`; gone when done)."""
+        return tqdm(items, desc=desc, unit="fit", leave=False, disable=not self.progress)
 
     def skip(self, part: str, reason: str) -> None:
         log.info("probe-eval: skipped %s: %s", part, reason)
@@ -354,7 +360,7 @@ def sweep_role(ctx: EvalContext, role: str) -> dict[str, Any]:
     cfg = sweep_config(ctx, len(tr))
     y_val, y_test = y[va].double().numpy(), y[te].double().numpy()
     entries, test_preds, failed = [], {}, []
-    for row in ev.sweep_rows(kept, ctx.cfg.sweep_max_layers):
+    for row in ctx.fits(ev.sweep_rows(kept, ctx.cfg.sweep_max_layers), f"layer sweep ({role})"):
         col = slice(kept.index(row), kept.index(row) + 1)
         spec = engine_spec(engine, [row])
         try:
