@@ -44,11 +44,12 @@ import sys
 from pathlib import Path
 
 from specprobe.infer import bench
-from specprobe.infer.bench_resume import check_resumable
+from specprobe.infer.bench_resume import check_resumable, logged_problems
 from specprobe.infer.config import InferenceConfig, load_inference_config
 from specprobe.infer.models import ModelUnavailableError
 from specprobe.infer.ray_cluster import split_ray_option
 from specprobe.inputs.config import ConfigError, check_folder, format_help
+from specprobe.inputs.signals import Stopped, exit_code, sigterm_stops
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.system_speed:
         overrides.append("bench.system_speed=true")
 
+    out = None
     try:
         cfg = load_inference_config(args.config, overrides)
         cfg.check_before_loading(sources=False, ray=args.ray is not None)
@@ -100,16 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out) if args.out else cfg.bench_out_dir
         if args.resume:  # other settings are refused before the models load
             check_resumable(out, bench.resume_config(cfg.bench_setup()))
-        if args.ray is not None:
-            from specprobe.infer.bench_ray import run_benchmark_on_ray
-
-            report = run_benchmark_on_ray(cfg.bench_setup(), methods, checkpoint=args.checkpoint, verifier=args.verifier,
-                                          address=args.ray or None, out_dir=out, resume=args.resume,
-                                          log=lambda s: print(s, file=sys.stderr))
-        else:
-            env = bench.prepare(cfg.bench_setup(), checkpoint=args.checkpoint, verifier=args.verifier, methods=methods)
-            report = bench.run_benchmark(env, methods, out_dir=out, log=lambda s: print(s, file=sys.stderr),
-                                         resume=args.resume)
+        with sigterm_stops():
+            report = _run(cfg, args, methods, out)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (a scheduler's time limit)
+        done = logged_problems(out) if out is not None else 0
+        print(f"probe-bench: stopped ({'SIGTERM' if isinstance(err, Stopped) else 'Ctrl-C'}); "
+              + (f"the {done} problems it finished are in {out / 'results.json'}; the same command with --resume "
+                 "goes on with the others" if done else "no problem had finished"), file=sys.stderr)
+        return exit_code(err)
     except (ConfigError, ValueError, FileNotFoundError, ModelUnavailableError, RuntimeError) as err:
         print(f"probe-bench: error: {err}", file=sys.stderr)
         return 2
@@ -123,6 +123,18 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 3
     return 0
+
+
+def _run(cfg: InferenceConfig, args, methods: list[str] | None, out: Path) -> dict:
+    if args.ray is not None:
+        from specprobe.infer.bench_ray import run_benchmark_on_ray
+
+        return run_benchmark_on_ray(cfg.bench_setup(), methods, checkpoint=args.checkpoint, verifier=args.verifier,
+                                    address=args.ray or None, out_dir=out, resume=args.resume,
+                                    log=lambda s: print(s, file=sys.stderr))
+    env = bench.prepare(cfg.bench_setup(), checkpoint=args.checkpoint, verifier=args.verifier, methods=methods)
+    return bench.run_benchmark(env, methods, out_dir=out, log=lambda s: print(s, file=sys.stderr),
+                               resume=args.resume)
 
 
 if __name__ == "__main__":

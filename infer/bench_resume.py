@@ -74,6 +74,12 @@ def _read(path: Path) -> tuple[dict | None, dict[int, dict]]:
     return key, done
 
 
+def logged_problems(out: Path) -> int:
+    """How many problems the run in `out` logged as finished (0 without a log)."""
+    path = out / PROBLEMS_LOG
+    return len(_read(path)[1]) if path.is_file() else 0
+
+
 def _replace(path: Path, lines: Sequence[str]) -> None:
     """Write `path` aside and move it into place: a kill meanwhile leaves the old file whole."""
     aside = path.with_name(path.name + ".tmp")

@@ -20,15 +20,14 @@ import argparse
 import logging
 import signal
 import sys
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 from specprobe.data_gen.contexts import parse_part
 from specprobe.data_gen.pipeline import DataGenStats, DataResult, generate_dataset
 from specprobe.data_gen.store import merge_parts
 from specprobe.infer.ray_cluster import split_ray_option
 from specprobe.inputs.config import ConfigError
+from specprobe.inputs.signals import Stopped, sigterm_stops
 from specprobe.train.config import format_help, load_config
 from specprobe.train.pipeline import train_all
 
@@ -84,28 +83,6 @@ def run_train_stage(cfg, progress: bool = True) -> int:
 
     train_all(cfg, progress=progress)
     return 0
-
-
-class Stopped(KeyboardInterrupt):
-    """SIGTERM (a batch scheduler's time limit, `kill`), raised where the run is, as Ctrl-C is: the train stage
-    keeps its finished verifiers (<checkpoint>-partial), the data stage its finished shards."""
-
-
-@contextmanager
-def sigterm_stops() -> Iterator[None]:
-    """SIGTERM raises `Stopped` while the block runs (main thread only; the old handler comes back after)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise Stopped(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
