@@ -28,7 +28,7 @@ Arguments:
     --resume             go on with the run in --out that was stopped midway (a time limit, a lost machine):
                          the problems it finished are kept as they are, the others decoded; the settings
                          must be those it was started with (else an error names what differs; the ray
-                         section may change)
+                         section may change, and a larger --num-problems adds problems to a run)
     --keep-going         exit 0 even when a method could not run (its row carries the error; else exit 3)
     --help-config        list every config key with its help text
     --list-methods       list the registered decoding methods (and what each needs)

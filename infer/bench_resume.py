@@ -6,7 +6,7 @@ settings, methods, verifier, checkpoint, system-speed mode and problems; not the
 with other replicas) and then one line per finished problem: its place in the run, its id, the seconds it took, the
 run's wall time when it finished and every method's results on it (`infer.bench.MethodResult.to_record`). A
 resumed run takes those problems as they are, drops the trace records of a problem it had not finished, and
-decodes the rest; each problem's methods still run one after the other in one process, so every per-problem ratio
+decodes the rest (a larger bench.num_problems extends a run: the problems it decoded stay, the new ones follow); each problem's methods still run one after the other in one process, so every per-problem ratio
 pairs latencies measured together.
 """
 from __future__ import annotations
@@ -96,14 +96,22 @@ def check_resumable(out: Path, config: dict) -> None:
         _refuse_other(out, {"config": (old or {}).get("config")}, {"config": config})
 
 
+def _without_count(key: dict) -> dict:
+    """The key without bench.num_problems (a run may go on with more problems)."""
+    bench = {k: v for k, v in ((key.get("config") or {}).get("bench") or {}).items() if k != "num_problems"}
+    return {**key, "config": {**(key.get("config") or {}), "bench": bench}}
+
+
 def _refuse_other(out: Path, old: dict, new: dict) -> None:
-    if old == new:
+    """An error naming what differs, unless `new` is `old`'s run, or that run with more problems after its own
+    (bench.num_problems raised: the ones it decoded stay, the new ones are decoded)."""
+    a, b = old.get("problems") or [], new.get("problems") or []
+    if old == new or (_without_count({**old, "problems": None}) == _without_count({**new, "problems": None})
+                      and len(a) <= len(b) and b[:len(a)] == a):
         return
-    problems = [k for k in ("problems",) if old.get(k) != new.get(k)]
     differ = config_diff({k: v for k, v in old.items() if k != "problems"},
                          {k: v for k, v in new.items() if k != "problems"})
-    if problems:  # a list of ids: say how it differs, not the whole of it
-        a, b = old.get("problems") or [], new.get("problems") or []
+    if a != b and "problems" in new:  # a list of ids: say how it differs, not the whole of it
         first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         same_length = first < min(len(a), len(b))
         differ.append(f"problems: {len(a)} -> {len(b)}" + (f", problem {first + 1} differs" if same_length else ""))
@@ -121,7 +129,10 @@ def open_problem_log(out: Path, key: dict, resume: bool, log: Callable[[str], No
     if resume and path.is_file():
         old, done = _read(path)
         _refuse_other(out, old or {}, key)
-        _replace(path, [json.dumps({"run": old})] + [json.dumps(line) for _, line in sorted(done.items())])
+        if old != key:  # more problems: the log names the run as it now is
+            log(f"--resume: {out} goes on with {len(key['problems'])} problems (it was started with "
+                f"{len((old or {}).get('problems') or [])})")
+        _replace(path, [json.dumps({"run": key})] + [json.dumps(line) for _, line in sorted(done.items())])
         ids = {line["problem"] for line in done.values()}
         for trace in sorted((out / "traces").glob("*.jsonl")):
             _replace(trace, [t for t in trace.read_text(encoding="utf-8").splitlines() if _problem_of(t) in ids])

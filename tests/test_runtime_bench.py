@@ -365,8 +365,14 @@ def test_a_stopped_run_resumes_with_the_problems_it_finished(tmp_path, capsys, m
     # a finished run resumes to its report, decoding nothing; another setting is an error naming it
     decoded.clear()
     assert main([*args, "--out", str(out), "--resume"]) == 0 and decoded == []
+    more = [("4" if a == "3" else a) for a in args]  # --num-problems 4: the fourth is decoded, the three kept
+    assert main([*more, "--out", str(out), "--resume"]) == 0 and decoded == [3]
+    assert json.loads((out / "results.json").read_text())["resumed"] == \
+        "3 of 4 problems decoded by an earlier run of this command"
     with monkeypatch.context() as m:  # refused before the models load
         m.setattr(bench, "prepare", lambda *a, **k: pytest.fail("models loaded for a run that cannot resume"))
         assert main([*args, "runtime.gamma=2", "--out", str(out), "--resume"]) == 2
-    assert "holds a run with other settings (config.runtime.gamma: 3 -> 2" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds a run with other settings (" in err and "config.runtime.gamma: 3 -> 2" in err
+    decoded.clear()
     assert main([*args, "runtime.gamma=2", "--out", str(out)]) == 0 and decoded == [0, 1, 2]  # starts over
