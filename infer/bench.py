@@ -66,6 +66,7 @@ from specprobe.inputs.records import (
     record_id,
     source_stem,
 )
+from specprobe.probes.io import write_text
 from specprobe.probes.metrics import bootstrap_ci, wilson_interval
 
 # benchmark sets by short name (kind: jsonl, name: <short name>; the hub ids are inputs.records.HUB_NAMES),
@@ -658,6 +659,7 @@ def resume_config(setup: BenchSetup) -> dict:
     """The settings a resumed run must share with the stopped one (`bench_resume.KEY_SECTIONS`, the step
     delimiter), as JSON reads them back."""
     sections = {**to_dict(setup, KEY_SECTIONS), "delimiter": setup.delimiter}
+    sections["bench"].pop("out_dir", None)  # (--out names it: where the run is, not how)
     return json.loads(json.dumps(sections, default=_json_default))
 
 
@@ -714,8 +716,9 @@ def report_so_far(env: BenchEnv, results: dict[str, MethodResult], done: Sequenc
 
 
 def write_report(report: dict, out: Path) -> None:
-    (out / "results.json").write_text(json.dumps(report, indent=2, default=_json_default))
-    (out / "results.md").write_text(format_markdown(report) + "\n")
+    """results.json and results.md, each written aside and moved into place (a stop meanwhile leaves the last)."""
+    write_text(out / "results.json", json.dumps(report, indent=2, default=_json_default))
+    write_text(out / "results.md", format_markdown(report) + "\n")
 
 
 def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: str | Path | None = None,

@@ -30,6 +30,7 @@ Arguments:
                          must be those it was started with (else an error names what differs; the ray
                          section may change, and a larger --num-problems adds problems to a run)
     --keep-going         exit 0 even when a method could not run (its row carries the error; else exit 3)
+                         (Ctrl-C and SIGTERM stop a run with exit 130 and 143, the finished problems kept)
     --help-config        list every config key with its help text
     --list-methods       list the registered decoding methods (and what each needs)
     key=value ...        config overrides, e.g. runtime.gamma=2 sampling.temperature=0
@@ -41,6 +42,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from pathlib import Path
 
 from specprobe.infer import bench
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.system_speed:
         overrides.append("bench.system_speed=true")
 
-    out = None
+    out, started = None, time.time()
     try:
         cfg = load_inference_config(args.config, overrides)
         cfg.check_before_loading(sources=False, ray=args.ray is not None)
@@ -105,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         with sigterm_stops():
             report = _run(cfg, args, methods, out)
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (a scheduler's time limit)
-        done = logged_problems(out) if out is not None else 0
+        # (without --resume, a log older than this command is an earlier run's)
+        done = logged_problems(out, None if args.resume else started) if out is not None else 0
         print(f"probe-bench: stopped ({'SIGTERM' if isinstance(err, Stopped) else 'Ctrl-C'}); "
               + (f"the {done} problems it finished are in {out / 'results.json'}; the same command with --resume "
                  "goes on with the others" if done else "no problem had finished"), file=sys.stderr)

@@ -74,10 +74,13 @@ def _read(path: Path) -> tuple[dict | None, dict[int, dict]]:
     return key, done
 
 
-def logged_problems(out: Path) -> int:
-    """How many problems the run in `out` logged as finished (0 without a log)."""
+def logged_problems(out: Path, since: float | None = None) -> int:
+    """How many problems the run in `out` logged as finished (0 without a log, or with one last written before
+    `since`, a time.time(): an earlier run's)."""
     path = out / PROBLEMS_LOG
-    return len(_read(path)[1]) if path.is_file() else 0
+    if not path.is_file() or (since is not None and path.stat().st_mtime < since - 1):  # (coarse clocks)
+        return 0
+    return len(_read(path)[1])
 
 
 def _replace(path: Path, lines: Sequence[str]) -> None:

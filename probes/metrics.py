@@ -310,10 +310,11 @@ def bootstrap_ci(metric_fn: Callable[..., float], *arrays: Any, n_boot: int = 10
     Rows are resampled with replacement; with `groups`, whole groups are resampled (rows of one
     question are correlated, so row resampling would understate the uncertainty).
 
-    share: the metric is a share in [0, 1] (an acceptance rate). Where every unit (group, else row) has the same
-    share (none, all, or one rate) no resample can differ and the percentile interval is a point, as if the share
-    were known exactly; the Wilson interval over the units, each one trial at that share, is given instead
-    (`wilson_units` says over how many).
+    share: the metric is a share in [0, 1] (an acceptance rate, a precision). Where every unit (group, else row)
+    with a defined share has the same one (none, all, or one rate) no resample can differ and the percentile
+    interval is a point, as if the share were known exactly; the Wilson interval over those units, each one trial at
+    that share, is given instead (`wilson_units` says over how many; a unit whose share is undefined, a precision
+    where it accepted nothing, is not one of them). One unit off that share brings back the percentile interval.
     """
     if not arrays:
         raise ValueError("bootstrap_ci needs at least one array")
@@ -340,11 +341,13 @@ def bootstrap_ci(metric_fn: Callable[..., float], *arrays: Any, n_boot: int = 10
     estimate = float(metric_fn(*arrs))
     if share:
         units = [np.arange(n)[i:i + 1] for i in range(n)] if groups is None else members
-        rates = {float(metric_fn(*(a[rows] for a in arrs))) for rows in units}
-        rate = rates.pop() if len(rates) == 1 else math.nan
-        if math.isfinite(rate):
-            low, high = wilson_interval(rate * len(units), len(units), NormalDist().inv_cdf(1 - alpha / 2))
-            return BootstrapCI(estimate, low, high, alpha, n_boot, n_boot, len(units))
+        rates = [float(metric_fn(*(a[rows] for a in arrs))) for rows in units]
+        defined = {r for r in rates if math.isfinite(r)}
+        if len(defined) == 1:
+            rate, n_units = defined.pop(), sum(math.isfinite(r) for r in rates)
+            low, high = wilson_interval(rate * n_units, n_units, NormalDist().inv_cdf(1 - alpha / 2))
+            # (n_valid: every resample would have given that share)
+            return BootstrapCI(estimate, low, high, alpha, n_boot, n_boot, n_units)
     values = np.empty(n_boot)
     for b in range(n_boot):
         idx = draw()

@@ -167,6 +167,12 @@ def test_a_share_with_one_value_in_every_unit_gets_wilsons_interval_over_the_uni
     by_groups = bootstrap_ci(rate, half, n_boot=50, alpha=0.10, groups=groups, share=True)
     assert (by_groups.low, by_groups.high) == wilson_interval(5, 10, NormalDist().inv_cdf(0.95))
     assert by_groups.to_dict()["wilson_units"] == 10 and by_groups.low < 0.5 < by_groups.high
+    # a precision: groups that accept nothing have none and are not units; every other group's is 1
+    accepted, right = np.tile([1.0, 1.0, 0.0, 0.0], 10), np.ones(40)
+    accepted[20:] = 0
+    precision = lambda a, r: float(r[a > 0].mean()) if (a > 0).any() else math.nan  # noqa: E731
+    exact = bootstrap_ci(precision, accepted, right, n_boot=50, alpha=0.05, groups=groups, share=True)
+    assert (exact.low, exact.high, exact.wilson_units) == (*wilson_interval(5, 5), 5)
     uneven = bootstrap_ci(rate, np.r_[half[:36], np.ones(4)], n_boot=50, groups=groups, share=True)
     assert uneven.wilson_units is None and "wilson_units" not in uneven.to_dict()  # rates differ: percentile
 

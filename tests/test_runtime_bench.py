@@ -336,9 +336,13 @@ def test_a_stopped_run_resumes_with_the_problems_it_finished(tmp_path, capsys, m
     monkeypatch.setattr(bench, "run_problems", stopped_at_the_third)
     out = tmp_path / "stopped"
     stop = True
-    original = signal.signal(signal.SIGTERM, lambda *_: None)  # should probe-bench's handler be missing
+    def ignore(*_):  # should probe-bench's handler be missing
+        pass
+
+    original = signal.signal(signal.SIGTERM, ignore)
     try:
         assert main([*args, "--out", str(out)]) == 143  # SIGTERM's code, with what to do next
+        assert signal.getsignal(signal.SIGTERM) is ignore  # the caller's handler is back
     finally:
         signal.signal(signal.SIGTERM, original)
     assert "stopped (SIGTERM); the 2 problems it finished are in" in capsys.readouterr().err

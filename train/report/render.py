@@ -359,8 +359,8 @@ def verifiers_section(part: dict[str, Any] | None, figures) -> str:
                      num(at["false_accept_rate"])])
     out.append(table(["verifier", "n", "AUROC", "AUPRC", "threshold", "threshold fit (on pairs not trained on)",
                       "acceptance", "precision", "recall", "false accepts"], rows))
-    if any((b["metrics"].get(k) or {}).get("wilson_units") for b in part["by_verifier"].values()
-           for k in ("acceptance_rate", "precision")):
+    if any((b["metrics"].get(k) or {}).get("wilson_units") and b["metrics"][k].get("low") is not None
+           for b in part["by_verifier"].values() for k in ("acceptance_rate", "precision")):
         out.append("*[low, high; Wilson over N]: every resampled unit (question, or family) had the same share, so no "
                    "resample could differ; the interval is Wilson's over the N units, each one trial at that share.*")
     for name, b in part["by_verifier"].items():
