@@ -210,8 +210,8 @@ def stats_from_trace(records: Sequence[dict]) -> RunStats:
     for rec in records:
         for pos in rec.get("positions", []):
             stats.record_position(pos["position"], pos["accepted"])
-        for draft in rec.get("drafts", []):
-            verdict = draft.get("verdict")
+        for step in rec.get("drafts", []):
+            verdict = step.get("verdict")
             if verdict is None:  # not reached (after a rejection)
                 continue
             if "reason" in verdict:  # `common.refused`: rejected without asking the verifier
