@@ -668,7 +668,13 @@ def problem_log(env: BenchEnv, specs: Sequence[MethodSpec], out: Path, resume: b
     """The run's `bench_resume.ProblemLog` in `out` (with `resume`, an unfinished run's of the same settings)."""
     key = run_key(resume_config(env.setup), [s.label for s in specs], env.verifier_kind, env.checkpoint,
                   env.system_speed, [(p.id, p.question) for p in env.problems])
-    return open_problem_log(out, json.loads(json.dumps(key, default=_json_default)), resume, log)
+    return open_problem_log(out, key, resume, log)  # (its parts are JSON values already)
+
+
+def log_problem(plog: ProblemLog, position: int, problem: Problem, seconds: float, wall_s: float,
+                results: dict[str, MethodResult]) -> None:
+    """One finished problem's results into the run's log (after its traces are written)."""
+    plog.add(position, problem.id, seconds, wall_s, {label: res.to_record() for label, res in results.items()})
 
 
 def logged_parts(plog: ProblemLog, specs: Sequence[MethodSpec]) -> list[tuple[int, dict[str, MethodResult]]]:
@@ -758,8 +764,8 @@ def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: 
             parts.append((i, results))
             parts.sort(key=lambda part: part[0])
             if plog is not None:
-                plog.add(i, env.problems[i].id, time.perf_counter() - begun, earlier + time.perf_counter() - started,
-                         {label: res.to_record() for label, res in results.items()})
+                log_problem(plog, i, env.problems[i], time.perf_counter() - begun,
+                            earlier + time.perf_counter() - started, results)
             if out is not None and len(parts) < total:
                 write_report(report_of(), out)
     report = report_of()

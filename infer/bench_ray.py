@@ -148,8 +148,7 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
                 for label, records in traces:
                     write_traces(label, records)
             if plog is not None:  # after its traces: a logged problem is whole
-                plog.add(position, problems[position].id, took, earlier + max(seconds),
-                         {label: res.to_record() for label, res in results.items()})
+                bench.log_problem(plog, position, problems[position], took, earlier + max(seconds), results)
             report = _report(env, parts, problems, earlier + max(seconds), len(replicas), logged)
             if out is not None:
                 bench.write_report(report, out)
