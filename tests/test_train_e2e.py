@@ -34,6 +34,9 @@ def test_probe_train_all_stages(tmp_path, capsys, smol_engine):
                  "embedding threshold verifier", "judge-LoRA verifier", "base model (untrained)"):
         assert text in out
 
+    # the judge's training state was kept beside the checkpoint while it trained, and goes once the judge is in it
+    steps = cfg.checkpoint_dir.with_name("checkpoint-judge-steps")
+    assert f"removed {steps} (the judge LoRA's training state" in out and not steps.exists()
     ckpt = Checkpoint(cfg.checkpoint_dir)
     assert {"probe_target", "probe_draft", "baselines", "embedding_threshold", "judge"} <= set(ckpt.components)
     assert find_pickles(cfg.checkpoint_dir) == []

@@ -150,3 +150,54 @@ def test_the_base_loads_in_the_dtype_its_threshold_was_fitted_in(trained, tmp_pa
     (copy / "judge.json").write_text(json.dumps({**meta, "dtype": "bf-16"}))
     with pytest.raises(CheckpointError, match="'dtype' must be one of"):
         load_judge_lora(copy, device="cpu")
+
+
+def test_a_stopped_training_continues_from_its_saved_state(tmp_path, monkeypatch):
+    """Stopped in its fifth step with a state saved every two, the same training run again continues after step
+    4 and ends with the uninterrupted run's losses, adapter and scores (LoRA dropout on: torch's RNG is part of the
+    state); the base is not scored again. Other settings start from step 0 and say why."""
+    from dataclasses import replace
+
+    from specprobe.infer import judge_prompt
+    from specprobe.train import pair_verifiers
+
+    pairs, vcfg = pair_set(PAIRS), replace(VCFG, judge_save_every=2, judge_lora_dropout=0.2)
+    fresh = lambda: load_model(SMOL, device="cpu", dtype="float32")  # noqa: E731 (LoRA goes into the model)
+    whole = train_judge(pairs, pairs, vcfg, device="cpu", model=fresh())
+
+    real, calls, lines = pair_verifiers.judge_answer_logits, [], []
+
+    def stop_in_fifth_step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pair_verifiers, "judge_answer_logits", stop_in_fifth_step)
+        with pytest.raises(KeyboardInterrupt):
+            train_judge(pairs, pairs, vcfg, device="cpu", model=fresh(), state_dir=tmp_path, message=lines.append)
+    assert lines == [f"judge LoRA: its state after step 4 of 6 is in {tmp_path}; the same command continues from there"]
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["step"] == 4 and state["losses"] == pytest.approx(whole.losses[:4], rel=1e-6)
+    assert [p.name for p in tmp_path.glob("step-*")] == ["step-0000004.safetensors"]
+
+    scored = []
+    monkeypatch.setattr(pair_verifiers, "judge_probability",
+                        lambda *a, **k: scored.append(k.get("progress")) or judge_prompt.judge_probability(*a, **k))
+    resumed = train_judge(pairs, pairs, vcfg, device="cpu", model=fresh(), state_dir=tmp_path, message=lines.append)
+    assert lines[-1].startswith(f"judge LoRA: resuming after step 4 of 6 from {tmp_path}")
+    assert len(scored) == 1  # the LoRA's validation pairs only (test pairs not given): the base's came from the state
+    np.testing.assert_allclose(resumed.losses, whole.losses, rtol=1e-5)
+    assert resumed.metrics["resumed"]["after_step"] == 4 and "resumed" not in whole.metrics
+    ours = dict(resumed.model.named_parameters())
+    for name, param in whole.model.named_parameters():
+        if param.requires_grad:
+            torch.testing.assert_close(ours[name], param, rtol=1e-5, atol=1e-6)
+    assert resumed.metrics["val"]["base"] == whole.metrics["val"]["base"]
+    assert json.loads((tmp_path / "state.json").read_text())["step"] == 6
+
+    other = train_judge(pairs, pairs, replace(vcfg, judge_lr=1e-3), device="cpu", model=fresh(), state_dir=tmp_path,
+                        message=lines.append)
+    assert "other pairs or settings (settings.judge_lr: 0.005 -> 0.001)" in lines[-1]
+    assert len(other.losses) == 6 and other.losses[0] == pytest.approx(whole.losses[0], rel=1e-5)

@@ -112,6 +112,9 @@ class VerifiersConfig:
         None, "put LoRA only into the last this-many transformer layers (null = all); fewer layers make the "
               "backward pass cheaper, which matters on a CPU")
     judge_steps: int = opt(300, "judge optimisation steps")
+    judge_save_every: int = opt(
+        50, "every this many judge steps, write the LoRA's weights, optimizer and RNG states to "
+            "<output_dir>/checkpoint-judge-steps; the same command after a stop continues from the last (0: never)")
     judge_lr: float = opt(2e-4, "judge learning rate")
     judge_batch_size: int = opt(8, "judge batch size")
     judge_max_pairs: int = opt(4000, "most balanced training pairs for the judge")
@@ -133,6 +136,8 @@ class VerifiersConfig:
         for name in ("judge_lora_r", "judge_lora_alpha", "judge_lora_layers", "judge_steps", "judge_batch_size", "judge_max_pairs",
                      "judge_eval_pairs"):
             check_positive(self, name)
+        if self.judge_save_every < 0:
+            raise ConfigError(f"verifiers.judge_save_every must be >= 0 (0: never), got {self.judge_save_every}")
         if not 0 <= self.judge_lora_dropout < 1:
             raise ConfigError(f"verifiers.judge_lora_dropout must be in [0, 1), got {self.judge_lora_dropout}")
         if not self.judge_lr > 0:

@@ -48,6 +48,8 @@ from specprobe.infer.models import describe_source, load_model
 from specprobe.probes.metrics import auroc
 from specprobe.probes.splits import stratified_subsample
 from specprobe.probes.threshold import ThresholdFit, decisions_at, fit_threshold
+from specprobe.train import judge_steps
+from specprobe.train.judge_steps import Earlier, JudgeSteps, LoopState, run_key
 from specprobe.train.probes_train import TrainingDataError
 
 LogFn = Callable[[dict[str, Any]], None]
@@ -298,30 +300,38 @@ def lora_model(model, vcfg):
 
 
 def judge_train_loop(model, tokenizer, items: Sequence[tuple[str, str, str]], labels: np.ndarray, vcfg,
-                     log_fn: LogFn | None = None, progress: bool = False) -> list[float]:
-    """`judge_steps` AdamW steps of cross-entropy on the two answer-token logits; returns the step losses."""
+                     log_fn: LogFn | None = None, progress: bool = False, steps: JudgeSteps | None = None,
+                     earlier: Earlier | None = None) -> LoopState:
+    """`judge_steps` AdamW steps of cross-entropy on the two answer-token logits (seeded: dropout draws from
+    torch's generator seeded with verifiers.seed + 2, inside a fork of it); returns the loop state, whose
+    `losses` are the step losses. steps: where the state is saved every few steps; earlier: a state to continue."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=vcfg.judge_lr, weight_decay=0.0)
     # class 0 = yes ("aligned") = equivalent, matching the [yes, no] column order of the logits
     targets = torch.as_tensor(~np.asarray(labels, dtype=bool), dtype=torch.long)
-    rng = np.random.default_rng(vcfg.seed + 1)
-    order, pos, losses = rng.permutation(len(items)), 0, []
-    model.train()
-    for step in tqdm(range(vcfg.judge_steps), desc="judge LoRA steps", unit="step", disable=not progress):
-        if pos + vcfg.judge_batch_size > len(order) and pos > 0:
-            order, pos = rng.permutation(len(items)), 0
-        idx = order[pos:pos + vcfg.judge_batch_size]
-        pos += len(idx)
-        logits = judge_answer_logits(model, tokenizer, [items[i] for i in idx])
-        loss = torch.nn.functional.cross_entropy(logits, targets[idx].to(logits.device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.item()))
-        if log_fn is not None:
-            log_fn({"step": step, "loss": losses[-1], "last": step == vcfg.judge_steps - 1})
+    start = time.perf_counter()
+    with torch.random.fork_rng(devices=judge_steps.cuda_devices(model)):
+        torch.manual_seed(vcfg.seed + 2)
+        loop = JudgeSteps.restore(earlier, model, opt) if earlier else LoopState.fresh(len(items), vcfg.seed)
+        if steps is not None and loop.step == 0:
+            steps.save(model, opt, loop, 0.0)  # the base's scores, so a stop in the first steps keeps them
+        model.train()
+        for step in tqdm(range(loop.step, vcfg.judge_steps), desc="judge LoRA steps", unit="step",
+                         disable=not progress, initial=loop.step, total=vcfg.judge_steps):
+            idx = loop.next_batch(vcfg.judge_batch_size)
+            logits = judge_answer_logits(model, tokenizer, [items[i] for i in idx])
+            loss = torch.nn.functional.cross_entropy(logits, targets[idx].to(logits.device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loop.losses.append(float(loss.item()))
+            loop.step = step + 1
+            if steps is not None and steps.due(loop.step, vcfg.judge_steps):
+                steps.save(model, opt, loop, time.perf_counter() - start)
+            if log_fn is not None:
+                log_fn({"step": step, "loss": loop.losses[-1], "last": step == vcfg.judge_steps - 1})
     model.eval()
-    return losses
+    return loop
 
 
 def _probabilities(model, tokenizer, items, batch_size: int, desc: str = "", progress: bool = False) -> np.ndarray:
@@ -330,20 +340,42 @@ def _probabilities(model, tokenizer, items, batch_size: int, desc: str = "", pro
 
 
 def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, log_fn: LogFn | None = None,
-                model=None, test: PairSet | None = None, progress: bool = False) -> JudgeResult:
+                model=None, test: PairSet | None = None, progress: bool = False, state_dir: str | Path | None = None,
+                message: Callable[[str], None] = print) -> JudgeResult:
     """Fine-tune the judge LoRA on balanced training pairs; score it and its untrained base on `val` (and
-    `test`). progress: bars for the scoring passes and the LoRA steps (minutes on a CPU)."""
+    `test`). progress: bars for the scoring passes and the LoRA steps (minutes on a CPU). state_dir: where the
+    training state is kept every ``verifiers.judge_save_every`` steps; a state there from an earlier run of the
+    same training is continued (`judge_steps`); message: where such news goes."""
     start = time.perf_counter()
     base, tokenizer = model if model is not None else load_model(vcfg.judge_base, kind="causal_lm", device=device,
                                                                   dtype=vcfg.judge_dtype)
     batch = max(vcfg.judge_batch_size, 8)
     evals = {split: pair_items(p, vcfg.judge_eval_pairs, vcfg.seed)
              for split, p in (("val", val), ("test", test)) if p is not None and len(p)}
-    base_probs = {split: _probabilities(base, tokenizer, items, batch, f"judge base, {split} pairs", progress)
-                  for split, (items, _) in evals.items()}
     items, labels = balanced_pairs(train, vcfg.judge_max_pairs, vcfg.seed)
+    dtype = str(base.dtype).removeprefix("torch.")  # the scale the threshold is on
+    steps, earlier = None, None
+    if state_dir is not None and vcfg.judge_save_every > 0:
+        steps = JudgeSteps(state_dir, vcfg.judge_save_every, run_key(vcfg, dtype, items, labels, evals))
+        earlier, note = steps.earlier(vcfg.judge_steps)
+        if note:
+            message(note)
+    if earlier is not None:  # its key holds the eval pairs' digests: the same pairs, scored by the same base
+        base_probs = earlier.base_probs
+    else:
+        base_probs = {split: _probabilities(base, tokenizer, split_items, batch, f"judge base, {split} pairs",
+                                            progress) for split, (split_items, _) in evals.items()}
+    if steps is not None:
+        steps.base_probs = {split: p.tolist() for split, p in base_probs.items()}
     peft_model = lora_model(base, vcfg)
-    losses = judge_train_loop(peft_model, tokenizer, items, labels, vcfg, log_fn, progress)
+    try:
+        loop = judge_train_loop(peft_model, tokenizer, items, labels, vcfg, log_fn, progress, steps, earlier)
+    except BaseException:
+        if steps is not None and steps.saved_step:
+            message(f"judge LoRA: its state after step {steps.saved_step} of {vcfg.judge_steps} is in "
+                    f"{steps.folder}; the same command continues from there")
+        raise
+    losses = loop.losses
     probs = {split: _probabilities(peft_model, tokenizer, split_items, batch, f"judge LoRA, {split} pairs", progress)
              for split, (split_items, _) in evals.items()}
     if "val" in probs:
@@ -353,7 +385,7 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
         fitted = FittedThreshold(None, "validation pairs", "no validation pairs")
     threshold = fitted.fit.threshold if fitted.fit is not None else 0.5
     metrics: dict[str, Any] = {"n_train": len(items), "threshold_fit": fitted.to_dict(),
-                               "dtype": str(base.dtype).removeprefix("torch."),  # the scale the threshold is on
+                               "dtype": dtype,
                                "loss_first": losses[0], "loss_last": losses[-1],
                                "loss_first_10": float(np.mean(losses[:10])), "loss_last_10": float(np.mean(losses[-10:]))}
     for split, (_, split_labels) in evals.items():
@@ -362,7 +394,9 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
             "base": score_report(base_probs[split], split_labels, {"p>=0.5": 0.5}),
             "accept_all": accept_all_report(split_labels),
         }
-    seconds = time.perf_counter() - start
+    if earlier is not None:
+        metrics["resumed"] = {"after_step": earlier.step, "from": str(steps.folder), "earlier_seconds": loop.seconds}
+    seconds = time.perf_counter() - start + loop.seconds
     metrics["seconds"] = seconds
     return JudgeResult(vcfg.judge_base, peft_model, tokenizer, fitted, metrics, losses, seconds, vcfg)
 

@@ -32,6 +32,7 @@ from specprobe.probes.features import same_model_name
 from specprobe.probes.splits import group_split
 from specprobe.train import pair_verifiers, probes_train
 from specprobe.train.checkpoint import write_checkpoint
+from specprobe.train.judge_steps import remove_state
 from specprobe.train.probes_train import TrainingDataError
 from specprobe.train.tracking import Tracker, format_metrics
 
@@ -320,7 +321,7 @@ def _train(cfg, ds, split: QuestionSplit, prepared: _Prepared, reused: Reused | 
                 result.judge = pair_verifiers.train_judge(
                     prepared.pairs["train"], prepared.pairs["val"], cfg.verifiers, _device("auto", cfg),
                     log_fn=tracker.curve("judge", "step"), model=judge_model, test=prepared.pairs["test"],
-                    progress=progress)
+                    progress=progress, state_dir=judge_steps_dir(cfg), message=tracker.message)
                 metrics["judge"] = result.judge.metrics
                 result.seconds["judge"] = result.judge.seconds
         except BaseException as err:
@@ -331,6 +332,9 @@ def _train(cfg, ds, split: QuestionSplit, prepared: _Prepared, reused: Reused | 
         result.metrics = metrics
         write_checkpoint(cfg.checkpoint_dir, cfg, result, ds.manifest, ds.folder)
         _drop_covered_partial(cfg, tracker.message)
+        if result.judge is not None and remove_state(judge_steps_dir(cfg)):
+            tracker.message(f"removed {judge_steps_dir(cfg)} (the judge LoRA's training state; {cfg.checkpoint_dir} "
+                            "holds the trained judge)")
         tracker.final(metrics)
         tracker.message(result.summary())
         tracker.message(f"checkpoint: {cfg.checkpoint_dir}")
@@ -419,6 +423,13 @@ def partial_checkpoint_dir(cfg) -> Path:
     it leaves as it was)."""
     folder = Path(cfg.checkpoint_dir)
     return folder.with_name(folder.name + "-partial")
+
+
+def judge_steps_dir(cfg) -> Path:
+    """Where the judge LoRA's training keeps its state every ``verifiers.judge_save_every`` steps (beside the
+    checkpoint; removed once a checkpoint holds the trained judge)."""
+    folder = Path(cfg.checkpoint_dir)
+    return folder.with_name(folder.name + "-judge-steps")
 
 
 def _drop_covered_partial(cfg, message: Callable[[str], None]) -> None:

@@ -1,0 +1,188 @@
+"""Resumable judge-LoRA training: every ``verifiers.judge_save_every`` steps the loop's whole state goes to a folder
+beside the checkpoint, and the same command run again continues from the last one written.
+
+The state is everything the next step reads: the adapter's trainable weights, AdamW's moments and step counts, the
+RNGs (the pair order's numpy generator and torch's, which draws LoRA dropout), the position in the shuffled order
+and the losses so far; also the untrained base's probabilities on the validation and test pairs, so a resumed run
+does not score them again. One safetensors file per saved step holds the tensors and ``state.json`` names it; the
+JSON is written last (atomically), so a kill during a save leaves the previous state readable.
+
+A state is taken only by a run whose pairs and judge settings are the ones it was trained with (``run_key``); a
+larger ``judge_steps`` continues it (AdamW here has no schedule, so steps 1..n are the same in both runs).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from specprobe.inputs.config import config_diff
+from specprobe.probes.io import FileFormatError, load_tensors, read_json, save_tensors, write_json
+
+FORMAT = "specprobe-judge-steps"
+STATE = "state.json"
+# settings that do not change what the steps compute: how often to save, and how many steps there are (a larger
+# judge_steps continues an earlier state; a smaller one than the state's is refused in `resumable`)
+NOT_IN_KEY = ("judge_save_every", "judge_steps")
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def run_key(vcfg, dtype: str, items: Sequence, labels: np.ndarray, evals: dict[str, tuple[Sequence, np.ndarray]]) -> dict:
+    """What makes two runs' steps the same: the judge's settings, its base's dtype and the pairs, train and eval."""
+    settings = {k: v for k, v in vars(vcfg).items() if k.startswith("judge_") and k not in NOT_IN_KEY}
+    return {"settings": {**settings, "seed": vcfg.seed, "dtype": dtype},
+            "train_pairs_sha256": _digest([list(items), np.asarray(labels, dtype=bool).tolist()]),
+            "eval_pairs_sha256": {split: _digest([list(it), np.asarray(lab, dtype=bool).tolist()])
+                                  for split, (it, lab) in sorted(evals.items())}}
+
+
+@dataclass
+class LoopState:
+    """The training loop's host-side state between two steps."""
+
+    step: int  # steps done
+    order: np.ndarray  # the current shuffled order of the training pairs
+    pos: int  # the next pair in `order`
+    rng: np.random.Generator  # draws the next order
+    losses: list[float] = field(default_factory=list)
+    seconds: float = 0.0  # training time spent in earlier runs
+
+    @classmethod
+    def fresh(cls, n_items: int, seed: int) -> LoopState:
+        rng = np.random.default_rng(seed + 1)
+        return cls(0, rng.permutation(n_items), 0, rng)
+
+    def next_batch(self, batch_size: int) -> np.ndarray:
+        if self.pos + batch_size > len(self.order) and self.pos > 0:
+            self.order, self.pos = self.rng.permutation(len(self.order)), 0
+        idx = self.order[self.pos:self.pos + batch_size]
+        self.pos += len(idx)
+        return idx
+
+
+@dataclass
+class Earlier:
+    """A state an earlier run left, checked against this run."""
+
+    state: dict[str, Any]
+    tensors_file: Path
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+    @property
+    def base_probs(self) -> dict[str, np.ndarray]:
+        return {split: np.asarray(p, dtype=np.float64) for split, p in self.state["base_probs"].items()}
+
+
+def cuda_devices(model) -> list[int]:
+    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+
+class JudgeSteps:
+    """The folder where one judge-LoRA training keeps its state (``every`` steps apart; 0: never)."""
+
+    def __init__(self, folder: str | Path, every: int, key: dict[str, Any]):
+        self.folder, self.every, self.key = Path(folder), int(every), key
+        self.saved_step = 0  # the last step this run wrote
+        self.base_probs: dict[str, list[float]] = {}
+
+    def due(self, step: int, last: int) -> bool:
+        return self.every > 0 and (step % self.every == 0 or step == last)
+
+    def earlier(self, steps: int) -> tuple[Earlier | None, str]:
+        """The state an earlier run of this training left, if this run can continue it, and a line saying what
+        was found ("" when the folder holds nothing)."""
+        path = self.folder / STATE
+        if not path.is_file():
+            return None, ""
+        try:
+            state = read_json(path)
+            if state.get("format") != FORMAT:
+                raise FileFormatError(f"{path} is not a {FORMAT} state")
+            tensors = self.folder / state["file"]
+            step = int(state["step"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            return None, f"{self.folder} holds an unreadable judge-LoRA state ({err}); training from step 0"
+        if state.get("key") != self.key:
+            differ = config_diff(state.get("key") or {}, self.key)
+            return None, (f"{self.folder} holds an earlier judge-LoRA training with other pairs or settings "
+                          f"({'; '.join(differ[:4])}); training from step 0 (its state is replaced)")
+        if step > steps:
+            return None, (f"{self.folder} holds a judge-LoRA state after step {step}, more than "
+                          f"verifiers.judge_steps={steps}; training from step 0 (its state is replaced)")
+        if not tensors.is_file():
+            return None, f"{tensors} is missing (named by {path}); training from step 0"
+        return Earlier(state, tensors), (
+            f"judge LoRA: resuming after step {step} of {steps} from {self.folder} (an earlier run of this config "
+            f"stopped there; delete that folder to train from step 0)")
+
+    def save(self, model, opt, loop: LoopState, seconds: float) -> None:
+        """Write the state after `loop.step` steps: tensors first, then the JSON that names them."""
+        tensors = {f"adapter.{n}": p.detach() for n, p in model.named_parameters() if p.requires_grad}
+        for index, moments in opt.state_dict()["state"].items():
+            tensors.update({f"optimizer.{index}.{name}": t for name, t in moments.items()})
+        tensors["rng.torch"] = torch.get_rng_state()
+        for device in cuda_devices(model):
+            tensors[f"rng.cuda.{device}"] = torch.cuda.get_rng_state(device)
+        name = f"step-{loop.step:07d}.safetensors"
+        save_tensors(self.folder / name, tensors)
+        write_json(self.folder / STATE, {
+            "format": FORMAT, "version": 1, "key": self.key, "step": loop.step, "file": name,
+            "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "losses": loop.losses, "order": loop.order.tolist(),
+            "pos": loop.pos, "numpy_rng": loop.rng.bit_generator.state, "seconds": loop.seconds + seconds,
+            "base_probs": self.base_probs})
+        for old in self.folder.glob("step-*.safetensors"):
+            if old.name != name:
+                old.unlink(missing_ok=True)
+        self.saved_step = loop.step
+
+    @staticmethod
+    def restore(earlier: Earlier, model, opt) -> LoopState:
+        """Put an earlier state into the (fresh) adapter, optimizer and RNGs; the loop state to continue with."""
+        tensors = load_tensors(earlier.tensors_file)
+        params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        saved = {k.removeprefix("adapter."): t for k, t in tensors.items() if k.startswith("adapter.")}
+        if set(saved) != set(params):
+            raise FileFormatError(f"{earlier.tensors_file} holds other adapter weights than this model's LoRA")
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(saved[n])
+        sd = opt.state_dict()
+        moments: dict[int, dict[str, torch.Tensor]] = {}
+        for k, t in tensors.items():
+            if k.startswith("optimizer."):
+                _, index, name = k.split(".", 2)
+                moments.setdefault(int(index), {})[name] = t
+        sd["state"] = moments
+        opt.load_state_dict(sd)
+        torch.set_rng_state(tensors["rng.torch"])
+        for device in cuda_devices(model):
+            if f"rng.cuda.{device}" in tensors:
+                torch.cuda.set_rng_state(tensors[f"rng.cuda.{device}"], device)
+        s = earlier.state
+        rng = np.random.default_rng()
+        rng.bit_generator.state = s["numpy_rng"]
+        return LoopState(int(s["step"]), np.asarray(s["order"], dtype=np.int64), int(s["pos"]), rng,
+                         [float(x) for x in s["losses"]], float(s.get("seconds", 0.0)))
+
+
+def remove_state(folder: str | Path) -> bool:
+    """Delete a training state folder (once a checkpoint holds the trained judge); whether there was one."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
