@@ -610,20 +610,32 @@ def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, 
                 on_trace(s.label, ({"problem": prob.id, "method": s.label, **rec} for rec in gen.trace))
 
 
+def first_failures(parts: Sequence[tuple[int, dict[str, MethodResult]]]) -> dict[str, tuple[int, str]]:
+    """Where each method first failed among the results of single problems (with their places; a warm-up's at
+    -1), and its error: label -> (place, error)."""
+    failed: dict[str, tuple[int, str]] = {}
+    for position, part in sorted(parts, key=lambda part: part[0]):
+        for label, res in part.items():
+            if res.error and label not in failed:
+                failed[label] = (position, res.error)
+    return failed
+
+
+def skipped_at(failed: dict[str, tuple[int, str]], position: int) -> dict[str, str]:
+    """The methods that failed before `position` (`first_failures`), with their errors: as in one run, they
+    decode nothing there."""
+    return {label: error for label, (place, error) in failed.items() if place < position}
+
+
 def merge_results(parts: Sequence[tuple[int, dict[str, MethodResult]]]) -> dict[str, MethodResult]:
     """One result per method from the results of single problems, each with its problem's place in the run (Ray
     replicas return them in any order): counts and stats add up and the latencies come out in the problems' order,
     so they pair with the report's problems as in one process. A method that failed (on that problem, or on its
     replica before it) counts only the problems before the first place it failed, where one process stops it,
     and keeps that error."""
-    ordered = sorted(parts, key=lambda part: part[0])
-    first_failure: dict[str, tuple[int, str]] = {}
-    for position, part in ordered:
-        for label, res in part.items():
-            if res.error and label not in first_failure:
-                first_failure[label] = (position, res.error)
+    first_failure = first_failures(parts)
     merged: dict[str, MethodResult] = {}
-    for position, part in ordered:
+    for position, part in sorted(parts, key=lambda part: part[0]):
         for label, res in part.items():
             out = merged.setdefault(label, MethodResult(res.spec))
             failed = first_failure.get(label)
@@ -750,17 +762,13 @@ def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: 
     todo = [i for i in range(total) if plog is None or i not in plog.done]
     if todo:
         # where each method first failed (warm-up: -1): as in one run, it decodes no problem after that place
-        failed: dict[str, tuple[int, str]] = {}
         warmed = warm_up(env, specs, log)
-        for position, part in [(-1, warmed), *parts]:
-            _note_failures(failed, position, part)
         started = time.perf_counter()
         for i in todo:
             begun = time.perf_counter()
-            results = {s.label: MethodResult(s, error=failed[s.label][1] if failed.get(s.label, (i,))[0] < i else None)
-                       for s in specs}
+            skipped = skipped_at(first_failures([(-1, warmed), *parts]), i)
+            results = {s.label: MethodResult(s, error=skipped.get(s.label)) for s in specs}
             run_problems(env, specs, results, log, on_trace if env.setup.bench.trace else None, only=[i])
-            _note_failures(failed, i, results)
             parts.append((i, results))
             parts.sort(key=lambda part: part[0])
             if plog is not None:
@@ -774,14 +782,6 @@ def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: 
             rewrite_traces(out, specs, traces_by_problem(out, specs, env.problems))
         write_report(report, out)
     return report
-
-
-def _note_failures(failed: dict[str, tuple[int, str]], position: int, results: dict[str, MethodResult]) -> None:
-    """Record in `failed` (label -> (place, error)) the methods of `results` that failed at `position`, keeping
-    each one's first place."""
-    for label, res in results.items():
-        if res.error and position < failed.get(label, (position + 1,))[0]:
-            failed[label] = (position, res.error)
 
 
 def traces_by_problem(out: Path, specs: Sequence[MethodSpec], problems: Sequence[Problem]):

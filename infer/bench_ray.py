@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specprobe.infer import bench
+from specprobe.infer import bench, bench_resume
 from specprobe.infer.config import BenchSetup
 from specprobe.infer.ray_cluster import (
     ClusterError,
@@ -59,13 +59,16 @@ class _BenchReplica:
         return {"target": env.target.model_name, "draft": env.draft.model_name, "verifier": env.verifier_kind,
                 "checkpoint": env.checkpoint, "system_speed": env.system_speed}
 
-    def solve(self, specs: list, position: int) -> tuple[dict, list[tuple[str, list[dict]]], float]:
+    def solve(self, specs: list, position: int, skipped: dict[str, str] | None = None,
+              ) -> tuple[dict, list[tuple[str, list[dict]]], float]:
         """The problem at `position` with every method: (its results per method, its traces, seconds of decoding).
         The first call warms up first, as does the first after a restart (a crashed actor's call is retried); a
-        method that failed here is skipped from then on, as in one process."""
+        method that failed here is skipped from then on, as in one process, and so are those in `skipped` (label
+        -> error: they failed before this place in an earlier run that a resumed one goes on with)."""
         if self.failed is None:
             self.failed = {label: r.error for label, r in bench.warm_up(self.env, specs, log=_log).items()}
-        results = {s.label: bench.MethodResult(s, error=self.failed[s.label]) for s in specs}
+        skipped = skipped or {}
+        results = {s.label: bench.MethodResult(s, error=self.failed[s.label] or skipped.get(s.label)) for s in specs}
         traces: list[tuple[str, list[dict]]] = []
         on_trace = (lambda label, recs: traces.append((label, list(recs)))) if self.env.setup.bench.trace else None
         started = time.perf_counter()
@@ -102,8 +105,12 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
     problems = bench.load_problems(setup.bench.source, setup.bench.num_problems)
     if not problems:
         raise ConfigError("no problems to benchmark")
-    shares = dealt_positions(len(problems), setup.ray.replicas)
-    log(f"probe-bench on {where}: {len(problems)} problems over {len(shares)} replica(s)")
+    # a resumed run starts no replica that would have no problem (its settings are checked once one describes them)
+    finished = bench_resume.finished_positions(Path(out_dir)) if resume and out_dir is not None else set()
+    left = sum(p not in finished for p in range(len(problems)))
+    shares = dealt_positions(max(1, left), setup.ray.replicas)
+    log(f"probe-bench on {where}: {len(problems)} problems{f' ({left} left)' if left < len(problems) else ''} "
+        f"over {len(shares)} replica(s)")
     rc = setup.ray
     replica_cls = ray.remote(_BenchReplica).options(**actor_options(rc.cpus_per_replica, rc.gpus_per_replica,
                                                                     rc.max_restarts))
@@ -123,8 +130,10 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
         kept_traces = bench.traces_by_problem(out, specs, problems) if parts and write_traces else []
         todo = [p for p in range(len(problems)) if plog is None or p not in plog.done]
         shares = [[todo[j] for j in share] for share in dealt_positions(len(todo), len(replicas))]
-        # one call per problem, queued on its replica, so the report grows as they return (in any order)
-        calls = {replica.solve.remote(specs, position): (r, position)
+        # one call per problem, queued on its replica, so the report grows as they return (in any order); the
+        # methods that failed in an earlier run skip the problems after their failure, as one process would
+        failed = bench.first_failures(parts)
+        calls = {replica.solve.remote(specs, position, bench.skipped_at(failed, position)): (r, position)
                  for r, (replica, share) in enumerate(zip(replicas, shares)) for position in share}
         seconds, failure = [0.0] * len(replicas), None
         earlier, logged = (plog.wall_s if plog is not None else 0.0), len(parts)

@@ -74,6 +74,13 @@ def _read(path: Path) -> tuple[dict | None, dict[int, dict]]:
     return key, done
 
 
+def finished_positions(out: Path) -> set[int]:
+    """The places of the problems the run in `out` logged as finished, its settings unchecked (`open_problem_log`
+    checks them): how many are left decides how many Ray replicas a resumed run starts."""
+    path = out / PROBLEMS_LOG
+    return set(_read(path)[1]) if path.is_file() else set()
+
+
 def logged_problems(out: Path, since: float | None = None) -> int:
     """How many problems the run in `out` logged as finished (0 without a log, or with one last written before
     `since`, a time.time(): an earlier run's)."""

@@ -375,14 +375,54 @@ def test_bench_replica_killed_mid_run(local_ray, tmp_path, monkeypatch, capsys, 
         assert rc == 2 and "could not be decoded on Ray" in capsys.readouterr().err
         assert report["finished"] == "1 of 2 problems" and len(report["problems"]) == 1
         assert all(not r["error"] and len(r["latencies_s"]) == 1 for r in report["rows"])
-        # the same command with --resume decodes the other problem only
+        # the same command with --resume decodes the other problem only (with two replicas asked for: one problem
+        # is left, so one starts); a method the earlier run saw fail (made so in its log) is not decoded again
+        log = tmp_path / "ray" / "problems.jsonl"
+        lines = [json.loads(line) for line in log.read_text().splitlines()]
+        lines[1]["results"]["lr_sync"]["error"] = "RuntimeError: out of memory"
+        log.write_text("".join(json.dumps(line) + "\n" for line in lines))
         monkeypatch.setattr(bench, "write_report", write)
         assert main(["--config", "configs/tiny.yaml", "--methods", "target,lr_sync", "--verifier", "bernoulli",
-                     "--out", str(tmp_path / "ray"), "--ray", *BENCH, "ray.replicas=1", "ray.max_restarts=0",
-                     "bench.warmup=true", "--resume"]) == 0
+                     "--out", str(tmp_path / "ray"), "--ray", *BENCH, "ray.replicas=2", "ray.max_restarts=0",
+                     "bench.warmup=true", "--resume", "--keep-going"]) == 0
+        assert "2 problems (1 left) over 1 replica(s)" in capsys.readouterr().err
         done = json.loads((tmp_path / "ray" / "results.json").read_text())
         assert done["resumed"] == "1 of 2 problems decoded by an earlier run of this command"
         assert "finished" not in done and done["problems"] == [*report["problems"], *done["problems"][1:]]
-        assert all(not r["error"] and len(r["latencies_s"]) == 2 for r in done["rows"])
-        traced = [json.loads(line)["problem"] for line in (tmp_path / "ray" / "traces" / "lr_sync.jsonl").open()]
-        assert [problem for problem, _ in itertools.groupby(traced)] == done["problems"]  # once each, in order
+        rows = {r["method"]: r for r in done["rows"]}
+        assert not rows["target"]["error"] and len(rows["target"]["latencies_s"]) == 2
+        assert rows["lr_sync"]["error"] == "RuntimeError: out of memory"
+        for method, decoded in (("target", done["problems"]), ("lr_sync", done["problems"][:1])):
+            traced = [json.loads(line)["problem"] for line in (tmp_path / "ray" / "traces" / f"{method}.jsonl").open()]
+            assert [problem for problem, _ in itertools.groupby(traced)] == decoded  # once each, in order
+
+
+def test_a_replica_skips_the_methods_an_earlier_run_saw_fail():
+    """A resumed Ray run tells each replica which methods failed before the problem it sends (`first_failures`,
+    `skipped_at`): those decode nothing there, as in one process; the others decode as usual."""
+    import torch
+
+    from specprobe.infer import bench
+    from specprobe.infer.bench_ray import _BenchReplica
+    from specprobe.train.config import load_config
+
+    ok = bench.MethodResult(bench.parse_method("target"))
+    bad = bench.MethodResult(bench.parse_method("lr_sync"), error="RuntimeError: out of memory")
+    parts = [(3, {"target": ok, "lr_sync": bad}), (1, {"target": ok, "lr_sync": ok}), (5, {"lr_sync": bad})]
+    failed = bench.first_failures(parts)
+    assert failed == {"lr_sync": (3, "RuntimeError: out of memory")}
+    assert (bench.skipped_at(failed, 3), bench.skipped_at(failed, 4)) == ({}, {"lr_sync": "RuntimeError: out of memory"})
+
+    setup = load_config("configs/tiny.yaml", BENCH).bench_setup()
+    threads = torch.get_num_threads()
+    try:
+        replica = _BenchReplica(setup, None, "bernoulli", None, ["target", "lr_sync"])
+        specs = bench.method_specs(["target", "lr_sync"])
+        results, _, _ = replica.solve(specs, 1, {"lr_sync": "RuntimeError: out of memory"})
+        assert results["lr_sync"].error == "RuntimeError: out of memory" and not results["lr_sync"].latencies
+        assert not results["target"].error and len(results["target"].latencies) == 1
+        fresh = _BenchReplica(setup, None, "bernoulli", None, ["target", "lr_sync"])
+        results, _, _ = fresh.solve(specs, 1)
+        assert not results["lr_sync"].error and len(results["lr_sync"].latencies) == 1
+    finally:
+        torch.set_num_threads(threads)

@@ -380,3 +380,31 @@ def test_a_stopped_run_resumes_with_the_problems_it_finished(tmp_path, capsys, m
     assert "holds a run with other settings (" in err and "config.runtime.gamma: 3 -> 2" in err
     decoded.clear()
     assert main([*args, "runtime.gamma=2", "--out", str(out)]) == 0 and decoded == [0, 1, 2]  # starts over
+
+
+def test_a_method_that_failed_decodes_no_later_problem_even_after_a_resume(tmp_path, monkeypatch):
+    """lr_sync fails on the second of three problems: the third starts with its error (it decodes nothing there) and
+    the report counts the first only, as one process stops a failed method. A resumed run that reads the failure
+    from the log skips it the same way."""
+    args = ["--config", "configs/tiny.yaml", "--system-speed", "--num-problems", "3", "--methods", "target,lr_sync",
+            "bench.system_target=random:llama-20m", "bench.system_draft=random:llama-tiny", "runtime.max_steps=2",
+            "sampling.max_step_tokens=4", "bench.warmup=false", "--keep-going", "--out", str(tmp_path)]
+    seen, real = {}, bench.run_problems
+
+    def fails_on_the_second(env, specs, results, log=print, on_trace=None, only=None):
+        seen[only[0]] = results["lr_sync"].error  # as the loop hands it over
+        real(env, specs, results, log, on_trace, only)
+        if only == [1]:
+            results["lr_sync"].error = "RuntimeError: out of memory"
+
+    monkeypatch.setattr(bench, "run_problems", fails_on_the_second)
+    assert main(args) == 0
+    assert seen == {0: None, 1: None, 2: "RuntimeError: out of memory"}
+    rows = {r["method"]: r for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
+    assert rows["lr_sync"]["error"] == "RuntimeError: out of memory" and len(rows["lr_sync"]["latencies_s"]) == 1
+    assert len(rows["target"]["latencies_s"]) == 3
+    log = tmp_path / "problems.jsonl"
+    log.write_text("".join(log.read_text().splitlines(keepends=True)[:3]))  # the run and its first two problems
+    seen.clear()
+    assert main([*args, "--resume"]) == 0
+    assert seen == {2: "RuntimeError: out of memory"}
