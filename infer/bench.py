@@ -367,6 +367,42 @@ class ProblemCounts(NamedTuple):
     correct: int = 0  # 1 when the method answered the problem correctly
 
 
+def family_units(families: Sequence[str | None] | None, n: int) -> list[int]:
+    """Each problem's resampling unit: its family's (problems of one template rise and fall together), or, for a
+    problem without one, its own."""
+    families = [None] * n if families is None else list(families)
+    if len(families) != n:
+        raise ValueError(f"{len(families)} families for {n} problems")
+    code: dict[str, int] = {}
+    return [code.setdefault(f, len(code)) if f is not None else -1 - i for i, f in enumerate(families)]
+
+
+def speedup_interval(base: Sequence[float], mine: Sequence[float], families: Sequence[str | None] | None = None,
+                     ) -> tuple[tuple[float, float] | None, str | None]:
+    """95% interval of the pooled speedup sum(base) / sum(mine) (the target-only and the method's latency on each
+    problem of one run) and what it resamples: a percentile bootstrap that draws each problem's two latencies
+    together (paired: a long problem is long for both), whole families where problems share one. None with fewer
+    than two units."""
+    if len(base) != len(mine):
+        raise ValueError(f"{len(base)} baseline latencies for {len(mine)} problems")
+    units = family_units(families, len(base))
+    kinds = len(set(units))
+    if kinds < 2:
+        return None, ("none: every problem is of one family" if len(base) > 1 else None)
+    ci = bootstrap_ci(lambda b, m: b.sum() / m.sum(), np.asarray(base, dtype=float), np.asarray(mine, dtype=float),
+                      n_boot=2000, alpha=0.05, groups=units)
+    return (ci.low, ci.high), "families" if kinds < len(units) else "problems"
+
+
+def per_problem_speedups(base: Sequence[float], mine: Sequence[float]) -> dict[str, float] | None:
+    """The speedup on each problem alone (target-only latency / the method's, same problem, same run): its
+    median, min and max (None without problems)."""
+    ratios = [b / m for b, m in zip(base, mine) if m > 0]
+    if not ratios or len(base) != len(mine):
+        return None
+    return {"median": float(np.median(ratios)), "min": min(ratios), "max": max(ratios)}
+
+
 def acceptance_interval(counts: Sequence[tuple[int, int]], families: Sequence[str | None] | None = None,
                         ) -> tuple[tuple[float, float] | None, str | None]:
     """95% interval of the pooled acceptance sum(accepted) / sum(judged) from per-problem (accepted, judged), and
@@ -378,12 +414,8 @@ def acceptance_interval(counts: Sequence[tuple[int, int]], families: Sequence[st
     verifier, too narrow for a real one); several problems of one family give none (resampling one unit). Where
     every unit accepted the same share (none, all, or one rate) no resample can differ and the percentile interval
     collapses to a point; the Wilson interval over the units (each one trial at that rate) is given instead."""
-    families = [None] * len(counts) if families is None else list(families)
-    if len(families) != len(counts):
-        raise ValueError(f"{len(families)} families for {len(counts)} problems")
-    code: dict[str, int] = {}  # a family's unit; a problem without one gets a unit of its own
-    judged = [(a, j, code.setdefault(f, len(code)) if f is not None else -1 - i)
-              for i, ((a, j), f) in enumerate(zip(counts, families)) if j > 0]
+    units = family_units(families, len(counts))
+    judged = [(a, j, u) for (a, j), u in zip(counts, units) if j > 0]
     if not judged:
         return None, None
     if len(judged) == 1:
@@ -845,12 +877,17 @@ def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) 
     alpha_ci, alpha_over = acceptance_interval([(c.accepted, c.judged) for c in res.counts], families)
     decided_ci, decided_over = acceptance_interval([(c.decided_accepted, c.decided) for c in res.counts], families)
     pass_ci, pass_over = pass_interval(res.counts)
+    timed = (latency and not res.error and not base.error and res is not base
+             and len(base.latencies) == len(res.latencies) == len(families))
+    speedup_ci, speedup_over = speedup_interval(base.latencies, res.latencies, families) if timed else (None, None)
     return {"method": label, "problems": res.answered, "error": res.error,
            "pass@1": ratio(res.correct, res.answered), "correct": res.correct,
            "pass@1_ci95": pass_ci, "pass@1_ci95_resamples": pass_over,
            "latency_total_s": latency, "latency_mean_s": ratio(latency, res.answered),
            # a method (or baseline) that failed mid-run timed fewer problems: no speedup
            "speedup": ratio(base_latency, latency) if latency and not res.error and not base.error else None,
+           "speedup_ci95": speedup_ci, "speedup_ci95_resamples": speedup_over,
+           "speedup_per_problem": per_problem_speedups(base.latencies, res.latencies) if timed else None,
            "output_tokens": st.output_tokens, "tokens_per_s": st.tokens_per_second,
            "acceptance": st.acceptance_rate, "acceptance_by_position": st.acceptance_by_position,
            "acceptance_ci95": alpha_ci, "acceptance_ci95_resamples": alpha_over,
@@ -954,17 +991,22 @@ def _interval_note(report: dict) -> str:
             "positions; problems of one family only: none")
     if units < len(report["problems"]):
         return (f"95% intervals draw whole families ({units} units for {len(report['problems'])} problems: a "
-                "template's problems rise and fall together; a problem without one is its own): pass@1, α and α "
-                f"over decided by bootstrap ({rest}).")
-    return f"95% intervals: pass@1 Wilson over problems; α and α over decided a bootstrap over problems ({rest})."
+                "template's problems rise and fall together; a problem without one is its own): pass@1, α, α "
+                f"over decided and speedup by bootstrap ({rest}).")
+    return (f"95% intervals: pass@1 Wilson over problems; α, α over decided and speedup a bootstrap over problems "
+            f"({rest}).")
 
 
 def _ci(interval) -> str:
     return f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""
 
 
+def _per_problem(spread: dict | None) -> str:
+    return f"{spread['median']:.2f} ({spread['min']:.2f}–{spread['max']:.2f})" if spread else "–"
+
+
 def format_markdown(report: dict) -> str:
-    head = ("| method | pass@1 | latency s | speedup | analytic | meas/analytic | analytic (batch-adj.) | "
+    head = ("| method | pass@1 | latency s | speedup | per problem | analytic | meas/analytic | analytic (batch-adj.) | "
             "meas/adj. | α | α by position | decided (refused) | α over decided | acc/cycle | Ratio | c | b | TPS | "
             "stop |")
     columns = head.count("|") - 1
@@ -977,7 +1019,7 @@ def format_markdown(report: dict) -> str:
         stops = ",".join(f"{k}:{v}" for k, v in (r["stop_reasons"] or {}).items())
         lines.append(
             f"| {r['method']} | {fmt(r['pass@1'])}{_ci(r.get('pass@1_ci95'))} | {fmt(r['latency_mean_s'])} | "
-            f"{fmt(r['speedup'])} | "
+            f"{fmt(r['speedup'])}{_ci(r.get('speedup_ci95'))} | {_per_problem(r.get('speedup_per_problem'))} | "
             f"{fmt(r['analytic_ideal'])} | {fmt(r['measured_over_ideal'])} | {fmt(r['analytic_adjusted'])} | "
             f"{fmt(r['measured_over_adjusted'])} | {fmt(r['acceptance'])}{_ci(r.get('acceptance_ci95'))} | {by_pos} | "
             f"{r.get('decided', 0)} ({r.get('refused', 0)}) | "
@@ -996,7 +1038,8 @@ def format_markdown(report: dict) -> str:
         f"{_interval_note(report)} decided = draft steps the "
         "verifier ruled on; refused = rejected before it was asked (cut by the token cap, empty); α over decided "
         "= accepted / decided, what the verifier itself did. "
-        "speedup = target-only latency / method latency, same run. analytic = the paper's formula at the "
+        "speedup = target-only latency / method latency, same run, over all problems (its interval draws each "
+        "problem's two latencies together); per problem = each problem's own ratio: median (min–max). analytic = the paper's formula at the "
         "measured α and c (f_sync(k=γ+1) for lr_sync, S₁/S₂ for lr_async, S_ss for semanticspec, 1/c for "
         "draft); batch-adj. = same formula with one target forward of the method's batch costing b target "
         "steps (b measured; the formulas assume b = 1). c = draft time per drafted position / target step "

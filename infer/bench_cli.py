@@ -21,7 +21,8 @@ Arguments:
     --system-speed       random-weight models of bench.system_target / bench.system_draft and a Bernoulli
                          verifier (runtime.bernoulli_alpha): the runtime's own overhead and scaling
     --num-problems N     shorthand for bench.num_problems=N
-    --out DIR            results.json, results.md, traces/<method>.jsonl and problems.jsonl (each finished
+    --out DIR            results.json, results.md, speedup.png (each method's speedup per problem, the pooled
+                         one and its interval), traces/<method>.jsonl and problems.jsonl (each finished
                          problem's results, what --resume reads) (default <output_dir>/bench)
     --ray [ADDRESS]      spread the problems over ray.replicas Ray actors, each running every method on
                          its problems; ADDRESS joins a cluster (else ray.address; none = a local instance)
@@ -46,6 +47,7 @@ import time
 from pathlib import Path
 
 from specprobe.infer import bench
+from specprobe.infer.bench_plot import write_speedup_figure
 from specprobe.infer.bench_resume import check_resumable, logged_problems
 from specprobe.infer.config import InferenceConfig, load_inference_config
 from specprobe.infer.models import ModelUnavailableError
@@ -117,7 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"probe-bench: error: {err}", file=sys.stderr)
         return 2
     print(bench.format_markdown(report))
-    print(f"\nwrote {out / 'results.md'}, {out / 'results.json'} and traces in {out / 'traces'}", file=sys.stderr)
+    try:
+        figure = write_speedup_figure(report, out)
+    except Exception as err:  # noqa: BLE001 (the results are written: a figure that fails loses nothing)
+        figure = None
+        print(f"probe-bench: the speedup figure was not drawn ({type(err).__name__}: {err})", file=sys.stderr)
+    print(f"\nwrote {out / 'results.md'}, {out / 'results.json'}{f', {figure}' if figure else ''} and traces in "
+          f"{out / 'traces'}", file=sys.stderr)
     failed = [(r["method"], r["error"]) for r in report["rows"] if r.get("error")]
     if failed and not args.keep_going:
         for method, error in failed:

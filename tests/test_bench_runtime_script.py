@@ -47,6 +47,28 @@ def test_acceptance_interval_resamples_problems():
     assert bench.acceptance_interval([(5, 10)] * 4) == (wilson_interval(2, 4), "problems (Wilson: one rate in every unit)")
 
 
+def test_speedup_interval_draws_each_problems_two_latencies_together():
+    """The pooled speedup's interval resamples problems (or whole families) with both their latencies: a method
+    exactly twice as fast on every problem, however long, is 2.0 in every resample; drawn apart, the problems'
+    different lengths would spread it."""
+    base, mine = [1.0, 2.0, 3.0, 4.0], [0.5, 1.0, 1.5, 2.0]
+    assert bench.speedup_interval(base, mine) == ((2.0, 2.0), "problems")
+    (lo, hi), over = bench.speedup_interval([1.0] * 6, [0.5, 1.0, 2.0, 0.5, 1.0, 2.0])
+    assert over == "problems" and lo < 6 / 7 < hi and 0.5 < lo and hi < 2.0
+    # two families of four: exactly the interval of the families pooled, wider than drawing the eight problems;
+    # one family (or one problem): none
+    fam = bench.speedup_interval([1.0] * 8, [0.5] * 4 + [2.0] * 4, ["a"] * 4 + ["b"] * 4)
+    assert fam == (bench.speedup_interval([4.0, 4.0], [2.0, 8.0])[0], "families") and fam[0] == (0.5, 2.0)
+    (p_lo, p_hi), _ = bench.speedup_interval([1.0] * 8, [0.5] * 4 + [2.0] * 4)
+    assert 0.5 < p_lo < p_hi < 2.0
+    assert bench.speedup_interval(base, mine, ["t"] * 4) == (None, "none: every problem is of one family")
+    assert bench.speedup_interval([1.0], [0.5]) == (None, None)
+    with pytest.raises(ValueError, match="3 baseline latencies for 2 problems"):
+        bench.speedup_interval([1.0] * 3, [1.0] * 2)
+    # each problem alone: its own ratio, then their median and range
+    assert bench.per_problem_speedups([1.0, 2.0, 9.0], [1.0, 1.0, 1.0]) == {"median": 2.0, "min": 1.0, "max": 9.0}
+
+
 def test_acceptance_interval_resamples_whole_families():
     """Problems of one template rise and fall together: the interval draws whole families, so two families of eight
     problems give exactly the interval of the two families pooled, wider than drawing the sixteen problems."""
@@ -265,3 +287,23 @@ def test_forward_batch_cost_times_the_decode_step_on_k_row_buffers():
         br.forward_batch_cost(fast, [1], columns=16, forwards=3)
     eager = HFStepEngine("random:llama-tiny", model=fast.model, tokenizer=fast.tokenizer, decode="eager")
     assert br.forward_batch_cost(eager, [1, 2]) is None
+
+
+def test_the_speedup_figure_draws_each_problems_ratio_beside_the_pooled_one(tmp_path):
+    """speedup.png: every method but the baseline, each problem's own ratio (target-only latency / the method's),
+    the pooled speedup and its interval; a failed method (no speedup) is left out, and so is a report without one."""
+    from specprobe.infer.bench_plot import FIGURE, speedup_figure, speedup_points, write_speedup_figure
+
+    report = {"system_speed": True, "rows": [
+        {"method": "target", "latencies_s": [2.0, 4.0, 6.0], "speedup": 1.0},
+        {"method": "lr_sync", "latencies_s": [1.0, 4.0, 2.0], "speedup": 12 / 7, "speedup_ci95": [1.0, 3.0]},
+        {"method": "semanticspec", "latencies_s": [1.0], "speedup": None, "error": "boom"}]}
+    assert speedup_points(report) == [("lr_sync", [2.0, 1.0, 3.0], 12 / 7, (1.0, 3.0))]
+    fig = speedup_figure(report)
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["lr_sync"]
+    drawn = sorted(x for c in ax.collections for x in c.get_offsets()[:, 0])
+    assert drawn == pytest.approx(sorted([2.0, 1.0, 3.0, 12 / 7, 2.0]))  # problems, pooled, median
+    path = write_speedup_figure(report, tmp_path)
+    assert path == tmp_path / FIGURE and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert write_speedup_figure({"rows": report["rows"][:1]}, tmp_path / "none") is None

@@ -206,7 +206,7 @@ def test_system_speed_mode(tmp_path, capsys):
     (pid,) = report["problems"]
     (first,) = bench.load_problems(BenchSourceConfig(kind="reasoning_gym", task="gsm_symbolic", size=4, seed=1234), 1)
     assert report["families"] == {pid: first.family} and first.family.startswith("gsm_symbolic/template-")
-    assert "95% intervals: pass@1 Wilson over problems; α and α over decided a bootstrap over problems (" in \
+    assert "95% intervals: pass@1 Wilson over problems; α, α over decided and speedup a bootstrap over problems (" in \
         (tmp_path / "results.md").read_text()
 
 
@@ -224,8 +224,15 @@ def test_cli_on_offline_gsm_problems_with_smollm2(tmp_path, capsys):
     assert [r["method"] for r in report["rows"]] == ["target", "draft", "lr_sync", "lr_async", "semanticspec",
                                                      "lr_sync+ngram"]
     assert all(r["error"] is None and r["problems"] == 2 and r["pass@1"] is not None for r in report["rows"])
-    assert "| lr_sync+ngram |" in text and "meas/analytic" in text
+    assert "| lr_sync+ngram |" in text and "meas/analytic" in text and "| speedup | per problem |" in text
+    assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
     for r in report["rows"]:
+        if r["method"] == "target":  # the baseline: no interval around its own 1.0
+            assert r["speedup_ci95"] is None and r["speedup_per_problem"] is None
+        else:  # two problems: the pooled speedup lies between the two problems' own, the interval's ends
+            (lo, hi), spread = r["speedup_ci95"], r["speedup_per_problem"]
+            assert lo <= r["speedup"] <= hi and (lo, hi) == pytest.approx((spread["min"], spread["max"]))
+            assert r["speedup_ci95_resamples"] == "problems"
         assert sum(r["stop_reasons"].values()) == 2 and set(r["stop_reasons"]) <= {"max_steps", "eos"}
     trace = read_trace(out / "traces" / "lr_sync.jsonl")
     first = trace[0]["problem"]
