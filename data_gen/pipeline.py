@@ -83,6 +83,7 @@ from specprobe.data_gen.store import (
     write_shard,
 )
 from specprobe.infer.engines import Prefix, PromptTooLongError, StepRequest, build_engine_pair, sampling_params
+from specprobe.inputs.progress import progress_line
 from specprobe.inputs.versions import package_versions, utc_now
 from specprobe.probes.features import layers_from_option
 
@@ -783,12 +784,6 @@ class CappedPilot:
                 "shards are kept)")
 
 
-def _clock(seconds: float) -> str:
-    minutes, sec = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{sec:02d}"
-
-
 @contextlib.contextmanager
 def _remembering(folder: Path, hashed: dict):
     """Record the files hashed while writing once the run ends, stopped or not (one write, not one per shard)."""
@@ -823,10 +818,8 @@ def _run_shards(folder: Path, manifest: dict, shards: list[list[Context]], my_sh
             manifest["shards"].sort(key=lambda s: s["index"])
             write_manifest(folder, manifest)
             if not progress:  # no bar: one line per shard, with this run's rate as the ETA
-                elapsed = time.perf_counter() - started
-                left = (total - finished) * elapsed / max(finished - initial, 1)
-                log.info("data: shard %d written; %d of %d contexts, %s elapsed, about %s left", k, finished, total,
-                         _clock(elapsed), _clock(left))
+                log.info("data: shard %d written; %s", k, progress_line(finished, total, finished - initial,
+                                                                         time.perf_counter() - started, "contexts"))
             run.add(entry["timing"])
             run.contexts += len(entry["contexts"])
             run.skipped += len(entry["skipped"])

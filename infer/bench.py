@@ -58,6 +58,7 @@ from specprobe.infer.engines import build_engine_pair, sampling_params
 from specprobe.infer.engines.token_spec import LookaheadConfig, TokenSpecConfig
 from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier, check_checkpoint
 from specprobe.inputs.config import ConfigError, to_dict
+from specprobe.inputs.progress import progress_line
 from specprobe.inputs.records import (
     HUB_NAMES,
     BenchSourceConfig,
@@ -808,6 +809,8 @@ def run_benchmark(env: BenchEnv, methods: Sequence[str] | None = None, out_dir: 
                             earlier + time.perf_counter() - started, results)
             if out is not None and len(parts) < total:
                 write_report(report_of(), out)
+            fresh, elapsed = len(parts) - logged, time.perf_counter() - started
+            log(f"probe-bench: {progress_line(len(parts), total, fresh, elapsed, 'problems')}")
     report = report_of()
     if out is not None:
         if logged and env.setup.bench.trace:  # appended after the earlier run's: in the problems' order again

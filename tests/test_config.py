@@ -373,3 +373,13 @@ def test_the_probe_sections_mlp_defaults_are_the_probes_packages():
     from specprobe.train.probes_train import mlp_config
 
     assert mlp_config(ExperimentConfig().probe) == ProbeMLPConfig()
+
+
+def test_progress_lines_estimate_from_this_runs_rate():
+    from specprobe.inputs.progress import clock, progress_line
+
+    assert clock(3725.4) == "1:02:05" and clock(59.6) == "0:01:00"
+    # 4 of 10 done, 2 of them by this run in 60 s: 30 s each, 6 left
+    assert progress_line(4, 10, 2, 60.0, "problems") == "4 of 10 problems, 0:01:00 elapsed, about 0:03:00 left"
+    assert progress_line(2, 10, 0, 5.0, "problems") == "2 of 10 problems, 0:00:05 elapsed"  # no rate yet
+    assert progress_line(10, 10, 3, 9.0, "contexts") == "10 of 10 contexts, 0:00:09 elapsed"

@@ -385,7 +385,8 @@ def test_bench_replica_killed_mid_run(local_ray, tmp_path, monkeypatch, capsys, 
         assert main(["--config", "configs/tiny.yaml", "--methods", "target,lr_sync", "--verifier", "bernoulli",
                      "--out", str(tmp_path / "ray"), "--ray", *BENCH, "ray.replicas=2", "ray.max_restarts=0",
                      "bench.warmup=true", "--resume", "--keep-going"]) == 0
-        assert "2 problems (1 left) over 1 replica(s)" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "2 problems (1 left) over 1 replica(s)" in err and "probe-bench: 2 of 2 problems, " in err
         done = json.loads((tmp_path / "ray" / "results.json").read_text())
         assert done["resumed"] == "1 of 2 problems decoded by an earlier run of this command"
         assert "finished" not in done and done["problems"] == [*report["problems"], *done["problems"][1:]]

@@ -327,6 +327,9 @@ def test_a_stopped_run_resumes_with_the_problems_it_finished(tmp_path, capsys, m
             "bench.system_draft=random:llama-tiny", "runtime.max_steps=4", "sampling.max_step_tokens=4",
             "bench.warmup=false"]
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    err = capsys.readouterr().err  # after each problem, how far and, at this run's rate, how long is left
+    assert re.search(r"probe-bench: 1 of 3 problems, 0:\d\d:\d\d elapsed, about 0:\d\d:\d\d left\n", err)
+    assert re.search(r"probe-bench: 3 of 3 problems, 0:\d\d:\d\d elapsed\n", err)
     decoded, real = [], bench.run_problems
 
     def stopped_at_the_third(env, specs, results, log=print, on_trace=None, only=None):
@@ -360,7 +363,8 @@ def test_a_stopped_run_resumes_with_the_problems_it_finished(tmp_path, capsys, m
     stop = False
     decoded.clear()
     assert main([*args, "--out", str(out), "--resume"]) == 0
-    assert decoded == [2] and "resuming" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert decoded == [2] and "resuming" in err and "probe-bench: 3 of 3 problems, " in err
     whole, resumed = (json.loads((tmp_path / run / "results.json").read_text()) for run in ("whole", "stopped"))
     assert resumed["resumed"] == "2 of 3 problems decoded by an earlier run of this command"
     assert "finished" not in resumed and resumed["problems"] == whole["problems"]
