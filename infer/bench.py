@@ -522,7 +522,10 @@ def _settings(env: BenchEnv, spec: MethodSpec):
     return None
 
 
-def _run_one(env: BenchEnv, spec: MethodSpec, question: str, opts: DecodeOptions):
+def decode_question(env: BenchEnv, spec: MethodSpec, question: str):
+    """One question decoded by one method as the benchmark times it (its options, verifier, engines and cache
+    state); returns the generation."""
+    opts = _method_options(env, spec)
     verifier = None
     if REGISTRY[spec.base].needs_verifier:
         verifier = env.verifier(spec.overrides.get("verifier"), spec.overrides.get("alpha"))
@@ -582,7 +585,7 @@ def warm_up(env: BenchEnv, specs: Sequence[MethodSpec], log: Callable[[str], Non
         with _eos_ignored(env):
             for s in specs:
                 try:  # the options too: gamma=adaptive loads its acceptance probe there
-                    _run_one(env, s, WARMUP_QUESTION + env.setup.bench.prompt_suffix, _method_options(env, s))
+                    decode_question(env, s, WARMUP_QUESTION + env.setup.bench.prompt_suffix)
                 except (ValueError, RuntimeError) as err:
                     results[s.label].error = f"{type(err).__name__}: {err}"
                     log(f"[{s.label}] skipped: {results[s.label].error}")
@@ -619,7 +622,7 @@ def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, 
             if res.error:
                 continue
             try:
-                gen = _run_one(env, s, prob.question + suffix, _method_options(env, s))
+                gen = decode_question(env, s, prob.question + suffix)
             except (ValueError, RuntimeError) as err:
                 res.error = f"{type(err).__name__}: {err}"
                 log(f"[{s.label}] failed on {prob.id}: {res.error}")

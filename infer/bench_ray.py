@@ -31,7 +31,7 @@ from specprobe.infer.ray_cluster import (
 from specprobe.inputs.config import ConfigError
 from specprobe.inputs.progress import progress_line
 
-__all__ = ["run_benchmark_on_ray", "dealt_positions"]
+__all__ = ["run_benchmark_on_ray", "dealt_positions", "BenchReplica"]
 
 
 def dealt_positions(problems: int, replicas: int) -> list[list[int]]:
@@ -46,7 +46,7 @@ def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-class _BenchReplica:
+class BenchReplica:
     """Target, draft and verifier on one actor, decoding problems one call each, with every method."""
 
     def __init__(self, setup: BenchSetup, checkpoint: str | None, verifier: str | None, problems: list,
@@ -113,7 +113,7 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
     log(f"probe-bench on {where}: {len(problems)} problems{f' ({left} left)' if left < len(problems) else ''} "
         f"over {len(shares)} replica(s)")
     rc = setup.ray
-    replica_cls = ray.remote(_BenchReplica).options(**actor_options(rc.cpus_per_replica, rc.gpus_per_replica,
+    replica_cls = ray.remote(BenchReplica).options(**actor_options(rc.cpus_per_replica, rc.gpus_per_replica,
                                                                     rc.max_restarts))
     replicas = [replica_cls.remote(setup, checkpoint, verifier, problems, [s.label for s in specs]) for _ in shares]
     try:

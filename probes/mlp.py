@@ -197,7 +197,7 @@ def _loss(logits: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _eval_loss(probe: SemanticProbe, x: torch.Tensor, y: torch.Tensor, kind: str, batch_size: int) -> float:
+def eval_loss(probe: SemanticProbe, x: torch.Tensor, y: torch.Tensor, kind: str, batch_size: int) -> float:
     probe.eval()
     total = 0.0
     for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
@@ -256,7 +256,7 @@ def _train_loop(probe: SemanticProbe, x: torch.Tensor, y: torch.Tensor, vx: torc
             opt.step()
             running += loss.item() * idx.shape[0]
         train_loss = running / n
-        val_loss = _eval_loss(probe, vx, vy, cfg.loss, max(cfg.batch_size, 1024))
+        val_loss = eval_loss(probe, vx, vy, cfg.loss, max(cfg.batch_size, 1024))
         history.train_loss.append(train_loss)
         history.val_loss.append(val_loss)
         improved = val_loss < history.best_val_loss - 1e-9

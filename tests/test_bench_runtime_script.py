@@ -116,8 +116,8 @@ def test_the_warm_up_runs_past_eos_to_max_steps(monkeypatch):
     setup = load_config(REPO / "configs" / "tiny.yaml", ["runtime.max_steps=6", "runtime.max_new_tokens=2000", "bench.warmup=true"]).bench_setup()
     env = bench.prepare(setup, verifier="bernoulli", engines=(target, draft),
                         problems=[bench.Problem("p", bench.WARMUP_QUESTION, None)])
-    gens, run = [], bench._run_one
-    monkeypatch.setattr(bench, "_run_one", lambda *args: gens.append(run(*args)) or gens[-1])
+    gens, run = [], bench.decode_question
+    monkeypatch.setattr(bench, "decode_question", lambda *args: gens.append(run(*args)) or gens[-1])
     specs = bench.method_specs(["target", "lr_sync"])
     results = bench.warm_up(env, specs, log=lambda line: None)
     assert not any(r.error for r in results.values())
@@ -256,7 +256,7 @@ def test_every_method_starts_with_the_same_prefix_cache_state():
 
     def prefill_and_reuse(spec):
         before = dict(work)
-        bench._run_one(env, spec, question, bench._method_options(env, spec))
+        bench.decode_question(env, spec, question)
         return {k: work[k] - before[k] for k in work}
 
     cold = prefill_and_reuse(target)

@@ -160,8 +160,8 @@ def test_early_stopping_restores_best_weights(data):
     probe, history = fit_probe(tx[:200], ty[:200], vx, vy, make_spec(), cfg)
     assert history.stopped_early and history.epochs_run < 40
     assert history.epochs_run == history.best_epoch + 1 + cfg.patience
-    from specprobe.probes.mlp import _eval_loss
-    restored = _eval_loss(probe, make_spec().select(vx), vy, "bce", 1024)
+    from specprobe.probes.mlp import eval_loss
+    restored = eval_loss(probe, make_spec().select(vx), vy, "bce", 1024)
     assert restored == pytest.approx(history.best_val_loss, rel=1e-5)
 
 
@@ -171,7 +171,7 @@ def test_a_probe_whose_validation_loss_is_never_finite_is_an_error(data, monkeyp
     from specprobe.probes import mlp
 
     tx, ty, vx, vy = data
-    monkeypatch.setattr(mlp, "_eval_loss", lambda *a: float("nan"))
+    monkeypatch.setattr(mlp, "eval_loss", lambda *a: float("nan"))
     with pytest.raises(ValueError, match=r"never finite in 3 epochs .* lower probe.lr"):
         fit_probe(tx[:64], ty[:64], vx[:32], vy[:32], make_spec(), ProbeMLPConfig(hidden_dim=8, epochs=3))
 

@@ -355,7 +355,7 @@ def test_bench_replica_killed_mid_run(local_ray, tmp_path, monkeypatch, capsys, 
     def write_then_kill(report, out):
         write(report, out)
         if not killed:
-            killed.extend(_descendants_titled("ray::_BenchReplica"))
+            killed.extend(_descendants_titled("ray::BenchReplica"))
             for pid in killed:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -404,7 +404,7 @@ def test_a_replica_skips_the_methods_an_earlier_run_saw_fail():
     import torch
 
     from specprobe.infer import bench
-    from specprobe.infer.bench_ray import _BenchReplica
+    from specprobe.infer.bench_ray import BenchReplica
     from specprobe.train.config import load_config
 
     ok = bench.MethodResult(bench.parse_method("target"))
@@ -417,12 +417,12 @@ def test_a_replica_skips_the_methods_an_earlier_run_saw_fail():
     setup = load_config("configs/tiny.yaml", BENCH).bench_setup()
     threads = torch.get_num_threads()
     try:
-        replica = _BenchReplica(setup, None, "bernoulli", None, ["target", "lr_sync"])
+        replica = BenchReplica(setup, None, "bernoulli", None, ["target", "lr_sync"])
         specs = bench.method_specs(["target", "lr_sync"])
         results, _, _ = replica.solve(specs, 1, {"lr_sync": "RuntimeError: out of memory"})
         assert results["lr_sync"].error == "RuntimeError: out of memory" and not results["lr_sync"].latencies
         assert not results["target"].error and len(results["target"].latencies) == 1
-        fresh = _BenchReplica(setup, None, "bernoulli", None, ["target", "lr_sync"])
+        fresh = BenchReplica(setup, None, "bernoulli", None, ["target", "lr_sync"])
         results, _, _ = fresh.solve(specs, 1)
         assert not results["lr_sync"].error and len(results["lr_sync"].latencies) == 1
     finally:

@@ -271,7 +271,7 @@ def test_system_speed_adaptive_depth_with_heterogeneous_acceptance(tmp_path):
         assert row["gamma"] == "adaptive<=3" and sum(row["depth_kept"]) > 0 and row["formula"] == "adaptive γ"
         measured = row["depth_policy"]["measured"]
         assert row["depth_policy"]["estimator"] == "simulated" and all(m["c"] > 0 for m in measured)
-        trace = read_trace(tmp_path / "traces" / f"{bench._safe(label)}.jsonl")
+        trace = read_trace(bench.trace_file(tmp_path, label))
         estimates = {round(a, 9) for rec in trace for a in rec.get("depth", {}).get("estimates", [])}
         assert estimates <= {0.95, 0.05, 0.0} and len(estimates - {0.0}) >= 1
         assert row["forecast_skip"] is False and not any(rec.get("depth", {}).get("skipped") for rec in trace)
@@ -287,7 +287,7 @@ def test_system_speed_adaptive_depth_with_heterogeneous_acceptance(tmp_path):
     assert code == 0
     row = next(r for r in json.loads((skip_out / "results.json").read_text())["rows"]
                if r["method"] == "lr_sync:gamma=adaptive:forecast_skip=true")
-    trace = read_trace(skip_out / "traces" / f"{bench._safe(row['method'])}.jsonl")
+    trace = read_trace(bench.trace_file(skip_out, row["method"]))
     costs = CycleCosts(0.3, b=[1.0, 1.05, 1.1, 1.15], kind="lookahead")
     assert forecast_pays(0.95, costs, 3) and not forecast_pays(0.05, costs, 1)  # the two kinds of position differ
     cycles = [rec for rec in trace if "depth" in rec]
