@@ -38,6 +38,7 @@ import numpy as np
 
 from specprobe.infer.acceptance_estimate import LatentDifficulty, SimulatedAcceptance, load_acceptance_probe
 from specprobe.infer.answers import extract_boxed, grade, split_gsm8k, strip_thousands_separators
+from specprobe.infer.bench_plot import FIGURE
 from specprobe.infer.bench_resume import KEY_SECTIONS, ProblemLog, open_problem_log, run_key
 from specprobe.infer.config import BenchSetup
 from specprobe.infer.decoding import (
@@ -395,13 +396,13 @@ def speedup_interval(base: Sequence[float], mine: Sequence[float], families: Seq
     return (ci.low, ci.high), "families" if kinds < len(units) else "problems"
 
 
-def per_problem_speedups(base: Sequence[float], mine: Sequence[float]) -> dict[str, float] | None:
-    """The speedup on each problem alone (target-only latency / the method's, same problem, same run): its
-    median, min and max (None without problems)."""
+def per_problem_speedups(base: Sequence[float], mine: Sequence[float]) -> dict[str, Any] | None:
+    """The speedup on each problem alone (target-only latency / the method's, same problem, same run): the ratios,
+    in the problems' order, and their median, min and max (None without problems)."""
     ratios = [b / m for b, m in zip(base, mine) if m > 0]
     if not ratios or len(base) != len(mine):
         return None
-    return {"median": float(np.median(ratios)), "min": min(ratios), "max": max(ratios)}
+    return {"median": float(np.median(ratios)), "min": min(ratios), "max": max(ratios), "ratios": ratios}
 
 
 def acceptance_interval(counts: Sequence[tuple[int, int]], families: Sequence[str | None] | None = None,
@@ -693,7 +694,7 @@ def start_out_dir(out: Path, specs: Sequence[MethodSpec], resumed: bool = False,
     """`out` for a new run: an earlier run's report removed (it would pass for this one's until this one writes)
     and empty traces/<method>.jsonl (`resumed`: the traces kept, see `bench_resume`); returns the writer that
     appends to them."""
-    for old in ("results.json", "results.md"):
+    for old in ("results.json", "results.md", FIGURE):
         (out / old).unlink(missing_ok=True)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     for s in specs:

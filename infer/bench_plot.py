@@ -14,20 +14,16 @@ from specprobe.probes.io import write_atomically
 FIGURE = "speedup.png"
 
 
-def speedup_points(report: dict) -> list[tuple[str, list[float], float, tuple[float, float] | None]]:
-    """(method, its speedup on each problem, its pooled speedup, the pooled one's interval) for every method that
-    has a speedup, the baseline left out: what the figure draws."""
-    rows = {r["method"]: r for r in report["rows"]}
-    base = rows.get("target")
-    if base is None or not base.get("latencies_s"):
-        return []
+def speedup_points(report: dict) -> list[tuple[str, list[float], float, float, tuple[float, float] | None]]:
+    """(method, its speedup on each problem, their median, its pooled speedup, the pooled one's interval) for every
+    method with
+    per-problem speedups (`infer.bench.per_problem_speedups`; the baseline has none): what the figure draws."""
     out = []
     for r in report["rows"]:
-        if r["method"] == "target" or r.get("speedup") is None or len(r["latencies_s"]) != len(base["latencies_s"]):
-            continue
-        ratios = [b / m for b, m in zip(base["latencies_s"], r["latencies_s"]) if m > 0]
-        ci = r.get("speedup_ci95")
-        out.append((r["method"], ratios, r["speedup"], tuple(ci) if ci else None))
+        spread = r.get("speedup_per_problem")
+        if r.get("speedup") is not None and spread:
+            ci = r.get("speedup_ci95")
+            out.append((r["method"], list(spread["ratios"]), spread["median"], r["speedup"], tuple(ci) if ci else None))
     return out
 
 
@@ -41,13 +37,13 @@ def speedup_figure(report: dict):
     fig = Figure(figsize=(6.4, 1.2 + 0.45 * len(points)), layout="constrained")
     ax = fig.subplots()
     jitter = np.random.default_rng(0)  # spreads a method's problems vertically so equal ratios stay visible
-    for y, (_, ratios, pooled, ci) in enumerate(points):
+    for y, (_, ratios, median, pooled, ci) in enumerate(points):
         ax.scatter(ratios, y + jitter.uniform(-0.15, 0.15, len(ratios)), s=14, alpha=0.6, color="tab:blue",
                    label="one problem" if y == 0 else None)
         if ci is not None:
             ax.plot(ci, [y, y], color="black", linewidth=2, label="95% interval" if y == 0 else None)
         ax.scatter([pooled], [y], marker="D", s=40, color="black", zorder=3, label="all problems" if y == 0 else None)
-        ax.scatter([float(np.median(ratios))], [y], marker="|", s=200, color="tab:orange", zorder=3,
+        ax.scatter([median], [y], marker="|", s=200, color="tab:orange", zorder=3,
                    label="median problem" if y == 0 else None)
     ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
     ax.set_yticks(range(len(points)), [p[0] for p in points])

@@ -141,7 +141,7 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
         report = _report(env, parts, problems, earlier, len(replicas), logged) if parts else None
         if report is not None and out is not None:  # the stopped run's report, until a problem returns
             bench.write_report(report, out)
-        pending, begun = list(calls), time.perf_counter()
+        pending = list(calls)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             r, position = calls[ready[0]]
@@ -162,8 +162,8 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
             report = _report(env, parts, problems, earlier + max(seconds), len(replicas), logged)
             if out is not None:
                 bench.write_report(report, out)
-            fresh, elapsed = len(parts) - logged, time.perf_counter() - begun
-            log(f"probe-bench: {progress_line(len(parts), len(problems), fresh, elapsed, 'problems')}")
+            # the rate from the replicas' decoding time (their warm-ups left out, as in one process)
+            log(f"probe-bench: {progress_line(len(parts), len(problems), len(parts) - logged, max(seconds), 'problems')}")
         if write_traces is not None:  # appended as problems returned: rewritten in the problems' order
             bench.rewrite_traces(out, specs, kept_traces)
     finally:

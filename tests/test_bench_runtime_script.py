@@ -66,7 +66,8 @@ def test_speedup_interval_draws_each_problems_two_latencies_together():
     with pytest.raises(ValueError, match="3 baseline latencies for 2 problems"):
         bench.speedup_interval([1.0] * 3, [1.0] * 2)
     # each problem alone: its own ratio, then their median and range
-    assert bench.per_problem_speedups([1.0, 2.0, 9.0], [1.0, 1.0, 1.0]) == {"median": 2.0, "min": 1.0, "max": 9.0}
+    assert bench.per_problem_speedups([1.0, 2.0, 9.0], [1.0, 1.0, 1.0]) == {"median": 2.0, "min": 1.0, "max": 9.0,
+                                                                             "ratios": [1.0, 2.0, 9.0]}
 
 
 def test_acceptance_interval_resamples_whole_families():
@@ -294,11 +295,15 @@ def test_the_speedup_figure_draws_each_problems_ratio_beside_the_pooled_one(tmp_
     the pooled speedup and its interval; a failed method (no speedup) is left out, and so is a report without one."""
     from specprobe.infer.bench_plot import FIGURE, speedup_figure, speedup_points, write_speedup_figure
 
+    spread = bench.per_problem_speedups([2.0, 4.0, 6.0], [1.0, 4.0, 2.0])
+    assert spread == {"median": 2.0, "min": 1.0, "max": 3.0, "ratios": [2.0, 1.0, 3.0]}
     report = {"system_speed": True, "rows": [
-        {"method": "target", "latencies_s": [2.0, 4.0, 6.0], "speedup": 1.0},
-        {"method": "lr_sync", "latencies_s": [1.0, 4.0, 2.0], "speedup": 12 / 7, "speedup_ci95": [1.0, 3.0]},
-        {"method": "semanticspec", "latencies_s": [1.0], "speedup": None, "error": "boom"}]}
-    assert speedup_points(report) == [("lr_sync", [2.0, 1.0, 3.0], 12 / 7, (1.0, 3.0))]
+        {"method": "target", "latencies_s": [2.0, 4.0, 6.0], "speedup": 1.0, "speedup_per_problem": None},
+        {"method": "lr_sync", "latencies_s": [1.0, 4.0, 2.0], "speedup": 12 / 7, "speedup_ci95": [1.0, 3.0],
+         "speedup_per_problem": spread},
+        {"method": "semanticspec", "latencies_s": [1.0], "speedup": None, "error": "boom",
+         "speedup_per_problem": None}]}
+    assert speedup_points(report) == [("lr_sync", [2.0, 1.0, 3.0], 2.0, 12 / 7, (1.0, 3.0))]
     fig = speedup_figure(report)
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_yticklabels()] == ["lr_sync"]
@@ -307,3 +312,5 @@ def test_the_speedup_figure_draws_each_problems_ratio_beside_the_pooled_one(tmp_
     path = write_speedup_figure(report, tmp_path)
     assert path == tmp_path / FIGURE and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert write_speedup_figure({"rows": report["rows"][:1]}, tmp_path / "none") is None
+    bench.start_out_dir(tmp_path, bench.method_specs(["target"]))  # a new run: no earlier run's figure beside it
+    assert not path.exists()

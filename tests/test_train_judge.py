@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specprobe.infer.models import load_model
+from specprobe.probes.io import load_tensors
 from specprobe.train.config import VerifiersConfig
 from specprobe.train.pair_verifiers import PairSet, balanced_pairs, train_judge
 
@@ -179,14 +180,17 @@ def test_a_stopped_training_continues_from_its_saved_state(tmp_path, monkeypatch
             train_judge(pairs, pairs, vcfg, device="cpu", model=fresh(), state_dir=tmp_path, message=lines.append)
     assert lines == [f"judge LoRA: its state after step 4 of 6 is in {tmp_path}; the same command continues from there"]
     state = json.loads((tmp_path / "state.json").read_text())
-    assert state["step"] == 4 and state["losses"] == pytest.approx(whole.losses[:4], rel=1e-6)
-    assert [p.name for p in tmp_path.glob("step-*")] == ["step-0000004.safetensors"]
+    assert state["step"] == 4 and [p.name for p in tmp_path.glob("step-*")] == ["step-0000004.safetensors"]
+    assert load_tensors(tmp_path / state["file"])["loop.losses"].tolist() == pytest.approx(whole.losses[:4], rel=1e-6)
 
     scored = []
     monkeypatch.setattr(pair_verifiers, "judge_probability",
                         lambda *a, **k: scored.append(k.get("progress")) or judge_prompt.judge_probability(*a, **k))
-    resumed = train_judge(pairs, pairs, vcfg, device="cpu", model=fresh(), state_dir=tmp_path, message=lines.append)
+    curve = []
+    resumed = train_judge(pairs, pairs, vcfg, device="cpu", model=fresh(), state_dir=tmp_path, message=lines.append,
+                          log_fn=curve.append)
     assert lines[-1].startswith(f"judge LoRA: resuming after step 4 of 6 from {tmp_path}")
+    assert [c["step"] for c in curve] == list(range(6))  # the logged curve has the earlier run's steps too
     assert len(scored) == 1  # the LoRA's validation pairs only (test pairs not given): the base's came from the state
     np.testing.assert_allclose(resumed.losses, whole.losses, rtol=1e-5)
     assert resumed.metrics["resumed"]["after_step"] == 4 and "resumed" not in whole.metrics
@@ -201,3 +205,55 @@ def test_a_stopped_training_continues_from_its_saved_state(tmp_path, monkeypatch
                         message=lines.append)
     assert "other pairs or settings (settings.judge_lr: 0.005 -> 0.001)" in lines[-1]
     assert len(other.losses) == 6 and other.losses[0] == pytest.approx(whole.losses[0], rel=1e-5)
+
+
+def test_a_training_state_round_trips_and_is_refused_where_it_would_not_continue_the_same_run(tmp_path):
+    """On a small module (no language model): weights, AdamW moments, RNGs, order and losses come back as saved, a
+    NaN loss included (JSON would refuse it); other settings, a device, fewer steps or a damaged file are refused,
+    each saying why."""
+    from dataclasses import replace
+
+    from specprobe.train.judge_steps import JudgeSteps, LoopState, run_key
+
+    def trained(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+        return model, opt
+
+    items, labels = [("c", "a", "b")] * 4, np.array([True, False, True, False])
+    key = run_key(VCFG, "float32", "cpu", items, labels, {"val": (items[:2], labels[:2])})
+    model, opt = trained(0)
+    loop = LoopState.fresh(4, seed=0)
+    loop.next_batch(3)
+    loop.step, loop.losses = 1, [float("nan")]
+    steps = JudgeSteps(tmp_path, 1, key)
+    steps.base_probs = {"val": np.array([0.25, 0.75])}
+    torch.manual_seed(7)
+    steps.save(model, opt, loop, 2.0)
+    after_save = torch.rand(3)
+
+    earlier, note = JudgeSteps(tmp_path, 1, key).earlier(steps=5)
+    assert note.startswith(f"judge LoRA: resuming after step 1 of 5 from {tmp_path}")
+    other, other_opt = trained(1)
+    back = JudgeSteps.restore(earlier, other, other_opt)
+    torch.testing.assert_close(other.weight, model.weight, rtol=0, atol=0)
+    for a, b in zip(other_opt.state_dict()["state"].values(), opt.state_dict()["state"].values()):
+        torch.testing.assert_close(a["exp_avg_sq"], b["exp_avg_sq"], rtol=0, atol=0)
+    torch.testing.assert_close(torch.rand(3), after_save, rtol=0, atol=0)  # torch's generator as it was saved
+    assert (back.step, back.pos, back.order.tolist(), back.seconds) == (1, 3, loop.order.tolist(), 2.0)
+    assert np.isnan(back.losses[0]) and back.rng.permutation(4).tolist() == loop.rng.permutation(4).tolist()
+    assert earlier.base_probs["val"].tolist() == [0.25, 0.75]
+
+    for other_key, why in ((run_key(replace(VCFG, judge_lr=1.0), "float32", "cpu", items, labels, {}),
+                            "settings.judge_lr: 0.005 -> 1.0"),
+                           (run_key(VCFG, "float32", "cuda", items, labels, {"val": (items[:2], labels[:2])}),
+                            "settings.device: 'cpu' -> 'cuda'")):
+        none, note = JudgeSteps(tmp_path, 1, other_key).earlier(steps=5)
+        assert none is None and why in note and "training from step 0" in note
+    assert "more than verifiers.judge_steps=0" in JudgeSteps(tmp_path, 1, key).earlier(steps=0)[1]
+    (tmp_path / "step-0000001.safetensors").write_bytes(b"cut short")
+    none, note = JudgeSteps(tmp_path, 1, key).earlier(steps=5)
+    assert none is None and "cannot be read" in note

@@ -5,7 +5,8 @@ The state is everything the next step reads: the adapter's trainable weights, Ad
 RNGs (the pair order's numpy generator and torch's, which draws LoRA dropout), the position in the shuffled order
 and the losses so far; also the untrained base's probabilities on the validation and test pairs, so a resumed run
 does not score them again. One safetensors file per saved step holds the tensors and ``state.json`` names it; the
-JSON is written last (atomically), so a kill during a save leaves the previous state readable.
+JSON is written last (atomically), so a kill during a save leaves the previous state readable. Losses and
+probabilities are tensors too: a NaN loss (a diverging bf16 run) is kept as it is, not refused by JSON.
 
 A state is taken only by a run whose pairs and judge settings are the ones it was trained with (``run_key``); a
 larger ``judge_steps`` continues it (AdamW here has no schedule, so steps 1..n are the same in both runs).
@@ -38,10 +39,12 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def run_key(vcfg, dtype: str, items: Sequence, labels: np.ndarray, evals: dict[str, tuple[Sequence, np.ndarray]]) -> dict:
-    """What makes two runs' steps the same: the judge's settings, its base's dtype and the pairs, train and eval."""
+def run_key(vcfg, dtype: str, device: str, items: Sequence, labels: np.ndarray,
+            evals: dict[str, tuple[Sequence, np.ndarray]]) -> dict:
+    """What makes two runs' steps the same: the judge's settings, its base's dtype and device type (CPU and CUDA
+    draw dropout from different generators and round differently) and the pairs, train and eval."""
     settings = {k: v for k, v in vars(vcfg).items() if k.startswith("judge_") and k not in NOT_IN_KEY}
-    return {"settings": {**settings, "seed": vcfg.seed, "dtype": dtype},
+    return {"settings": {**settings, "seed": vcfg.seed, "dtype": dtype, "device": device},
             "train_pairs_sha256": _digest([list(items), np.asarray(labels, dtype=bool).tolist()]),
             "eval_pairs_sha256": {split: _digest([list(it), np.asarray(lab, dtype=bool).tolist()])
                                   for split, (it, lab) in sorted(evals.items())}}
@@ -76,7 +79,7 @@ class Earlier:
     """A state an earlier run left, checked against this run."""
 
     state: dict[str, Any]
-    tensors_file: Path
+    tensors: dict[str, torch.Tensor]
 
     @property
     def step(self) -> int:
@@ -84,11 +87,20 @@ class Earlier:
 
     @property
     def base_probs(self) -> dict[str, np.ndarray]:
-        return {split: np.asarray(p, dtype=np.float64) for split, p in self.state["base_probs"].items()}
+        return {k.removeprefix("base_probs."): t.numpy() for k, t in self.tensors.items() if k.startswith("base_probs.")}
 
 
 def cuda_devices(model) -> list[int]:
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+
+def seed_generators(model, seed: int) -> None:
+    """Seed torch's CPU generator and those of the CUDA devices the model is on (dropout draws from them), not the
+    others: the caller forks exactly these (`torch.random.fork_rng(devices=cuda_devices(model))`)."""
+    torch.default_generator.manual_seed(seed)
+    for device in cuda_devices(model):
+        with torch.cuda.device(device):
+            torch.cuda.manual_seed(seed)
 
 
 class JudgeSteps:
@@ -96,8 +108,8 @@ class JudgeSteps:
 
     def __init__(self, folder: str | Path, every: int, key: dict[str, Any]):
         self.folder, self.every, self.key = Path(folder), int(every), key
-        self.saved_step = 0  # the last step this run wrote
-        self.base_probs: dict[str, list[float]] = {}
+        self.saved_step = 0  # the last step whose state is in the folder (this run's, or the one it continues)
+        self.base_probs: dict[str, np.ndarray] = {}
 
     def due(self, step: int, last: int) -> bool:
         return self.every > 0 and (step % self.every == 0 or step == last)
@@ -112,7 +124,7 @@ class JudgeSteps:
             state = read_json(path)
             if state.get("format") != FORMAT:
                 raise FileFormatError(f"{path} is not a {FORMAT} state")
-            tensors = self.folder / state["file"]
+            tensors_file = self.folder / state["file"]
             step = int(state["step"])
         except (OSError, ValueError, KeyError, TypeError) as err:
             return None, f"{self.folder} holds an unreadable judge-LoRA state ({err}); training from step 0"
@@ -123,8 +135,10 @@ class JudgeSteps:
         if step > steps:
             return None, (f"{self.folder} holds a judge-LoRA state after step {step}, more than "
                           f"verifiers.judge_steps={steps}; training from step 0 (its state is replaced)")
-        if not tensors.is_file():
-            return None, f"{tensors} is missing (named by {path}); training from step 0"
+        try:
+            tensors = load_tensors(tensors_file)
+        except (OSError, ValueError) as err:
+            return None, f"{tensors_file} (named by {path}) cannot be read ({err}); training from step 0"
         return Earlier(state, tensors), (
             f"judge LoRA: resuming after step {step} of {steps} from {self.folder} (an earlier run of this config "
             f"stopped there; delete that folder to train from step 0)")
@@ -134,6 +148,9 @@ class JudgeSteps:
         tensors = {f"adapter.{n}": p.detach() for n, p in model.named_parameters() if p.requires_grad}
         for index, moments in opt.state_dict()["state"].items():
             tensors.update({f"optimizer.{index}.{name}": t for name, t in moments.items()})
+        tensors["loop.losses"] = torch.tensor(loop.losses, dtype=torch.float64)
+        tensors.update({f"base_probs.{split}": torch.as_tensor(p, dtype=torch.float64)
+                        for split, p in self.base_probs.items()})
         tensors["rng.torch"] = torch.get_rng_state()
         for device in cuda_devices(model):
             tensors[f"rng.cuda.{device}"] = torch.cuda.get_rng_state(device)
@@ -141,9 +158,8 @@ class JudgeSteps:
         save_tensors(self.folder / name, tensors)
         write_json(self.folder / STATE, {
             "format": FORMAT, "version": 1, "key": self.key, "step": loop.step, "file": name,
-            "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "losses": loop.losses, "order": loop.order.tolist(),
-            "pos": loop.pos, "numpy_rng": loop.rng.bit_generator.state, "seconds": loop.seconds + seconds,
-            "base_probs": self.base_probs})
+            "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "order": loop.order.tolist(), "pos": loop.pos,
+            "numpy_rng": loop.rng.bit_generator.state, "seconds": loop.seconds + seconds})
         for old in self.folder.glob("step-*.safetensors"):
             if old.name != name:
                 old.unlink(missing_ok=True)
@@ -152,11 +168,12 @@ class JudgeSteps:
     @staticmethod
     def restore(earlier: Earlier, model, opt) -> LoopState:
         """Put an earlier state into the (fresh) adapter, optimizer and RNGs; the loop state to continue with."""
-        tensors = load_tensors(earlier.tensors_file)
+        tensors = earlier.tensors
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         saved = {k.removeprefix("adapter."): t for k, t in tensors.items() if k.startswith("adapter.")}
         if set(saved) != set(params):
-            raise FileFormatError(f"{earlier.tensors_file} holds other adapter weights than this model's LoRA")
+            raise FileFormatError(f"the judge-LoRA state after step {earlier.step} holds other adapter weights than "
+                                  "this model's LoRA; delete its folder to train from step 0")
         with torch.no_grad():
             for n, p in params.items():
                 p.copy_(saved[n])
@@ -176,7 +193,7 @@ class JudgeSteps:
         rng = np.random.default_rng()
         rng.bit_generator.state = s["numpy_rng"]
         return LoopState(int(s["step"]), np.asarray(s["order"], dtype=np.int64), int(s["pos"]), rng,
-                         [float(x) for x in s["losses"]], float(s.get("seconds", 0.0)))
+                         tensors["loop.losses"].tolist(), float(s.get("seconds", 0.0)))
 
 
 def remove_state(folder: str | Path) -> bool:

@@ -311,8 +311,11 @@ def judge_train_loop(model, tokenizer, items: Sequence[tuple[str, str, str]], la
     targets = torch.as_tensor(~np.asarray(labels, dtype=bool), dtype=torch.long)
     start = time.perf_counter()
     with torch.random.fork_rng(devices=judge_steps.cuda_devices(model)):
-        torch.manual_seed(vcfg.seed + 2)
+        judge_steps.seed_generators(model, vcfg.seed + 2)
         loop = JudgeSteps.restore(earlier, model, opt) if earlier else LoopState.fresh(len(items), vcfg.seed)
+        if log_fn is not None:  # the earlier run's steps, so the logged curve is whole
+            for step, loss in enumerate(loop.losses):
+                log_fn({"step": step, "loss": loss, "last": step == vcfg.judge_steps - 1})
         if steps is not None and loop.step == 0:
             steps.save(model, opt, loop, 0.0)  # the base's scores, so a stop in the first steps keeps them
         model.train()
@@ -356,17 +359,19 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
     dtype = str(base.dtype).removeprefix("torch.")  # the scale the threshold is on
     steps, earlier = None, None
     if state_dir is not None and vcfg.judge_save_every > 0:
-        steps = JudgeSteps(state_dir, vcfg.judge_save_every, run_key(vcfg, dtype, items, labels, evals))
+        device_type = next(base.parameters()).device.type
+        steps = JudgeSteps(state_dir, vcfg.judge_save_every, run_key(vcfg, dtype, device_type, items, labels, evals))
         earlier, note = steps.earlier(vcfg.judge_steps)
         if note:
             message(note)
+        steps.saved_step = earlier.step if earlier is not None else 0
     if earlier is not None:  # its key holds the eval pairs' digests: the same pairs, scored by the same base
         base_probs = earlier.base_probs
     else:
         base_probs = {split: _probabilities(base, tokenizer, split_items, batch, f"judge base, {split} pairs",
                                             progress) for split, (split_items, _) in evals.items()}
     if steps is not None:
-        steps.base_probs = {split: p.tolist() for split, p in base_probs.items()}
+        steps.base_probs = base_probs
     peft_model = lora_model(base, vcfg)
     try:
         loop = judge_train_loop(peft_model, tokenizer, items, labels, vcfg, log_fn, progress, steps, earlier)
@@ -395,7 +400,7 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
             "accept_all": accept_all_report(split_labels),
         }
     if earlier is not None:
-        metrics["resumed"] = {"after_step": earlier.step, "from": str(steps.folder), "earlier_seconds": loop.seconds}
+        metrics["resumed"] = {"after_step": earlier.step, "earlier_seconds": loop.seconds}
     seconds = time.perf_counter() - start + loop.seconds
     metrics["seconds"] = seconds
     return JudgeResult(vcfg.judge_base, peft_model, tokenizer, fitted, metrics, losses, seconds, vcfg)
