@@ -34,7 +34,8 @@ CONFIG = {
 RELIABILITY = ("reliability_probe_target_draft_via_target", "reliability_probe_target_target_own",
                "reliability_probe_draft_draft_own", "reliability_probe_acceptance_draft_accept")
 FIGURES = ({f"{name}.png" for name in RELIABILITY} | {f"{name}_equal_mass.png" for name in RELIABILITY}
-           | {"acceptance_scatter.png", "layer_sweep.png", "logistic_sweep.png", "umap.png", "verifiers_roc_pr.png"})
+           | {"acceptance_scatter.png", "layer_sweep.png", "logistic_sweep.png", "umap.png", "verifiers_roc_pr.png",
+              "training_curves.png"})
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,9 @@ def test_real_tiny_checkpoint_report_has_every_part(real_checkpoint, tmp_path):
         assert imread(tmp_path / "report" / name)[..., :3].std() > 0.05
     parts = report.metrics["parts"]
     assert set(parts) == {"probes", "acceptance", "layer_sweep", "logistic_sweep", "positive_control", "umap",
-                          "verifiers"}
+                          "verifiers", "training"}
+    assert parts["training"]["judge"]["steps"] == 2  # the judge LoRA's recorded curve, beside the probes'
+    assert set(parts["training"]["probes"]) >= {"probe_target", "probe_draft"}
     assert parts["positive_control"]["sets"]["target_own"]["targets"]  # at least one quantity was checked
     assert [e["layer"] for e in parts["layer_sweep"]["target"]["entries"]] == [26, 27, 28, 29, 30]
     assert set(parts["verifiers"]["by_verifier"]) == {"embedding", "judge"}

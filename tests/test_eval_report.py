@@ -24,7 +24,7 @@ QUICK = ["eval.n_boot=30", "eval.layer_sweep=false", "eval.logistic_sweep=false"
 RELIABILITY = ["reliability_probe_target_draft_via_target", "reliability_probe_target_target_own",
                "reliability_probe_draft_draft_own", "reliability_probe_acceptance_draft_accept"]
 FIGURES = [f"{name}{kind}.png" for name in RELIABILITY for kind in ("", "_equal_mass")] + [
-    "acceptance_scatter.png", "layer_sweep.png", "logistic_sweep.png", "verifiers_roc_pr.png"]
+    "acceptance_scatter.png", "layer_sweep.png", "logistic_sweep.png", "verifiers_roc_pr.png", "training_curves.png"]
 
 
 def quiet(_):
@@ -48,7 +48,7 @@ def test_report_writes_every_part_and_figure(report):
     assert {s["part"] for s in m["skipped"]} == {"positive_control/target_own/length_share",
                                                  "positive_control/draft_own/length_share"}
     assert set(m["parts"]) == {"probes", "acceptance", "layer_sweep", "logistic_sweep", "positive_control",
-                               "verifiers"}  # umap off in the fixture
+                               "verifiers", "training"}  # umap off in the fixture
     assert sorted(f["file"] for f in m["figures"]) == sorted(FIGURES)
     markdown = report.markdown.read_text()
     for name in FIGURES:
@@ -57,7 +57,8 @@ def test_report_writes_every_part_and_figure(report):
         assert image[..., :3].std() > 0.05  # not a blank canvas
         assert f"]({name})" in markdown
     assert json.loads((report.folder / "metrics.json").read_text()) == m
-    for heading in ("Probe calibration", "Acceptance ratio", "Per-layer sweep", "Pair verifiers", "Skipped parts"):
+    for heading in ("Probe calibration", "Acceptance ratio", "Per-layer sweep", "Pair verifiers", "Training curves",
+                    "Skipped parts"):
         assert heading in markdown
 
 
@@ -757,3 +758,17 @@ def test_a_bad_held_out_label_is_named_by_sample_and_field(trained, tmp_path, mo
                for r in reasons), reasons
     assert not any("must be finite" in r for r in reasons)
     assert "draft_via_target" in report.metrics["parts"]["probes"]["by_probe"]["probe_target"]  # the rest goes on
+
+
+def test_the_training_curves_are_the_checkpoints_recorded_ones(report, trained):
+    """Section 6 draws what probe-train recorded (each MLP probe's losses per epoch, its kept epoch), not a new fit."""
+    _, ckpt = trained
+    recorded = json.loads((ckpt / "metrics.json").read_text())["probes"]
+    (fig,) = [f for f in report.metrics["figures"] if f["file"] == "training_curves.png"]
+    assert fig["section"] == "training"
+    part = report.metrics["parts"]["training"]
+    with_history = {n for n, e in recorded.items() if (e.get("history") or {}).get("train_loss")}
+    assert with_history and set(part["probes"]) == with_history
+    for name in with_history:
+        assert part["probes"][name]["best_epoch"] == recorded[name]["history"]["best_epoch"]
+    assert "## 6. Training curves" in report.markdown.read_text()

@@ -392,7 +392,8 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
     metrics: dict[str, Any] = {"n_train": len(items), "threshold_fit": fitted.to_dict(),
                                "dtype": dtype,
                                "loss_first": losses[0], "loss_last": losses[-1],
-                               "loss_first_10": float(np.mean(losses[:10])), "loss_last_10": float(np.mean(losses[-10:]))}
+                               "loss_first_10": float(np.mean(losses[:10])), "loss_last_10": float(np.mean(losses[-10:])),
+                               "losses": list(losses)}  # the whole curve, for probe-eval's training figure
     for split, (_, split_labels) in evals.items():
         metrics[split] = {
             "verifier": score_report(probs[split], split_labels, {"chosen": threshold, "p>=0.5": 0.5}),

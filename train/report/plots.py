@@ -196,9 +196,35 @@ def _mark_thresholds(roc_ax, pr_ax, c: dict[str, Any], color, name: str) -> None
             pr_ax.plot([point["recall"]], [point["precision"]], marker, color=color, ms=size, mec="black", label=label)
 
 
+def training_curves(path: str | Path, curves: dict[str, dict[str, Any]]) -> Path:
+    """One panel per curve: training loss (and validation loss where recorded) against epoch or step, the kept
+    epoch starred. Missing values (a non-finite loss, stored as null) are gaps."""
+    cols = min(4, len(curves))
+    rows = -(-len(curves) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.2 * rows), squeeze=False)
+    for ax in axes.flat[len(curves):]:
+        ax.set_visible(False)
+    for ax, (name, c) in zip(axes.flat, curves.items()):
+        train = np.array([np.nan if v is None else v for v in c["train"]], dtype=float)
+        ax.plot(np.arange(len(train)), train, "-", lw=1.2, color="tab:blue", label="training")
+        if c.get("val"):
+            val = np.array([np.nan if v is None else v for v in c["val"]], dtype=float)
+            ax.plot(np.arange(len(val)), val, "-", lw=1.2, color="tab:orange", label="validation")
+            if c.get("best") is not None and c["best"] < len(val):
+                ax.plot([c["best"]], [val[c["best"]]], "*", ms=11, color="tab:orange", mec="black", label="kept")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(c.get("x", "epoch"))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for row in axes:
+        row[0].set_ylabel("loss")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 PLOTS = {"reliability_diagram": reliability_diagram, "acceptance_scatter": acceptance_scatter,
          "layer_sweep_plot": layer_sweep_plot, "logistic_sweep_plot": logistic_sweep_plot,
-         "umap_plot": umap_plot, "verifier_curves": verifier_curves}
+         "umap_plot": umap_plot, "verifier_curves": verifier_curves, "training_curves": training_curves}
 
 
 def draw(plot: str, path: str | Path, args: dict[str, Any]) -> Path:

@@ -412,6 +412,27 @@ def verifiers_section(part: dict[str, Any] | None, figures) -> str:
     return "\n\n".join(out)
 
 
+def training_section(part: dict[str, Any] | None, figures) -> str:
+    out = ["## 6. Training curves",
+           "As probe-train recorded them in the checkpoint's metrics (not recomputed): each MLP probe's loss per epoch "
+           "on its training rows and its validation questions (early stopping keeps the epoch of the lowest "
+           "validation loss), and the judge LoRA's loss per step on its training pairs."]
+    if not part:
+        return "\n\n".join(out + ["*Not shown (see Skipped parts).*"])
+    rows = [[f"`{name}`", h.get("epochs_run"), h.get("best_epoch"), num(h.get("best_val_loss")),
+             "yes" if h.get("stopped_early") else "no"] for name, h in part["probes"].items()]
+    if rows:
+        out.append(table(["probe", "epochs run", "kept epoch", "validation loss there", "stopped early"], rows))
+    judge = part.get("judge")
+    if judge:
+        resumed = judge.get("resumed")
+        out.append(f"Judge LoRA: {judge['steps']} steps"
+                   + (f" (continued after step {resumed['after_step']} from an earlier run's saved state)."
+                      if resumed else "."))
+    out.append(figure_links(figures, "training"))
+    return "\n\n".join(out)
+
+
 def render_report(metrics: dict[str, Any]) -> str:
     """The whole report.md from a metrics dict (as written to metrics.json)."""
     parts = metrics.get("parts", {})
@@ -421,7 +442,7 @@ def render_report(metrics: dict[str, Any]) -> str:
         probes_section(parts.get("probes"), figures), acceptance_section(parts.get("acceptance"), figures),
         sweep_section(parts.get("layer_sweep"), figures), logistic_sweep_section(parts.get("logistic_sweep"), figures),
         positive_control_section(parts.get("positive_control")), umap_section(parts.get("umap"), figures),
-        verifiers_section(parts.get("verifiers"), figures),
+        verifiers_section(parts.get("verifiers"), figures), training_section(parts.get("training"), figures),
     ]) + "\n"
 
 

@@ -42,6 +42,7 @@ from specprobe.train.report.sections import (
     guarded,
     layer_sweep_part,
     probes_part,
+    training_part,
     umap_part,
 )
 from specprobe.train.report.verifiers import verifiers_part
@@ -53,6 +54,7 @@ REPORT_METRICS = "metrics.json"  # a report folder's numbers (a checkpoint's own
 PARTS: dict[str, Callable[[EvalContext], PartResult]] = {
     "probes": probes_part, "acceptance": acceptance_part, "layer_sweep": layer_sweep_part, "umap": umap_part,
     "logistic_sweep": logistic_sweep_part, "positive_control": positive_control_part, "verifiers": verifiers_part,
+    "training": training_part,
 }
 
 

@@ -213,6 +213,31 @@ def probes_part(ctx: EvalContext) -> PartResult:
     return PartResult({"by_probe": metrics, "versus": versus, "table": comparison_table(metrics)}, figures)
 
 
+def training_part(ctx: EvalContext) -> PartResult:
+    """The training curves probe-train recorded in the checkpoint's metrics (not recomputed): each MLP probe's
+    training and validation loss per epoch, with the epoch early stopping kept, and the judge LoRA's loss per step."""
+    recorded = ctx.ckpt.metrics
+    curves: dict[str, dict[str, Any]] = {}
+    summary: dict[str, Any] = {"probes": {}}
+    for name, entry in sorted((recorded.get("probes") or {}).items()):
+        history = entry.get("history") or {}
+        if history.get("train_loss"):
+            curves[name] = {"train": history["train_loss"], "val": history.get("val_loss") or [],
+                            "best": history.get("best_epoch"), "x": "epoch"}
+            summary["probes"][name] = {k: history.get(k) for k in ("epochs_run", "best_epoch", "best_val_loss",
+                                                                    "stopped_early")}
+    losses = (recorded.get("judge") or {}).get("losses")
+    if losses:
+        curves["judge LoRA"] = {"train": losses, "val": [], "best": None, "x": "step"}
+        summary["judge"] = {"steps": len(losses), "resumed": (recorded.get("judge") or {}).get("resumed")}
+    if not curves:
+        raise PartError("the checkpoint's metrics hold no training curve (no MLP probe history, no judge losses)")
+    figure = Figure("training_curves.png", "Training curves: loss per epoch of each MLP probe (training rows, "
+                    "validation questions; the kept epoch marked) and the judge LoRA's loss per step",
+                    "training", "training_curves", {"curves": curves})
+    return PartResult(summary, [figure])
+
+
 def comparison_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (probe, row set, predictor) with every metric's point estimate and CI."""
     rows = []
