@@ -1,5 +1,6 @@
 """probe-bench's figure: each method's speedup over target-only, problem by problem, beside the pooled speedup and
-its 95% interval (`<out>/speedup.png`). Drawn from the report alone, so a results.json from any run redraws it.
+its 95% interval (`<out>/speedup.png`). Drawn from the report alone, so a results.json redraws it (one written
+before the per-problem ratios were recorded has nothing to draw).
 
 matplotlib's object API (`Figure`, no pyplot): no backend is chosen and no global state is touched.
 """
@@ -21,7 +22,7 @@ def speedup_points(report: dict) -> list[tuple[str, list[float], float, float, t
     out = []
     for r in report["rows"]:
         spread = r.get("speedup_per_problem")
-        if r.get("speedup") is not None and spread:
+        if r.get("speedup") is not None and spread and spread.get("ratios"):  # (older reports: no ratios)
             ci = r.get("speedup_ci95")
             out.append((r["method"], list(spread["ratios"]), spread["median"], r["speedup"], tuple(ci) if ci else None))
     return out

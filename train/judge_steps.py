@@ -108,7 +108,8 @@ class JudgeSteps:
 
     def __init__(self, folder: str | Path, every: int, key: dict[str, Any]):
         self.folder, self.every, self.key = Path(folder), int(every), key
-        self.saved_step = 0  # the last step whose state is in the folder (this run's, or the one it continues)
+        self.saved = False  # the folder holds a state of this training (this run's, or the one it continues)
+        self.saved_step = 0  # the step of that state
         self.base_probs: dict[str, np.ndarray] = {}
 
     def due(self, step: int, last: int) -> bool:
@@ -163,7 +164,7 @@ class JudgeSteps:
         for old in self.folder.glob("step-*.safetensors"):
             if old.name != name:
                 old.unlink(missing_ok=True)
-        self.saved_step = loop.step
+        self.saved, self.saved_step = True, loop.step
 
     @staticmethod
     def restore(earlier: Earlier, model, opt) -> LoopState:

@@ -290,8 +290,8 @@ def lora_model(model, vcfg):
     config = LoraConfig(r=vcfg.judge_lora_r, lora_alpha=vcfg.judge_lora_alpha, lora_dropout=vcfg.judge_lora_dropout,
                         target_modules=list(vcfg.judge_target_modules), layers_to_transform=layers, bias="none",
                         task_type="CAUSAL_LM")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(vcfg.seed)
+    with torch.random.fork_rng(devices=judge_steps.cuda_devices(model)):  # the caller's generators stay as they were
+        judge_steps.seed_generators(model, vcfg.seed)
         try:
             return get_peft_model(model, config)
         except ValueError as err:
@@ -364,7 +364,8 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
         earlier, note = steps.earlier(vcfg.judge_steps)
         if note:
             message(note)
-        steps.saved_step = earlier.step if earlier is not None else 0
+        if earlier is not None:
+            steps.saved, steps.saved_step = True, earlier.step
     if earlier is not None:  # its key holds the eval pairs' digests: the same pairs, scored by the same base
         base_probs = earlier.base_probs
     else:
@@ -376,7 +377,7 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
     try:
         loop = judge_train_loop(peft_model, tokenizer, items, labels, vcfg, log_fn, progress, steps, earlier)
     except BaseException:
-        if steps is not None and steps.saved_step:
+        if steps is not None and steps.saved:
             message(f"judge LoRA: its state after step {steps.saved_step} of {vcfg.judge_steps} is in "
                     f"{steps.folder}; the same command continues from there")
         raise

@@ -419,10 +419,11 @@ def training_section(part: dict[str, Any] | None, figures) -> str:
            "validation loss), and the judge LoRA's loss per step on its training pairs."]
     if not part:
         return "\n\n".join(out + ["*Not shown (see Skipped parts).*"])
-    rows = [[f"`{name}`", h.get("epochs_run"), h.get("best_epoch"), num(h.get("best_val_loss")),
+    rows = [[f"`{name}`", num(h.get("epochs_run")), num(h.get("best_epoch")), num(h.get("best_val_loss")),
              "yes" if h.get("stopped_early") else "no"] for name, h in part["probes"].items()]
     if rows:
-        out.append(table(["probe", "epochs run", "kept epoch", "validation loss there", "stopped early"], rows))
+        out.append(table(["probe", "epochs run", "kept epoch (from 0)", "validation loss there", "stopped early"],
+                         rows))
     judge = part.get("judge")
     if judge:
         resumed = judge.get("resumed")
