@@ -183,6 +183,16 @@ def test_a_stopped_training_continues_from_its_saved_state(tmp_path, monkeypatch
     assert state["step"] == 4 and [p.name for p in tmp_path.glob("step-*")] == ["step-0000004.safetensors"]
     assert load_tensors(tmp_path / state["file"])["loop.losses"].tolist() == pytest.approx(whole.losses[:4], rel=1e-6)
 
+    def stop_at_once(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:  # stopped again before it saved: the state it continues is still named
+        patch.setattr(pair_verifiers, "judge_answer_logits", stop_at_once)
+        with pytest.raises(KeyboardInterrupt):
+            train_judge(pairs, pairs, vcfg, device="cpu", model=fresh(), state_dir=tmp_path, message=lines.append)
+    assert lines[-2:] == [lines[-2], f"judge LoRA: its state after step 4 of 6 is in {tmp_path}; the same command "
+                                     "continues from there"] and "resuming after step 4" in lines[-2]
+
     scored = []
     monkeypatch.setattr(pair_verifiers, "judge_probability",
                         lambda *a, **k: scored.append(k.get("progress")) or judge_prompt.judge_probability(*a, **k))
