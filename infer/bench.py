@@ -416,8 +416,11 @@ def acceptance_interval(counts: Sequence[tuple[int, int]], families: Sequence[st
     verifier, too narrow for a real one); several problems of one family give none (resampling one unit). Where
     every unit accepted the same share (none, all, or one rate) no resample can differ and the percentile interval
     collapses to a point; the Wilson interval over the units (each one trial at that rate) is given instead."""
-    units = family_units(families, len(counts))
-    judged = [(a, j, u) for (a, j), u in zip(counts, units) if j > 0]
+    families = [None] * len(counts) if families is None else list(families)
+    if len(families) != len(counts):
+        raise ValueError(f"{len(families)} families for {len(counts)} problems")
+    kept = [i for i, (_, j) in enumerate(counts) if j > 0]  # units numbered among the judged problems only
+    judged = [(*counts[i], u) for i, u in zip(kept, family_units([families[i] for i in kept], len(kept)))]
     if not judged:
         return None, None
     if len(judged) == 1:
