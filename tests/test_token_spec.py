@@ -13,6 +13,7 @@ import torch
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
 from specprobe.infer.engines.hf_kv import DecodeBatch, RowSpec, cache_keyword, common_prefix_len
 from specprobe.infer.engines.static_kv import FastDecodeBatch
+from specprobe.infer.engines.device_sampling import outside_nucleus
 from specprobe.infer.engines.token_spec import (
     AssistantProposer,
     DraftTree,
@@ -123,6 +124,15 @@ def test_a_verified_paths_tokens_are_scored_at_the_rows_they_were_drawn_from():
 def test_the_proposers_return_chains():
     tree = NgramProposer(3).propose([1, 2, 3, 9, 1, 2, 3], 2)
     assert tree == DraftTree.chain([9, 1])
+
+
+def test_the_nucleus_keeps_tokens_until_the_mass_before_them_reaches_top_p():
+    # dyadic probabilities: the sums are exact, so the boundary case does not depend on rounding
+    p = torch.tensor([[0.5, 0.25, 0.125, 0.125]])
+    assert outside_nucleus(p, 0.75).tolist() == [[False, False, True, True]]  # 0.5 + 0.25 reaches 0.75
+    assert outside_nucleus(p, 0.8).tolist() == [[False, False, False, True]]
+    assert outside_nucleus(p, 0.1).tolist() == [[False, True, True, True]]  # the first token always stays
+    assert outside_nucleus(p, 1.0).tolist() == [[False, False, False, False]]
 
 
 def _nucleus_reference(logits, temperature, top_p):

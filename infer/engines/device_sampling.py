@@ -52,6 +52,13 @@ def uniforms(keys: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Te
     return ((bits >> 9).to(torch.float32) + 0.5) / 8388608.0
 
 
+def outside_nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The top-p rule, on probabilities sorted descending along the last axis: True where a token falls
+    outside the nucleus, i.e. the tokens before it already hold top_p of the mass. The first token always
+    stays, so the nucleus is never empty."""
+    return (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
+
+
 def nucleus_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """log of the sampling distribution (softmax(logits / T) restricted to the top-p nucleus and
     renormalised), -inf outside the nucleus; the same distribution as `token_spec.filtered_probs`."""
@@ -59,9 +66,7 @@ def nucleus_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> 
     if top_p >= 1.0:
         return logp
     sorted_lp, order = logp.sort(-1, descending=True)
-    probs = sorted_lp.exp()
-    drop = (probs.cumsum(-1) - probs) >= top_p  # the first token always survives
-    sorted_lp = sorted_lp.masked_fill(drop, float("-inf"))
+    sorted_lp = sorted_lp.masked_fill(outside_nucleus(sorted_lp.exp(), top_p), float("-inf"))
     kept = torch.empty_like(logp).scatter_(-1, order, sorted_lp)
     return kept - torch.logsumexp(kept, -1, keepdim=True)
 

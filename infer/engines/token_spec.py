@@ -39,6 +39,7 @@ from typing import Literal, Protocol
 import torch
 
 from specprobe.infer.engines.base import EngineStats
+from specprobe.infer.engines.device_sampling import outside_nucleus
 
 TokenSpecMethod = Literal["ngram", "assistant", "lookahead"]
 
@@ -323,8 +324,7 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float) -> to
     top_p_vals, order = probs.topk(min(64, probs.shape[-1]), dim=-1)
     if not bool((top_p_vals.sum(-1) >= top_p).all()):  # a flat distribution: sort everything
         top_p_vals, order = probs.sort(-1, descending=True)
-    drop = (top_p_vals.cumsum(-1) - top_p_vals) >= top_p  # the first token always survives
-    kept = top_p_vals.masked_fill(drop, 0.0)
+    kept = top_p_vals.masked_fill(outside_nucleus(top_p_vals, top_p), 0.0)
     probs = torch.zeros_like(probs).scatter(-1, order, kept)
     return probs / probs.sum(-1, keepdim=True)
 
