@@ -126,22 +126,35 @@ def summarize_shards(shards: Iterable[dict]) -> dict:
 
 
 # ----------------------------------------------------------------------------- fingerprint
-# Settings that do not change what is generated (where it runs, how work is batched).
-_NOT_IN_FINGERPRINT = {"models": {"device", "draft_device", "cache_dir", "max_batch_rows"},
-                       "data": {"nli_batch_size", "judge_pairs_per_call", "pilot_contexts", "max_capped_share",
-                                "skip_failing_contexts"}}
+# Settings that do not change what is generated: where it runs, how work is batched, how fast it decodes (the
+# decode path, graphs, fused kernels, vLLM's memory and parallelism). Changing one and resuming continues the
+# same data; like a move to another device, it may round the remaining draws differently, not change their law.
+_NOT_IN_FINGERPRINT = {
+    "models": {"device", "draft_device", "cache_dir", "max_batch_rows", "decode", "decode_graph",
+               "draft_decode_graph", "capture_joins", "target_stream_priority", "fused_norm", "merged_linear"},
+    "models.vllm": {"tensor_parallel_size", "gpu_memory_utilization", "kv_cache_gib", "enforce_eager", "block_size",
+                    "enable_lora", "max_lora_rank", "chunked_prefill"},
+    "data": {"nli_batch_size", "judge_pairs_per_call", "pilot_contexts", "max_capped_share", "skip_failing_contexts"}}
 _FINGERPRINT_SECTIONS = ("models", "source", "sampling", "data")
+
+
+def _generating(settings: dict, path: str) -> dict:
+    """`settings` (the section at `path`) without the keys that do not change what is generated."""
+    drop = _NOT_IN_FINGERPRINT.get(path, set())
+    return {k: _generating(v, f"{path}.{k}") if isinstance(v, dict) else v
+            for k, v in settings.items() if k not in drop}
 
 
 def fingerprint(cfg_dict: dict) -> dict:
     """The parts of a config (as a dict) that decide the generated data."""
-    return {sec: {k: v for k, v in cfg_dict[sec].items() if k not in _NOT_IN_FINGERPRINT.get(sec, set())}
-            for sec in _FINGERPRINT_SECTIONS}
+    return {sec: _generating(cfg_dict[sec], sec) for sec in _FINGERPRINT_SECTIONS}
 
 
 def fingerprint_diff(old: dict, new: dict) -> list[str]:
-    """`section.key: old -> new` for every setting that differs."""
-    return config_diff(old, new)
+    """`section.key: old -> new` for every setting that differs between two fingerprints, speed-only settings left
+    out on both sides (a manifest written before one became speed-only still records it)."""
+    return config_diff({sec: _generating(v, sec) for sec, v in old.items()},
+                       {sec: _generating(v, sec) for sec, v in new.items()})
 
 
 def check_same_data(folder: Path, manifest: dict, cfg_dict: dict) -> None:

@@ -2,6 +2,7 @@
 row alignment, the writer lock, fingerprints and merging parts."""
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -273,6 +274,8 @@ def test_fingerprint_ignores_where_it_runs_but_not_what_it_makes(tmp_path):
     moved["models"]["device"], moved["models"]["max_batch_rows"], moved["output_dir"] = "cuda", 4, "elsewhere"
     moved["models"]["draft_device"] = "cuda:1"
     moved["data"]["judge_pairs_per_call"] = 7
+    moved["models"]["decode_graph"], moved["models"]["fused_norm"] = "none", False  # how fast, not what
+    moved["models"]["vllm"]["gpu_memory_utilization"], moved["models"]["vllm"]["tensor_parallel_size"] = 0.9, 4
     assert fingerprint_diff(fingerprint(base), fingerprint(moved)) == []
     other = to_dict(ExperimentConfig())
     other["models"]["target"], other["data"]["num_samples"] = "org/big-model", 8
@@ -280,6 +283,12 @@ def test_fingerprint_ignores_where_it_runs_but_not_what_it_makes(tmp_path):
     assert diffs == ["data.num_samples: 20 -> 8", "models.target: 'offline:smollm2-135m-instruct' -> 'org/big-model'"]
     manifest = {"fingerprint": fingerprint(base)}
     check_same_data(tmp_path, manifest, moved)
+    # a manifest written while such settings were still in the fingerprint resumes too
+    recorded = copy.deepcopy(base["models"])
+    check_same_data(tmp_path, {"fingerprint": {**fingerprint(base), "models": recorded}}, moved)
+    other_len = copy.deepcopy(base)
+    other_len["models"]["vllm"]["max_model_len"] = 1024  # truncates prompts: changes what is made
+    assert fingerprint_diff(fingerprint(base), fingerprint(other_len)) == ["models.vllm.max_model_len: 4096 -> 1024"]
     with pytest.raises(DataMismatchError, match=r"(?s)different models:\n  models.target: .*\(also: data.num_samples"):
         check_same_data(tmp_path, manifest, other)
     other["models"]["target"] = base["models"]["target"]

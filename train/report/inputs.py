@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specprobe.data_gen.store import MANIFEST, open_dataset
+from specprobe.data_gen.store import MANIFEST, fingerprint_diff, open_dataset
 from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.checkpoint_format import CheckpointError
 from specprobe.infer.verifiers import check_probe_model
@@ -103,7 +103,9 @@ def open_data(ckpt: CheckpointFolder, data: str | os.PathLike | None):
 def made_alike(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Two data records (manifests, or what a checkpoint or report kept of one) made with the same settings
     (fingerprint) and models (engines): the same data, wherever it lies."""
-    return a.get("fingerprint") == b.get("fingerprint") and a.get("engines") == b.get("engines")
+    fa, fb = a.get("fingerprint"), b.get("fingerprint")
+    same = fa == fb if fa is None or fb is None else not fingerprint_diff(fa, fb)
+    return same and a.get("engines") == b.get("engines")
 
 
 # ----------------------------------------------------------------------------- held-out questions
