@@ -316,8 +316,10 @@ def prepare(setup: BenchSetup, *, checkpoint: str | None = None, verifier: str |
         ckpt = str(setup.checkpoint_dir)
     specs = method_specs(methods or setup.bench.methods)
     judges = any(REGISTRY[s.base].needs_verifier and "verifier" not in s.overrides for s in specs)
-    if judges:
-        check_checkpoint(kind, ckpt)
+    # every kind a method judges with, the ones it names itself (`:verifier=probe`) too: a mistyped --checkpoint
+    # fails here, not after target and draft decoded every problem
+    for used in sorted({s.overrides.get("verifier") or kind for s in specs if REGISTRY[s.base].needs_verifier}):
+        check_checkpoint(used, ckpt)
     probs = list(problems) if problems is not None else load_problems(setup.bench.source, setup.bench.num_problems)
     if not probs:
         raise ConfigError("no problems to benchmark")

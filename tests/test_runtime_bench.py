@@ -154,8 +154,9 @@ def test_cli_rejects_a_checkpoint_for_other_models(tmp_path, capsys):
 
 
 def test_cli_input_mistakes_fail_before_the_models_load(tmp_path, capsys, monkeypatch):
-    """A misspelt method, a missing problems file, a missing checkpoint, or the data folder given as the
-    checkpoint: exit 2 naming it, before any model loads (minutes for a full-size pair)."""
+    """A misspelt method, a missing problems file, a missing checkpoint (also one only a method's own
+    `:verifier=` reads), or the data folder given as the checkpoint: exit 2 naming it, before any model loads
+    (minutes for a full-size pair)."""
     monkeypatch.setattr(bench, "build_engine_pair", lambda *a, **k: pytest.fail("the models were loaded"))
     data = tmp_path / "run" / "data"
     data.mkdir(parents=True)
@@ -165,6 +166,9 @@ def test_cli_input_mistakes_fail_before_the_models_load(tmp_path, capsys, monkey
             (["bench.source.kind=jsonl", f"bench.source.path={tmp_path}/none.jsonl"],
              "bench.source.path: .*none.jsonl does not exist"),
             (["--checkpoint", str(tmp_path / "nope")], "checkpoint folder .*nope does not exist"),
+            # the run's verifier reads none, but a method names one that does
+            (["--verifier", "exact", "--methods", "target,lr_sync:verifier=probe", "--checkpoint",
+              str(tmp_path / "nope")], "checkpoint folder .*nope does not exist"),
             (["--checkpoint", str(data)], "is a data folder .*not a checkpoint"),
             (["--verifier", "probe", f"runtime.checkpoint={data}"], "is a data folder"),
             (["runtime.checkpoint_judge_base=./no-base"], "runtime.checkpoint_judge_base: local model path")]:
