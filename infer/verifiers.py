@@ -259,12 +259,13 @@ def check_probe_model(spec, model_id: str, revision: str | None, name: str = "pr
     if not same_model_name(model_id, spec.model_id):
         raise CheckpointError(f"{name} was trained on {spec.model_id!r}, but the engine runs {model_id!r}: a different "
                               "model id (the full id counts, or a local folder of the same name). Load that model, "
-                              "retrain the probe, or pass allow_model_mismatch=True if it is the same weights under "
+                              "retrain the probe, or pass allow_model_mismatch (probe-bench: runtime.allow_model_mismatch=true) "
+                              "if it is the same weights under "
                               "another name")
     if spec.revision and revision and spec.revision != revision:
         raise CheckpointError(f"{name} was trained on {spec.model_id!r} at revision {spec.revision}, but the engine "
                               f"runs revision {revision}; load that revision or retrain the probe "
-                              "(allow_model_mismatch=True skips this check)")
+                              "(allow_model_mismatch, in probe-bench runtime.allow_model_mismatch=true, skips this check)")
 
 
 # ----------------------------------------------------------------------------- probe pair

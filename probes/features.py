@@ -6,8 +6,10 @@ row 0 for the embeddings, so a model with ``num_layers`` transformer layers give
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass, field
+from pathlib import PurePath
 from typing import Any, Literal
 
 import torch
@@ -80,15 +82,33 @@ def _check_rows(rows: list[int], num_layers: int, source: str) -> None:
 def same_model_name(a: str | None, b: str | None) -> bool:
     """Whether two names name the same model (the one rule probe-train, probe-eval and the runtime share): equal
     names (hub ids are case-insensitive; a trailing slash does not count), or a local folder and a name with the
-    same last path component (/models/Qwen2-7B is a copy of Qwen/Qwen2-7B). Two ids of other organisations
-    (org-a/X, org-b/X) are other weights."""
+    same last path component (/models/Qwen2-7B and models/Qwen2-7B, when that folder exists, are copies of
+    Qwen/Qwen2-7B). A hub cache snapshot (.../models--Qwen--Qwen2-7B/snapshots/<revision>) names its organisation
+    too. Two ids of other organisations (org-a/X, org-b/X) are other weights."""
     if not a or not b:
         return False
-    a, b = a.strip().rstrip("/").lower(), b.strip().rstrip("/").lower()
-    if a == b:
+    a, b = a.strip().rstrip("/"), b.strip().rstrip("/")
+    if a.lower() == b.lower():
         return True
-    local = any(n.startswith(("/", "./", "../", "~")) for n in (a, b))
-    return local and a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+    if not (_is_local(a) or _is_local(b)):
+        return False
+    ha, hb = (_held_name(n).lower() if _is_local(n) else n.lower() for n in (a, b))
+    if "/" in ha and "/" in hb:  # both say their organisation (a hub id, a hub cache snapshot)
+        return ha == hb
+    return ha.rsplit("/", 1)[-1] == hb.rsplit("/", 1)[-1]
+
+
+def _is_local(name: str) -> bool:
+    """A path (written as one, or a folder that exists here), not a hub id."""
+    return name.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(name))
+
+
+def _held_name(folder: str) -> str:
+    """The name of the model a local folder holds: a hub cache snapshot's org/name, else the folder's own name."""
+    parts = PurePath(folder).parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3][len("models--"):].replace("--", "/", 1)
+    return parts[-1] if parts else folder
 
 
 @dataclass
@@ -168,7 +188,7 @@ class FeatureSpec:
             raise ValueError(
                 f"{trained}, but {engine} is a different model (shapes match, representations need not). "
                 f"Load {self.model_id!r}, retrain the probe on this model, or pass allow_model_mismatch=True "
-                "if it is the same weights under another name."
+                "(probe-bench: runtime.allow_model_mismatch=true) if it is the same weights under another name."
             )
 
     def select(self, features: torch.Tensor) -> torch.Tensor:

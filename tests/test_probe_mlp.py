@@ -87,7 +87,7 @@ def test_check_compatible_messages():
     spec.check_compatible(NUM_LAYERS, HIDDEN, "other/model2", allow_model_mismatch=True)
 
 
-def test_one_rule_names_the_same_model():
+def test_one_rule_names_the_same_model(tmp_path, monkeypatch):
     """Equal ids (case, a trailing slash aside), or a local folder and a name with its last path component; two
     organisations' models of one name are different weights."""
     from specprobe.probes.features import same_model_name
@@ -96,6 +96,15 @@ def test_one_rule_names_the_same_model():
     assert same_model_name("/models/Qwen2-7B", "Qwen/Qwen2-7B") and same_model_name("Qwen/Qwen2-7B", "./Qwen2-7B")
     assert not same_model_name("org-a/Qwen2-7B", "org-b/Qwen2-7B")
     assert not same_model_name("/models/Qwen2-7B", "Qwen/Qwen2-1.5B") and not same_model_name(None, "Qwen/Qwen2-7B")
+    # a relative path counts as a local copy when that folder exists here (else it reads as a hub id)
+    (tmp_path / "models" / "Qwen2-7B").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert same_model_name("models/Qwen2-7B", "Qwen/Qwen2-7B") and not same_model_name("models/Qwen2-7B", "Qwen/Qwen2-1.5B")
+    assert not same_model_name("elsewhere/Qwen2-7B", "Qwen/Qwen2-7B")  # no such folder: another org's id
+    # a hub cache snapshot names its organisation: hf download's folder is the hub id's, not another org's
+    snap = "/hf/hub/models--Qwen--Qwen2-7B/snapshots/0123abcd"
+    assert same_model_name(snap, "Qwen/Qwen2-7B") and same_model_name("qwen/qwen2-7b", snap + "/")
+    assert not same_model_name(snap, "org-b/Qwen2-7B") and same_model_name(snap, "/models/Qwen2-7B")
 
 
 def test_select_rows_and_shape_checks():

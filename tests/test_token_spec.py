@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from specprobe.infer.engines import HFStepEngine, Prefix, SamplingParams, StepRequest
+from specprobe.infer.engines.device_sampling import outside_nucleus
 from specprobe.infer.engines.hf_kv import DecodeBatch, RowSpec, cache_keyword, common_prefix_len
 from specprobe.infer.engines.static_kv import FastDecodeBatch
-from specprobe.infer.engines.device_sampling import outside_nucleus
 from specprobe.infer.engines.token_spec import (
     AssistantProposer,
     DraftTree,
