@@ -262,3 +262,14 @@ class BenchSourceConfig(SourceConfig):
 
     split: str | None = opt(None, "dataset split; unset: the named benchmark set's evaluation split (gsm8k, "
                                   "math500, amc23: test; aime24: train), else train")
+
+    def check_available(self, key: str = "bench.source") -> None:
+        """As a source's, and a missing file of test questions says who writes it."""
+        try:
+            super().check_available(key)
+        except ConfigError as err:
+            if Path(self.path).name != "test_questions.jsonl":
+                raise
+            raise ConfigError(f"{err}: probe-train writes <output_dir>/test_questions.jsonl (its test split) when it "
+                              "trains; for a checkpoint trained before it did, run python "
+                              "benchmarks/export_test_questions.py CHECKPOINT DATA_FOLDER OUT.jsonl") from None

@@ -165,6 +165,8 @@ def test_cli_input_mistakes_fail_before_the_models_load(tmp_path, capsys, monkey
             (["--methods", "target,lr_snyc"], "lr_snyc"),
             (["bench.source.kind=jsonl", f"bench.source.path={tmp_path}/none.jsonl"],
              "bench.source.path: .*none.jsonl does not exist"),
+            (["bench.source.kind=jsonl", f"bench.source.path={tmp_path}/test_questions.jsonl"],
+             "does not exist .*probe-train writes <output_dir>/test_questions.jsonl"),
             (["--checkpoint", str(tmp_path / "nope")], "checkpoint folder .*nope does not exist"),
             # the run's verifier reads none, but a method names one that does
             (["--verifier", "exact", "--methods", "target,lr_sync:verifier=probe", "--checkpoint",

@@ -597,6 +597,19 @@ def test_test_split_is_scored_and_printed(tmp_path):
     assert split["test"] and set(split["test"]).isdisjoint(split["train"] + split["val"])
     assert "draft_own" in result.metrics["probes"]["probe_draft"]["test"]
     assert "==== test metrics ====" in "\n".join(lines)
+    # the test questions, written where probe-bench's configs read them, load as its problems
+    from specprobe.infer.bench import load_problems
+    from specprobe.inputs.records import BenchSourceConfig
+
+    path = tmp_path / "test_questions.jsonl"
+    assert f"test questions: {len(split['test'])} -> {path}" in "\n".join(lines)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == sorted(split["test"])
+    ctx = open_dataset(cfg.data_dir).contexts.to_pylist()
+    asked = {c["question_id"]: (c["question"], c["answer"]) for c in ctx}
+    assert all((r["question"], r["answer"]) == asked[r["id"]] for r in records)
+    problems = load_problems(BenchSourceConfig(kind="jsonl", path=str(path)), 100)
+    assert sorted(p.id for p in problems) == sorted(split["test"])
 
 
 def test_each_row_set_is_scored_against_its_own_baselines(run):

@@ -12,6 +12,7 @@ written at the end, in one rename (a failed run never leaves a half checkpoint b
 """
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
@@ -331,6 +332,9 @@ def _train(cfg, ds, split: QuestionSplit, prepared: _Prepared, reused: Reused | 
         metrics["seconds"] = dict(result.seconds)
         result.metrics = metrics
         write_checkpoint(cfg.checkpoint_dir, cfg, result, ds.manifest, ds.folder)
+        if split.questions("test"):  # what probe-bench's configs read (bench.source.path) to time held-out problems
+            n = write_questions(ds, split.questions("test"), test_questions_file(cfg))
+            tracker.message(f"test questions: {n} -> {test_questions_file(cfg)} (bench.source.kind=jsonl)")
         _drop_covered_partial(cfg, tracker.message)
         if result.judge is not None and remove_state(judge_steps_dir(cfg)):
             tracker.message(f"removed {judge_steps_dir(cfg)} (the judge LoRA's training state; {cfg.checkpoint_dir} "
@@ -416,6 +420,36 @@ def restore_probes(reused: Reused, prepared: _Prepared) -> probes_train.ProbeRes
             if trained is not None:
                 out.probes[name] = trained
     return out
+
+
+def test_questions_file(cfg) -> Path:
+    """Where probe-train writes its test questions for probe-bench: <output_dir>/test_questions.jsonl."""
+    return Path(cfg.output_dir) / "test_questions.jsonl"
+
+
+def write_questions(ds, question_ids: Sequence[str], out: str | Path) -> int:
+    """Write `question_ids` of a data folder as jsonl for probe-bench (id, question, gold answer, and the family
+    where the data records one, so that its intervals draw whole families), in the data's order; atomically.
+    Returns how many were written (a question the data lacks is an error naming it)."""
+    wanted, families, seen = set(question_ids), ds.question_families(), set()
+    ctx = ds.contexts
+    lines = []
+    for qid, question, answer in zip(ctx.column("question_id").to_pylist(), ctx.column("question").to_pylist(),
+                                     ctx.column("answer").to_pylist()):
+        if qid in wanted and qid not in seen:
+            seen.add(qid)
+            family = {"family": families[qid]} if families.get(qid, qid) != qid else {}
+            lines.append(json.dumps({"id": qid, "question": question, "answer": answer, **family}) + "\n")
+    missing = sorted(wanted - seen)
+    if missing:
+        raise TrainingDataError(f"{ds.folder} holds no context of question(s) {missing[:5]}"
+                                f"{' ...' if len(missing) > 5 else ''}: cannot write them")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("".join(lines))
+    tmp.replace(out)
+    return len(lines)
 
 
 def partial_checkpoint_dir(cfg) -> Path:
