@@ -195,7 +195,7 @@ def test_a_stopped_training_continues_from_its_saved_state(tmp_path, monkeypatch
 
     scored = []
     monkeypatch.setattr(pair_verifiers, "judge_probability",
-                        lambda *a, **k: scored.append(k.get("progress")) or judge_prompt.judge_probability(*a, **k))
+                        lambda *a, **k: scored.append(len(a[2])) or judge_prompt.judge_probability(*a, **k))
     curve = []
     resumed = train_judge(pairs, pairs, vcfg, device="cpu", model=fresh(), state_dir=tmp_path, message=lines.append,
                           log_fn=curve.append)
@@ -211,6 +211,13 @@ def test_a_stopped_training_continues_from_its_saved_state(tmp_path, monkeypatch
     assert resumed.metrics["val"]["base"] == whole.metrics["val"]["base"]
     assert json.loads((tmp_path / "state.json").read_text())["step"] == 6
 
+    scored.clear()  # fewer pairs scored after training: the steps stand, only the base is scored again
+    fewer = train_judge(pairs, pairs, replace(vcfg, judge_eval_pairs=4), device="cpu", model=fresh(),
+                        state_dir=tmp_path, message=lines.append)
+    assert lines[-1].startswith(f"judge LoRA: resuming after step 6 of 6 from {tmp_path}")
+    assert scored == [4, 4]  # the base's and the LoRA's, on the 4 pairs now asked for (6 before)
+    np.testing.assert_allclose(fewer.losses, whole.losses, rtol=1e-5)
+
     other = train_judge(pairs, pairs, replace(vcfg, judge_lr=1e-3), device="cpu", model=fresh(), state_dir=tmp_path,
                         message=lines.append)
     assert "other pairs or settings (settings.judge_lr: 0.005 -> 0.001)" in lines[-1]
@@ -223,7 +230,7 @@ def test_a_training_state_round_trips_and_is_refused_where_it_would_not_continue
     each saying why."""
     from dataclasses import replace
 
-    from specprobe.train.judge_steps import JudgeSteps, LoopState, run_key
+    from specprobe.train.judge_steps import JudgeSteps, LoopState, eval_digests, run_key
 
     def trained(seed):
         torch.manual_seed(seed)
@@ -234,12 +241,13 @@ def test_a_training_state_round_trips_and_is_refused_where_it_would_not_continue
         return model, opt
 
     items, labels = [("c", "a", "b")] * 4, np.array([True, False, True, False])
-    key = run_key(VCFG, "float32", "cpu", items, labels, {"val": (items[:2], labels[:2])})
+    key = run_key(VCFG, "float32", "cpu", items, labels)
+    scored_on = eval_digests({"val": (items[:2], labels[:2])})
     model, opt = trained(0)
     loop = LoopState.fresh(4, seed=0)
     loop.next_batch(3)
     loop.step, loop.losses = 1, [float("nan")]
-    steps = JudgeSteps(tmp_path, 1, key)
+    steps = JudgeSteps(tmp_path, 1, key, scored_on)
     steps.base_probs = {"val": np.array([0.25, 0.75])}
     torch.manual_seed(7)
     steps.save(model, opt, loop, 2.0)
@@ -255,12 +263,14 @@ def test_a_training_state_round_trips_and_is_refused_where_it_would_not_continue
     torch.testing.assert_close(torch.rand(3), after_save, rtol=0, atol=0)  # torch's generator as it was saved
     assert (back.step, back.pos, back.order.tolist(), back.seconds) == (1, 3, loop.order.tolist(), 2.0)
     assert np.isnan(back.losses[0]) and back.rng.permutation(4).tolist() == loop.rng.permutation(4).tolist()
-    assert earlier.base_probs["val"].tolist() == [0.25, 0.75]
+    assert earlier.base_probs_for(scored_on)["val"].tolist() == [0.25, 0.75]
+    assert earlier.base_probs_for(eval_digests({"val": (items[:3], labels[:3])})) is None  # other pairs: score again
 
-    for other_key, why in ((run_key(replace(VCFG, judge_lr=1.0), "float32", "cpu", items, labels, {}),
+    assert run_key(replace(VCFG, judge_eval_pairs=7, judge_save_every=9), "float32", "cpu", items, labels) == key
+    for other_key, why in ((run_key(replace(VCFG, judge_lr=1.0), "float32", "cpu", items, labels),
                             "settings.judge_lr: 0.005 -> 1.0"),
-                           (run_key(VCFG, "float32", "cuda", items, labels, {"val": (items[:2], labels[:2])}),
-                            "settings.device: 'cpu' -> 'cuda'")):
+                           (run_key(VCFG, "float32", "cuda", items, labels), "settings.device: 'cpu' -> 'cuda'"),
+                           (run_key(VCFG, "float32", "cpu", items[:3], labels[:3]), "train_pairs_sha256")):
         none, note = JudgeSteps(tmp_path, 1, other_key).earlier(steps=5)
         assert none is None and why in note and "training from step 0" in note
     assert "more than verifiers.judge_steps=0" in JudgeSteps(tmp_path, 1, key).earlier(steps=0)[1]

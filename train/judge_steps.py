@@ -30,24 +30,27 @@ from specprobe.probes.io import FileFormatError, load_tensors, read_json, save_t
 
 FORMAT = "specprobe-judge-steps"
 STATE = "state.json"
-# settings that do not change what the steps compute: how often to save, and how many steps there are (a larger
-# judge_steps continues an earlier state; a smaller one than the state's is refused in `resumable`)
-NOT_IN_KEY = ("judge_save_every", "judge_steps")
+# settings that do not change what the steps compute: how often to save, how many steps there are (a larger
+# judge_steps continues an earlier state; a smaller one than the state's is refused in `earlier`), and how many
+# pairs are scored after training (other eval pairs only mean scoring the base again: `Earlier.base_probs_for`)
+NOT_IN_KEY = ("judge_save_every", "judge_steps", "judge_eval_pairs")
 
 
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def run_key(vcfg, dtype: str, device: str, items: Sequence, labels: np.ndarray,
-            evals: dict[str, tuple[Sequence, np.ndarray]]) -> dict:
+def run_key(vcfg, dtype: str, device: str, items: Sequence, labels: np.ndarray) -> dict:
     """What makes two runs' steps the same: the judge's settings, its base's dtype and device type (CPU and CUDA
-    draw dropout from different generators and round differently) and the pairs, train and eval."""
+    draw dropout from different generators and round differently) and the training pairs."""
     settings = {k: v for k, v in vars(vcfg).items() if k.startswith("judge_") and k not in NOT_IN_KEY}
     return {"settings": {**settings, "seed": vcfg.seed, "dtype": dtype, "device": device},
-            "train_pairs_sha256": _digest([list(items), np.asarray(labels, dtype=bool).tolist()]),
-            "eval_pairs_sha256": {split: _digest([list(it), np.asarray(lab, dtype=bool).tolist()])
-                                  for split, (it, lab) in sorted(evals.items())}}
+            "train_pairs_sha256": _digest([list(items), np.asarray(labels, dtype=bool).tolist()])}
+
+
+def eval_digests(evals: dict[str, tuple[Sequence, np.ndarray]]) -> dict[str, str]:
+    """Which pairs the base was scored on, per split (a state's base scores serve only the same pairs)."""
+    return {split: _digest([list(it), np.asarray(lab, dtype=bool).tolist()]) for split, (it, lab) in sorted(evals.items())}
 
 
 @dataclass
@@ -89,6 +92,10 @@ class Earlier:
     def base_probs(self) -> dict[str, np.ndarray]:
         return {k.removeprefix("base_probs."): t.numpy() for k, t in self.tensors.items() if k.startswith("base_probs.")}
 
+    def base_probs_for(self, evals_sha256: dict[str, str]) -> dict[str, np.ndarray] | None:
+        """The base's scores the earlier run kept, if it scored the same eval pairs (else None: score again)."""
+        return self.base_probs if self.state.get("eval_pairs_sha256") == evals_sha256 else None
+
 
 def cuda_devices(model) -> list[int]:
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
@@ -106,8 +113,9 @@ def seed_generators(model, seed: int) -> None:
 class JudgeSteps:
     """The folder where one judge-LoRA training keeps its state (``every`` steps apart; 0: never)."""
 
-    def __init__(self, folder: str | Path, every: int, key: dict[str, Any]):
+    def __init__(self, folder: str | Path, every: int, key: dict[str, Any], evals_sha256: dict[str, str] | None = None):
         self.folder, self.every, self.key = Path(folder), int(every), key
+        self.evals_sha256 = evals_sha256 or {}  # the pairs `base_probs` scored (`eval_digests`)
         self.saved = False  # the folder holds a state of this training (this run's, or the one it continues)
         self.saved_step = 0  # the step of that state
         self.base_probs: dict[str, np.ndarray] = {}
@@ -158,7 +166,8 @@ class JudgeSteps:
         name = f"step-{loop.step:07d}.safetensors"
         save_tensors(self.folder / name, tensors)
         write_json(self.folder / STATE, {
-            "format": FORMAT, "version": 1, "key": self.key, "step": loop.step, "file": name,
+            "format": FORMAT, "version": 1, "key": self.key, "eval_pairs_sha256": self.evals_sha256,
+            "step": loop.step, "file": name,
             "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "order": loop.order.tolist(), "pos": loop.pos,
             "numpy_rng": loop.rng.bit_generator.state, "seconds": loop.seconds + seconds})
         for old in self.folder.glob("step-*.safetensors"):

@@ -49,7 +49,7 @@ from specprobe.probes.metrics import auroc
 from specprobe.probes.splits import stratified_subsample
 from specprobe.probes.threshold import ThresholdFit, decisions_at, fit_threshold
 from specprobe.train import judge_steps
-from specprobe.train.judge_steps import Earlier, JudgeSteps, LoopState, run_key
+from specprobe.train.judge_steps import Earlier, JudgeSteps, LoopState, eval_digests, run_key
 from specprobe.train.probes_train import TrainingDataError
 
 LogFn = Callable[[dict[str, Any]], None]
@@ -360,15 +360,16 @@ def train_judge(train: PairSet, val: PairSet, vcfg, device: str | None = None, l
     steps, earlier = None, None
     if state_dir is not None and vcfg.judge_save_every > 0:
         device_type = next(base.parameters()).device.type
-        steps = JudgeSteps(state_dir, vcfg.judge_save_every, run_key(vcfg, dtype, device_type, items, labels, evals))
+        steps = JudgeSteps(state_dir, vcfg.judge_save_every, run_key(vcfg, dtype, device_type, items, labels),
+                           eval_digests(evals))
         earlier, note = steps.earlier(vcfg.judge_steps)
         if note:
             message(note)
         if earlier is not None:
             steps.saved, steps.saved_step = True, earlier.step
-    if earlier is not None:  # its key holds the eval pairs' digests: the same pairs, scored by the same base
-        base_probs = earlier.base_probs
-    else:
+    # the earlier run's base scores, if it scored the same pairs (the same base: its dtype and device are in the key)
+    base_probs = earlier.base_probs_for(eval_digests(evals)) if earlier is not None else None
+    if base_probs is None:
         base_probs = {split: _probabilities(base, tokenizer, split_items, batch, f"judge base, {split} pairs",
                                             progress) for split, (split_items, _) in evals.items()}
     if steps is not None:
