@@ -589,12 +589,15 @@ def warm_up(env: BenchEnv, specs: Sequence[MethodSpec], log: Callable[[str], Non
     results = {s.label: MethodResult(s) for s in specs}
     if env.setup.bench.warmup:
         with _eos_ignored(env):
-            for s in specs:
+            for i, s in enumerate(specs):
+                started = time.perf_counter()
                 try:  # the options too: gamma=adaptive loads its acceptance probe there
                     decode_question(env, s, WARMUP_QUESTION + env.setup.bench.prompt_suffix)
                 except (ValueError, RuntimeError) as err:
                     results[s.label].error = f"{type(err).__name__}: {err}"
                     log(f"[{s.label}] skipped: {results[s.label].error}")
+                else:  # (a full-length decode per method: minutes for a large model before the first problem)
+                    log(f"  warm-up {i + 1}/{len(specs)} {s.label}: {time.perf_counter() - started:.1f}s (not timed)")
     return results
 
 

@@ -120,8 +120,10 @@ def test_the_warm_up_runs_past_eos_to_max_steps(monkeypatch):
     gens, run = [], bench.decode_question
     monkeypatch.setattr(bench, "decode_question", lambda *args: gens.append(run(*args)) or gens[-1])
     specs = bench.method_specs(["target", "lr_sync"])
-    results = bench.warm_up(env, specs, log=lambda line: None)
+    logged: list[str] = []
+    results = bench.warm_up(env, specs, log=logged.append)
     assert not any(r.error for r in results.values())
+    assert [line.split(":")[0] for line in logged] == ["  warm-up 1/2 target", "  warm-up 2/2 lr_sync"]  # not silent
     assert [len(g.steps) for g in gens] == [6, 6] and all(g.stop_reason == "max_steps" for g in gens)
     assert target.text.stop_at_eos and draft.text.stop_at_eos  # as they were
     gens.clear()

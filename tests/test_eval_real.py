@@ -55,9 +55,15 @@ def real_checkpoint(tmp_path_factory):
     torch.set_num_threads(before)  # later modules keep their own thread count
 
 
-def test_real_tiny_checkpoint_report_has_every_part(real_checkpoint, tmp_path):
+def test_real_tiny_checkpoint_report_has_every_part(real_checkpoint, tmp_path, monkeypatch):
+    from specprobe.train.report import verifiers as report_verifiers
+
     cfg = real_checkpoint
-    report = evaluate_checkpoint(cfg.checkpoint_dir, out=tmp_path / "report", print_fn=lambda _: None)
+    bars, score = [], report_verifiers.judge_probability
+    monkeypatch.setattr(report_verifiers, "judge_probability",
+                        lambda *a, **k: bars.append(k.get("progress")) or score(*a, **k))
+    report = evaluate_checkpoint(cfg.checkpoint_dir, out=tmp_path / "report", print_fn=lambda _: None, progress=True)
+    assert bars == ["judge LoRA pairs"]  # the judge's scoring (minutes on a CPU) shows its bar
     # a positive-control quantity that does not vary on the training rows is skipped (and says so); nothing else is
     assert all(s["part"].startswith("positive_control/") and "constant" in s["reason"] for s in report.skipped)
     assert {f["file"] for f in report.metrics["figures"]} == FIGURES

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "runtime.checkpoint_judge_base in probe-bench)")
     parser.add_argument("--embedding-model", help="the embedder the embedding verifier loads instead of the one "
                                                   "embedding_threshold.json names (runtime.checkpoint_embedding_model)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars over the sweeps' fits")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (the sweeps' fits, the judge LoRA's scoring)")
     parser.add_argument("overrides", nargs="*", metavar="eval.key=value", help="eval settings, e.g. eval.n_boot=200")
     return parser
 

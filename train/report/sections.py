@@ -70,7 +70,7 @@ class EvalContext:
     judge_base: str | None = None  # loaded by the judge instead of the base judge.json names
     embedding_model: str | None = None  # loaded by the embedding verifier instead of the one its file names
     units: dict[str, str] | None = None  # question -> family the bootstrap resamples whole (None: questions)
-    progress: bool = False  # progress bars (with ETA) over the sweeps' fits
+    progress: bool = False  # progress bars (with ETA) over the sweeps' fits and the judge's scoring
     _rows: dict[tuple[str, str], RowSet] = field(default_factory=dict)
     predictions: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
 

@@ -57,7 +57,8 @@ def judge_scores(ctx: EvalContext, pairs) -> tuple[np.ndarray, np.ndarray, dict[
     judge = load_judge_lora(ctx.ckpt.folder, device=ctx.device, base_model=ctx.judge_base)
     idx = stratified_subsample(pairs.labels, ctx.cfg.judge_max_pairs, ctx.cfg.seed + 1)
     items = [(pairs.context_of(i), pairs.a[i], pairs.b[i]) for i in idx]
-    scores = judge_probability(judge.model, judge.tokenizer, items, batch_size=judge.batch_size).double().numpy()
+    scores = judge_probability(judge.model, judge.tokenizer, items, batch_size=judge.batch_size,
+                               progress="judge LoRA pairs" if ctx.progress else None).double().numpy()
     return idx, scores, {"chosen": judge.threshold}, {"model": judge.model_id, **fit_info(meta)}
 
 
