@@ -107,10 +107,25 @@ def _find_gold(record: dict) -> str | None:
     return None
 
 
-def _from_records(records, stem: str, limit: int) -> list[Problem]:
+def _renamed(rec, fields: dict | None) -> dict:
+    """A record read through bench.source.fields ({question: query, ...}: the canonical name and the record's);
+    a named field the record lacks is an error naming both."""
+    if not fields:
+        return rec.record
+    missing = [f"{name!r} (bench.source.fields.{canon})" for canon, name in fields.items() if name not in rec.record]
+    if missing:
+        raise ConfigError(f"{rec.where}: no field {', '.join(missing)}; the record has {sorted(rec.record)}")
+    return {**rec.record, **{canon: rec.record[name] for canon, name in fields.items()}}
+
+
+def _from_records(records, stem: str, limit: int, fields: dict | None = None,
+                  domains: Sequence[str] | None = None) -> list[Problem]:
     problems = []
+    wanted = None if domains is None else {d.lower() for d in domains}
     for rec in records:
-        record = rec.record
+        record = _renamed(rec, fields)
+        if wanted is not None and str(record.get("domain") or "unknown").lower() not in wanted:
+            continue
         question = next((record[k] for k in QUESTION_KEYS if isinstance(record.get(k), str) and record[k].strip()),
                         None)
         if question is None:
@@ -154,10 +169,11 @@ def load_problems(src: BenchSourceConfig, limit: int) -> list[Problem]:
     if src.kind in ("gsm8k", "jsonl"):
         if src.path:
             return _from_records(_records(src.path, None, None, src.split or "train"), source_stem(src.path, None),
-                                 limit)
+                                 limit, src.fields, src.domains)
         name = src.name or "gsm8k"  # (the config refuses kind jsonl with neither a path nor a name)
         split = src.split or _bench_split(name, "train")  # a split set in the config wins
-        return _from_records(_records(None, name, None, split), source_stem(None, name), limit)
+        return _from_records(_records(None, name, None, split), source_stem(None, name), limit, src.fields,
+                             src.domains)
     raise ConfigError(f"probe-bench reads reasoning_gym, gsm8k or jsonl problems, not {src.kind!r} "
                       f"(MATH-500 / AIME24 / AMC23: kind jsonl with a local path or name {sorted(BENCH_SPLITS)})")
 

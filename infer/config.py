@@ -212,7 +212,7 @@ class SamplingConfig:
     temperature: float = opt(0.6, "sampling temperature (0 = greedy); LR uses 0.6")
     top_p: float = opt(0.95, "nucleus sampling mass")
     max_step_tokens: int = opt(100, "token cap of one step; a step cut here has stop reason 'length'")
-    seed: int = opt(0, "sampling seed")
+    seed: int = opt(0, "seed of the data stage's samples (per context and model; probe-bench's decoding draws from runtime.seed)")
     draft_temperature: float | None = opt(
         None, "draft's temperature when it differs from the target's (the tiny config uses one LM for both "
               "roles, sampled hotter as the draft, since only one LM ships offline)")

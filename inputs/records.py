@@ -9,6 +9,7 @@ that names a source (`source` for traces, `bench.source` for problems).
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -255,6 +256,18 @@ class SourceConfig:
             raise ConfigError(f"{key}.path: {self.path} does not exist ({key}.kind={self.kind})")
 
 
+BENCH_FIELDS = ("id", "question", "answer", "family", "domain")  # the fields bench.source.fields may rename
+# trace settings of a source that probe-bench does not read, and what to set instead
+BENCH_UNREAD = {
+    "step_mode": "the runtime's steps end at source.delimiter",
+    "delimiter": "the runtime splits steps on source.delimiter (the steps the probes trained on)",
+    "trajectory": "problems hold no reasoning; use bench.source.fields to name the question and answer",
+    "max_step_chars": "problems hold no reasoning to cut",
+    "strip_calculator": "problems hold no reasoning to clean",
+    "limit": "bench.num_problems sets how many problems are decoded",
+}
+
+
 @dataclass
 class BenchSourceConfig(SourceConfig):
     """probe-bench's problems (`bench.source`): a source whose split, unless set, is the named benchmark set's
@@ -262,6 +275,20 @@ class BenchSourceConfig(SourceConfig):
 
     split: str | None = opt(None, "dataset split; unset: the named benchmark set's evaluation split (gsm8k, "
                                   "math500, amc23: test; aime24: train), else train")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        defaults = {f.name: f.default for f in dataclasses.fields(SourceConfig)}
+        for key, instead in BENCH_UNREAD.items():
+            if getattr(self, key) != defaults[key]:
+                raise ConfigError(f"bench.source.{key} is not read by probe-bench (its problems are questions, the "
+                                  f"models write the steps): {instead}")
+        unknown = sorted(set(self.fields or {}) - set(BENCH_FIELDS))
+        if unknown:
+            raise ConfigError(f"bench.source.fields: probe-bench reads {', '.join(BENCH_FIELDS)}, not {unknown}")
+        if self.kind == "reasoning_gym" and (self.fields or self.domains is not None):
+            raise ConfigError("bench.source.fields and domains apply to jsonl and gsm8k records, not reasoning_gym "
+                              "problems (their task is bench.source.task)")
 
     def check_available(self, key: str = "bench.source") -> None:
         """As a source's, and a missing file of test questions says who writes it."""

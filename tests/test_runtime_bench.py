@@ -92,6 +92,22 @@ def test_load_problems_local_files(tmp_path, monkeypatch):
                                                       {"question": "Q3?", "answer": "3"}]))
     assert [p.family for p in bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(fam)), 5)] == \
         ["t/7", "7", None]
+    # bench.source.fields renames a record's fields, domains keeps some; a named field missing is an error naming it
+    own = tmp_path / "own.jsonl"
+    own.write_text("\n".join(json.dumps(r) for r in [
+        {"query": "Q1?", "label": "1", "key": "a", "area": "math"}, {"query": "Q2?", "label": "2", "key": "b",
+                                                                     "area": "chemistry"}]))
+    fields = {"question": "query", "answer": "label", "id": "key", "domain": "area"}
+    mine = bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(own), fields=fields, domains=["Math"]), 5)
+    assert [(p.id, p.question, p.answer) for p in mine] == [("a", "Q1?", "1")]
+    with pytest.raises(ConfigError, match=r"own.jsonl:1: no field 'prompt' \(bench.source.fields.question\)"):
+        bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(own), fields={"question": "prompt"}), 5)
+    # trace settings it does not read are refused, saying what to set instead
+    for key, value, instead in (("delimiter", "\n", "source.delimiter"), ("limit", 3, "bench.num_problems")):
+        with pytest.raises(ConfigError, match=rf"bench.source.{key} is not read by probe-bench .*{instead}"):
+            BenchSourceConfig(kind="jsonl", path=str(own), **{key: value})
+    with pytest.raises(ConfigError, match=r"fields: probe-bench reads id, question, .* not \['steps'\]"):
+        BenchSourceConfig(kind="jsonl", path=str(own), fields={"steps": "s"})
     fam.write_text(json.dumps({"question": "Q1?", "answer": "1", "family": ["t"]}))
     with pytest.raises(ConfigError, match=r"fam.jsonl:1: field 'family'"):
         bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(fam)), 5)
