@@ -34,6 +34,7 @@ import torch
 
 from specprobe.infer import bench
 from specprobe.infer.acceptance_estimate import LatentDifficulty
+from specprobe.infer.decoding import RunStats
 from specprobe.probes.adaptive_gamma import CycleCosts, batch_cost, drafting_plan, forecast_pays
 from specprobe.probes.metrics import bootstrap_ci
 from specprobe.train.config import load_config
@@ -51,8 +52,14 @@ SCENARIOS = {
 TARGETS = {"a": 0.97, "b": 1.10, "c": 0.97, "b0": 1.10}
 
 
-def ratio_ci95(num: list[float], den: list[float]) -> tuple[float, float]:
-    """95% percentile bootstrap interval of sum(num) / sum(den), problems resampled with replacement."""
+def ratio_ci95(num: list[float], den: list[float], families: list[str | None] | None = None) -> tuple[float, float]:
+    """95% percentile bootstrap interval of sum(num) / sum(den), each problem's two latencies drawn together: whole
+    families (templates) where problems share one, by probe-bench's rule (`bench.speedup_interval`; NaNs with one
+    family only); where none does, problems with replacement (this form draws the committed runs' intervals again
+    exactly, none of which had families)."""
+    if families is not None and any(f is not None for f in families):
+        ci95, _ = bench.speedup_interval(num, den, families)
+        return ci95 if ci95 is not None else (float("nan"), float("nan"))
     ci = bootstrap_ci(lambda n, d: n.sum() / d.sum(), num, den, n_boot=2000, alpha=0.05)
     return ci.low, ci.high
 
@@ -68,12 +75,13 @@ def compare(report: dict, method: str, gammas: list[int], skip: bool = False) ->
     best = fixed[best_g]["latencies_s"]
     mine = adaptive["latencies_s"]
     per_problem = [b / a for b, a in zip(best, mine)]
+    families = [(report.get("families") or {}).get(p) for p in report["problems"]]
     extra = {}
     if skip:
         row = rows[f"{method}:gamma=adaptive:forecast_skip=true"]
         lat = row["latencies_s"]
-        extra = {"skip_over_best_fixed": sum(best) / sum(lat), "skip_over_best_fixed_ci95": ratio_ci95(best, lat),
-                 "skip_over_adaptive": sum(mine) / sum(lat), "skip_over_adaptive_ci95": ratio_ci95(mine, lat),
+        extra = {"skip_over_best_fixed": sum(best) / sum(lat), "skip_over_best_fixed_ci95": ratio_ci95(best, lat, families),
+                 "skip_over_adaptive": sum(mine) / sum(lat), "skip_over_adaptive_ci95": ratio_ci95(mine, lat, families),
                  "skip_per_problem_median": statistics.median(b / a for b, a in zip(best, lat)),
                  "skip_depth_drafted": row["depth_drafted"], "skip_depth_kept": row["depth_kept"]}
     return {
@@ -81,7 +89,7 @@ def compare(report: dict, method: str, gammas: list[int], skip: bool = False) ->
         "acceptance": {label: r["acceptance"] for label, r in rows.items()},
         "best_fixed_gamma": best_g,
         "adaptive_over_best_fixed": sum(best) / sum(mine),
-        "adaptive_over_best_fixed_ci95": ratio_ci95(best, mine),
+        "adaptive_over_best_fixed_ci95": ratio_ci95(best, mine, families),
         "per_problem_median": statistics.median(per_problem),
         "per_problem_range": [min(per_problem), max(per_problem)],
         "adaptive_over_target_per_problem_median": statistics.median(b / a for b, a in zip(base, mine)),
@@ -127,11 +135,12 @@ def pool_reports(reports: list[tuple[str, dict]]) -> dict:
         kept = [sum(c) for c in zip_longest(*[r.get("depth_kept") or [] for r in each], fillvalue=0)]
         rows.append({"method": label, "latencies_s": [t for r in each for t in r["latencies_s"]],
                      "acceptance": sum(a * j for a, j in judged) / n if n else None, "judged": n, "depth_kept": kept,
-                     "mean_depth_kept": sum(d * k for d, k in enumerate(kept)) / sum(kept) if sum(kept) else None,
+                     "mean_depth_kept": RunStats(depth_kept=kept).mean_depth_kept,
                      "draft_steps_reused": sum(r.get("draft_steps_reused", 0) for r in each),
                      "depth_policy": [r.get("depth_policy") for r in each]})
     runs = [name + (f" ({report['finished']})" if report.get("finished") else "") for name, report in reports]
-    return {"rows": rows, "problems": list(seen), "runs": runs}
+    families = {p: f for _, report in reports for p, f in (report.get("families") or {}).items()}
+    return {"rows": rows, "problems": list(seen), "runs": runs, "families": families or None}
 
 
 # what pooled runs must share: the models and the configuration that shapes a cycle (not bench.*: the problems' file)

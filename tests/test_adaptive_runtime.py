@@ -449,6 +449,18 @@ def test_pooled_runs_compare_over_all_their_problems(tmp_path):
     assert got["acceptance"]["lr_sync:gamma=adaptive"] == pytest.approx((0.5 * 10 + 0.8 * 30) / 40)
     assert got["adaptive_depth_kept"] == [1, 3, 3]
     assert pooled["rows"][-1]["mean_depth_kept"] == pytest.approx((3 + 6) / 7)
+    # no families: problems resampled; two runs whose problems come from two templates: whole templates, by
+    # probe-bench's rule (the interval then resamples 2 units, not 4)
+    assert pooled["families"] is None
+    plain = script.ratio_ci95([8, 8, 7, 7], [5, 7, 6, 6])
+    assert tuple(got["adaptive_over_best_fixed_ci95"]) == pytest.approx(plain)
+    templated = script.pool_reports([("one", dict(first, families={"p0": "t0", "p1": "t0"})),
+                                     ("two", dict(second, families={"p2": "t1", "p3": "t1"}))])
+    assert templated["families"] == {"p0": "t0", "p1": "t0", "p2": "t1", "p3": "t1"}
+    by_family = script.compare(templated, "lr_sync", [1, 2])["adaptive_over_best_fixed_ci95"]
+    assert tuple(by_family) == pytest.approx(script.bench.speedup_interval([8, 8, 7, 7], [5, 7, 6, 6],
+                                                                            ["t0", "t0", "t1", "t1"])[0])
+    assert tuple(by_family) != pytest.approx(plain)
     with pytest.raises(ValueError, match="'p1' was also timed in one"):
         script.pool_reports([("one", first), ("again", report(["p1", "p4"], {}, 0.5, 1, []))])
     other = dict(second, rows=second["rows"][:-1])
