@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER
+from specprobe.infer.decoding.common import DecodeOptions
+from specprobe.infer.decoding.seed import SeedConfig
+from specprobe.infer.decoding.specs import SpecSConfig
+from specprobe.infer.engines.base import DEFAULT_STEP_DELIMITER, SamplingParams
+from specprobe.infer.engines.token_spec import LookaheadConfig, TokenSpecConfig
 from specprobe.infer.models import DTYPE_NAMES, OFFLINE_PREFIX, check_model_name, offline_model_folder
 from specprobe.inputs.config import (
     ConfigError,
@@ -21,6 +25,7 @@ from specprobe.inputs.config import (
     check_positive,
     load_yaml,
     opt,
+    opt_from,
     section,
     to_dict,
 )
@@ -209,9 +214,10 @@ class ModelsConfig:
 
 @dataclass
 class SamplingConfig:
-    temperature: float = opt(0.6, "sampling temperature (0 = greedy); LR uses 0.6")
-    top_p: float = opt(0.95, "nucleus sampling mass")
-    max_step_tokens: int = opt(100, "token cap of one step; a step cut here has stop reason 'length'")
+    temperature: float = opt_from(SamplingParams, "temperature", "sampling temperature (0 = greedy); LR uses 0.6")
+    top_p: float = opt_from(SamplingParams, "top_p", "nucleus sampling mass")
+    max_step_tokens: int = opt_from(SamplingParams, "max_step_tokens",
+                                    "token cap of one step; a step cut here has stop reason 'length'")
     seed: int = opt(0, "seed of the data stage's samples (per context and model; probe-bench's decoding draws from runtime.seed)")
     draft_temperature: float | None = opt(
         None, "draft's temperature when it differs from the target's (the tiny config uses one LM for both "
@@ -225,10 +231,10 @@ class SamplingConfig:
 
 @dataclass
 class SpecSSettings:
-    n: int = opt(4, "SpecS: candidate steps per round (beam width n; the paper's tables use 4, 8, 16)")
-    beta: float | None = opt(None, "SpecS: inverse temperature β of the soft verification "
+    n: int = opt_from(SpecSConfig, "n", "SpecS: candidate steps per round (beam width n; the paper's tables use 4, 8, 16)")
+    beta: float | None = opt_from(SpecSConfig, "beta", "SpecS: inverse temperature β of the soft verification "
                                    "(null: 2 x sampling.max_step_tokens, the paper's robust choice)")
-    tau: float = opt(0.8, "SpecS: switch to the draft when some candidate's reward exceeds τ (the paper: "
+    tau: float = opt_from(SpecSConfig, "tau", "SpecS: switch to the draft when some candidate's reward exceeds τ (the paper: "
                           "0.7 / 0.8 / 0.9); beam_target never switches")
 
     def __post_init__(self) -> None:
@@ -239,12 +245,12 @@ class SpecSSettings:
 
 @dataclass
 class TreeSearchSettings:
-    thoughts: int = opt(3, "tree of thoughts (seed_tot, tot_target): thoughts (steps) per kept state, n")
-    keep: int = opt(1, "tree of thoughts: best states kept per level, b")
-    depth: int = opt(4, "tree of thoughts: levels T (the SEED paper: 4 for GSM8K)")
-    k_config: list[int] = opt([2, 2, 1], "SEED: draft token tree, candidates per position ([1,1,1] is a chain, "
+    thoughts: int = opt_from(SeedConfig, "thoughts", "tree of thoughts (seed_tot, tot_target): thoughts (steps) per kept state, n")
+    keep: int = opt_from(SeedConfig, "keep", "tree of thoughts: best states kept per level, b")
+    depth: int = opt_from(SeedConfig, "depth", "tree of thoughts: levels T (the SEED paper: 4 for GSM8K)")
+    k_config: list[int] = opt_from(SeedConfig, "k_config", "SEED: draft token tree, candidates per position ([1,1,1] is a chain, "
                                          "the paper's base setting; [2,2,1] its tree-attention setting)")
-    threaded: bool = opt(True, "SEED: draft in a thread while the target verifies (false: one-thread rounds)")
+    threaded: bool = opt_from(SeedConfig, "threaded", "SEED: draft in a thread while the target verifies (false: one-thread rounds)")
 
     def __post_init__(self) -> None:
         for name in ("thoughts", "keep", "depth"):
@@ -255,9 +261,9 @@ class TreeSearchSettings:
 
 @dataclass
 class LookaheadDecodingSettings:
-    window: int = opt(15, "Lookahead Decoding (+lookahead): window W of future positions (paper: 15 for 7B)")
-    ngram: int = opt(5, "Lookahead Decoding: n-gram size N, i.e. N-1 past Jacobi iterations (paper: 5)")
-    max_verify: int | None = opt(None, "Lookahead Decoding: n-grams verified per step G (null: G = W)")
+    window: int = opt_from(LookaheadConfig, "window", "Lookahead Decoding (+lookahead): window W of future positions (paper: 15 for 7B)")
+    ngram: int = opt_from(LookaheadConfig, "ngram", "Lookahead Decoding: n-gram size N, i.e. N-1 past Jacobi iterations (paper: 5)")
+    max_verify: int | None = opt_from(LookaheadConfig, "max_verify", "Lookahead Decoding: n-grams verified per step G (null: G = W)")
 
     def __post_init__(self) -> None:
         check_positive(self, "window")
@@ -316,12 +322,12 @@ class RuntimeConfig:
                     "tot_target"] = opt(
         "lr_sync", "not read by probe-bench, which runs bench.methods (or --methods); kept so that older configs "
                    "load. Only its check remains: lr_async with runtime.width > 1 is refused")
-    gamma: int = opt(3, "draft steps per cycle (lookahead depth γ); sync LR runs γ+1 target steps in one batch")
+    gamma: int = opt_from(DecodeOptions, "gamma", "draft steps per cycle (lookahead depth γ); sync LR runs γ+1 target steps in one batch")
     gamma_policy: Literal["fixed", "adaptive"] = opt(
         "fixed", "fixed: every cycle drafts gamma steps; adaptive: each cycle drafts as far as the predicted acceptance "
                  "pays, up to runtime.adaptive.gamma_max (the checkpoint's acceptance probe; system-speed: "
                  "runtime.difficulty's simulated one). A method suffix :gamma=adaptive sets it per method")
-    width: int = opt(1, "draft branches per position (multi-branch LR, sync only; the tree has W^γ leaves)")
+    width: int = opt_from(DecodeOptions, "width", "draft branches per position (multi-branch LR, sync only; the tree has W^γ leaves)")
     verifier: str = opt("probe", "probe | embedding | judge | llm_judge | exact | accept_all | reject_all | bernoulli")
     checkpoint: str | None = opt(None, "checkpoint folder with trained verifiers (default: <output_dir>/checkpoint)")
     bernoulli_alpha: float = opt(0.6, "acceptance probability of the bernoulli verifier")
@@ -338,11 +344,11 @@ class RuntimeConfig:
     checkpoint_embedding_model: str | None = opt(
         None, "the embedder the checkpoint's embedding verifier loads instead of the one embedding_threshold.json "
               "names (the same model where this machine has it)")
-    max_new_tokens: int = opt(512, "token limit of one generation (target tokens); stop reason max_new_tokens")
-    max_steps: int = opt(40, "step limit of one generation; stop reason max_steps")
-    accept_length_cut: bool = opt(False, "allow accepting a draft step cut by the step-token cap (LR never does; "
+    max_new_tokens: int = opt_from(DecodeOptions, "max_new_tokens", "token limit of one generation (target tokens); stop reason max_new_tokens")
+    max_steps: int = opt_from(DecodeOptions, "max_steps", "step limit of one generation; stop reason max_steps")
+    accept_length_cut: bool = opt_from(DecodeOptions, "accept_length_cut", "allow accepting a draft step cut by the step-token cap (LR never does; "
                                          "system-speed runs set it, random models rarely write the delimiter)")
-    judge_after_cut: bool = opt(False, "judge drafts that continue a committed step cut by the token cap (off: "
+    judge_after_cut: bool = opt_from(DecodeOptions, "judge_after_cut", "judge drafts that continue a committed step cut by the token cap (off: "
                                        "Lookahead Reasoning's public rule ignore_half_sentence, such drafts are refused)")
     refuse_boxed: bool = opt(False, "refuse drafts that write a \\boxed{} answer (no paper or public code does; the "
                                     "answer's EOS step is always the target's)")
@@ -356,9 +362,9 @@ class RuntimeConfig:
         "none", "token-level speculation inside each target step: ngram (prompt lookup), assistant "
                 "(the draft model, same tokenizer only) or lookahead (Lookahead Decoding, runtime.lookahead); "
                 "a method suffix +ngram/+assistant/+lookahead sets it per method")
-    ngram_size: int = opt(3, "prompt-lookup n-gram size (longest n tried first, down to 1)")
-    num_speculative_tokens: int = opt(8, "tokens proposed per token-level speculation round")
-    seed: int = opt(0, "seed of sampling and acceptance draws")
+    ngram_size: int = opt_from(TokenSpecConfig, "ngram_size", "prompt-lookup n-gram size (longest n tried first, down to 1)")
+    num_speculative_tokens: int = opt_from(TokenSpecConfig, "num_tokens", "tokens proposed per token-level speculation round")
+    seed: int = opt_from(DecodeOptions, "seed", "seed of sampling and acceptance draws")
     specs: SpecSSettings = section(SpecSSettings, "SpecS soft verification and switching (method specs)")
     tree: TreeSearchSettings = section(TreeSearchSettings, "tree-of-thoughts search (methods seed_tot, tot_target)")
     lookahead: LookaheadDecodingSettings = section(LookaheadDecodingSettings,

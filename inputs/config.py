@@ -33,6 +33,24 @@ def opt(default: Any, help: str, **kw) -> Any:
     return field(default=default, metadata={"help": help}, **kw)
 
 
+def opt_from(owner: type, name: str, help: str | None = None) -> Any:
+    """A config field whose default is dataclass `owner`'s field `name` (the library's default, written once there;
+    a tuple becomes a list), with `help` or, where `owner` has one, its field's help."""
+    spec = next((f for f in dataclasses.fields(owner) if f.name == name), None)
+    if spec is None:
+        raise TypeError(f"{owner.__name__} has no field {name!r}")
+    if spec.default is not dataclasses.MISSING:
+        default = spec.default
+    elif spec.default_factory is not dataclasses.MISSING:
+        default = spec.default_factory()
+    else:
+        raise TypeError(f"{owner.__name__}.{name} has no default")
+    text = help if help is not None else spec.metadata.get("help")
+    if text is None:
+        raise TypeError(f"{owner.__name__}.{name} has no help text: pass one")
+    return opt(list(default) if isinstance(default, tuple) else default, text)
+
+
 def section(cls: type, help: str) -> Any:
     return field(default_factory=cls, metadata={"help": help})
 

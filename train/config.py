@@ -8,21 +8,20 @@ reads the inference part of the same file; probe-eval the config saved in a chec
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from specprobe.data_gen.config import DataConfig, DataJob, check_layer_option, stored_poolings
 from specprobe.infer.config import InferenceConfig, check_dtype_option, check_model_option
 from specprobe.inputs import config as base
-from specprobe.inputs.config import ConfigError, check_device, check_positive, opt, section
+from specprobe.inputs.config import ConfigError, check_device, check_positive, opt, opt_from, section
 from specprobe.probes.mlp import ProbeMLPConfig
 
 
 def _mlp_opt(name: str):
     """A probe-section field with the default and help of ProbeMLPConfig's field `name`."""
-    spec = next(f for f in fields(ProbeMLPConfig) if f.name == name)
-    return opt(list(spec.default) if isinstance(spec.default, tuple) else spec.default, spec.metadata["help"])
+    return opt_from(ProbeMLPConfig, name)
 
 
 @dataclass
