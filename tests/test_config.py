@@ -383,3 +383,35 @@ def test_progress_lines_estimate_from_this_runs_rate():
     assert progress_line(4, 10, 2, 60.0, "problems") == "4 of 10 problems, 0:01:00 elapsed, about 0:03:00 left"
     assert progress_line(2, 10, 0, 5.0, "problems") == "2 of 10 problems, 0:00:05 elapsed"  # no rate yet
     assert progress_line(10, 10, 3, 9.0, "contexts") == "10 of 10 contexts, 0:00:09 elapsed"
+
+
+def test_config_defaults_are_the_librarys_own():
+    """A default both the YAML side and the library have is written once (`opt_from`): a notebook calling the
+    library without a config gets what the config's default gives; a field opt_from cannot read is refused."""
+    from dataclasses import dataclass
+
+    from specprobe.infer.config import RuntimeConfig, SamplingConfig
+    from specprobe.infer.decoding.common import DecodeOptions
+    from specprobe.infer.decoding.seed import SeedConfig
+    from specprobe.infer.decoding.specs import SpecSConfig
+    from specprobe.infer.engines.base import SamplingParams
+    from specprobe.infer.engines.token_spec import TokenSpecConfig
+    from specprobe.inputs.config import opt_from
+
+    rt, lib = RuntimeConfig(), DecodeOptions()
+    assert [getattr(rt, k) for k in ("gamma", "width", "max_new_tokens", "max_steps", "seed")] == \
+        [getattr(lib, k) for k in ("gamma", "width", "max_new_tokens", "max_steps", "seed")]
+    sampling, params = SamplingConfig(), SamplingParams()
+    assert (sampling.temperature, sampling.top_p, sampling.max_step_tokens) == \
+        (params.temperature, params.top_p, params.max_step_tokens)
+    assert (rt.specs.n, rt.specs.tau, rt.tree.k_config) == (SpecSConfig().n, SpecSConfig().tau, list(SeedConfig().k_config))
+    assert (rt.ngram_size, rt.num_speculative_tokens) == (TokenSpecConfig().ngram_size, TokenSpecConfig().num_tokens)
+
+    @dataclass
+    class Owner:
+        plain: int = 1
+
+    with pytest.raises(TypeError, match="no field 'missing'"):
+        opt_from(Owner, "missing", "help")
+    with pytest.raises(TypeError, match="no help text"):
+        opt_from(Owner, "plain")
