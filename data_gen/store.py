@@ -153,8 +153,9 @@ def fingerprint(cfg_dict: dict) -> dict:
 def fingerprint_diff(old: dict, new: dict) -> list[str]:
     """`section.key: old -> new` for every setting that differs between two fingerprints, speed-only settings left
     out on both sides (a manifest written before one became speed-only still records it)."""
-    return config_diff({sec: _generating(v, sec) for sec, v in old.items()},
-                       {sec: _generating(v, sec) for sec, v in new.items()})
+    def generating(fp: dict) -> dict:
+        return {sec: _generating(v, sec) if isinstance(v, dict) else v for sec, v in fp.items()}
+    return config_diff(generating(old), generating(new))
 
 
 def check_same_data(folder: Path, manifest: dict, cfg_dict: dict) -> None:

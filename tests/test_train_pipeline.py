@@ -57,6 +57,14 @@ def test_split_is_by_question_everywhere(run):
     assert {q for q, s in sides.items() if s == "val"} == set(recorded["val"])
 
 
+def test_a_checkpoint_without_a_recorded_split_is_split_with_the_settings_it_recorded():
+    """probe-eval recomputes an old checkpoint's split from its probe section: a key it lacks predates the setting
+    (no test split then), the others take the config's default; what it recorded wins."""
+    assert vars(QuestionSplit.recorded_settings({})) == {"val_fraction": 0.2, "test_fraction": 0.0, "seed": 0}
+    assert vars(QuestionSplit.recorded_settings({"val_fraction": 0.3, "test_fraction": 0.25, "seed": 5})) == \
+        {"val_fraction": 0.3, "test_fraction": 0.25, "seed": 5}
+
+
 def test_question_split_keeps_a_family_on_one_side():
     qids = [f"q{i:02d}" for i in range(40)]
     families = {q: f"template-{i % 10}" for i, q in enumerate(qids)}  # 10 templates of 4 questions

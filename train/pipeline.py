@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from specprobe.probes.features import same_model_name
 from specprobe.probes.splits import group_split
 from specprobe.train import pair_verifiers, probes_train
 from specprobe.train.checkpoint import write_checkpoint
+from specprobe.train.config import ProbeConfig
 from specprobe.train.judge_steps import remove_state
 from specprobe.train.probes_train import TrainingDataError
 from specprobe.train.tracking import Tracker, format_metrics
@@ -125,6 +127,15 @@ class QuestionSplit:
 
     def questions(self, side: str) -> list[str]:
         return sorted(q for q, s in self.side_of.items() if s == side)
+
+    @staticmethod
+    def recorded_settings(probe_section: dict[str, Any]) -> SimpleNamespace:
+        """The split settings a checkpoint's probe section records (`SPLIT_SETTINGS`); a key it lacks predates the
+        setting: test_fraction came later (no test split then), the others take ProbeConfig's default."""
+        defaults = ProbeConfig()
+        return SimpleNamespace(val_fraction=float(probe_section.get("val_fraction", defaults.val_fraction)),
+                               test_fraction=float(probe_section.get("test_fraction", 0.0)),
+                               seed=int(probe_section.get("seed", defaults.seed)))
 
     @classmethod
     def of_data(cls, ds, probe_cfg) -> QuestionSplit:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -104,7 +103,7 @@ def made_alike(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Two data records (manifests, or what a checkpoint or report kept of one) made with the same settings
     (fingerprint) and models (engines): the same data, wherever it lies."""
     fa, fb = a.get("fingerprint"), b.get("fingerprint")
-    same = fa == fb if fa is None or fb is None else not fingerprint_diff(fa, fb)
+    same = not fingerprint_diff(fa, fb) if isinstance(fa, dict) and isinstance(fb, dict) else fa == fb
     return same and a.get("engines") == b.get("engines")
 
 
@@ -144,10 +143,7 @@ def recorded_split(ckpt: CheckpointFolder) -> dict[str, Any] | None:
 
 def split_questions(ds, probe_section: dict[str, Any]) -> dict[str, Any]:
     """Recompute probe-train's question split of data folder `ds` with the checkpoint's probe settings."""
-    settings = SimpleNamespace(val_fraction=float(probe_section.get("val_fraction", 0.2)),
-                               test_fraction=float(probe_section.get("test_fraction", 0.0)),
-                               seed=int(probe_section.get("seed", 0)))
-    return QuestionSplit.of_data(ds, settings).to_dict()
+    return QuestionSplit.of_data(ds, QuestionSplit.recorded_settings(probe_section)).to_dict()
 
 
 def heldout_questions(ckpt: CheckpointFolder, ds, is_training_data: bool, which: str = "auto") -> HeldOut:
