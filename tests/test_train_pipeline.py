@@ -15,6 +15,7 @@ from specprobe.data_gen.store import open_dataset
 from specprobe.infer.checkpoint_format import Checkpoint, find_pickles
 from specprobe.train import pipeline
 from specprobe.train.pipeline import SIDES, QuestionSplit, train_all
+from specprobe.train.probes_train import TrainingDataError
 
 from _train_fixtures import synthetic_config, write_synthetic_data
 
@@ -63,6 +64,26 @@ def test_a_checkpoint_without_a_recorded_split_is_split_with_the_settings_it_rec
     assert vars(QuestionSplit.recorded_settings({})) == {"val_fraction": 0.2, "test_fraction": 0.0, "seed": 0}
     assert vars(QuestionSplit.recorded_settings({"val_fraction": 0.3, "test_fraction": 0.25, "seed": 5})) == \
         {"val_fraction": 0.3, "test_fraction": 0.25, "seed": 5}
+
+
+def test_test_questions_carry_the_groups_the_split_kept_together(tmp_path):
+    """probe-train's test questions for probe-bench: a template's members share its name, a renamed duplicate record
+    and its original share one family, a question alone has none; a question the data lacks is an error."""
+    import pyarrow as pa
+
+    from specprobe.train.pipeline import write_questions
+
+    ids = ["a", "a-dup1", "t1", "t2", "solo"]
+    families = {"a-dup1": "a", "t1": "tmpl/3", "t2": "tmpl/3"}
+    ds = SimpleNamespace(folder=tmp_path, question_ids=lambda: ids, question_families=lambda: families,
+                         contexts=pa.table({"question_id": ids + ["t1"], "question": [f"{q}?" for q in ids] + ["t1?"],
+                                            "answer": ["1", "1", "2", "3", "4", "2"]}))
+    out = tmp_path / "q.jsonl"
+    assert write_questions(ds, ids, out) == 5  # one line per question, though t1 has two contexts
+    got = {r["id"]: r.get("family") for r in map(json.loads, out.read_text().splitlines())}
+    assert got == {"a": "a", "a-dup1": "a", "t1": "tmpl/3", "t2": "tmpl/3", "solo": None}
+    with pytest.raises(TrainingDataError, match=r"no context of question\(s\) \['gone'\]"):
+        write_questions(ds, ["solo", "gone"], out)
 
 
 def test_question_split_keeps_a_family_on_one_side():

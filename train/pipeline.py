@@ -16,6 +16,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -440,16 +441,24 @@ def test_questions_file(cfg) -> Path:
 
 def write_questions(ds, question_ids: Sequence[str], out: str | Path) -> int:
     """Write `question_ids` of a data folder as jsonl for probe-bench (id, question, gold answer, and the family
-    where the data records one, so that its intervals draw whole families), in the data's order; atomically.
+    where the split keeps the question with others, so that its intervals draw them together), in the data's
+    order; atomically.
     Returns how many were written (a question the data lacks is an error naming it)."""
-    wanted, families, seen = set(question_ids), ds.question_families(), set()
+    wanted, seen = set(question_ids), set()
+    # the training split's groups (`split_groups`): a renamed duplicate record and its original share one, as
+    # template members do; a group of one question is no family (a template named like a question id merges with
+    # it here: a wider interval, never a narrower one)
+    ids = ds.question_ids()
+    groups = dict(zip(ids, split_groups(ids, ds.question_families())))
+    size = Counter(groups.values())
     ctx = ds.contexts
     lines = []
     for qid, question, answer in zip(ctx.column("question_id").to_pylist(), ctx.column("question").to_pylist(),
                                      ctx.column("answer").to_pylist()):
         if qid in wanted and qid not in seen:
             seen.add(qid)
-            family = {"family": families[qid]} if families.get(qid, qid) != qid else {}
+            group = groups.get(qid, qid)
+            family = {"family": group.removeprefix("family:")} if group != qid or size[group] > 1 else {}
             lines.append(json.dumps({"id": qid, "question": question, "answer": answer, **family}) + "\n")
     missing = sorted(wanted - seen)
     if missing:
