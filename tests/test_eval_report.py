@@ -670,8 +670,11 @@ def test_missing_data_folder_still_writes_a_report_saying_so(trained, tmp_path):
     report = evaluate_checkpoint(copy, print_fn=quiet)
     assert report.folder == tmp_path / "moved" / "report"
     assert [s["part"] for s in report.skipped] == ["data"] and "pass --data" in report.skipped[0]["reason"]
-    assert report.metrics["parts"] == {} and report.metrics["figures"] == []
-    assert "pass --data" in report.markdown.read_text()
+    # what the checkpoint alone holds is still reported: its training curves
+    assert list(report.metrics["parts"]) == ["training"]
+    assert [f["file"] for f in report.metrics["figures"]] == ["training_curves.png"]
+    text = report.markdown.read_text()
+    assert "pass --data" in text and "Training curves" in text
 
 
 def test_logistic_sweep_covers_every_layer_and_pooling_of_every_set(report, trained):

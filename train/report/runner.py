@@ -56,6 +56,7 @@ PARTS: dict[str, Callable[[EvalContext], PartResult]] = {
     "logistic_sweep": logistic_sweep_part, "positive_control": positive_control_part, "verifiers": verifiers_part,
     "training": training_part,
 }
+CHECKPOINT_ONLY = ("training",)  # parts that read only the checkpoint: drawn even where the data folder is missing
 
 
 @dataclass
@@ -125,12 +126,13 @@ def _context(ckpt: CheckpointFolder, data, cfg, device, skipped: list, judge_bas
                        embedding_model=embedding_model, units=units, progress=progress), info
 
 
-def _run_parts(ctx: EvalContext, cfg, print_fn) -> tuple[dict[str, Any], list, dict[str, float]]:
+def _run_parts(ctx: EvalContext, cfg, print_fn, only: Sequence[str] | None = None,
+               ) -> tuple[dict[str, Any], list, dict[str, float]]:
     enabled = {"layer_sweep": cfg.layer_sweep, "umap": cfg.umap, "verifiers": bool(cfg.verifiers),
                "logistic_sweep": cfg.logistic_sweep, "positive_control": cfg.logistic_sweep}
     results, figures, seconds = {}, [], {}
     for name, fn in PARTS.items():
-        if not enabled.get(name, True):
+        if not enabled.get(name, True) or (only is not None and name not in only):
             continue
         start = time.perf_counter()
         print_fn(f"probe-eval: {name} ...")
@@ -176,7 +178,11 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
     out.mkdir(parents=True, exist_ok=True)
     skipped: list[dict[str, str]] = []
     ctx, data_info = _context(ckpt, data, cfg, device, skipped, judge_base, embedding_model, progress)
-    results, figures, seconds = _run_parts(ctx, cfg, print_fn) if ctx is not None else ({}, [], {})
+    if ctx is not None:
+        results, figures, seconds = _run_parts(ctx, cfg, print_fn)
+    else:  # no data to evaluate on: what the checkpoint alone holds is still reported
+        alone = EvalContext(ckpt, None, HeldOut([], [], "none"), cfg, device, skipped)
+        results, figures, seconds = _run_parts(alone, cfg, print_fn, only=CHECKPOINT_ONLY)
     metrics = {
         "format": REPORT_FORMAT, "format_version": REPORT_VERSION,
         "created": utc_now(),
