@@ -324,6 +324,9 @@ def prepare(setup: BenchSetup, *, checkpoint: str | None = None, verifier: str |
     judges with it (target and draft alone need none)."""
     system = setup.bench.system_speed if system_speed is None else system_speed
     # what fails without a model is checked before the models load (minutes for a 32B)
+    if system and verifier not in (None, "bernoulli"):
+        raise ConfigError(f"--system-speed judges with the Bernoulli verifier (runtime.bernoulli_alpha), not "
+                          f"{verifier!r}: drop --verifier, or run without --system-speed")
     kind = "bernoulli" if system else (verifier or setup.runtime.verifier)
     if kind not in VERIFIER_KINDS:
         raise ConfigError(f"unknown verifier {kind!r}; choose one of {', '.join(VERIFIER_KINDS)}")

@@ -184,6 +184,7 @@ def test_cli_input_mistakes_fail_before_the_models_load(tmp_path, capsys, monkey
             (["bench.source.kind=jsonl", f"bench.source.path={tmp_path}/test_questions.jsonl"],
              "does not exist .*probe-train writes <output_dir>/test_questions.jsonl"),
             (["--checkpoint", str(tmp_path / "nope")], "checkpoint folder .*nope does not exist"),
+            (["--system-speed", "--verifier", "probe"], "--system-speed judges with the Bernoulli verifier"),
             # the run's verifier reads none, but a method names one that does
             (["--verifier", "exact", "--methods", "target,lr_sync:verifier=probe", "--checkpoint",
               str(tmp_path / "nope")], "checkpoint folder .*nope does not exist"),
