@@ -60,7 +60,7 @@ def ratio_ci95(num: list[float], den: list[float], families: list[str | None] | 
     if families is not None and any(f is not None for f in families):
         ci95, _ = bench.speedup_interval(num, den, families)
         return ci95 if ci95 is not None else (float("nan"), float("nan"))
-    ci = bootstrap_ci(lambda n, d: n.sum() / d.sum(), num, den, n_boot=2000, alpha=0.05)
+    ci = bootstrap_ci(lambda n, d: n.sum() / d.sum(), num, den, n_boot=bench.INTERVAL_RESAMPLES, alpha=0.05)
     return ci.low, ci.high
 
 
@@ -75,7 +75,7 @@ def compare(report: dict, method: str, gammas: list[int], skip: bool = False) ->
     best = fixed[best_g]["latencies_s"]
     mine = adaptive["latencies_s"]
     per_problem = [b / a for b, a in zip(best, mine)]
-    families = [(report.get("families") or {}).get(p) for p in report["problems"]]
+    families = [(report.get("families") or {}).get(p) for p in report.get("problems") or []] or None
     extra = {}
     if skip:
         row = rows[f"{method}:gamma=adaptive:forecast_skip=true"]

@@ -32,6 +32,7 @@ from specprobe.inputs.records import (
     Record,
     SourceWarning,
     check_path,
+    field_value,
     iter_reasoning_gym_items,
     iter_records,
     record_id,
@@ -125,21 +126,9 @@ class Trace:
 # ---------------------------------------------------------------- small helpers
 
 
-def _get(record: dict, key: str) -> Any:
-    """Value of ``key`` in ``record``; a dotted key walks nested dicts. Missing gives None."""
-    if key in record:
-        return record[key]
-    value: Any = record
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
 def _require_str(record: dict, key: str) -> str:
     """A non-blank string field, or InvalidRecord naming the field."""
-    value = _get(record, key)
+    value = field_value(record, key)
     if value is None:
         raise InvalidRecord(key, "missing")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -154,7 +143,7 @@ def _require_str(record: dict, key: str) -> str:
 def _optional_str(record: dict, keys: Iterable[str], default: str) -> str:
     """First non-blank string among ``keys``, else ``default``."""
     for key in keys:
-        value = _get(record, key)
+        value = field_value(record, key)
         if isinstance(value, str) and value.strip():
             return value.strip()
     return default
@@ -213,7 +202,7 @@ def _check_step_lengths(trace: Trace, max_step_chars: int | None) -> None:
 def _id_maker(stem: str, id_field: str | None = "id") -> Callable[[Record], str]:
     """Record id from ``id_field`` when present, else ``{stem}-{index}``."""
     def make_id(raw: Record) -> str:
-        return record_id(_get(raw.record, id_field) if id_field else None) or f"{stem}-{raw.index}"
+        return record_id(field_value(raw.record, id_field) if id_field else None) or f"{stem}-{raw.index}"
     return make_id
 
 
@@ -259,8 +248,8 @@ def _s1k_builder(step_mode: str, delimiter: str, trajectory: str) -> Callable[[R
         steps = _split_or_fail(text, column, step_mode, delimiter)
         solution = _require_str(rec, "solution")
         attempt_key = "attempt" if column == "thinking_trajectories" else f"{trajectory}_attempt"
-        meta = {"steps_field": column, "attempt": _get(rec, attempt_key),
-                "source_type": _get(rec, "source_type"), "solution": solution}
+        meta = {"steps_field": column, "attempt": field_value(rec, attempt_key),
+                "source_type": field_value(rec, "source_type"), "solution": solution}
         return Trace(rid, _optional_str(rec, ("cot_type", "domain"), "unknown"), question.strip(), steps,
                      extract_boxed(solution) or solution.strip(), meta)
     return build
@@ -285,7 +274,7 @@ def _reasoning_gym_builder(task: str, seed: int, strip_calculator: bool,
         steps, final = _parse_gsm_rationale(_require_str(rec, "metadata.answer_cot"), "metadata.answer_cot",
                                             strip_calculator)
         meta = {"steps_field": "metadata.answer_cot", "task": task, "seed": seed, "index": raw.index,
-                "cot_answer": final, "source_index": _get(rec, "metadata.source_index")}
+                "cot_answer": final, "source_index": field_value(rec, "metadata.source_index")}
         return Trace(rid, "math", question.strip(), steps, _require_str(rec, "answer").strip(), meta,
                      family_of(raw.index))
     return build
@@ -295,7 +284,7 @@ def _champ_builder() -> Callable[[Record, str], Trace]:
     """Builder of Traces from CHAMP problems (converted to dicts)."""
     def build(raw: Record, rid: str) -> Trace:
         rec = raw.record
-        steps = _clean_step_list(_get(rec, "solution.steps"), "solution.steps")
+        steps = _clean_step_list(field_value(rec, "solution.steps"), "solution.steps")
         meta = {"steps_field": "solution.steps", "category": rec.get("category"),
                 "identifier": rec.get("identifier")}
         return Trace(rid, "math", _require_str(rec, "text").strip(), steps,
@@ -309,12 +298,12 @@ def _jsonl_builder(fields: dict, step_mode: str, delimiter: str) -> Callable[[Re
         rec = raw.record
         question = _require_str(rec, fields["question"])
         steps_key, text_key = fields.get("steps"), fields.get("text")
-        if steps_key and _get(rec, steps_key) is not None:
-            value = _get(rec, steps_key)
+        if steps_key and field_value(rec, steps_key) is not None:
+            value = field_value(rec, steps_key)
             steps = (_split_or_fail(value, steps_key, step_mode, delimiter) if isinstance(value, str)
                      else _clean_step_list(value, steps_key))
             used = steps_key
-        elif text_key and _get(rec, text_key) is not None:
+        elif text_key and field_value(rec, text_key) is not None:
             steps, used = _split_or_fail(_require_str(rec, text_key), text_key, step_mode, delimiter), text_key
         else:
             named = " or ".join(repr(k) for k in (steps_key, text_key) if k)
@@ -322,11 +311,11 @@ def _jsonl_builder(fields: dict, step_mode: str, delimiter: str) -> Callable[[Re
         # the data stage never reads the answer (probe-bench reads its own problems' answers): a record without
         # one is a trace like any other; an answer given must still be text or a number
         answer_key = fields.get("answer")
-        given = _get(rec, answer_key) if answer_key else None
+        given = field_value(rec, answer_key) if answer_key else None
         answer = "" if given is None or (isinstance(given, str) and not given.strip()) else \
             _require_str(rec, answer_key).strip()
         domain = _optional_str(rec, [fields["domain"]] if fields.get("domain") else [], "unknown")
-        family = _get(rec, fields["family"]) if fields.get("family") else None
+        family = field_value(rec, fields["family"]) if fields.get("family") else None
         return Trace(rid, domain, question.strip(), steps, answer, {"steps_field": used}, family)
     return build
 

@@ -63,6 +63,7 @@ from specprobe.inputs.progress import progress_line
 from specprobe.inputs.records import (
     HUB_NAMES,
     BenchSourceConfig,
+    field_value,
     iter_reasoning_gym_items,
     iter_records,
     record_id,
@@ -108,14 +109,17 @@ def _find_gold(record: dict) -> str | None:
 
 
 def _renamed(rec, fields: dict | None) -> dict:
-    """A record read through bench.source.fields ({question: query, ...}: the canonical name and the record's);
-    a named field the record lacks is an error naming both."""
-    if not fields:
+    """A record read through bench.source.fields ({question: query, ...}: the canonical name and the record's, a
+    dotted name walking nested fields, null: not mapped), as the data stage reads a jsonl source: a mapped question
+    the record lacks is an error naming both; another mapped field it lacks reads as absent."""
+    mapped = {canon: name for canon, name in (fields or {}).items() if name}
+    if not mapped:
         return rec.record
-    missing = [f"{name!r} (bench.source.fields.{canon})" for canon, name in fields.items() if name not in rec.record]
-    if missing:
-        raise ConfigError(f"{rec.where}: no field {', '.join(missing)}; the record has {sorted(rec.record)}")
-    return {**rec.record, **{canon: rec.record[name] for canon, name in fields.items()}}
+    if "question" in mapped and field_value(rec.record, mapped["question"]) is None:
+        raise ConfigError(f"{rec.where}: no field {mapped['question']!r} (bench.source.fields.question); the record "
+                          f"has {sorted(rec.record)}")
+    renamed = {k: v for k, v in rec.record.items() if k not in mapped}
+    return {**renamed, **{canon: field_value(rec.record, name) for canon, name in mapped.items()}}
 
 
 def _from_records(records, stem: str, limit: int, fields: dict | None = None,
@@ -390,6 +394,10 @@ class ProblemCounts(NamedTuple):
     correct: int = 0  # 1 when the method answered the problem correctly
 
 
+# probe-bench's intervals: 95% (the tables and the figure say so), percentile bootstraps of this many resamples
+INTERVAL_RESAMPLES = 2000
+
+
 def family_units(families: Sequence[str | None] | None, n: int) -> list[int]:
     """Each problem's resampling unit: its family's (problems of one template rise and fall together), or, for a
     problem without one, its own."""
@@ -413,7 +421,7 @@ def speedup_interval(base: Sequence[float], mine: Sequence[float], families: Seq
     if kinds < 2:
         return None, ("none: every problem is of one family" if len(base) > 1 else None)
     ci = bootstrap_ci(lambda b, m: b.sum() / m.sum(), np.asarray(base, dtype=float), np.asarray(mine, dtype=float),
-                      n_boot=2000, alpha=0.05, groups=units)
+                      n_boot=INTERVAL_RESAMPLES, alpha=0.05, groups=units)
     return (ci.low, ci.high), "families" if kinds < len(units) else "problems"
 
 
@@ -453,7 +461,8 @@ def acceptance_interval(counts: Sequence[tuple[int, int]], families: Sequence[st
     if kinds.size == 1:
         return None, "none: every problem is of one family"
     over = "families" if kinds.size < len(judged) else "problems"
-    ci = bootstrap_ci(lambda a, j: a.sum() / j.sum(), acc, jud, n_boot=2000, alpha=0.05, groups=units, share=True)
+    ci = bootstrap_ci(lambda a, j: a.sum() / j.sum(), acc, jud, n_boot=INTERVAL_RESAMPLES, alpha=0.05, groups=units,
+                      share=True)
     return (ci.low, ci.high), over + (" (Wilson: one rate in every unit)" if ci.wilson_units else "")
 
 

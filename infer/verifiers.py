@@ -258,9 +258,9 @@ def check_probe_model(spec, model_id: str, revision: str | None, name: str = "pr
     the same revision. `spec` is a probes.features.FeatureSpec."""
     if not same_model_name(model_id, spec.model_id):
         raise CheckpointError(f"{name} was trained on {spec.model_id!r}, but the engine runs {model_id!r}: a different "
-                              "model id (the full id counts, or a local folder of the same name). Load that model, "
-                              "retrain the probe, or pass allow_model_mismatch (probe-bench: runtime.allow_model_mismatch=true) "
-                              "if it is the same weights under "
+                              "model id (the full id counts, or a local folder of the same name written as a path, "
+                              "./models/X). Load that model, retrain the probe, or pass allow_model_mismatch "
+                              "(probe-bench: runtime.allow_model_mismatch=true) if it is the same weights under "
                               "another name")
     if spec.revision and revision and spec.revision != revision:
         raise CheckpointError(f"{name} was trained on {spec.model_id!r} at revision {spec.revision}, but the engine "

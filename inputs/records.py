@@ -216,6 +216,18 @@ class GymItem:
     family: str | None
 
 
+def field_value(record: dict, key: str) -> Any:
+    """Value of ``key`` in ``record``; a dotted key walks nested dicts. Missing gives None."""
+    if key in record:
+        return record[key]
+    value: Any = record
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
 @dataclass
 class SourceConfig:
     kind: Literal["reasoning_gym", "s1k", "gsm8k", "champ", "jsonl"] = opt(
@@ -286,9 +298,12 @@ class BenchSourceConfig(SourceConfig):
         unknown = sorted(set(self.fields or {}) - set(BENCH_FIELDS))
         if unknown:
             raise ConfigError(f"bench.source.fields: probe-bench reads {', '.join(BENCH_FIELDS)}, not {unknown}")
-        if self.kind == "reasoning_gym" and (self.fields or self.domains is not None):
-            raise ConfigError("bench.source.fields and domains apply to jsonl and gsm8k records, not reasoning_gym "
-                              "problems (their task is bench.source.task)")
+        if self.kind == "reasoning_gym" and self.fields:
+            raise ConfigError("bench.source.fields apply to jsonl and gsm8k records, not reasoning_gym problems "
+                              "(their task is bench.source.task)")
+        if self.kind != "jsonl" and self.domains is not None:
+            raise ConfigError(f"bench.source.domains keeps jsonl records by their domain field; {self.kind} problems "
+                              "are all of one domain (math)")
 
     def check_available(self, key: str = "bench.source") -> None:
         """As a source's, and a missing file of test questions says who writes it."""

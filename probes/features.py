@@ -6,7 +6,6 @@ row 0 for the embeddings, so a model with ``num_layers`` transformer layers give
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePath
@@ -82,9 +81,10 @@ def _check_rows(rows: list[int], num_layers: int, source: str) -> None:
 def same_model_name(a: str | None, b: str | None) -> bool:
     """Whether two names name the same model (the one rule probe-train, probe-eval and the runtime share): equal
     names (hub ids are case-insensitive; a trailing slash does not count), or a local folder and a name with the
-    same last path component (/models/Qwen2-7B and models/Qwen2-7B, when that folder exists, are copies of
-    Qwen/Qwen2-7B). A hub cache snapshot (.../models--Qwen--Qwen2-7B/snapshots/<revision>) names its organisation
-    too. Two ids of other organisations (org-a/X, org-b/X) are other weights."""
+    same last path component (/models/Qwen2-7B and ./models/Qwen2-7B are copies of Qwen/Qwen2-7B). A hub cache
+    snapshot (.../models--Qwen--Qwen2-7B/snapshots/<revision>) names its organisation too. A name of one or two
+    parts not written as a path (models/Qwen2-7B) reads as a hub id, whatever folders exist here: two ids of other
+    organisations (org-a/X, org-b/X) are other weights."""
     if not a or not b:
         return False
     a, b = a.strip().rstrip("/"), b.strip().rstrip("/")
@@ -99,8 +99,9 @@ def same_model_name(a: str | None, b: str | None) -> bool:
 
 
 def _is_local(name: str) -> bool:
-    """A path (written as one, or a folder that exists here), not a hub id."""
-    return name.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(name))
+    """A path, not a hub id: written as one (/, ./, ../, ~), a hub cache snapshot, or three parts or more (a hub id
+    has at most two)."""
+    return name.startswith(("/", "./", "../", "~")) or len(PurePath(name).parts) >= 3
 
 
 def _held_name(folder: str) -> str:

@@ -96,11 +96,14 @@ def test_one_rule_names_the_same_model(tmp_path, monkeypatch):
     assert same_model_name("/models/Qwen2-7B", "Qwen/Qwen2-7B") and same_model_name("Qwen/Qwen2-7B", "./Qwen2-7B")
     assert not same_model_name("org-a/Qwen2-7B", "org-b/Qwen2-7B")
     assert not same_model_name("/models/Qwen2-7B", "Qwen/Qwen2-1.5B") and not same_model_name(None, "Qwen/Qwen2-7B")
-    # a relative path counts as a local copy when that folder exists here (else it reads as a hub id)
-    (tmp_path / "models" / "Qwen2-7B").mkdir(parents=True)
+    # a relative path of three parts or more is a local copy (a hub id has two); one of two parts reads as a hub id
+    # whatever folders exist here (./Qwen/Qwen2-7B is no copy of org-b's model)
+    assert same_model_name("weights/models/Qwen2-7B", "Qwen/Qwen2-7B")
+    assert not same_model_name("weights/models/Qwen2-7B", "Qwen/Qwen2-1.5B")
+    (tmp_path / "Qwen" / "Qwen2-7B").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    assert same_model_name("models/Qwen2-7B", "Qwen/Qwen2-7B") and not same_model_name("models/Qwen2-7B", "Qwen/Qwen2-1.5B")
-    assert not same_model_name("elsewhere/Qwen2-7B", "Qwen/Qwen2-7B")  # no such folder: another org's id
+    assert not same_model_name("Qwen/Qwen2-7B", "org-b/Qwen2-7B") and not same_model_name("models/Qwen2-7B", "Qwen/Qwen2-7B")
+    assert same_model_name("./models/Qwen2-7B", "Qwen/Qwen2-7B")  # written as a path
     # a hub cache snapshot names its organisation: hf download's folder is the hub id's, not another org's
     snap = "/hf/hub/models--Qwen--Qwen2-7B/snapshots/0123abcd"
     assert same_model_name(snap, "Qwen/Qwen2-7B") and same_model_name("qwen/qwen2-7b", snap + "/")

@@ -102,6 +102,17 @@ def test_load_problems_local_files(tmp_path, monkeypatch):
     assert [(p.id, p.question, p.answer) for p in mine] == [("a", "Q1?", "1")]
     with pytest.raises(ConfigError, match=r"own.jsonl:1: no field 'prompt' \(bench.source.fields.question\)"):
         bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(own), fields={"question": "prompt"}), 5)
+    # as the data stage reads them: a dotted name walks nested fields, another mapped field missing reads as absent
+    # (a domain as unknown), null maps nothing
+    nested = tmp_path / "nested.jsonl"
+    nested.write_text("\n".join(json.dumps(r) for r in [{"input": {"text": "Q1?"}, "label": "1", "area": "math"},
+                                                         {"input": {"text": "Q2?"}, "label": "2"}]))
+    dotted = {"question": "input.text", "answer": "label", "domain": "area", "family": None}
+    kept = bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(nested), fields=dotted,
+                                                 domains=["unknown"]), 5)
+    assert [(p.question, p.answer, p.family) for p in kept] == [("Q2?", "2", None)]
+    with pytest.raises(ConfigError, match="gsm8k problems are all of one domain"):
+        BenchSourceConfig(kind="gsm8k", domains=["math"])
     # trace settings it does not read are refused, saying what to set instead
     for key, value, instead in (("delimiter", "\n", "source.delimiter"), ("limit", 3, "bench.num_problems")):
         with pytest.raises(ConfigError, match=rf"bench.source.{key} is not read by probe-bench .*{instead}"):

@@ -265,6 +265,17 @@ def test_a_training_state_round_trips_and_is_refused_where_it_would_not_continue
     assert np.isnan(back.losses[0]) and back.rng.permutation(4).tolist() == loop.rng.permutation(4).tolist()
     assert earlier.base_probs_for(scored_on)["val"].tolist() == [0.25, 0.75]
     assert earlier.base_probs_for(eval_digests({"val": (items[:3], labels[:3])})) is None  # other pairs: score again
+    # a state written while judge_eval_pairs and the eval pairs were in the key continues, its base scores kept
+    state_path = tmp_path / "state.json"
+    current = json.loads(state_path.read_text())
+    legacy = dict(current, key={**key, "settings": {**key["settings"], "judge_eval_pairs": 400},
+                                "eval_pairs_sha256": scored_on})
+    del legacy["eval_pairs_sha256"]
+    state_path.write_text(json.dumps(legacy))
+    old, note = JudgeSteps(tmp_path, 1, key, scored_on).earlier(steps=5)
+    assert note.startswith("judge LoRA: resuming after step 1") and old.base_probs_for(scored_on)["val"].tolist() == \
+        [0.25, 0.75]
+    state_path.write_text(json.dumps(current))
 
     assert run_key(replace(VCFG, judge_eval_pairs=7, judge_save_every=9), "float32", "cpu", items, labels) == key
     for other_key, why in ((run_key(replace(VCFG, judge_lr=1.0), "float32", "cpu", items, labels),

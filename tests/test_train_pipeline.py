@@ -639,6 +639,12 @@ def test_test_split_is_scored_and_printed(tmp_path):
     assert all((r["question"], r["answer"]) == asked[r["id"]] for r in records)
     problems = load_problems(BenchSourceConfig(kind="jsonl", path=str(path)), 100)
     assert sorted(p.id for p in problems) == sorted(split["test"])
+    # trained again without a test split: the earlier file (questions now trained on) goes, saying so
+    again = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2, "val_fraction": 0.2, "test_fraction": 0.0},
+                             verifiers={"train": ["probes"]})
+    lines.clear()
+    train_all(again, print_fn=lines.append)
+    assert not path.exists() and any(line.startswith(f"removed {path}") for line in lines)
 
 
 def test_each_row_set_is_scored_against_its_own_baselines(run):

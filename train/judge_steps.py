@@ -48,6 +48,13 @@ def run_key(vcfg, dtype: str, device: str, items: Sequence, labels: np.ndarray) 
             "train_pairs_sha256": _digest([list(items), np.asarray(labels, dtype=bool).tolist()])}
 
 
+def _comparable(key: dict) -> dict:
+    """A stored key as `run_key` writes it now: a state written before a setting (judge_eval_pairs) or the eval
+    pairs left the key still continues."""
+    settings = {k: v for k, v in (key.get("settings") or {}).items() if k not in NOT_IN_KEY}
+    return {**{k: v for k, v in key.items() if k != "eval_pairs_sha256"}, "settings": settings}
+
+
 def eval_digests(evals: dict[str, tuple[Sequence, np.ndarray]]) -> dict[str, str]:
     """Which pairs the base was scored on, per split (a state's base scores serve only the same pairs)."""
     return {split: _digest([list(it), np.asarray(lab, dtype=bool).tolist()]) for split, (it, lab) in sorted(evals.items())}
@@ -137,8 +144,11 @@ class JudgeSteps:
             step = int(state["step"])
         except (OSError, ValueError, KeyError, TypeError) as err:
             return None, f"{self.folder} holds an unreadable judge-LoRA state ({err}); training from step 0"
-        if state.get("key") != self.key:
-            differ = config_diff(state.get("key") or {}, self.key)
+        stored = state.get("key") or {}
+        if "eval_pairs_sha256" in stored:  # written while the eval pairs were in the key: they name its base scores
+            state.setdefault("eval_pairs_sha256", stored["eval_pairs_sha256"])
+        if _comparable(stored) != self.key:
+            differ = config_diff(_comparable(stored), self.key)
             return None, (f"{self.folder} holds an earlier judge-LoRA training with other pairs or settings "
                           f"({'; '.join(differ[:4])}); training from step 0 (its state is replaced)")
         if step > steps:

@@ -347,6 +347,10 @@ def _train(cfg, ds, split: QuestionSplit, prepared: _Prepared, reused: Reused | 
         if split.questions("test"):  # what probe-bench's configs read (bench.source.path) to time held-out problems
             n = write_questions(ds, split.questions("test"), test_questions_file(cfg))
             tracker.message(f"test questions: {n} -> {test_questions_file(cfg)} (bench.source.kind=jsonl)")
+        elif test_questions_file(cfg).is_file():  # an earlier split's: its questions may now be trained on
+            test_questions_file(cfg).unlink()
+            tracker.message(f"removed {test_questions_file(cfg)} (an earlier run's test questions; this split holds "
+                            "none)")
         _drop_covered_partial(cfg, tracker.message)
         if result.judge is not None and remove_state(judge_steps_dir(cfg)):
             tracker.message(f"removed {judge_steps_dir(cfg)} (the judge LoRA's training state; {cfg.checkpoint_dir} "

@@ -169,7 +169,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike |
     Biases (offline unless the checkpoint's wandb section says online), files under <out>/wandb;
     judge_base / embedding_model: the model the judge (its base) / the embedding verifier loads instead of the one
     its file names (as runtime.checkpoint_judge_base / checkpoint_embedding_model in probe-bench); progress:
-    progress bars with ETA over the layer and logistic sweeps' fits.
+    progress bars with ETA over the layer and logistic sweeps' fits and the judge LoRA's scoring.
     """
     start = time.perf_counter()
     ckpt = open_checkpoint(checkpoint)
