@@ -32,6 +32,7 @@ from specprobe.inputs.records import (
     Record,
     SourceWarning,
     check_path,
+    family_value,
     field_value,
     iter_reasoning_gym_items,
     iter_records,
@@ -89,10 +90,10 @@ class Trace:
                 raise InvalidRecord(name, f"expected a string, got {type(getattr(self, name)).__name__}")
         if not self.id:
             raise InvalidRecord("id", "empty id")
-        if isinstance(self.family, int) and not isinstance(self.family, bool):
-            self.family = str(self.family)  # a template number
-        if self.family is not None and (not isinstance(self.family, str) or not self.family.strip()):
-            raise InvalidRecord("family", f"expected a non-empty string or nothing, got {self.family!r}")
+        try:
+            self.family = family_value(self.family)
+        except ValueError as err:
+            raise InvalidRecord("family", str(err)) from None
         if not self.question.strip():
             raise InvalidRecord("question", "empty question")
         if not isinstance(self.steps, list) or not self.steps:

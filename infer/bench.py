@@ -63,6 +63,7 @@ from specprobe.inputs.progress import progress_line
 from specprobe.inputs.records import (
     HUB_NAMES,
     BenchSourceConfig,
+    family_value,
     field_value,
     iter_reasoning_gym_items,
     iter_records,
@@ -143,15 +144,13 @@ def _from_records(records, stem: str, limit: int, fields: dict | None = None,
 
 
 def _family(record: dict, where: str) -> str | None:
-    """A record's `family` field (as `benchmarks/export_test_questions.py` writes it): a string or a template
-    number; anything else is an error naming the record."""
-    value = record.get("family")
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return None if value is None else str(value)
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{where}: field 'family' must be a non-empty string or a number (the problem's "
-                          f"template, whose problems the intervals draw together), got {value!r}; fix or drop it")
-    return value
+    """A record's `family` field (as probe-train's test questions carry it; `inputs.records.family_value`), or an
+    error naming the record."""
+    try:
+        return family_value(record.get("family"))
+    except ValueError as err:
+        raise ConfigError(f"{where}: field 'family' {err} (the problem's template, whose problems the intervals "
+                          "draw together); fix or drop it") from None
 
 
 def _records(path: str | None, name: str | None, config: str | None, split: str):

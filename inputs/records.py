@@ -216,6 +216,18 @@ class GymItem:
     family: str | None
 
 
+def family_value(value: Any) -> str | None:
+    """A record's family (the template its question was made from, as traces and problems carry it): a non-empty
+    string, or a template number (as a string); None: the question is its own. ValueError for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a non-empty string or a template number, got {value!r}")
+    return value
+
+
 def field_value(record: dict, key: str) -> Any:
     """Value of ``key`` in ``record``; a dotted key walks nested dicts. Missing gives None."""
     if key in record:
