@@ -275,17 +275,18 @@ def test_cli_on_offline_gsm_problems_with_smollm2(tmp_path, capsys):
 
 @pytest.mark.parametrize("method", ["lr_sync:verifier=probe", "lr_sync:gamma=adaptive:verifier=probe"])
 def test_a_method_that_cannot_run_fails_the_command_unless_told_to_go_on(tmp_path, capsys, method):
-    """A probe verifier without a checkpoint cannot run (nor can gamma=adaptive's acceptance probe be loaded for
-    it, which the warm-up meets first): exit 3 naming the method, the other methods' results written;
-    --keep-going exits 0."""
+    """A probe verifier whose checkpoint folder holds no checkpoint cannot run (nor can gamma=adaptive's acceptance
+    probe be loaded for it, which the warm-up meets first): exit 3 naming the method, the other methods' results
+    written; --keep-going exits 0. (A folder that does not exist stops the command before the models load.)"""
+    (tmp_path / "empty-checkpoint").mkdir()
     args = ["--config", "configs/tiny.yaml", "--system-speed", "--num-problems", "1", "--methods",
-            f"target,{method}", "--out", str(tmp_path), "bench.system_target=random:llama-20m",
+            f"target,{method}", "--out", str(tmp_path / "out"), "bench.system_target=random:llama-20m",
             "bench.system_draft=random:llama-tiny", "runtime.max_steps=2", "sampling.max_step_tokens=4",
-            f"runtime.checkpoint={tmp_path}/no-checkpoint"]
+            f"runtime.checkpoint={tmp_path}/empty-checkpoint"]
     assert main(args) == 3
     err = capsys.readouterr().err
     assert f"method {method} could not run" in err and "--keep-going" in err
-    assert {r["method"] for r in json.loads((tmp_path / "results.json").read_text())["rows"]} >= {"target"}
+    assert {r["method"] for r in json.loads((tmp_path / "out" / "results.json").read_text())["rows"]} >= {"target"}
     assert main([*args, "--keep-going"]) == 0
 
 
