@@ -32,6 +32,7 @@ from specprobe.infer.models import default_device, describe_source
 from specprobe.inputs.config import to_dict
 from specprobe.probes.base import load_probe
 from specprobe.probes.features import same_model_name
+from specprobe.probes.io import write_text
 from specprobe.probes.splits import group_split
 from specprobe.train import pair_verifiers, probes_train
 from specprobe.train.checkpoint import write_checkpoint
@@ -344,13 +345,13 @@ def _train(cfg, ds, split: QuestionSplit, prepared: _Prepared, reused: Reused | 
         metrics["seconds"] = dict(result.seconds)
         result.metrics = metrics
         write_checkpoint(cfg.checkpoint_dir, cfg, result, ds.manifest, ds.folder)
+        questions = test_questions_file(cfg)
         if split.questions("test"):  # what probe-bench's configs read (bench.source.path) to time held-out problems
-            n = write_questions(ds, split.questions("test"), test_questions_file(cfg))
-            tracker.message(f"test questions: {n} -> {test_questions_file(cfg)} (bench.source.kind=jsonl)")
-        elif test_questions_file(cfg).is_file():  # an earlier split's: its questions may now be trained on
-            test_questions_file(cfg).unlink()
-            tracker.message(f"removed {test_questions_file(cfg)} (an earlier run's test questions; this split holds "
-                            "none)")
+            n = write_questions(ds, split.questions("test"), questions)
+            tracker.message(f"test questions: {n} -> {questions} (bench.source.kind=jsonl)")
+        elif questions.is_file():  # an earlier split's: its questions may now be trained on
+            questions.unlink()
+            tracker.message(f"removed {questions} (an earlier run's test questions; this split holds none)")
         _drop_covered_partial(cfg, tracker.message)
         if result.judge is not None and remove_state(judge_steps_dir(cfg)):
             tracker.message(f"removed {judge_steps_dir(cfg)} (the judge LoRA's training state; {cfg.checkpoint_dir} "
@@ -468,11 +469,8 @@ def write_questions(ds, question_ids: Sequence[str], out: str | Path) -> int:
     if missing:
         raise TrainingDataError(f"{ds.folder} holds no context of question(s) {missing[:5]}"
                                 f"{' ...' if len(missing) > 5 else ''}: cannot write them")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(lines))
-    tmp.replace(out)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_text(out, "".join(lines))
     return len(lines)
 
 
