@@ -30,6 +30,8 @@ Arguments:
                          the problems it finished are kept as they are, the others decoded; the settings
                          must be those it was started with (else an error names what differs; the ray
                          section may change, and a larger --num-problems adds problems to a run)
+    --overwrite          start over in --out although it holds a stopped run's finished problems (they
+                         are replaced; without it, or --resume, such a folder is refused before models load)
     --keep-going         exit 0 even when a method could not run (its row carries the error; else exit 3)
                          (Ctrl-C and SIGTERM stop a run with exit 130 and 143, the finished problems kept)
     --help-config        list every config key with its help text
@@ -48,7 +50,7 @@ from pathlib import Path
 
 from specprobe.infer import bench
 from specprobe.infer.bench_plot import write_speedup_figure
-from specprobe.infer.bench_resume import check_resumable, logged_problems
+from specprobe.infer.bench_resume import check_resumable, logged_problems, refuse_unfinished
 from specprobe.infer.config import InferenceConfig, load_inference_config
 from specprobe.infer.models import ModelUnavailableError
 from specprobe.infer.ray_cluster import split_ray_option
@@ -70,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="problems over Ray replicas (the ray: config section); ADDRESS joins a cluster")
     p.add_argument("--resume", action="store_true",
                    help="go on with the stopped run in --out (same command), decoding only the problems it had not finished")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in --out even when it holds a stopped run's finished problems (replaced)")
     p.add_argument("--keep-going", action="store_true",
                    help="exit 0 even when a method could not run (its row carries the error)")
     p.add_argument("--help-config", action="store_true", help="list every config key")
@@ -104,8 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg.bench.source.check_available("bench.source")
         cfg.runtime.check_available()
         out = Path(args.out) if args.out else cfg.bench_out_dir
+        if args.resume and args.overwrite:
+            raise ConfigError("--resume goes on with the run in --out and --overwrite starts it over: pass one")
         if args.resume:  # other settings are refused before the models load
             check_resumable(out, bench.resume_config(cfg.bench_setup()))
+        elif not args.overwrite:  # a stopped run's finished problems are not replaced unasked
+            refuse_unfinished(out)
         with sigterm_stops():
             report = _run(cfg, args, methods, out)
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (a scheduler's time limit)

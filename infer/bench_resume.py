@@ -66,7 +66,7 @@ def _read(path: Path) -> tuple[dict | None, dict[int, dict]]:
             if n == len(lines):  # being written when the run was stopped
                 break
             raise ConfigError(f"{path}, line {n}: not JSON; it cannot be resumed. Leave out --resume to start "
-                              "over, or use another --out") from None
+                              "over (with --overwrite), or use another --out") from None
         if n == 1:
             key = line.get("run")
         else:
@@ -106,6 +106,24 @@ def check_resumable(out: Path, config: dict) -> None:
         _refuse_other(out, {"config": (old or {}).get("config")}, {"config": config})
 
 
+def refuse_unfinished(out: Path) -> None:
+    """Before any model loads, for a run started without --resume: `out` must not hold a stopped run's finished
+    problems (starting over replaces them; after a lost machine, where no hint was printed, that would be hours
+    thrown away unasked). A finished run's folder, or one without a log, is no error: it is measured anew."""
+    path = out / PROBLEMS_LOG
+    if not path.is_file():
+        return
+    try:
+        key, done = _read(path)
+    except (ConfigError, ValueError, KeyError, TypeError, AttributeError):  # damaged: nothing to resume
+        return
+    total = len((key or {}).get("problems") or [])
+    if done and len(done) < total:
+        raise ConfigError(f"{out} holds a run stopped after {len(done)} of {total} problems. The same command "
+                          "with --resume goes on with it; --overwrite starts over (its results are replaced); "
+                          "or use another --out")
+
+
 def _without_count(key: dict) -> dict:
     """The key without bench.num_problems (a run may go on with more problems)."""
     bench = {k: v for k, v in ((key.get("config") or {}).get("bench") or {}).items() if k != "num_problems"}
@@ -127,7 +145,7 @@ def _refuse_other(out: Path, old: dict, new: dict) -> None:
         differ.append(f"problems: {len(a)} -> {len(b)}" + (f", problem {first + 1} differs" if same_length else ""))
     raise ConfigError(f"--resume: {out} holds a run with other settings ({'; '.join(differ[:6])}"
                       f"{'; ...' if len(differ) > 6 else ''}). Run the command it was started with, leave out "
-                      "--resume to start over (its results are replaced), or use another --out")
+                      "--resume and add --overwrite to start over (its results are replaced), or use another --out")
 
 
 def open_problem_log(out: Path, key: dict, resume: bool, log: Callable[[str], None] = print) -> ProblemLog:

@@ -393,6 +393,13 @@ def test_a_stopped_run_resumes_with_the_problems_it_finished(tmp_path, capsys, m
     assert "stopped (SIGTERM); the 2 problems it finished are in" in capsys.readouterr().err
     stopped_report = json.loads((out / "results.json").read_text())
     assert stopped_report["finished"] == "2 of 3 problems"
+    with monkeypatch.context() as m:  # the same command without --resume: refused, nothing replaced
+        m.setattr(bench, "prepare", lambda *a, **k: pytest.fail("models loaded for a run that would replace work"))
+        assert main([*args, "--out", str(out)]) == 2
+        assert main([*args, "--out", str(out), "--resume", "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run stopped after 2 of 3 problems" in err and "--overwrite starts over" in err
+    assert json.loads((out / "results.json").read_text()) == stopped_report
     with open(out / "problems.jsonl", "a") as f:  # a kill while the third's line was being written
         f.write('{"position": 2, "problem": "gsm')
     stop = False
