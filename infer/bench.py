@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import os
 import platform
@@ -162,7 +163,20 @@ def _records(path: str | None, name: str | None, config: str | None, split: str)
 
 
 def load_problems(src: BenchSourceConfig, limit: int) -> list[Problem]:
-    """Problems for the benchmark: reasoning-gym (offline), GSM8K, or any jsonl/parquet/hub data set."""
+    """Problems for the benchmark: reasoning-gym (offline), GSM8K, or any jsonl/parquet/hub data set. Problems
+    without a reference answer are timed but not graded, and a warning says how many (pass@1 leaves them out)."""
+    problems = _load_problems(src, limit)
+    ungraded = [p.id for p in problems if p.answer is None]
+    if ungraded:
+        mapped = (src.fields or {}).get("answer")
+        logging.getLogger(__name__).warning(
+            "%d of %d problems have no reference answer (%s; first: %s): pass@1 %s", len(ungraded), len(problems),
+            f"bench.source.fields.answer={mapped!r}" if mapped else f"looked for {list(ANSWER_KEYS)}",
+            ungraded[0], "is n/a" if len(ungraded) == len(problems) else "is over the others")
+    return problems
+
+
+def _load_problems(src: BenchSourceConfig, limit: int) -> list[Problem]:
     if src.kind == "reasoning_gym":
         items = iter_reasoning_gym_items(src.task, max(src.size, limit), src.seed)
         # the reference answer read as from any other record (and as the data stage reads it): stripped, without
@@ -391,6 +405,7 @@ class ProblemCounts(NamedTuple):
     decided: int
     family: str | None = None  # the problem's family (template); None: it is its own
     correct: int = 0  # 1 when the method answered the problem correctly
+    graded: int = 1  # 0: the problem has no reference answer, and pass@1 leaves it out
 
 
 # probe-bench's intervals: 95% (the tables and the figure say so), percentile bootstraps of this many resamples
@@ -469,6 +484,7 @@ def pass_interval(counts: Sequence[ProblemCounts]) -> tuple[tuple[float, float] 
     """95% interval of pass@1 and what it drew: Wilson over problems where each is its own (independent
     Bernoulli trials); where problems share a family (template), `acceptance_interval`'s draw of whole families
     over their (correct, 1) counts, as a template's problems are solved or missed together."""
+    counts = [c for c in counts if c.graded]
     families = [c.family for c in counts]
     shared = len({f for f in families if f is not None}) + families.count(None) < len(counts)
     if not shared:
@@ -674,7 +690,7 @@ def run_problems(env: BenchEnv, specs: Sequence[MethodSpec], results: dict[str, 
             res.latencies.append(gen.stats.latency_s)
             st = gen.stats
             res.counts.append(ProblemCounts(st.accepted, st.judged, st.decided_accepted, st.decided, prob.family,
-                                            int(ok)))
+                                            int(ok), int(prob.answer is not None)))
             log(f"[{i + 1}/{len(env.problems)}] {s.label:22s} {gen.stats.latency_s:7.2f}s "
                 f"{gen.stats.output_tokens:5d} tok  stop={gen.stop_reason:14s} answer={pred!r} gold={prob.answer!r}"
                 + (f"  accept={gen.stats.acceptance_rate:.2f}" if gen.stats.acceptance_rate is not None else ""))
@@ -923,7 +939,9 @@ def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) 
              and len(base.latencies) == len(res.latencies) == len(families))
     speedup_ci, speedup_over = speedup_interval(base.latencies, res.latencies, families) if timed else (None, None)
     return {"method": label, "problems": res.answered, "error": res.error,
-           "pass@1": ratio(res.correct, res.answered), "correct": res.correct,
+           # over the problems with a reference answer (a file without one has no pass@1: n/a, not 0)
+           "pass@1": ratio(res.correct, sum(c.graded for c in res.counts)), "correct": res.correct,
+           "graded": sum(c.graded for c in res.counts),
            "pass@1_ci95": pass_ci, "pass@1_ci95_resamples": pass_over,
            "latency_total_s": latency, "latency_mean_s": ratio(latency, res.answered),
            # a method (or baseline) that failed mid-run timed fewer problems: no speedup
@@ -1091,6 +1109,10 @@ def format_markdown(report: dict) -> str:
             if r.get("acceptance_ci95_resamples")]
     if drew:
         notes.append(f"α's intervals drew: {'; '.join(drew)}.")
+    ungraded = [f"{r['method']} {r['graded']} of {r['problems']}" for r in report["rows"]
+                if r.get("graded") is not None and r["graded"] < r["problems"]]
+    if ungraded:  # (a problem without a reference answer is timed, not graded)
+        notes.append(f"pass@1 is over the problems with a reference answer: {'; '.join(ungraded)}.")
     if report.get("families"):
         notes.append("pass@1's intervals drew: " + "; ".join(f"{r['method']} {r.get('pass@1_ci95_resamples')}"
                                                              for r in report["rows"]) + ".")

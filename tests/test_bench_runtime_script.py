@@ -2,6 +2,7 @@
 the independently measured b(k), no speedup for a failed method, the same prefix-cache state for all."""
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ from _scripts import benchmark_script
 from specprobe.infer import bench
 from specprobe.infer.decoding import RunStats
 from specprobe.infer.decoding.analytic import predict
+from specprobe.inputs.records import BenchSourceConfig
 from specprobe.probes.metrics import wilson_interval
 from specprobe.train.config import load_config
 
@@ -219,6 +221,41 @@ def test_the_report_draws_alpha_over_the_problems_families():
     assert row["pass@1"] == 0.5 and row["pass@1_ci95_resamples"] == "families"
     assert row["pass@1_ci95"] == bench.acceptance_interval([(2, 2), (0, 2)])[0] == (0.0, 1.0)
     assert "pass@1's intervals drew: target families (Wilson: one rate in every unit); lr_sync families." in text
+
+
+def test_pass_at_1_leaves_out_problems_without_a_reference_answer(tmp_path, caplog):
+    """A problems file with answers under a field probe-bench does not read: a warning naming how many, and
+    pass@1 over the graded problems only (n/a when none is), not 0 for every method."""
+    src = tmp_path / "mine.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in [{"question": "1+1?", "gt": "2"}, {"question": "2+2?", "answer": "4"},
+                                                     {"question": "3+3?", "gt": "6"}]))
+    with caplog.at_level("WARNING"):
+        problems = bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(src)), 5)
+    assert [p.answer for p in problems] == [None, "4", None]
+    assert "2 of 3 problems have no reference answer" in caplog.text and "first: mine-0" in caplog.text
+    cfg = load_config(REPO / "configs" / "tiny.yaml", [])
+    env = SimpleNamespace(setup=cfg.bench_setup(), opts=bench.options_from_config(cfg.bench_setup()),
+                          verifier_kind="bernoulli", system_speed=True, checkpoint=None,
+                          target=SimpleNamespace(model_name="t"), draft=SimpleNamespace(model_name="d"),
+                          problems=problems)
+    results = {label: bench.MethodResult(bench.parse_method(label)) for label in ("target", "draft")}
+    for res in results.values():
+        res.stats, res.latencies, res.answered = _stats(2.0), [2.0] * 3, 3
+        res.counts = [bench.ProblemCounts(0, 0, 0, 0, None, int(p.answer == "4"), int(p.answer is not None))
+                      for p in problems]
+        res.correct = 1
+    results["draft"].counts[1] = results["draft"].counts[1]._replace(correct=0)
+    results["draft"].correct = 0
+    report = bench.summarize(env, results)
+    rows = {r["method"]: r for r in report["rows"]}
+    assert (rows["target"]["pass@1"], rows["draft"]["pass@1"], rows["target"]["graded"]) == (1.0, 0.0, 1)
+    assert rows["target"]["pass@1_ci95"] == wilson_interval(1, 1)  # one graded problem, not three
+    assert "pass@1 is over the problems with a reference answer: target 1 of 3; draft 1 of 3." in \
+        bench.format_markdown(report)
+    for res in results.values():  # no problem graded: n/a
+        res.counts = [c._replace(graded=0, correct=0) for c in res.counts]
+        res.correct = 0
+    assert all(r["pass@1"] is None for r in bench.summarize(env, results)["rows"])
 
 
 def test_summary_gives_no_speedup_to_a_method_that_failed_mid_run():
