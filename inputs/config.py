@@ -11,6 +11,7 @@ they read.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import types
 import typing
@@ -158,6 +159,22 @@ def _set_path(tree: dict, path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (YAML keeps the last: a second `data:` section
+    would silently drop the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping (lines {seen[key] + 1} and "
+                    f"{key_node.start_mark.line + 1}): YAML would keep the second only; merge them", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
 def load_yaml(cls: type, path: str | Path | None = None, overrides: Sequence[str] = (), *,
               other_sections: Sequence[str] = ()):
     """Dataclass `cls` from a YAML file (or its defaults when path is None) with `key=value` overrides.
@@ -173,9 +190,12 @@ def load_yaml(cls: type, path: str | Path | None = None, overrides: Sequence[str
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            tree = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
         except yaml.YAMLError as err:
             raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        if tree is None:  # (a copy that failed, a file of comments): not the defaults, silently
+            raise ConfigError(f"{path} holds no settings; name the sections to set, or leave out --config for the "
+                              "built-in defaults")
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         where = str(path)
@@ -188,7 +208,19 @@ def load_yaml(cls: type, path: str | Path | None = None, overrides: Sequence[str
         _set_path(tree, keys, value)
     if overrides:
         where += f" + overrides {list(overrides)}"
-    return build(cls, tree, where)
+    return build(cls, _expand_home(tree), where)
+
+
+def _expand_home(value):
+    """'~/x' as the home folder's x, in every setting: a path written so in the YAML, or after `key=` where the
+    shell does not expand it, would otherwise be checked as one path and opened as another ('./~/x')."""
+    if isinstance(value, dict):
+        return {k: _expand_home(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_home(v) for v in value]
+    if isinstance(value, str) and value.startswith("~/"):
+        return os.path.expanduser(value)
+    return value
 
 
 def check_folder(path: str | Path, what: str) -> None:

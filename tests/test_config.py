@@ -83,6 +83,36 @@ def test_unknown_key_names_key_and_file(tmp_path):
         load_config(path)
 
 
+def test_a_key_given_twice_or_an_empty_file_is_an_error(tmp_path):
+    """YAML itself keeps the last of two equal keys (the first `data:` section would vanish) and reads an empty
+    file as nothing (the built-in defaults would run); both are refused, naming the file and the lines."""
+    path = tmp_path / "twice.yaml"
+    path.write_text("data:\n  num_samples: 4\nprobe:\n  epochs: 2\ndata:\n  layers: last\n")
+    with pytest.raises(ConfigError, match=r"twice\.yaml.*key 'data' appears twice.*lines 1 and 5"):
+        load_config(path)
+    path.write_text("data:\n  num_samples: 4\n  num_samples: 6\n")  # within a section too
+    with pytest.raises(ConfigError, match=r"key 'num_samples' appears twice.*lines 2 and 3"):
+        load_config(path)
+    path.write_text("data:\n  num_samples: 4\nprobe:\n  epochs: 2\n")  # one each: fine
+    assert load_config(path).data.num_samples == 4
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(ConfigError, match=r"empty\.yaml holds no settings"):
+        load_config(empty)
+
+
+def test_a_home_folder_path_is_expanded_where_it_is_read(tmp_path, monkeypatch):
+    """`output_dir=~/runs/x` after `key=` reaches the program unexpanded; the checks and the writers must read
+    it as the same folder (it once became './~/runs/x')."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "exp.yaml"
+    path.write_text("source:\n  kind: jsonl\n  path: ~/traces.jsonl\n")
+    cfg = load_config(path, ["output_dir=~/runs/x"])
+    assert cfg.output_dir == str(tmp_path / "runs" / "x") and cfg.source.path == str(tmp_path / "traces.jsonl")
+    assert cfg.checkpoint_dir.parent == cfg.data_dir.parent == tmp_path / "runs" / "x"
+    assert load_config(None, ["name=~x"]).name == "~x"  # not a home folder: as written
+
+
 @pytest.mark.parametrize("override, pattern", [
     ("data.num_samples=abc", r"data\.num_samples: expected int"),
     ("probe.loss=l1", r"probe\.loss: 'l1' is not one of"),
