@@ -459,9 +459,21 @@ def iter_traces(kind: str, *, path: str | os.PathLike | None = None, name: str |
 
 
 def _filter_domains(traces: Iterable[Trace], domains: list[str] | None) -> Iterator[Trace]:
-    """Traces whose domain is in ``domains`` (case-insensitive); all when ``domains`` is None."""
-    wanted = None if domains is None else {d.lower() for d in domains}
-    return (t for t in traces if wanted is None or t.domain.lower() in wanted)
+    """Traces whose domain is in ``domains`` (case-insensitive); all when ``domains`` is None. Keeping none of
+    them warns, naming the domains the source has (a typo, or records without a domain field: 'unknown')."""
+    if domains is None:
+        yield from traces
+        return
+    wanted, seen, kept = {d.lower() for d in domains}, {}, 0
+    for t in traces:
+        if t.domain.lower() in wanted:
+            kept += 1
+            yield t
+        else:
+            seen[t.domain] = seen.get(t.domain, 0) + 1
+    if not kept and seen:
+        warn_source(f"source.domains={list(domains)} kept none of {sum(seen.values())} traces; their domains: "
+                    + ", ".join(f"{d} ({n})" for d, n in sorted(seen.items())))
 
 
 def _limit(traces: Iterator[Trace], limit: int | None) -> Iterator[Trace]:

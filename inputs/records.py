@@ -265,10 +265,21 @@ class SourceConfig:
         True, "gsm8k / reasoning_gym: remove GSM8K's calculator annotations (<<48/2=24>>) from the steps; "
               "false keeps the rationale exactly as written")
 
+    _FIELDS_KINDS = ("jsonl",)  # the kinds whose records `fields` renames (not a setting: no annotation)
+
     def __post_init__(self) -> None:
         check_positive(self, "size")
         if not self.delimiter:
             raise ConfigError("source.delimiter must not be empty")
+        section = "bench.source" if isinstance(self, BenchSourceConfig) else "source"
+        for key, name in (self.fields or {}).items():
+            if name is not None and (not isinstance(name, str) or not name.strip()):
+                raise ConfigError(f"{section}.fields.{key}: {name!r} is not a field name (a string, dotted for a "
+                                  "nested field, or null)")
+        if self.fields and self.kind not in self._FIELDS_KINDS:
+            raise ConfigError(f"{section}.fields rename the fields of {' and '.join(self._FIELDS_KINDS)} records; "
+                              f"{self.kind} records are read by their own names (set {section}.kind=jsonl to name "
+                              "them yourself)")
         if self.kind == "jsonl" and not self.path and not self.name:
             raise ConfigError("source.kind is jsonl but neither source.path nor source.name is set; name a local "
                               ".jsonl/.parquet file (source.path=...) or a hub data set (source.name=..., e.g. "
@@ -297,6 +308,7 @@ class BenchSourceConfig(SourceConfig):
     """probe-bench's problems (`bench.source`): a source whose split, unless set, is the named benchmark set's
     evaluation split (`infer.bench.BENCH_SPLITS`), else train."""
 
+    _FIELDS_KINDS = ("jsonl", "gsm8k")
     split: str | None = opt(None, "dataset split; unset: the named benchmark set's evaluation split (gsm8k, "
                                   "math500, amc23: test; aime24: train), else train")
 
@@ -310,9 +322,6 @@ class BenchSourceConfig(SourceConfig):
         unknown = sorted(set(self.fields or {}) - set(BENCH_FIELDS))
         if unknown:
             raise ConfigError(f"bench.source.fields: probe-bench reads {', '.join(BENCH_FIELDS)}, not {unknown}")
-        if self.kind == "reasoning_gym" and self.fields:
-            raise ConfigError("bench.source.fields apply to jsonl and gsm8k records, not reasoning_gym problems "
-                              "(their task is bench.source.task)")
         if self.kind != "jsonl" and self.domains is not None:
             raise ConfigError(f"bench.source.domains keeps jsonl records by their domain field; {self.kind} problems "
                               "are all of one domain (math)")

@@ -114,6 +114,25 @@ def test_s1k_sentence_mode_domains_and_limit():
     assert [t.id for t in science] == ["s1k-1"]
     assert [t.id for t in load_traces("s1k", path=str(DATA / "s1k.jsonl"), limit=2)] == ["s1k-0", "s1k-1"]
     assert load_traces("s1k", path=str(DATA / "s1k.jsonl"), limit=0) == []
+    with pytest.warns(SourceWarning, match=r"source.domains=\['maths'\] kept none of \d+ traces; their domains: .*math \("):
+        assert load_traces("s1k", path=str(DATA / "s1k.jsonl"), domains=["maths"]) == []  # a typo: said, not silent
+
+
+@pytest.mark.parametrize("fields, kind, pattern", [
+    ({"question": "prompt", "steps": ["reasoning"]}, "jsonl", r"source.fields.steps: \['reasoning'\] is not a field name"),
+    ({"question": 5}, "jsonl", r"source.fields.question: 5 is not a field name"),
+    ({"question": "prompt"}, "s1k", r"source.fields rename the fields of jsonl records; s1k records"),
+])
+def test_source_fields_that_name_no_field_are_config_errors(fields, kind, pattern):
+    from specprobe.inputs.config import ConfigError
+    from specprobe.inputs.records import BenchSourceConfig, SourceConfig
+
+    with pytest.raises(ConfigError, match=pattern):
+        SourceConfig(kind=kind, path="x.jsonl", fields=fields)
+    if kind == "jsonl":  # the bench's section says its own name
+        with pytest.raises(ConfigError, match="bench." + pattern):
+            BenchSourceConfig(kind=kind, path="x.jsonl", fields=fields)
+    assert BenchSourceConfig(kind="gsm8k", path="x.jsonl", fields={"question": "q", "answer": None}).fields
 
 
 def test_s1k_bad_records_warn_and_reading_continues(tmp_path):
