@@ -106,6 +106,34 @@ def test_lr_pairs_each_draft_with_the_target_step_after_the_same_prefix():
         assert res.step_texts == [d0.text, t1.text] and [s.source for s in res.steps] == ["draft", "target"], method
 
 
+class AcceptPositions(Verifier):
+    """Accepts the drafts at the given lookahead positions and records every position it was asked about."""
+    name = "positions"
+
+    def __init__(self, accept):
+        self.accept, self.asked = set(accept), []
+
+    def _score(self, items):
+        self.asked += [it.meta["position"] for it in items]
+        return [(float(it.meta["position"] in self.accept),) * 2 + ({},) for it in items]
+
+
+def test_semanticspec_keeps_the_drafts_before_the_first_rejection_then_the_targets_step():
+    """Accepting positions 0 and 2: d0, then the target's step after d0 in place of d1; d2 is never judged (its
+    prefix held d1), and the next cycle drafts after [d0, t1]."""
+    target, draft = ToyEngine("target"), ToyEngine("draft")
+    verifier = AcceptPositions({0, 2})
+    res = decode("semanticspec", Q, target, draft, verifier, options(accept_length_cut=True, max_steps=3))
+    d0 = greedy_step(draft)
+    t1 = greedy_step(target, [d0])
+    d2 = greedy_step(draft, [d0, t1])  # the second cycle's position 0, accepted
+    assert greedy_step(draft, [d0]).text != t1.text  # d1 differs from the target's step: the rejection shows
+    assert res.step_texts == [d0.text, t1.text, d2.text]
+    assert [s.source for s in res.steps] == ["draft", "target", "draft"]
+    assert verifier.asked[:3] == [0, 1, 0]  # the first cycle stopped at its rejection
+    assert (res.stats.accepted, res.stats.judged) == (2, 3)
+
+
 def test_the_answer_ends_on_the_targets_own_step():
     """A draft step that ends the answer (EOS) is never accepted, whatever the verifier says: the
     target's step at that position is committed instead, and only it can end the answer."""
