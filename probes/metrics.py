@@ -76,9 +76,10 @@ def bin_edges(pred: Any, n_bins: int = 15, strategy: BinStrategy = "uniform") ->
 
 
 def _rank_bin_ids(p: np.ndarray, n_bins: int) -> np.ndarray:
-    """Equal-mass bin of each row: rank (stable, so ties keep row order) * n_bins // n."""
-    ranks = np.empty(p.size, dtype=np.int64)
-    ranks[np.argsort(p, kind="mergesort")] = np.arange(p.size)
+    """Equal-mass bin of each row: rank * n_bins // n, tied predictions all in the bin of the first of them. Split
+    by row order, a tie would bin the labels by question: a constant predictor, all ties, would score the spread
+    between questions as miscalibration (its ECE is |mean p - mean y|, as in sklearn's quantile bins)."""
+    ranks = np.searchsorted(np.sort(p), p, side="left")  # a tie's first rank
     return ranks * n_bins // max(p.size, 1)
 
 

@@ -204,16 +204,25 @@ def test_values_on_decimal_edges_open_the_upper_bin():
     assert bins.edges[3] == 0.3 and bins.edges[6] == 0.6 and bins.edges[7] == 0.7
 
 
-def test_equal_mass_bins_stay_equal_when_predictions_tie():
+def test_equal_mass_bins_keep_tied_predictions_together():
     pred = np.r_[np.full(60, 0.5), np.linspace(0.6, 0.9, 40)]  # 60% of the rows share one value
-    label = np.r_[np.zeros(30), np.ones(30), np.ones(40)]
+    label = np.r_[np.zeros(30), np.ones(30), np.ones(40)]  # calibrated at 0.5, but sorted by row
     bins = reliability_bins(pred, label, n_bins=10, strategy="quantile")
-    assert bins.count.tolist() == [10] * 10
-    assert bins.mean_pred[:6].tolist() == [0.5] * 6
-    # ties keep row order, so the split of tied rows between bins is deterministic
-    assert bins.mean_label[:3].tolist() == [0.0, 0.0, 0.0] and bins.mean_label[3] == 1.0
-    uneven = reliability_bins(pred[:97], label[:97], n_bins=10, strategy="quantile")
-    assert uneven.count.max() - uneven.count.min() <= 1 and uneven.count.sum() == 97
+    assert bins.count.tolist() == [60, 0, 0, 0, 0, 0, 10, 10, 10, 10]  # the tie is one bin, the rest equal
+    assert bins.mean_pred[0] == 0.5 and bins.mean_label[0] == 0.5
+    assert (np.diff(bins.edges) >= 0).all()
+    uneven = reliability_bins(pred[60:97], label[60:97], n_bins=10, strategy="quantile")  # no ties: equal mass
+    assert uneven.count.max() - uneven.count.min() <= 1 and uneven.count.sum() == 37
+
+
+def test_a_constant_predictors_equal_mass_ece_is_its_bias_in_any_row_order():
+    """All ties: the row order (by question) must not read as miscalibration, else the per-set constant
+    baseline looks worse than it is beside a probe."""
+    rng = np.random.default_rng(3)
+    label = np.r_[np.zeros(50), np.ones(50)]  # rows grouped by question, as the data stage writes them
+    for order in (np.arange(100), rng.permutation(100)):
+        for strategy in ("uniform", "quantile"):
+            assert ece(np.full(100, 0.4), label[order], n_bins=10, strategy=strategy) == pytest.approx(0.1)
 
 
 def test_equal_mass_edges_with_more_bins_than_rows_never_decrease():
@@ -288,3 +297,16 @@ def test_noise_floor_of_labels_that_count_their_own_sample():
     assert label_noise_floor(y, n, includes_self=True) == pytest.approx(true_var, rel=0.02)
     with pytest.raises(ValueError, match="at least 1/6"):
         label_noise_floor([0.0, 0.5], n, includes_self=True)
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.20])
+def test_the_bootstrap_interval_of_a_share_is_the_binomials_central_interval(alpha):
+    """Resampling 1000 rows of which 300 are 1 draws Binomial(1000, 0.3) / 1000: the percentile interval at
+    level 1 - alpha is that law's alpha/2 and 1 - alpha/2 quantiles (derived, not a snapshot; [alpha, 1 - alpha]
+    or a swapped end would be 5 or more steps of 0.001 off)."""
+    from scipy.stats import binom
+
+    label = np.r_[np.ones(300), np.zeros(700)]
+    ci = bootstrap_ci(np.mean, label, n_boot=20000, alpha=alpha, seed=1)
+    low, high = binom.ppf([alpha / 2, 1 - alpha / 2], 1000, 0.3) / 1000
+    assert ci.low == pytest.approx(low, abs=0.0021) and ci.high == pytest.approx(high, abs=0.0021)
