@@ -74,7 +74,8 @@ def _type_name(tp: Any) -> str:
 
 
 def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
-    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
+    """Check `value` against the annotation `tp`; ints are accepted where floats are expected, and as their
+    text where strings are."""
     origin, args = get_origin(tp), get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -111,6 +112,8 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is str and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # YAML reads `layers: 7` (or data.layers=7) as a number; the setting is its text
     if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as text
         try:
             return float(value)

@@ -130,6 +130,14 @@ def test_bad_values_are_errors(override, pattern):
         load_config(None, [override])
 
 
+def test_a_single_layer_number_is_a_layer_list():
+    """`data.layers=7` reaches the loader as the number 7 (YAML), and the setting is a list of rows as text."""
+    cfg = load_config(None, ["data.layers=7", "probe.features=3"])
+    assert (cfg.data.layers, cfg.probe.features) == ("7", "3")
+    with pytest.raises(ConfigError, match="expected str"):
+        load_config(None, ["data.layers=true"])  # a bool is not a row
+
+
 def test_bool_is_not_an_int(tmp_path):
     path = tmp_path / "b.yaml"
     path.write_text("data:\n  num_samples: true\n")
