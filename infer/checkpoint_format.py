@@ -449,16 +449,19 @@ class Checkpoint:
         return has_probe(self.folder, name)
 
     # ------------------------------------------------------------------ components
+    def require_probe(self, name: str, *, missing: str = "") -> None:
+        """A CheckpointError unless probe `name` is here (its files, not read: a check before models load)."""
+        if not self.has_probe(name):
+            raise CheckpointError(f"the checkpoint {self.folder} has no probe {name!r} (no {name}.safetensors + "
+                                  f"{name}.json){'; ' + missing if missing else ''}; probes present: "
+                                  f"{self.probe_names() or 'none'}")
+
     def probe(self, name: str, map_location: Any = "cpu", *, missing: str = "") -> HiddenStateProbe:
         """Probe `name` (MLP or logistic, told apart by its format tag), loaded once per device. missing: what
         the error for an absent probe tells the caller's user to do."""
         key = (name, str(map_location))
         if key not in self._probes:
-            if not self.has_probe(name):
-                raise CheckpointError(f"the checkpoint {self.folder} has no probe {name!r} (no {name}.safetensors + "
-                                      f"{name}.json)"
-                                      f"{'; ' + missing if missing else ''}; probes present: "
-                                      f"{self.probe_names() or 'none'}")
+            self.require_probe(name, missing=missing)
             try:
                 self._probes[key] = load_probe(self.folder, name, map_location=map_location)
             except (ValueError, KeyError, OSError) as err:

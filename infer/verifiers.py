@@ -350,11 +350,13 @@ class ProbePairVerifier(Verifier):
 
 
 # ----------------------------------------------------------------------------- loading
+_NO_PROBES = "train the probes (verifiers.train includes 'probes') or use another verifier"
+
+
 def load_probe_pair(path: str | Path, *, target_engine=None, draft_engine=None, eps: float = DEFAULT_EPS,
                     allow_model_mismatch: bool = False, device: str | torch.device = "cpu") -> ProbePairVerifier:
     checkpoint = ckpt.Checkpoint(path, strict=False)
-    probes = [checkpoint.probe(ckpt.probe_name(role), map_location=device,
-                               missing="train the probes (verifiers.train includes 'probes') or use another verifier")
+    probes = [checkpoint.probe(ckpt.probe_name(role), map_location=device, missing=_NO_PROBES)
               for role in ("target", "draft")]
     return ProbePairVerifier(probes[0], probes[1], eps, target_engine, draft_engine, allow_model_mismatch)
 
@@ -425,14 +427,22 @@ def load_verifier(path: str | Path, kind: str = "probe", **kw) -> Verifier:
 
 
 def check_checkpoint(kind: str, checkpoint: str | Path | None) -> None:
-    """Without loading anything: a verifier of `kind` that reads a checkpoint has one, a folder that exists and
-    is not a data folder (CheckpointError saying what to pass)."""
+    """Before any model loads (its files read, no weights): a verifier of `kind` that reads a checkpoint has one,
+    a checkpoint folder (not a data folder, nor the run folder above it) holding that verifier (CheckpointError
+    saying what to pass)."""
     if kind not in CHECKPOINT_KINDS:
         return
     if checkpoint is None:
         raise CheckpointError(f"the {kind} verifier is loaded from a checkpoint: pass --checkpoint "
                               "(or runtime.checkpoint), or use exact / bernoulli / llm_judge")
-    ckpt.checkpoint_folder(checkpoint)
+    found = ckpt.Checkpoint(checkpoint, strict=False)
+    if kind == "probe":
+        for role in ("target", "draft"):
+            found.require_probe(ckpt.probe_name(role), missing=_NO_PROBES)
+    elif kind == "embedding":
+        found.embedding()
+    else:
+        found.judge()
 
 
 def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_engine=None, draft_engine=None,
