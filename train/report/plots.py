@@ -46,13 +46,15 @@ def reliability_diagram(path: str | Path, pred: np.ndarray, label: np.ndarray, n
     x, y = bins.mean_pred[filled], bins.mean_label[filled]
     top.errorbar(x, y, yerr=[y - low[filled], high[filled] - y], fmt="o-", color="tab:red", ms=4, capsize=3,
                  lw=1.2, label="(mean prediction, mean label), 90% interval")
-    if strategy == "uniform":
-        for xi, hi, n in zip(x, high[filled], bins.count[filled]):
-            top.annotate(f"n={n}", (xi, min(hi, 0.97)), textcoords="offset points", xytext=(0, 4), ha="center",
+    counts = bins.count[filled]
+    lo, hi = (int(counts.min()), int(counts.max())) if counts.size else (0, 0)
+    if strategy == "uniform" or hi - lo > 1:  # (equal mass with a tie: its bin holds the whole tie)
+        for xi, hi_i, n in zip(x, high[filled], bins.count[filled]):
+            top.annotate(f"n={n}", (xi, min(hi_i, 0.97)), textcoords="offset points", xytext=(0, 4), ha="center",
                          fontsize=7)
-    else:  # equal mass: one count for all bins (sizes differ by at most one), said once in the title
-        lo, hi = int(bins.count.min()), int(bins.count.max())
-        kind += f" bins, {lo}–{hi} rows each" if lo != hi else f" bins, {lo} rows each"
+    if strategy != "uniform":  # equal mass: one count for all bins where no tie spans bins, said once
+        kind += (f" bins, {lo}–{hi} rows each" if hi - lo == 1 else f" bins, {lo} rows each" if lo == hi
+                 else " bins (tied predictions share one)")
     top.set_xlim(0, 1)
     top.set_ylim(0, 1.05)
     top.set_ylabel(f"mean label per bin: {label_name}")
