@@ -394,3 +394,20 @@ def test_hub_dataset_without_network_gives_clear_error():
     assert "'specprobe-test/no-such-dataset'" in message and "split 'train'" in message
     assert "path=" in message and "load_dataset" in message
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+@pytest.mark.slow
+def test_a_hub_style_data_set_loads_through_the_real_datasets_library(tmp_path):
+    """name= goes through datasets.load_dataset (here a local data set folder, which it reads offline as it reads a
+    cached hub repo): the split is chosen, each row becomes a record, and a missing split is an error naming it."""
+    folder = tmp_path / "my-gsm"
+    folder.mkdir()
+    rows = [json.loads(line) for line in (DATA / "gsm8k.jsonl").read_text().splitlines()]
+    _write_lines(folder / "train.jsonl", rows)
+    _write_lines(folder / "test.jsonl", rows[:1])
+    from_hub = load_traces("gsm8k", name=str(folder), split="train")
+    from_file = load_traces("gsm8k", path=str(DATA / "gsm8k.jsonl"))
+    assert [(t.question, t.steps, t.answer) for t in from_hub] == [(t.question, t.steps, t.answer) for t in from_file]
+    assert len(load_traces("gsm8k", name=str(folder), split="test")) == 1
+    with pytest.raises(RuntimeError, match="validation"):
+        load_traces("gsm8k", name=str(folder), split="validation")
