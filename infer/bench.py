@@ -41,6 +41,7 @@ from specprobe.infer.acceptance_estimate import LatentDifficulty, SimulatedAccep
 from specprobe.infer.answers import extract_boxed, grade, split_gsm8k, strip_thousands_separators
 from specprobe.infer.bench_plot import FIGURE
 from specprobe.infer.bench_resume import KEY_SECTIONS, ProblemLog, open_problem_log, run_key
+from specprobe.infer.checkpoint_format import CheckpointError, read_metrics
 from specprobe.infer.config import BenchSetup
 from specprobe.infer.decoding import (
     METHODS,
@@ -68,6 +69,7 @@ from specprobe.inputs.records import (
     field_value,
     iter_reasoning_gym_items,
     iter_records,
+    question_digest,
     record_id,
     source_stem,
 )
@@ -288,6 +290,7 @@ class BenchEnv:
     checkpoint: str | None
     _verifiers: dict = field(default_factory=dict)
     _depth: dict = field(default_factory=dict)
+    trained_on: list[str] = field(default_factory=list)  # problems the checkpoint trained or validated on
 
     def difficulty(self, alpha: float | None = None) -> LatentDifficulty:
         """The Bernoulli verifier's acceptance by answer position (runtime.difficulty; easy α: alpha)."""
@@ -366,10 +369,35 @@ def prepare(setup: BenchSetup, *, checkpoint: str | None = None, verifier: str |
         names = (setup.bench.system_target, setup.bench.system_draft) if system else (models.target, models.draft)
         target, draft = build_engine_pair(models, names, token_spec=start_token_spec(setup.runtime),
                                           stop_at_eos=not system)
-    env = BenchEnv(setup, target, draft, probs, options_from_config(setup, system), system, kind, ckpt)
+    env = BenchEnv(setup, target, draft, probs, options_from_config(setup, system), system, kind, ckpt,
+                   trained_on=problems_trained_on(probs, ckpt, system))
     if judges and (kind != "bernoulli" or system):
         env.verifier()  # load now: a missing or mismatched checkpoint fails before any decoding
     return env
+
+
+def problems_trained_on(problems: Sequence[Problem], checkpoint: str | Path | None,
+                        system_speed: bool = False) -> list[str]:
+    """The problems whose question (by its text: ids differ between files) or family (template) the checkpoint's
+    probe-train run trained or validated on (its metrics.json split), with a warning: a verifier's acceptance there
+    is not a held-out figure. probe-train writes <output_dir>/test_questions.jsonl for a clean benchmark. None
+    without a checkpoint, or in system-speed mode (random weights: nothing was trained on them)."""
+    if checkpoint is None or system_speed:
+        return []
+    try:
+        split = read_metrics(checkpoint).get("split") or {}
+    except CheckpointError:  # (a damaged metrics.json: the verifier's loading says so)
+        return []
+    digests = {d for side in ("train", "val") for d in (split.get("question_digests") or {}).get(side) or []}
+    families = {f for side in ("train", "val") for f in (split.get("families") or {}).get(side) or []}
+    seen = [p.id for p in problems
+            if question_digest(p.question) in digests or (p.family is not None and p.family in families)]
+    if seen:
+        logging.getLogger(__name__).warning(
+            "%d of %d problems were trained or validated on by %s (their question or template; first: %s): the "
+            "verifiers' acceptance on them is not held out; bench on <output_dir>/test_questions.jsonl for a clean "
+            "figure", len(seen), len(problems), checkpoint, seen[0])
+    return seen
 
 
 # ----------------------------------------------------------------------------- running
@@ -914,7 +942,8 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult], problems: Sequenc
         rows.append(row)
     problems = env.problems if problems is None else problems
     return {"rows": rows, "system_speed": env.system_speed, "verifier": env.verifier_kind,
-            "checkpoint": env.checkpoint,
+            "checkpoint": env.checkpoint, "warmup": env.setup.bench.warmup,
+            "trained_on": [p.id for p in problems if p.id in set(env.trained_on)] or None,
             "models": {"target": env.target.model_name, "draft": env.draft.model_name},
             "problems": [p.id for p in problems],
             # what the intervals draw whole (absent: every problem is its own)
@@ -989,7 +1018,7 @@ def _predicted(env: BenchEnv, results: dict[str, MethodResult], label: str, spee
     elif method.baseline != "target":
         pred = _search_prediction(env, kind, st)
         extra["baseline"] = method.baseline
-        extra["speedup_vs_baseline"] = _search_speedup(results, label, method.baseline)
+        extra.update(_search_speedup(results, label, method.baseline))
     elif is_adaptive(env, spec):  # no fixed-γ formula applies; the kept depths are in depth_kept
         pred = {"ideal": None, "adjusted": None, "k": None, "formula": "adaptive γ"}
     else:
@@ -1018,12 +1047,19 @@ def _policy_record(env: BenchEnv, spec: MethodSpec) -> dict | None:
     return None if policy is None else policy.describe()
 
 
-def _search_speedup(results: dict, label: str, baseline: str):
-    """Latency of the baseline search (same problems, same run) over the method's."""
+def _search_speedup(results: dict, label: str, baseline: str) -> dict:
+    """Latency of the baseline search (same problems, same run) over the method's: pooled, with its interval and
+    each problem's own ratio, as the speedup over target-only has them."""
     mine, base = results[label], results.get(baseline)
-    if base is None or base.error or mine.error or not mine.latencies or not base.latencies:
-        return None
-    return ratio(sum(base.latencies), sum(mine.latencies))
+    keys = ("speedup_vs_baseline", "speedup_vs_baseline_ci95", "speedup_vs_baseline_ci95_resamples",
+            "speedup_vs_baseline_per_problem")
+    if (base is None or base.error or mine.error or not mine.latencies or not base.latencies
+            or len(base.latencies) != len(mine.latencies)):
+        return dict.fromkeys(keys)
+    families = [c.family for c in mine.counts] if len(mine.counts) == len(mine.latencies) else None
+    ci, over = speedup_interval(base.latencies, mine.latencies, families)
+    return dict(zip(keys, (ratio(sum(base.latencies), sum(mine.latencies)), ci, over,
+                           per_problem_speedups(base.latencies, mine.latencies))))
 
 
 def _search_prediction(env: BenchEnv, kind: str, st: RunStats) -> dict:
@@ -1109,6 +1145,20 @@ def format_markdown(report: dict) -> str:
             if r.get("acceptance_ci95_resamples")]
     if drew:
         notes.append(f"α's intervals drew: {'; '.join(drew)}.")
+    if report.get("trained_on"):
+        notes.append(f"{len(report['trained_on'])} of {len(report['problems'])} problems were trained or validated "
+                     "on by the checkpoint (their question or template): acceptance and speedups on them are not "
+                     "held-out figures; bench on <output_dir>/test_questions.jsonl (probe-train's test split).")
+    if report.get("warmup") is False:  # (reports written before the key: not known, not said)
+        notes.append("No warm-up (bench.warmup=false): the first problem's timings include each method's lazy "
+                     "initialisation (allocations, kernel choice, graph capture), the target-only baseline's first; "
+                     "read the per-problem ratios, and warm up for a speedup to quote.")
+    for r in report["rows"]:
+        if r.get("baseline") and r.get("speedup_vs_baseline") is not None:  # (the table's speedup: over target-only)
+            each = r.get("speedup_vs_baseline_per_problem") or {}
+            notes.append(f"{r['method']} over its own baseline {r['baseline']} (same run): "
+                         f"{fmt(r['speedup_vs_baseline'])}×{_ci(r.get('speedup_vs_baseline_ci95'))}"
+                         + (f", per problem {_per_problem(each)}" if each else "") + ".")
     ungraded = [f"{r['method']} {r['graded']} of {r['problems']}" for r in report["rows"]
                 if r.get("graded") is not None and r["graded"] < r["problems"]]
     if ungraded:  # (a problem without a reference answer is timed, not graded)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import json
 import os
 import warnings
@@ -214,6 +215,12 @@ class GymItem:
     raw: Record
     id: str
     family: str | None
+
+
+def question_digest(text: str) -> str:
+    """A question's text as a short digest, whitespace collapsed: how a question trained on is known in another
+    file, whose records may give it another id (probe-train records them; probe-eval and probe-bench read them)."""
+    return hashlib.sha256(" ".join(text.split()).encode("utf-8")).hexdigest()[:16]
 
 
 def family_value(value: Any) -> str | None:

@@ -201,7 +201,7 @@ def test_the_report_draws_alpha_over_the_problems_families():
     env = SimpleNamespace(setup=cfg.bench_setup(), opts=bench.options_from_config(cfg.bench_setup()),
                           verifier_kind="bernoulli", system_speed=True, checkpoint=None,
                           target=SimpleNamespace(model_name="t"), draft=SimpleNamespace(model_name="d"),
-                          problems=problems)
+                          problems=problems, trained_on=[])
     results = {label: bench.MethodResult(bench.parse_method(label)) for label in ("target", "lr_sync")}
     for res in results.values():
         res.stats, res.latencies, res.answered = _stats(2.0), [2.0] * 4, 4
@@ -237,7 +237,7 @@ def test_pass_at_1_leaves_out_problems_without_a_reference_answer(tmp_path, capl
     env = SimpleNamespace(setup=cfg.bench_setup(), opts=bench.options_from_config(cfg.bench_setup()),
                           verifier_kind="bernoulli", system_speed=True, checkpoint=None,
                           target=SimpleNamespace(model_name="t"), draft=SimpleNamespace(model_name="d"),
-                          problems=problems)
+                          problems=problems, trained_on=[])
     results = {label: bench.MethodResult(bench.parse_method(label)) for label in ("target", "draft")}
     for res in results.values():
         res.stats, res.latencies, res.answered = _stats(2.0), [2.0] * 3, 3
@@ -252,6 +252,9 @@ def test_pass_at_1_leaves_out_problems_without_a_reference_answer(tmp_path, capl
     assert rows["target"]["pass@1_ci95"] == wilson_interval(1, 1)  # one graded problem, not three
     assert "pass@1 is over the problems with a reference answer: target 1 of 3; draft 1 of 3." in \
         bench.format_markdown(report)
+    # the report says whether timing began warm (tiny.yaml warms up)
+    assert report["warmup"] is True and "No warm-up" not in bench.format_markdown(report)
+    assert "No warm-up (bench.warmup=false)" in bench.format_markdown({**report, "warmup": False})
     for res in results.values():  # no problem graded: n/a
         res.counts = [c._replace(graded=0, correct=0) for c in res.counts]
         res.correct = 0
@@ -262,7 +265,7 @@ def test_summary_gives_no_speedup_to_a_method_that_failed_mid_run():
     cfg = load_config(REPO / "configs" / "tiny.yaml", [])
     env = SimpleNamespace(setup=cfg.bench_setup(), opts=bench.options_from_config(cfg.bench_setup()), verifier_kind="bernoulli", system_speed=True,
                           checkpoint=None, target=SimpleNamespace(model_name="t"),
-                          draft=SimpleNamespace(model_name="d"), problems=[])
+                          draft=SimpleNamespace(model_name="d"), problems=[], trained_on=[])
     results = {label: bench.MethodResult(bench.parse_method(label)) for label in ("target", "lr_sync", "lr_async")}
     for res in results.values():
         res.stats, res.latencies, res.answered = _stats(2.0), [2.0, 2.0], 2

@@ -85,7 +85,12 @@ def test_bench_runs_the_three_methods_with_their_baselines(engines, tmp_path):
         assert row["analytic_ideal"] is not None and row["formula"] not in ("baseline", "search baseline")
         assert row["measured_over_ideal"] == pytest.approx(row["speedup_vs_baseline"] / row["analytic_ideal"])
     assert rows["target+lookahead"]["analytic_ideal"] >= 1.0  # tokens per target forward
-    assert "specs" in (tmp_path / "results.md").read_text()
+    # the ratio over its own baseline per problem, as the speedup over target-only has it (one problem: no interval)
+    each = rows["specs"]["speedup_vs_baseline_per_problem"]
+    beam, specs = rows["beam_target"]["latency_total_s"], rows["specs"]["latency_total_s"]
+    assert each["ratios"] == [pytest.approx(beam / specs)] and rows["specs"]["speedup_vs_baseline_ci95"] is None
+    text = (tmp_path / "results.md").read_text()
+    assert f"specs over its own baseline beam_target (same run): {rows['specs']['speedup_vs_baseline']:.2f}×" in text
 
 
 def test_predictions_of_the_search_methods():

@@ -12,9 +12,10 @@ import torch
 
 from specprobe.infer import bench
 from specprobe.infer.bench_cli import main
+from specprobe.infer.config import load_inference_config
 from specprobe.infer.decoding import read_trace, replay_text
 from specprobe.inputs.config import ConfigError
-from specprobe.inputs.records import BenchSourceConfig
+from specprobe.inputs.records import BenchSourceConfig, question_digest
 from specprobe.probes.adaptive_gamma import CycleCosts, forecast_pays
 from specprobe.probes.features import FeatureSpec
 from specprobe.probes.metrics import wilson_interval
@@ -151,6 +152,10 @@ def _write_probes(folder, target_name, draft_name):
 def test_cli_with_a_probe_checkpoint_prints_the_table(tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
     _write_probes(ckpt, "random:llama-20m", "random:llama-tiny")
+    # the checkpoint's split records the problem's question as trained on (by its text): the report says so
+    problem = bench.load_problems(load_inference_config("configs/tiny.yaml").bench.source, 1)[0]
+    (ckpt / "metrics.json").write_text(json.dumps(
+        {"split": {"question_digests": {"train": [question_digest(" " + problem.question + "\n")], "val": []}}}))
     out = tmp_path / "out"
     code = main(["--config", "configs/tiny.yaml", "--checkpoint", str(ckpt), "--num-problems", "1",
                  "--methods", "target,semanticspec,lr_sync,lr_async:verifier=bernoulli", "--out", str(out),
@@ -167,6 +172,8 @@ def test_cli_with_a_probe_checkpoint_prints_the_table(tmp_path, capsys):
     trace = read_trace(out / "traces" / "semanticspec.jsonl")
     assert trace and all(r["method"] == "semanticspec" for r in trace)
     assert any("p" in (d["verdict"] or {}) for r in trace for d in r["drafts"])  # the probes decided
+    assert report["trained_on"] == [problem.id]
+    assert "1 of 1 problems were trained or validated on by the checkpoint" in (out / "results.md").read_text()
 
 
 def test_cli_rejects_a_checkpoint_for_other_models(tmp_path, capsys):
@@ -188,6 +195,10 @@ def test_cli_input_mistakes_fail_before_the_models_load(tmp_path, capsys, monkey
     data = tmp_path / "run" / "data"
     data.mkdir(parents=True)
     (data / "manifest.json").write_text("{}")
+    run, empty = tmp_path / "run2", tmp_path / "empty"
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "checkpoint" / "checkpoint.json").write_text("{}")
+    empty.mkdir()
     for argv, message in [
             (["--methods", "target,lr_snyc"], "lr_snyc"),
             (["bench.source.kind=jsonl", f"bench.source.path={tmp_path}/none.jsonl"],
@@ -201,6 +212,10 @@ def test_cli_input_mistakes_fail_before_the_models_load(tmp_path, capsys, monkey
               str(tmp_path / "nope")], "checkpoint folder .*nope does not exist"),
             (["--checkpoint", str(data)], "is a data folder .*not a checkpoint"),
             (["--verifier", "probe", f"runtime.checkpoint={data}"], "is a data folder"),
+            # the run folder above the checkpoint; a folder without the verifier the run judges with
+            (["--verifier", "probe", "--checkpoint", str(run)], "did you mean .*run2/checkpoint"),
+            (["--verifier", "probe", "--checkpoint", str(empty)], "has no probe 'probe_target'.*train the probes"),
+            (["--verifier", "embedding", "--checkpoint", str(empty)], "embedding"),
             (["runtime.checkpoint_judge_base=./no-base"], "runtime.checkpoint_judge_base: local model path")]:
         assert main(["--config", "configs/tiny.yaml", *argv, *TINY_MODELS]) == 2, argv
         assert re.search(message, capsys.readouterr().err), message
@@ -275,10 +290,14 @@ def test_cli_on_offline_gsm_problems_with_smollm2(tmp_path, capsys):
 
 @pytest.mark.parametrize("method", ["lr_sync:verifier=probe", "lr_sync:gamma=adaptive:verifier=probe"])
 def test_a_method_that_cannot_run_fails_the_command_unless_told_to_go_on(tmp_path, capsys, method):
-    """A probe verifier whose checkpoint folder holds no checkpoint cannot run (nor can gamma=adaptive's acceptance
+    """A probe verifier whose checkpoint's probes cannot be read cannot run (nor can gamma=adaptive's acceptance
     probe be loaded for it, which the warm-up meets first): exit 3 naming the method, the other methods' results
-    written; --keep-going exits 0. (A folder that does not exist stops the command before the models load.)"""
+    written; --keep-going exits 0. (A folder that does not exist, or lacks the probes' files, stops the command
+    before the models load; these files are there, and unreadable.)"""
     (tmp_path / "empty-checkpoint").mkdir()
+    for role in ("target", "draft"):
+        for suffix in (".safetensors", ".json"):
+            (tmp_path / "empty-checkpoint" / f"probe_{role}{suffix}").write_text("cut short")
     args = ["--config", "configs/tiny.yaml", "--system-speed", "--num-problems", "1", "--methods",
             f"target,{method}", "--out", str(tmp_path / "out"), "bench.system_target=random:llama-20m",
             "bench.system_draft=random:llama-tiny", "runtime.max_steps=2", "sampling.max_step_tokens=4",
