@@ -74,8 +74,7 @@ def _type_name(tp: Any) -> str:
 
 
 def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
-    """Check `value` against the annotation `tp`; ints are accepted where floats are expected, and as their
-    text where strings are."""
+    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
     origin, args = get_origin(tp), get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -112,8 +111,6 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if tp is str and isinstance(value, int) and not isinstance(value, bool):
-        return str(value)  # YAML reads `layers: 7` (or data.layers=7) as a number; the setting is its text
     if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as text
         try:
             return float(value)
@@ -122,7 +119,10 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     if tp is bool and not isinstance(value, bool) or tp is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} (in {where})")
     if not isinstance(value, tp):
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} (in {where})")
+        # YAML reads `layers: 7` as a number (and 010 as 8): text must be quoted, in the shell twice
+        quote = (f"; write it quoted: {key.rsplit('.', 1)[-1]}: '{value}' in the YAML, {key}=\"'{value}'\" on the "
+                 "command line") if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} (in {where}){quote}")
     return value
 
 
@@ -169,7 +169,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` (merged below, later keys winning)
+                continue
             key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, typing.Hashable):  # (the parent's error says what is wrong)
+                continue
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {key!r} appears twice in one mapping (lines {seen[key] + 1} and "

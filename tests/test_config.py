@@ -130,12 +130,23 @@ def test_bad_values_are_errors(override, pattern):
         load_config(None, [override])
 
 
-def test_a_single_layer_number_is_a_layer_list():
-    """`data.layers=7` reaches the loader as the number 7 (YAML), and the setting is a list of rows as text."""
-    cfg = load_config(None, ["data.layers=7", "probe.features=3"])
-    assert (cfg.data.layers, cfg.probe.features) == ("7", "3")
-    with pytest.raises(ConfigError, match="expected str"):
-        load_config(None, ["data.layers=true"])  # a bool is not a row
+def test_a_number_where_text_is_expected_says_how_to_quote_it(tmp_path):
+    """`data.layers=7` reaches the loader as the number 7 (YAML; 010 would be 8): refused, saying how to quote it,
+    and the quoted forms load."""
+    with pytest.raises(ConfigError, match=r"data\.layers: expected str, got int 7 .*data\.layers=\"'7'\" on the "):
+        load_config(None, ["data.layers=7"])
+    assert load_config(None, ["data.layers='7'"]).data.layers == "7"
+    path = tmp_path / "q.yaml"
+    path.write_text("data: &base\n  num_samples: 3\n  layers: '7'\nprobe:\n  epochs: 2\n")
+    assert load_config(path).data.layers == "7"
+
+
+def test_yaml_merge_keys_still_merge(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("models: &m\n  device: cpu\nsampling:\n  temperature: 0.5\ndata:\n  <<: {num_samples: 3}\n"
+                    "  layers: last\n")
+    cfg = load_config(path)
+    assert (cfg.data.num_samples, cfg.data.layers) == (3, "last")
 
 
 def test_bool_is_not_an_int(tmp_path):
