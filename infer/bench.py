@@ -59,7 +59,7 @@ from specprobe.infer.decoding.seed import SeedConfig, seed_predicted_speedup
 from specprobe.infer.decoding.specs import SpecSConfig, specs_predicted_speedup
 from specprobe.infer.engines import build_engine_pair, sampling_params
 from specprobe.infer.engines.token_spec import LookaheadConfig, TokenSpecConfig
-from specprobe.infer.verifiers import VERIFIER_KINDS, build_verifier, check_checkpoint
+from specprobe.infer.verifiers import CHECKPOINT_KINDS, VERIFIER_KINDS, build_verifier, check_checkpoint
 from specprobe.inputs.config import ConfigError, to_dict
 from specprobe.inputs.progress import progress_line
 from specprobe.inputs.records import (
@@ -357,7 +357,7 @@ def prepare(setup: BenchSetup, *, checkpoint: str | None = None, verifier: str |
     judges = any(REGISTRY[s.base].needs_verifier and "verifier" not in s.overrides for s in specs)
     # every kind a method judges with, the ones it names itself (`:verifier=probe`) too: a mistyped --checkpoint
     # fails here, not after target and draft decoded every problem
-    for used in sorted({s.overrides.get("verifier") or kind for s in specs if REGISTRY[s.base].needs_verifier}):
+    for used in sorted(verifier_kinds(specs, kind)):
         check_checkpoint(used, ckpt)
     probs = list(problems) if problems is not None else load_problems(setup.bench.source, setup.bench.num_problems)
     if not probs:
@@ -370,17 +370,27 @@ def prepare(setup: BenchSetup, *, checkpoint: str | None = None, verifier: str |
         target, draft = build_engine_pair(models, names, token_spec=start_token_spec(setup.runtime),
                                           stop_at_eos=not system)
     env = BenchEnv(setup, target, draft, probs, options_from_config(setup, system), system, kind, ckpt,
-                   trained_on=problems_trained_on(probs, ckpt, system))
+                   trained_on=problems_trained_on(probs, ckpt if reads_checkpoint(specs, kind) else None, system))
     if judges and (kind != "bernoulli" or system):
         env.verifier()  # load now: a missing or mismatched checkpoint fails before any decoding
     return env
+
+
+def verifier_kinds(specs: Sequence[MethodSpec], kind: str) -> set[str]:
+    """The verifier kinds the methods judge with: the run's `kind`, or the one a method names (`:verifier=`)."""
+    return {s.overrides.get("verifier") or kind for s in specs if REGISTRY[s.base].needs_verifier}
+
+
+def reads_checkpoint(specs: Sequence[MethodSpec], kind: str) -> bool:
+    """Does a method judge with a verifier loaded from the checkpoint (probe, embedding, judge)?"""
+    return bool(verifier_kinds(specs, kind) & set(CHECKPOINT_KINDS))
 
 
 def problems_trained_on(problems: Sequence[Problem], checkpoint: str | Path | None,
                         system_speed: bool = False) -> list[str]:
     """The problems whose question (by its text: ids differ between files) or family (template) the checkpoint's
     probe-train run trained or validated on (its metrics.json split), with a warning: a verifier's acceptance there
-    is not a held-out figure. probe-train writes <output_dir>/test_questions.jsonl for a clean benchmark. None
+    is not a held-out figure. probe-train writes <output_dir>/test_questions.jsonl for a clean benchmark. Empty
     without a checkpoint, or in system-speed mode (random weights: nothing was trained on them)."""
     if checkpoint is None or system_speed:
         return []
@@ -467,13 +477,24 @@ def speedup_interval(base: Sequence[float], mine: Sequence[float], families: Seq
     return (ci.low, ci.high), "families" if kinds < len(units) else "problems"
 
 
-def per_problem_speedups(base: Sequence[float], mine: Sequence[float]) -> dict[str, Any] | None:
+def per_problem_speedups(base: Sequence[float], mine: Sequence[float], families: Sequence[str | None] | None = None,
+                         ) -> dict[str, Any] | None:
     """The speedup on each problem alone (target-only latency / the method's, same problem, same run): the ratios,
-    in the problems' order, and their median, min and max (None without problems)."""
-    ratios = [b / m for b, m in zip(base, mine) if m > 0]
-    if not ratios or len(base) != len(mine):
+    in the problems' order, their median with its 95% interval (a percentile bootstrap over problems, whole families
+    where they share one; None with fewer than two units), min and max (None without problems)."""
+    if len(base) != len(mine):
         return None
-    return {"median": float(np.median(ratios)), "min": min(ratios), "max": max(ratios), "ratios": ratios}
+    kept = [i for i, m in enumerate(mine) if m > 0]
+    ratios = [base[i] / mine[i] for i in kept]
+    if not ratios:
+        return None
+    units = family_units(None if families is None else [families[i] for i in kept], len(kept))
+    median_ci = None
+    if len(set(units)) >= 2:
+        ci = bootstrap_ci(np.median, np.asarray(ratios), n_boot=INTERVAL_RESAMPLES, alpha=0.05, groups=units)
+        median_ci = (ci.low, ci.high)
+    return {"median": float(np.median(ratios)), "median_ci95": median_ci, "min": min(ratios), "max": max(ratios),
+            "ratios": ratios}
 
 
 def acceptance_interval(counts: Sequence[tuple[int, int]], families: Sequence[str | None] | None = None,
@@ -976,7 +997,7 @@ def _measured(env: BenchEnv, label: str, res: MethodResult, base: MethodResult) 
            # a method (or baseline) that failed mid-run timed fewer problems: no speedup
            "speedup": ratio(base_latency, latency) if latency and not res.error and not base.error else None,
            "speedup_ci95": speedup_ci, "speedup_ci95_resamples": speedup_over,
-           "speedup_per_problem": per_problem_speedups(base.latencies, res.latencies) if timed else None,
+           "speedup_per_problem": per_problem_speedups(base.latencies, res.latencies, families) if timed else None,
            "output_tokens": st.output_tokens, "tokens_per_s": st.tokens_per_second,
            "acceptance": st.acceptance_rate, "acceptance_by_position": st.acceptance_by_position,
            "acceptance_ci95": alpha_ci, "acceptance_ci95_resamples": alpha_over,
@@ -1059,7 +1080,7 @@ def _search_speedup(results: dict, label: str, baseline: str) -> dict:
     families = [c.family for c in mine.counts] if len(mine.counts) == len(mine.latencies) else None
     ci, over = speedup_interval(base.latencies, mine.latencies, families)
     return dict(zip(keys, (ratio(sum(base.latencies), sum(mine.latencies)), ci, over,
-                           per_problem_speedups(base.latencies, mine.latencies))))
+                           per_problem_speedups(base.latencies, mine.latencies, families))))
 
 
 def _search_prediction(env: BenchEnv, kind: str, st: RunStats) -> dict:
@@ -1098,7 +1119,10 @@ def _ci(interval) -> str:
 
 
 def _per_problem(spread: dict | None) -> str:
-    return f"{spread['median']:.2f} ({spread['min']:.2f}–{spread['max']:.2f})" if spread else "–"
+    """median [its 95% interval] (min–max)."""
+    if not spread:
+        return "–"
+    return f"{spread['median']:.2f}{_ci(spread.get('median_ci95'))} ({spread['min']:.2f}–{spread['max']:.2f})"
 
 
 def format_markdown(report: dict) -> str:
@@ -1135,7 +1159,7 @@ def format_markdown(report: dict) -> str:
         "verifier ruled on; refused = rejected before it was asked (cut by the token cap, empty); α over decided "
         "= accepted / decided, what the verifier itself did. "
         "speedup = target-only latency / method latency, same run, over all problems (its interval draws each "
-        "problem's two latencies together); per problem = each problem's own ratio: median (min–max). analytic = the paper's formula at the "
+        "problem's two latencies together); per problem = each problem's own ratio: median [its 95% interval, drawn as the speedup's] (min–max). analytic = the paper's formula at the "
         "measured α and c (f_sync(k=γ+1) for lr_sync, S₁/S₂ for lr_async, S_ss for semanticspec, 1/c for "
         "draft); batch-adj. = same formula with one target forward of the method's batch costing b target "
         "steps (b measured; the formulas assume b = 1). c = draft time per drafted position / target step "

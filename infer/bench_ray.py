@@ -122,7 +122,9 @@ def run_benchmark_on_ray(setup: BenchSetup, methods: Sequence[str] | None = None
         env = bench.BenchEnv(setup, _ModelName(info["target"]), _ModelName(info["draft"]), problems,
                              bench.options_from_config(setup, info["system_speed"]), info["system_speed"],
                              info["verifier"], info["checkpoint"],
-                             trained_on=bench.problems_trained_on(problems, info["checkpoint"], info["system_speed"]))
+                             trained_on=bench.problems_trained_on(
+                                 problems, info["checkpoint"] if bench.reads_checkpoint(specs, info["verifier"]) else None,
+                                 info["system_speed"]))
         for spec in specs:
             bench.check_method(env, spec)
         out = Path(out_dir) if out_dir is not None else None

@@ -435,14 +435,15 @@ def check_checkpoint(kind: str, checkpoint: str | Path | None) -> None:
     if checkpoint is None:
         raise CheckpointError(f"the {kind} verifier is loaded from a checkpoint: pass --checkpoint "
                               "(or runtime.checkpoint), or use exact / bernoulli / llm_judge")
-    found = ckpt.Checkpoint(checkpoint, strict=False)
+    if kind == "judge":  # as load_judge_lora reads it (a checkpoint, or the adapter's own folder)
+        ckpt.read_judge(ckpt.checkpoint_folder(checkpoint))
+        return
+    found = ckpt.Checkpoint(checkpoint, strict=False)  # as the probe and embedding loaders open it
     if kind == "probe":
         for role in ("target", "draft"):
             found.require_probe(ckpt.probe_name(role), missing=_NO_PROBES)
-    elif kind == "embedding":
-        found.embedding()
     else:
-        found.judge()
+        found.embedding()
 
 
 def build_verifier(kind: str, *, checkpoint: str | Path | None = None, target_engine=None, draft_engine=None,

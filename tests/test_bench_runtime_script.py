@@ -68,7 +68,9 @@ def test_speedup_interval_draws_each_problems_two_latencies_together():
     with pytest.raises(ValueError, match="3 baseline latencies for 2 problems"):
         bench.speedup_interval([1.0] * 3, [1.0] * 2)
     # each problem alone: its own ratio, then their median and range
+    # (the median of 3 draws is the smallest ratio with chance 7/27 and the largest too: both ends of its interval)
     assert bench.per_problem_speedups([1.0, 2.0, 9.0], [1.0, 1.0, 1.0]) == {"median": 2.0, "min": 1.0, "max": 9.0,
+                                                                             "median_ci95": (1.0, 9.0),
                                                                              "ratios": [1.0, 2.0, 9.0]}
 
 
@@ -261,6 +263,27 @@ def test_pass_at_1_leaves_out_problems_without_a_reference_answer(tmp_path, capl
     assert all(r["pass@1"] is None for r in bench.summarize(env, results)["rows"])
 
 
+def test_the_per_problem_median_has_an_interval_over_the_problems_or_their_families():
+    base, mine = [2.0, 4.0, 6.0, 8.0], [1.0, 4.0, 2.0, 8.0]  # ratios 2, 1, 3, 1
+    spread = bench.per_problem_speedups(base, mine)
+    assert spread["ratios"] == [2.0, 1.0, 3.0, 1.0] and spread["median"] == 1.5
+    lo, hi = spread["median_ci95"]
+    assert 1.0 <= lo <= 1.5 <= hi <= 3.0 and lo < hi
+    assert bench.per_problem_speedups([2.0] * 4, [1.0] * 4)["median_ci95"] == (2.0, 2.0)  # one ratio: a point
+    # every problem of one template: one unit, no interval; two templates: drawn as two
+    assert bench.per_problem_speedups(base, mine, ["t"] * 4)["median_ci95"] is None
+    assert bench.per_problem_speedups(base, mine, ["a", "a", "b", "b"])["median_ci95"] is not None
+
+
+def test_only_methods_that_judge_with_a_checkpoint_read_it():
+    """What decides whether a run's problems are checked against the checkpoint's training split."""
+    specs = bench.method_specs
+    assert not bench.reads_checkpoint(specs(["target", "draft"]), "probe")  # (target-only is always added)
+    assert not bench.reads_checkpoint(specs(["lr_sync", "semanticspec"]), "exact")
+    assert bench.reads_checkpoint(specs(["lr_sync:verifier=embedding"]), "exact")
+    assert bench.reads_checkpoint(specs(["semanticspec"]), "judge")
+
+
 def test_summary_gives_no_speedup_to_a_method_that_failed_mid_run():
     cfg = load_config(REPO / "configs" / "tiny.yaml", [])
     env = SimpleNamespace(setup=cfg.bench_setup(), opts=bench.options_from_config(cfg.bench_setup()), verifier_kind="bernoulli", system_speed=True,
@@ -338,7 +361,8 @@ def test_the_speedup_figure_draws_each_problems_ratio_beside_the_pooled_one(tmp_
     from specprobe.infer.bench_plot import FIGURE, speedup_figure, speedup_points, write_speedup_figure
 
     spread = bench.per_problem_speedups([2.0, 4.0, 6.0], [1.0, 4.0, 2.0])
-    assert spread == {"median": 2.0, "min": 1.0, "max": 3.0, "ratios": [2.0, 1.0, 3.0]}
+    assert {k: v for k, v in spread.items() if k != "median_ci95"} == {"median": 2.0, "min": 1.0, "max": 3.0,
+                                                                        "ratios": [2.0, 1.0, 3.0]}
     report = {"system_speed": True, "rows": [
         {"method": "target", "latencies_s": [2.0, 4.0, 6.0], "speedup": 1.0, "speedup_per_problem": None},
         {"method": "lr_sync", "latencies_s": [1.0, 4.0, 2.0], "speedup": 12 / 7, "speedup_ci95": [1.0, 3.0],

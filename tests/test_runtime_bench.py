@@ -281,11 +281,30 @@ def test_cli_on_offline_gsm_problems_with_smollm2(tmp_path, capsys):
         else:  # two problems: the pooled speedup lies between the two problems' own, the interval's ends
             (lo, hi), spread = r["speedup_ci95"], r["speedup_per_problem"]
             assert lo <= r["speedup"] <= hi and (lo, hi) == pytest.approx((spread["min"], spread["max"]))
+            m_lo, m_hi = spread["median_ci95"]  # the median's: drawn over the two problems too
+            assert spread["min"] <= m_lo <= spread["median"] <= m_hi <= spread["max"]
             assert r["speedup_ci95_resamples"] == "problems"
         assert sum(r["stop_reasons"].values()) == 2 and set(r["stop_reasons"]) <= {"max_steps", "eos"}
     trace = read_trace(out / "traces" / "lr_sync.jsonl")
     first = trace[0]["problem"]
     assert replay_text([t for t in trace if t["problem"] == first])
+
+
+def test_a_problem_without_a_reference_answer_is_timed_not_graded(tmp_path, caplog):
+    """Through the CLI: a problems file where one record has no answer field probe-bench reads. Both problems are
+    decoded and timed; pass@1 is over the one with an answer, and the report says so."""
+    problems = tmp_path / "mine.jsonl"
+    problems.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n"
+                        + json.dumps({"question": "What is 2 + 2?", "label": "4"}) + "\n")
+    out = tmp_path / "out"
+    assert main(["--config", "configs/tiny.yaml", "--system-speed", "--num-problems", "2", "--methods", "target",
+                 "--out", str(out), "bench.system_target=random:llama-20m", "bench.system_draft=random:llama-tiny",
+                 "runtime.max_steps=2", "sampling.max_step_tokens=4", "bench.warmup=false", "bench.source.kind=jsonl",
+                 f"bench.source.path={problems}"]) == 0
+    assert "1 of 2 problems have no reference answer" in caplog.text  # (the CLI logs warnings to stderr)
+    row = json.loads((out / "results.json").read_text())["rows"][0]
+    assert (row["problems"], row["graded"], len(row["latencies_s"])) == (2, 1, 2)
+    assert "pass@1 is over the problems with a reference answer: target 1 of 2." in (out / "results.md").read_text()
 
 
 @pytest.mark.parametrize("method", ["lr_sync:verifier=probe", "lr_sync:gamma=adaptive:verifier=probe"])
