@@ -12,10 +12,12 @@ Binning conventions:
   ``[e_i, e_{i+1})`` and the last bin is closed ``[e_{n-1}, 1]``. torchmetrics' ``BinaryCalibrationError``
   uses linspace edges, so the two differ only for predictions exactly on an interior edge (and for 1.0,
   which torchmetrics puts in an extra bin of its own).
-- equal mass ("quantile"): rows are ranked by prediction (ties broken by row order) and cut into
-  ``n_bins`` runs of equal size (sizes differ by at most one), so tied predictions cannot merge bins
-  or leave some empty. The reported edges are each bin's smallest prediction (0 and 1 at the ends; an empty bin,
-  possible only with more bins than rows, repeats the next edge).
+- equal mass ("quantile"): rows are ranked by prediction and cut into ``n_bins`` runs of equal size (sizes
+  differ by at most one), except that tied predictions all go to the bin of the first of them (as sklearn's
+  quantile edges keep them): that bin grows and later ones may be left empty. Split by row order, a tie would bin
+  its labels by question, and a constant predictor (all ties) would score the spread between questions as
+  miscalibration. The reported edges are each bin's smallest prediction (0 and 1 at the ends; an empty bin
+  repeats the next edge).
 
 Labels must lie in [0, 1] (semantic probabilities or 0/1); predictions too, for calibration.
 
@@ -67,7 +69,7 @@ def bin_edges(pred: Any, n_bins: int = 15, strategy: BinStrategy = "uniform") ->
         p = np.asarray(pred, dtype=np.float64).reshape(-1)
         ids = _rank_bin_ids(p, n_bins)
         edges = np.ones(n_bins + 1)
-        # An empty bin (only when n_bins > n) takes the next bin's edge, so edges never decrease or go NaN.
+        # An empty bin (more bins than rows, or after a tie) takes the next bin's edge: edges never decrease or go NaN.
         for k in range(n_bins - 1, -1, -1):
             edges[k] = p[ids == k].min() if np.any(ids == k) else edges[k + 1]
         edges[0] = min(edges[0], 0.0)

@@ -48,13 +48,14 @@ def reliability_diagram(path: str | Path, pred: np.ndarray, label: np.ndarray, n
                  lw=1.2, label="(mean prediction, mean label), 90% interval")
     counts = bins.count[filled]
     lo, hi = (int(counts.min()), int(counts.max())) if counts.size else (0, 0)
-    if strategy == "uniform" or hi - lo > 1:  # (equal mass with a tie: its bin holds the whole tie)
+    uneven = hi - lo > 1 or bool((bins.count == 0).any())  # (equal mass with a tie: its bin holds the whole tie)
+    if strategy == "uniform" or uneven:
         for xi, hi_i, n in zip(x, high[filled], bins.count[filled]):
             top.annotate(f"n={n}", (xi, min(hi_i, 0.97)), textcoords="offset points", xytext=(0, 4), ha="center",
                          fontsize=7)
     if strategy != "uniform":  # equal mass: one count for all bins where no tie spans bins, said once
-        kind += (f" bins, {lo}–{hi} rows each" if hi - lo == 1 else f" bins, {lo} rows each" if lo == hi
-                 else " bins (tied predictions share one)")
+        kind += (" bins (tied predictions share one)" if uneven else f" bins, {lo}–{hi} rows each" if hi > lo
+                 else f" bins, {lo} rows each")
     top.set_xlim(0, 1)
     top.set_ylim(0, 1.05)
     top.set_ylabel(f"mean label per bin: {label_name}")

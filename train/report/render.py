@@ -88,7 +88,7 @@ def header(m: dict[str, Any]) -> str:
               f"questions{_family_guard(s)} or {ev.MIN_POSITIVES} positives (AUROC, AUPRC: also below {ev.MIN_CLASS_QUESTIONS} "
               f"{'families' if s.get('resample') == 'family' else 'questions'} holding each class; any metric: when under {ev.MIN_VALID_SHARE:.0%} of the resamples define it); "
               f"calibration bins: {s.get('n_bins')} (equal-width: left-closed at exact k/n edges; equal-mass: by "
-              "rank, ties split); 'majority meaning' = label ≥ 0.5 (AUROC, AUPRC). Percentile intervals of ECE/MCE "
+              "rank, tied predictions in one bin); 'majority meaning' = label ≥ 0.5 (AUROC, AUPRC). Percentile intervals of ECE/MCE "
               "can sit above the estimate: binned errors are biased upward on resamples with repeated rows",
               f"- written {m.get('created')}"]
     for model, st in ((m.get("data") or {}).get("steps") or {}).items():
