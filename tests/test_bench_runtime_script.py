@@ -196,14 +196,19 @@ def _stats(latency):
     return st
 
 
+def _summary_env(problems):
+    """What `bench.summarize` reads of a run (tiny.yaml's settings, system-speed, no checkpoint)."""
+    cfg = load_config(REPO / "configs" / "tiny.yaml", [])
+    return SimpleNamespace(setup=cfg.bench_setup(), opts=bench.options_from_config(cfg.bench_setup()),
+                           verifier_kind="bernoulli", system_speed=True, checkpoint=None,
+                           target=SimpleNamespace(model_name="t"), draft=SimpleNamespace(model_name="d"),
+                           problems=problems, trained_on=[])
+
+
 def test_the_report_draws_alpha_over_the_problems_families():
     """Each problem's family travels from its counts to the row's intervals, the report and its notes."""
-    cfg = load_config(REPO / "configs" / "tiny.yaml", [])
     problems = [bench.Problem(f"p{i}", "Q?", "1", f"t{i // 2}") for i in range(4)]  # two templates, two each
-    env = SimpleNamespace(setup=cfg.bench_setup(), opts=bench.options_from_config(cfg.bench_setup()),
-                          verifier_kind="bernoulli", system_speed=True, checkpoint=None,
-                          target=SimpleNamespace(model_name="t"), draft=SimpleNamespace(model_name="d"),
-                          problems=problems, trained_on=[])
+    env = _summary_env(problems)
     results = {label: bench.MethodResult(bench.parse_method(label)) for label in ("target", "lr_sync")}
     for res in results.values():
         res.stats, res.latencies, res.answered = _stats(2.0), [2.0] * 4, 4
@@ -235,11 +240,7 @@ def test_pass_at_1_leaves_out_problems_without_a_reference_answer(tmp_path, capl
         problems = bench.load_problems(BenchSourceConfig(kind="jsonl", path=str(src)), 5)
     assert [p.answer for p in problems] == [None, "4", None]
     assert "2 of 3 problems have no reference answer" in caplog.text and "first: mine-0" in caplog.text
-    cfg = load_config(REPO / "configs" / "tiny.yaml", [])
-    env = SimpleNamespace(setup=cfg.bench_setup(), opts=bench.options_from_config(cfg.bench_setup()),
-                          verifier_kind="bernoulli", system_speed=True, checkpoint=None,
-                          target=SimpleNamespace(model_name="t"), draft=SimpleNamespace(model_name="d"),
-                          problems=problems, trained_on=[])
+    env = _summary_env(problems)
     results = {label: bench.MethodResult(bench.parse_method(label)) for label in ("target", "draft")}
     for res in results.values():
         res.stats, res.latencies, res.answered = _stats(2.0), [2.0] * 3, 3
@@ -285,10 +286,7 @@ def test_only_methods_that_judge_with_a_checkpoint_read_it():
 
 
 def test_summary_gives_no_speedup_to_a_method_that_failed_mid_run():
-    cfg = load_config(REPO / "configs" / "tiny.yaml", [])
-    env = SimpleNamespace(setup=cfg.bench_setup(), opts=bench.options_from_config(cfg.bench_setup()), verifier_kind="bernoulli", system_speed=True,
-                          checkpoint=None, target=SimpleNamespace(model_name="t"),
-                          draft=SimpleNamespace(model_name="d"), problems=[], trained_on=[])
+    env = _summary_env([])
     results = {label: bench.MethodResult(bench.parse_method(label)) for label in ("target", "lr_sync", "lr_async")}
     for res in results.values():
         res.stats, res.latencies, res.answered = _stats(2.0), [2.0, 2.0], 2
