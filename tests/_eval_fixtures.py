@@ -32,6 +32,8 @@ def config_tree(output_dir: Path, **sections) -> dict:
     tree = {
         "name": "eval-synthetic", "output_dir": str(output_dir),
         "models": {"target": "synthetic/target-4l", "draft": "synthetic/draft-4l", "device": "cpu"},
+        # (not the default reasoning-gym source: a reasoning-gym folder without families is split with a caveat)
+        "source": {"kind": "jsonl", "name": "synthetic/questions"},
         "data": {"num_samples": 6, "judge": "embedding", "layers": "all"},
         "probe": {"hidden_dim": 16, "epochs": 40, "patience": 8, "batch_size": 32, "val_fraction": 0.3,
                   "dropout": 0.0},

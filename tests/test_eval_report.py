@@ -96,6 +96,20 @@ def test_without_a_test_split_the_first_lines_say_validation_chose_the_epoch(tra
     assert mean == pytest.approx(expected.mean()) and mean != pytest.approx(old_scale.mean())
 
 
+def test_probe_trains_caveat_on_its_split_heads_the_report(trained, tmp_path):
+    """A checkpoint whose split put one template on both sides (data made before families were recorded): its
+    held-out numbers may be optimistic, and probe-eval says so where probe-train did."""
+    _, ckpt = trained
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(ckpt, copy)
+    metrics = json.loads((copy / "metrics.json").read_text())
+    metrics["split"]["warning"] = "split by id: items of one template on both sides"
+    (copy / "metrics.json").write_text(json.dumps(metrics))
+    again = evaluate_checkpoint(copy, out=tmp_path / "r", overrides=QUICK + ["eval.verifiers=[]"], print_fn=quiet)
+    assert again.metrics["heldout"]["warning"] == "split by id: items of one template on both sides"
+    assert any("WARNING: split by id" in line for line in again.markdown.read_text().splitlines()[:4])
+
+
 def test_small_heldout_set_withholds_intervals_and_says_so(report):
     # (the fixture's data records no families: questions are resampled, and the report says why)
     assert report.metrics["settings"]["resample"] == "question"
@@ -435,6 +449,29 @@ def test_data_from_other_settings_holds_out_neither_training_nor_validation_ques
         "families among the held-out questions)" in report.markdown.read_text()
 
 
+def test_a_training_question_under_another_id_is_not_held_out(trained, tmp_path):
+    """Records without ids are numbered by file, so another data folder can hold a trained question under another
+    id: probe-train records the trained and validated questions' text digests, and probe-eval leaves it out."""
+    cfg, ckpt = trained
+    _, other_cfg = write_config(tmp_path, tmp_path / "other")
+    data = make_data(other_cfg, n_questions=14, seed=3, engines=open_dataset(cfg.data_dir).manifest["engines"])
+    manifest = json.loads((data / MANIFEST).read_text())
+    manifest["fingerprint"] = "generated with other settings"  # so it is not the training data
+    write_manifest(data, manifest)
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(ckpt, copy)
+    metrics = json.loads((copy / "metrics.json").read_text())
+    split = metrics["split"]
+    assert len(split["question_digests"]["train"]) == len(split["train"])  # one text each (the fixture's differ)
+    moved = split["train"][0]  # trained on as "renamed-..." (its text the same): in the other folder, `moved`
+    split["train"] = [f"renamed-{q}" if q == moved else q for q in split["train"]]
+    (copy / "metrics.json").write_text(json.dumps(metrics))
+    held = evaluate_checkpoint(copy, data=data, out=tmp_path / "report", overrides=QUICK + ["eval.verifiers=[]"],
+                               print_fn=quiet).metrics["heldout"]
+    assert moved not in held["questions"] and "q012" in held["questions"]
+    assert "nor 1 whose text a training or validation question had (under another id)" in held["how"]
+
+
 def test_intervals_resample_the_families_in_every_part(trained, tmp_path):
     """Held-out questions of 2 templates: every part's intervals are withheld for too few families (each part
     resamples families, not questions); with eval.resample=question none says so."""
@@ -635,6 +672,22 @@ def test_compare_two_checkpoints_evaluates_both(trained, tmp_path):
     assert "probe_target/draft_via_target/auroc" in metrics
     assert not any(m.startswith(("probe_draft/", "acceptance/")) for m in metrics)  # B has neither
     assert all(r["delta"] == pytest.approx(0.0) for r in result["rows"] if r["delta"] is not None)
+
+
+def test_compare_checks_both_sides_before_evaluating_either(report, trained, tmp_path, monkeypatch, capsys):
+    """A misspelt B, or a report whose metrics.json was cut short: an error naming it before A is evaluated."""
+    from specprobe.train.report import runner
+
+    _, ckpt = trained
+    monkeypatch.setattr(runner, "evaluate_checkpoint", lambda *a, **k: pytest.fail("A was evaluated"))
+    assert main(["--compare", str(ckpt), str(tmp_path / "nope"), "--out", str(tmp_path / "ab")]) == 1
+    assert re.search(r"checkpoint folder not found: .*nope", capsys.readouterr().err)
+    cut = tmp_path / "cut"
+    shutil.copytree(report.folder, cut)
+    (cut / "metrics.json").write_text((report.folder / "metrics.json").read_text()[:200])
+    assert main(["--compare", str(ckpt), str(cut), "--out", str(tmp_path / "ab")]) == 1
+    assert re.search(r"cut/metrics.json is not valid JSON .*run probe-eval on the checkpoint again",
+                     capsys.readouterr().err)
 
 
 def test_default_report_folder():

@@ -30,6 +30,7 @@ from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.checkpoint_format import Checkpoint
 from specprobe.infer.models import default_device, describe_source
 from specprobe.inputs.config import to_dict
+from specprobe.inputs.records import question_digest
 from specprobe.probes.base import load_probe
 from specprobe.probes.features import same_model_name
 from specprobe.probes.io import write_text
@@ -155,6 +156,13 @@ class QuestionSplit:
         if self.family_of:  # probe-eval on other data holds out no question of a family trained on
             out["families"] = {side: self.families(side) for side in SIDES}
         return out
+
+
+def question_digests(ds) -> dict[str, str]:
+    """Each question id's digest of its text (whitespace collapsed): how probe-eval knows a training question in
+    another data folder whose records gave it another id (`<file stem>-<index>`, where the records carry none)."""
+    table = ds.contexts.select(["question_id", "question"]).to_pydict()
+    return {str(q): question_digest(text) for q, text in zip(table["question_id"], table["question"])}
 
 
 # ----------------------------------------------------------------------------- result
@@ -285,6 +293,9 @@ def _train(cfg, ds, split: QuestionSplit, prepared: _Prepared, reused: Reused | 
            print_fn, embedder, judge_model, progress: bool) -> TrainResult:
     result = TrainResult(cfg.checkpoint_dir, {})
     metrics: dict[str, Any] = {"data": _data_summary(ds, split), "split": split.to_dict()}
+    digest = question_digests(ds)  # (the questions trained or validated on, by text: see probe-eval)
+    metrics["split"]["question_digests"] = {side: sorted({digest[q] for q in split.questions(side) if q in digest})
+                                            for side in ("train", "val")}
     caveat = unrecorded_families(ds)
     if caveat:
         metrics["split"]["warning"] = caveat

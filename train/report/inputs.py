@@ -19,7 +19,7 @@ from specprobe.infer import checkpoint_format as fmt
 from specprobe.infer.checkpoint_format import CheckpointError
 from specprobe.infer.verifiers import check_probe_model
 from specprobe.probes.base import HiddenStateProbe
-from specprobe.train.pipeline import SIDES, QuestionSplit
+from specprobe.train.pipeline import SIDES, QuestionSplit, question_digests, unrecorded_families
 
 __all__ = ["CheckpointError", "PartError", "CheckpointFolder", "open_checkpoint"]
 
@@ -137,6 +137,11 @@ def recorded_split(ckpt: CheckpointFolder) -> dict[str, Any] | None:
         split: dict[str, Any] = {s: [str(q) for q in (entry.get(s) or [])] for s in SIDES}
         if isinstance(entry.get("families"), dict):
             split["families"] = {s: [str(f) for f in (entry["families"].get(s) or [])] for s in SIDES}
+        if isinstance(entry.get("warning"), str):  # e.g. split by id: a template on both sides
+            split["warning"] = entry["warning"]
+        if isinstance(entry.get("question_digests"), dict):
+            split["question_digests"] = {s: [str(d) for d in (entry["question_digests"].get(s) or [])]
+                                         for s in ("train", "val")}
         return split
     return None
 
@@ -159,7 +164,8 @@ def heldout_questions(ckpt: CheckpointFolder, ds, is_training_data: bool, which:
     if split is None:
         trained_on = training_data_folder(ckpt)
         if is_training_data or trained_on is not None:
-            split = split_questions(ds if is_training_data else open_dataset(trained_on), ckpt.section("probe"))
+            trained = ds if is_training_data else open_dataset(trained_on)
+            split = {**split_questions(trained, ckpt.section("probe")), "warning": unrecorded_families(trained)}
             how = "recomputed with probe-train's question split and the checkpoint's probe settings"
     if not is_training_data:
         return _heldout_elsewhere(ds, questions, split)
@@ -170,7 +176,8 @@ def heldout_questions(ckpt: CheckpointFolder, ds, is_training_data: bool, which:
     chosen = sorted({q for s in which.split("+") for q in sides[s]})
     if not chosen:
         raise PartError(f"the checkpoint's {which} split holds no question of {ds.folder}")
-    warning = VAL_WARNING if "val" in which.split("+") else None
+    # probe-train's own caveat on its split (a template on both sides) stays with every number drawn from it
+    warning = "; ".join(w for w in (VAL_WARNING if "val" in which.split("+") else None, split.get("warning")) if w) or None
     return HeldOut(chosen, sides["train"], f"{which} questions ({how})", {s: len(v) for s, v in sides.items()},
                    val_questions=sides["val"], warning=warning, split=which)
 
@@ -193,14 +200,20 @@ def _heldout_elsewhere(ds, questions: list[str], split: dict[str, Any] | None) -
             return f in train or f in val
         return f in seen
 
+    # a question trained on under another id (records without ids are numbered by file): known by its text
+    seen_text = {d for side in ("train", "val") for d in (split.get("question_digests") or {}).get(side, [])}
+    text_of = question_digests(ds) if seen_text else {}
     # q in seen: a renamed copy of q was trained on (the split recorded q as that copy's family)
     chosen = [q for q in questions if q not in train and q not in val and q not in seen
-              and not (family[q] != q and seen_family(family[q]))]
+              and not (family[q] != q and seen_family(family[q])) and text_of.get(q) not in seen_text]
     note = "all questions of the data folder not used in training or validation"
     if seen:
         note += ", nor of a question family (template) used there"
+    by_text = sum(1 for q in questions if q not in train and q not in val and text_of.get(q) in seen_text)
+    if by_text:
+        note += f", nor {by_text} whose text a training or validation question had (under another id)"
     return HeldOut(chosen, sorted(train), note, {"heldout": len(chosen)},
-                   val_questions=sorted(val & set(questions)))
+                   val_questions=sorted(val & set(questions)), warning=split.get("warning"))
 
 
 VAL_WARNING = ("evaluated on VALIDATION questions: these chose the probes' epoch (early stopping), the layer sweep's "
