@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specprobe.infer.checkpoint_format import CHECKPOINT_JSON
 from specprobe.inputs.config import build, parse_override, to_dict
 from specprobe.inputs.versions import utc_now
-from specprobe.probes.io import clean_json
+from specprobe.probes.io import clean_json, read_json, write_text
 from specprobe.train.config import EvalConfig, WandbConfig
 from specprobe.train.report import evaluate as ev
 from specprobe.train.report import plots, render
@@ -226,9 +227,9 @@ def _heldout_record(ctx: EvalContext | None) -> dict[str, Any] | None:
 
 
 def write_report(out: Path, metrics: dict[str, Any]) -> Report:
-    metrics = clean_json(metrics)
-    (out / REPORT_METRICS).write_text(json.dumps(metrics, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    (out / "report.md").write_text(render.render_report(metrics), encoding="utf-8")
+    metrics = clean_json(metrics)  # (atomic writes: a report cut short is not read back as one by --compare)
+    write_text(out / REPORT_METRICS, json.dumps(metrics, indent=2, allow_nan=False) + "\n")
+    write_text(out / "report.md", render.render_report(metrics))
     return Report(out, metrics, [out / f["file"] for f in metrics["figures"]])
 
 
@@ -290,15 +291,26 @@ def headline(metrics: dict[str, Any], intervals: bool = False) -> dict[str, Any]
     return out
 
 
+def read_report(path: Path) -> dict[str, Any] | None:
+    """The metrics of report folder `path`, or None when it is not one (a checkpoint, then: opened and checked
+    here, so that --compare fails on either side before the other is evaluated). A damaged metrics.json is an
+    error naming it."""
+    metrics_file = path / REPORT_METRICS
+    if metrics_file.is_file() and not (path / CHECKPOINT_JSON).is_file():  # (a checkpoint has a metrics.json too)
+        metrics = read_json(metrics_file, "run probe-eval on the checkpoint again, or compare the checkpoint itself")
+        if isinstance(metrics, dict) and metrics.get("format") == REPORT_FORMAT:
+            return metrics
+    open_checkpoint(path)
+    return None
+
+
 def load_or_evaluate(path: str | os.PathLike, data, out: Path, **kw) -> tuple[str, dict[str, Any]]:
     """(name, metrics) of a report folder, or of a checkpoint evaluated into `out` (on `data`: an error when that
     folder cannot be read, the report in `out` kept; a report folder is read as it is, `data` unused)."""
     path = Path(path)
-    metrics_file = path / REPORT_METRICS
-    if metrics_file.is_file():
-        metrics = json.loads(metrics_file.read_text(encoding="utf-8"))
-        if metrics.get("format") == REPORT_FORMAT:
-            return metrics["checkpoint"]["name"], metrics
+    metrics = read_report(path)
+    if metrics is not None:
+        return metrics["checkpoint"]["name"], metrics
     report = evaluate_checkpoint(path, data, out, **kw)
     _check_data_read(report.metrics, data, out)
     return report.metrics["checkpoint"]["name"], report.metrics
@@ -313,6 +325,8 @@ def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, data: str | 
     better.
     """
     out = Path(out) if out is not None else Path("probe-eval-comparison")
+    for side in (a, b):  # a misspelt B fails now, not after A's whole evaluation
+        read_report(Path(side))
     out.mkdir(parents=True, exist_ok=True)
     name_a, ma = load_or_evaluate(a, data, out / "A", **kw)
     name_b, mb = load_or_evaluate(b, data, out / "B", **kw)
