@@ -370,6 +370,28 @@ def test_a_late_failure_keeps_what_trained_beside_the_checkpoint(tmp_path, embed
     assert Checkpoint(earlier).has_probe("probe_target") and not partial.exists()
 
 
+def test_a_failed_checkpoint_write_keeps_what_trained(tmp_path, monkeypatch):
+    """Everything trained, then writing the checkpoint fails (a full disk, say): the probes go to the partial
+    folder, as after a failed training step, and the error is raised."""
+    write_synthetic_data(tmp_path, questions=6)
+    cfg = synthetic_config(tmp_path, tmp_path, probe={"epochs": 2}, verifiers={"train": ["probes"]})
+    real = pipeline.write_checkpoint
+
+    def full_disk(folder, *args):
+        if Path(folder) == Path(cfg.checkpoint_dir):
+            raise OSError(28, "No space left on device")
+        return real(folder, *args)
+
+    monkeypatch.setattr(pipeline, "write_checkpoint", full_disk)
+    lines: list[str] = []
+    with pytest.raises(OSError, match="No space left"):
+        train_all(cfg, print_fn=lines.append)
+    kept = Checkpoint(pipeline.partial_checkpoint_dir(cfg))
+    assert kept.has_probe("probe_target") and kept.has_probe("probe_draft")
+    assert json.loads((kept.folder / "metrics.json").read_text())["failed"]["stage"] == "checkpoint"
+    assert any("the checkpoint step failed" in line for line in lines)
+
+
 def test_a_rerun_reuses_the_verifiers_a_failed_run_kept_when_data_and_settings_match(tmp_path, embedder):
     write_synthetic_data(tmp_path, questions=6)
     every = {"train": ["probes", "embedding", "judge"]}

@@ -355,7 +355,11 @@ def _train(cfg, ds, split: QuestionSplit, prepared: _Prepared, reused: Reused | 
         result.seconds["total"] = time.perf_counter() - t0
         metrics["seconds"] = dict(result.seconds)
         result.metrics = metrics
-        write_checkpoint(cfg.checkpoint_dir, cfg, result, ds.manifest, ds.folder)
+        try:
+            write_checkpoint(cfg.checkpoint_dir, cfg, result, ds.manifest, ds.folder)
+        except BaseException as err:  # (a full disk, a stop): what trained goes to the partial folder, if it can
+            _keep_finished(cfg, result, metrics, ds, "checkpoint", err, tracker.message)
+            raise
         questions = test_questions_file(cfg)
         if split.questions("test"):  # what probe-bench's configs read (bench.source.path) to time held-out problems
             n = write_questions(ds, split.questions("test"), questions)
@@ -544,10 +548,10 @@ def _keep_finished(cfg, result: TrainResult, metrics: dict, ds, stage: str, err:
     if finished:
         kept[0] = f"the probes {', '.join(finished)}"
     kept += result.reused.kinds if result.reused else []
+    lacks = ("the judge" if result.judge is not None else "nothing trained" if stage == "checkpoint"
+             else "the probes not finished" if finished else f"the {stage} verifier")
     message(f"the {stage} step failed ({type(err).__name__}); what had trained ({', '.join(kept)}) is in {folder}, "
-            f"a checkpoint without the {'probes not finished' if finished else stage + ' verifier'} "
-            f"(runtime.checkpoint={folder} uses it); "
-            f"{cfg.checkpoint_dir} is unchanged")
+            f"a checkpoint without {lacks} (runtime.checkpoint={folder} uses it); {cfg.checkpoint_dir} is unchanged")
 
 
 def _open(cfg):
