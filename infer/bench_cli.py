@@ -31,7 +31,8 @@ Arguments:
                          must be those it was started with (else an error names what differs; the ray
                          section may change, and a larger --num-problems adds problems to a run)
     --overwrite          start over in --out although it holds a stopped run's finished problems (they
-                         are replaced; without it, or --resume, such a folder is refused before models load)
+                         are replaced; with neither it nor --resume such a folder is refused before the models
+                         load; not with --resume)
     --keep-going         exit 0 even when a method could not run (its row carries the error; else exit 3)
                          (Ctrl-C and SIGTERM stop a run with exit 130 and 143, the finished problems kept)
     --help-config        list every config key with its help text
