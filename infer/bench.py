@@ -964,7 +964,7 @@ def summarize(env: BenchEnv, results: dict[str, MethodResult], problems: Sequenc
     problems = env.problems if problems is None else problems
     return {"rows": rows, "system_speed": env.system_speed, "verifier": env.verifier_kind,
             "checkpoint": env.checkpoint, "warmup": env.setup.bench.warmup,
-            "trained_on": [p.id for p in problems if p.id in set(env.trained_on)] or None,
+            "trained_on": [p.id for p in problems if p.id in env.trained_on] or None,
             "models": {"target": env.target.model_name, "draft": env.draft.model_name},
             "problems": [p.id for p in problems],
             # what the intervals draw whole (absent: every problem is its own)
